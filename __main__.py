@@ -1,0 +1,12 @@
+"""Pulumi entry point: load settings, build the testbed, export its outputs."""
+import pulumi
+
+from stacks import settings, testbed
+
+try:
+    loaded = settings.from_pulumi()
+except settings.SettingsError as error:
+    raise pulumi.RunError("invalid settings:\n" + str(error)) from None
+
+for name, value in testbed.build(loaded).items():
+    pulumi.export(name, value)

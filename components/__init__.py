@@ -1,0 +1,1 @@
+"""One ComponentResource per concern; pure renderers beside the resource wiring."""

@@ -1,0 +1,191 @@
+"""Pure renderers for node bootstrap: kubeadm configs, parameter files and cloud-config.
+
+The shell lives in real files under `scripts/`; cloud-init delivers them unchanged with a
+parameter file beside them, so nothing here assembles shell from strings.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from components import host_layout
+
+SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
+NODE_SCRIPT_DIR = "/opt/testbed"
+ENV_FILE = "/etc/testbed/bootstrap.env"
+KUBEADM_CONFIG = "/etc/testbed/kubeadm.yaml"
+CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
+KUBEADM_API = "kubeadm.k8s.io/v1beta4"
+# Long enough for replacement workers to join for a year; "0s" (never) is unconfirmed in v1beta4.
+BOOTSTRAP_TOKEN_TTL = "8760h0m0s"
+USER_DATA_LIMIT = 16384  # EC2's limit on user-data, in bytes
+
+
+def script(name: str) -> str:
+    return (SCRIPTS_DIR / name).read_text()
+
+
+def discovery_token_ca_cert_hash(ca_public_key_pem: str) -> str:
+    """kubeadm's `--discovery-token-ca-cert-hash`: SHA-256 over the CA's DER SubjectPublicKeyInfo."""
+    body = "".join(line for line in ca_public_key_pem.strip().splitlines() if not line.startswith("-----"))
+    return "sha256:" + hashlib.sha256(base64.b64decode(body)).hexdigest()
+
+
+def env_file(params: dict[str, str]) -> str:
+    """KEY='value' lines the scripts source; values quoted, so no value can inject shell."""
+    return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in sorted(params.items()))
+
+
+def _yaml_documents(*docs: dict) -> str:
+    return yaml.safe_dump_all(docs, sort_keys=False, explicit_start=False)
+
+
+@dataclass(frozen=True)
+class ControlPlaneBootstrap:
+    kubernetes_version: str
+    kubernetes_minor: str
+    flannel_version: str
+    private_ip: str
+    public_ip: str
+    share_export_cidr: str
+    bootstrap_token: str
+    ca_cert_pem: str
+    ca_key_pem: str
+    authorized_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkerBootstrap:
+    kubernetes_version: str
+    kubernetes_minor: str
+    nvidia_driver_branch: str
+    nvidia_container_toolkit_version: str
+    control_plane_ip: str
+    bootstrap_token: str
+    ca_cert_hash: str
+    authorized_keys: tuple[str, ...] = ()
+
+
+def kubeadm_init_config(p: ControlPlaneBootstrap) -> str:
+    init = {
+        "apiVersion": KUBEADM_API,
+        "kind": "InitConfiguration",
+        "bootstrapTokens": [{
+            "token": p.bootstrap_token,
+            "ttl": BOOTSTRAP_TOKEN_TTL,
+            "groups": ["system:bootstrappers:kubeadm:default-node-token"],
+            "usages": ["signing", "authentication"],
+        }],
+        "localAPIEndpoint": {"advertiseAddress": p.private_ip, "bindPort": host_layout.API_SERVER_PORT},
+        "nodeRegistration": {"criSocket": CRI_SOCKET},
+    }
+    cluster = {
+        "apiVersion": KUBEADM_API,
+        "kind": "ClusterConfiguration",
+        "kubernetesVersion": f"v{p.kubernetes_version}",
+        "controlPlaneEndpoint": f"{p.private_ip}:{host_layout.API_SERVER_PORT}",
+        # The Elastic IP is not on the NIC: name it so the API certificate covers it.
+        "apiServer": {"certSANs": [p.public_ip, p.private_ip]},
+        "networking": {"podSubnet": host_layout.POD_CIDR},
+    }
+    return _yaml_documents(init, cluster)
+
+
+def kubeadm_join_config(p: WorkerBootstrap) -> str:
+    label_key, label_value = host_layout.GPU_NODE_LABEL
+    join = {
+        "apiVersion": KUBEADM_API,
+        "kind": "JoinConfiguration",
+        "discovery": {"bootstrapToken": {
+            "apiServerEndpoint": f"{p.control_plane_ip}:{host_layout.API_SERVER_PORT}",
+            "token": p.bootstrap_token,
+            "caCertHashes": [p.ca_cert_hash],
+        }},
+        "nodeRegistration": {
+            "criSocket": CRI_SOCKET,
+            "kubeletExtraArgs": [{"name": "node-labels", "value": f"{label_key}={label_value}"}],
+        },
+    }
+    return _yaml_documents(join)
+
+
+def _file(path: str, content: str, permissions: str) -> dict:
+    return {"path": path, "content": content, "owner": "root:root", "permissions": permissions}
+
+
+def _script_files(*names: str) -> list[dict]:
+    return [_file(f"{NODE_SCRIPT_DIR}/{n}", script(n), "0755") for n in ("testbed-lib.sh", *names)]
+
+
+def _run(*names: str) -> list[list[str]]:
+    """One runcmd entry: the role's scripts in order, logged; the first failure stops the rest."""
+    chain = " && ".join(f"{NODE_SCRIPT_DIR}/{n}" for n in names)
+    return [["bash", "-c", f"set -o pipefail; ({chain}) 2>&1 | tee -a {host_layout.BOOTSTRAP_LOG}"]]
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """Multi-line strings as YAML literal blocks, so scripts stay readable in user-data."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, value: str):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _str_representer)
+
+
+def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[str, ...]) -> str:
+    doc: dict = {"write_files": write_files, "runcmd": runcmd}
+    if authorized_keys:
+        doc["ssh_authorized_keys"] = list(authorized_keys)
+    text = "#cloud-config\n" + yaml.dump(doc, Dumper=_LiteralDumper, sort_keys=False, width=4096)
+    if len(text.encode()) > USER_DATA_LIMIT:
+        raise ValueError(f"user-data is {len(text.encode())} bytes; EC2 allows {USER_DATA_LIMIT}")
+    return text
+
+
+def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
+    params = {
+        "KUBERNETES_VERSION": p.kubernetes_version,
+        "KUBERNETES_MINOR": p.kubernetes_minor,
+        "FLANNEL_VERSION": p.flannel_version,
+        "SHARE_DIR": host_layout.SHARE_DIR,
+        "SHARE_EXPORT_CIDR": p.share_export_cidr,
+        "SLURM_STATE_DIR": host_layout.SLURM_STATE_DIR,
+        "SLURM_UID": str(host_layout.SLURM_UID),
+        "KUBEADM_CONFIG": KUBEADM_CONFIG,
+    }
+    files = [
+        _file(ENV_FILE, env_file(params), "0600"),
+        _file(KUBEADM_CONFIG, kubeadm_init_config(p), "0600"),
+        # kubeadm init keeps a CA it finds here: the program minted it, so workers can
+        # verify the API server from its public key before the control plane exists.
+        _file("/etc/kubernetes/pki/ca.crt", p.ca_cert_pem, "0644"),
+        _file("/etc/kubernetes/pki/ca.key", p.ca_key_pem, "0600"),
+        *_script_files("node-common.sh", "control-plane.sh"),
+    ]
+    return cloud_config(files, _run("node-common.sh", "control-plane.sh"), p.authorized_keys)
+
+
+def gpu_worker_user_data(p: WorkerBootstrap) -> str:
+    params = {
+        "KUBERNETES_VERSION": p.kubernetes_version,
+        "KUBERNETES_MINOR": p.kubernetes_minor,
+        "NVIDIA_DRIVER_BRANCH": p.nvidia_driver_branch,
+        "NVIDIA_CONTAINER_TOOLKIT_VERSION": p.nvidia_container_toolkit_version,
+        "CONTROL_PLANE_IP": p.control_plane_ip,
+        "SHARE_DIR": host_layout.SHARE_DIR,
+        "KUBEADM_CONFIG": KUBEADM_CONFIG,
+    }
+    files = [
+        _file(ENV_FILE, env_file(params), "0600"),
+        _file(KUBEADM_CONFIG, kubeadm_join_config(p), "0600"),
+        *_script_files("node-common.sh", "gpu-worker.sh"),
+    ]
+    return cloud_config(files, _run("node-common.sh", "gpu-worker.sh"), p.authorized_keys)

@@ -1,0 +1,87 @@
+"""Cluster identity minted by the program: CA, bootstrap token, join hash, admin credentials.
+
+Minting them here lets the workers verify the control plane (by the CA's public-key hash)
+and boot in parallel with it, and gives an admin kubeconfig without copying files."""
+from __future__ import annotations
+
+import base64
+
+import pulumi
+import pulumi_random as random
+import pulumi_tls as tls
+import yaml
+
+from components import bootstrap
+
+CA_VALIDITY_HOURS = 10 * 365 * 24
+ADMIN_VALIDITY_HOURS = 365 * 24
+# Bound to cluster-admin by a ClusterRoleBinding `kubeadm init` creates (revocable, unlike
+# system:masters); the provider waits for the readiness gate, which comes after init.
+ADMIN_GROUP = "kubeadm:cluster-admins"
+ADMIN_USER = "testbed-admin"
+
+
+def render_kubeconfig(cluster: str, server: str, ca_cert_pem: str, client_cert_pem: str, client_key_pem: str) -> str:
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": cluster, "cluster": {"server": server, "certificate-authority-data": b64(ca_cert_pem)}}],
+        "users": [{"name": ADMIN_USER, "user": {"client-certificate-data": b64(client_cert_pem),
+                                                "client-key-data": b64(client_key_pem)}}],
+        "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": ADMIN_USER}}],
+        "current-context": cluster,
+    }, sort_keys=False)
+
+
+class ClusterIdentity(pulumi.ComponentResource):
+    ca_cert_pem: pulumi.Output[str]
+    ca_key_pem: pulumi.Output[str]
+    ca_cert_hash: pulumi.Output[str]
+    bootstrap_token: pulumi.Output[str]
+
+    def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("testbed:cluster:Identity", name, None, opts)
+        self._name = name
+        ca_key, ca_cert = self._create_ca()
+        self.ca_key_pem = pulumi.Output.secret(ca_key.private_key_pem)
+        self.ca_cert_pem = ca_cert.cert_pem
+        self.ca_cert_hash = ca_key.public_key_pem.apply(bootstrap.discovery_token_ca_cert_hash)
+        self.bootstrap_token = self._create_bootstrap_token()
+        self._admin_key, self._admin_cert = self._create_admin_credentials(ca_key, ca_cert)
+        self.register_outputs({"caCertPem": self.ca_cert_pem, "caCertHash": self.ca_cert_hash})
+
+    def _create_ca(self) -> tuple[tls.PrivateKey, tls.SelfSignedCert]:
+        child = pulumi.ResourceOptions(parent=self)
+        key = tls.PrivateKey(f"{self._name}-ca-key", algorithm="RSA", rsa_bits=2048, opts=child)
+        cert = tls.SelfSignedCert(
+            f"{self._name}-ca-cert", private_key_pem=key.private_key_pem, is_ca_certificate=True,
+            subject={"common_name": "kubernetes"}, validity_period_hours=CA_VALIDITY_HOURS,
+            allowed_uses=["cert_signing", "crl_signing", "digital_signature", "key_encipherment"], opts=child)
+        return key, cert
+
+    def _create_bootstrap_token(self) -> pulumi.Output[str]:
+        """kubeadm's token format [a-z0-9]{6}.[a-z0-9]{16}; the same token serves init and join."""
+        child = pulumi.ResourceOptions(parent=self)
+        charset = {"upper": False, "special": False, "lower": True, "numeric": True}
+        token_id = random.RandomString(f"{self._name}-token-id", length=6, **charset, opts=child)
+        token_secret = random.RandomPassword(f"{self._name}-token-secret", length=16, **charset, opts=child)
+        return pulumi.Output.secret(pulumi.Output.concat(token_id.result, ".", token_secret.result))
+
+    def _create_admin_credentials(self, ca_key: tls.PrivateKey, ca_cert: tls.SelfSignedCert):
+        child = pulumi.ResourceOptions(parent=self)
+        key = tls.PrivateKey(f"{self._name}-admin-key", algorithm="RSA", rsa_bits=2048, opts=child)
+        request = tls.CertRequest(f"{self._name}-admin-csr", private_key_pem=key.private_key_pem,
+                                  subject={"common_name": ADMIN_USER, "organizations": [ADMIN_GROUP]}, opts=child)
+        cert = tls.LocallySignedCert(
+            f"{self._name}-admin-cert", cert_request_pem=request.cert_request_pem,
+            ca_private_key_pem=ca_key.private_key_pem, ca_cert_pem=ca_cert.cert_pem,
+            validity_period_hours=ADMIN_VALIDITY_HOURS,
+            allowed_uses=["digital_signature", "key_encipherment", "client_auth"], opts=child)
+        return key, cert
+
+    def kubeconfig(self, cluster: str, server_ip: pulumi.Input[str], port: int) -> pulumi.Output[str]:
+        return pulumi.Output.secret(pulumi.Output.all(
+            server_ip, self.ca_cert_pem, self._admin_cert.cert_pem, self._admin_key.private_key_pem,
+        ).apply(lambda v: render_kubeconfig(cluster, f"https://{v[0]}:{port}", v[1], v[2], v[3])))

@@ -1,0 +1,65 @@
+"""The one way this project launches an EC2 node: hardened defaults in one place."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+UBUNTU_OWNER = "099720109477"  # Canonical
+UBUNTU_2404_AMD64 = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
+
+
+@dataclass
+class NodeSpec:
+    role: str  # control-plane | gpu-worker
+    instance_type: str
+    ami_id: pulumi.Input[str]
+    subnet_id: pulumi.Input[str]
+    security_group_id: pulumi.Input[str]
+    key_name: pulumi.Input[str]
+    private_ip: str
+    root_volume_gb: int
+    user_data: pulumi.Input[str]
+    spot: bool = False
+
+
+def ubuntu_ami(parent: pulumi.Resource) -> pulumi.Output[str]:
+    return aws.ec2.get_ami_output(
+        owners=[UBUNTU_OWNER], most_recent=True,
+        filters=[{"name": "name", "values": [UBUNTU_2404_AMD64]},
+                 {"name": "architecture", "values": ["x86_64"]},
+                 {"name": "virtualization-type", "values": ["hvm"]}],
+        opts=pulumi.InvokeOptions(parent=parent)).id
+
+
+def launch(name: str, spec: NodeSpec, parent: pulumi.Resource,
+           depends_on: list[pulumi.Resource] | None = None) -> aws.ec2.Instance:
+    spot = None
+    if spec.spot:
+        # Persistent + stop: an interrupted worker keeps its disk and rejoins when capacity returns.
+        spot = {"market_type": "spot", "spot_options": {
+            "spot_instance_type": "persistent", "instance_interruption_behavior": "stop"}}
+    return aws.ec2.Instance(
+        name,
+        ami=spec.ami_id,
+        instance_type=spec.instance_type,
+        subnet_id=spec.subnet_id,
+        vpc_security_group_ids=[spec.security_group_id],
+        key_name=spec.key_name,
+        private_ip=spec.private_ip,
+        user_data=spec.user_data,
+        # cloud-init runs once per instance: a changed bootstrap needs a new instance.
+        user_data_replace_on_change=True,
+        # Pods must not read user-data (it holds the cluster CA key): one hop, tokens only.
+        metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
+                          "http_put_response_hop_limit": 1},
+        root_block_device={"volume_type": "gp3", "volume_size": spec.root_volume_gb, "encrypted": True,
+                           "delete_on_termination": True},
+        instance_market_options=spot,
+        tags={"Name": name, "testbed:role": spec.role, "testbed:stack": pulumi.get_stack()},
+        opts=pulumi.ResourceOptions(
+            parent=parent, depends_on=depends_on,
+            # The private IP is fixed, so the old instance must go before its replacement;
+            # a newer AMI found later must not replace a running node (pin amiId to move).
+            delete_before_replace=True, ignore_changes=["ami"]))

@@ -1,0 +1,13 @@
+"""What the node bootstrap guarantees on every host, and what the platform layer relies on."""
+
+SHARE_DIR = "/mnt/share"  # NFS from the control node, mounted on every worker
+SLURM_STATE_DIR = "/var/spool/slurmctld"  # on the control node, owned by SLURM_UID
+SLURM_UID = 401  # the slurm user in the Slinky 25.11 images
+POD_CIDR = "10.244.0.0/16"  # Flannel's default Network
+API_SERVER_PORT = 6443
+GPU_NODE_LABEL = ("nvidia.com/gpu.present", "true")  # device plugin 0.17.0 schedules only here
+CONTROL_PLANE_NODE_LABEL = "node-role.kubernetes.io/control-plane"  # set by kubeadm init
+CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"  # NoSchedule, kept
+ADMIN_KUBECONFIG = "/etc/kubernetes/admin.conf"
+BOOTSTRAP_LOG = "/var/log/testbed-bootstrap.log"
+SSH_USER = "ubuntu"

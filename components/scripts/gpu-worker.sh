@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# GPU worker: NVIDIA driver and container toolkit (nvidia as containerd's default runtime),
+# the shared directory from the control node, then kubeadm join. Idempotent.
+set -euo pipefail
+# shellcheck source=testbed-lib.sh
+. "$(dirname "$0")/testbed-lib.sh"
+load_env
+require NVIDIA_DRIVER_BRANCH NVIDIA_CONTAINER_TOOLKIT_VERSION CONTROL_PLANE_IP SHARE_DIR KUBEADM_CONFIG
+
+log "NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  # DKMS builds the open kernel module (right for Turing and later) against the running
+  # kernel's headers, so the module loads now, without pulling a new kernel and a reboot.
+  apt_get install "linux-headers-$(uname -r)" \
+    "nvidia-headless-${NVIDIA_DRIVER_BRANCH}-server-open" "nvidia-utils-${NVIDIA_DRIVER_BRANCH}-server"
+  modprobe nvidia || die "the nvidia kernel module does not load on kernel $(uname -r)"
+fi
+nvidia-smi -L || die "nvidia-smi sees no GPU"
+
+log "nvidia-container-toolkit ${NVIDIA_CONTAINER_TOOLKIT_VERSION}"
+keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+if [ ! -s "$keyring" ]; then
+  retry 5 10 curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey -o /tmp/nvidia-container.key
+  gpg --dearmor --yes -o "$keyring" /tmp/nvidia-container.key
+fi
+echo "deb [signed-by=${keyring}] https://nvidia.github.io/libnvidia-container/stable/deb/\$(ARCH) /" \
+  >/etc/apt/sources.list.d/nvidia-container-toolkit.list
+apt_get update
+toolkit="${NVIDIA_CONTAINER_TOOLKIT_VERSION}-1"
+apt_get install --allow-downgrades \
+  "nvidia-container-toolkit=${toolkit}" "nvidia-container-toolkit-base=${toolkit}" \
+  "libnvidia-container-tools=${toolkit}" "libnvidia-container1=${toolkit}"
+# After node-common set SystemdCgroup: nvidia-ctk copies runc's options into the new runtime.
+nvidia-ctk runtime configure --runtime=containerd --set-as-default
+systemctl restart containerd
+
+log "shared directory ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
+add_line /etc/fstab "${CONTROL_PLANE_IP}:${SHARE_DIR} ${SHARE_DIR} nfs4 rw,_netdev,nofail,timeo=600,retrans=5 0 0"
+mountpoint -q "$SHARE_DIR" || retry 60 20 mount "$SHARE_DIR" || die "cannot mount ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
+
+if [ -f /etc/kubernetes/kubelet.conf ]; then
+  log "already joined"
+else
+  log "kubeadm join ${CONTROL_PLANE_IP}:6443 (retried until the control plane answers)"
+  join() { kubeadm join --config "$KUBEADM_CONFIG" || { kubeadm reset -f >/dev/null 2>&1; false; }; }
+  retry 20 30 join || die "kubeadm join did not succeed"
+fi
+log "gpu-worker done"

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Helpers shared by the node bootstrap scripts. Sourced, never run.
+# Parameters arrive in /etc/testbed/bootstrap.env, written by cloud-init.
+
+TESTBED_ENV=${TESTBED_ENV:-/etc/testbed/bootstrap.env}
+
+log() { printf '%s testbed: %s\n' "$(date -u +%FT%TZ)" "$*"; }
+
+die() {
+  log "FAILED: $*"
+  exit 1
+}
+
+# retry ATTEMPTS DELAY_SECONDS COMMAND...: run COMMAND until it succeeds.
+retry() {
+  local attempts=$1 delay=$2 n=1
+  shift 2
+  until "$@"; do
+    if [ "$n" -ge "$attempts" ]; then
+      log "gave up after $n attempts: $*"
+      return 1
+    fi
+    n=$((n + 1))
+    sleep "$delay"
+  done
+}
+
+load_env() {
+  [ -r "$TESTBED_ENV" ] || die "parameter file $TESTBED_ENV is missing"
+  set -a
+  # shellcheck source=/dev/null
+  . "$TESTBED_ENV"
+  set +a
+}
+
+# require NAME...: every named parameter must be set and non-empty.
+require() {
+  local name
+  for name in "$@"; do
+    [ -n "${!name:-}" ] || die "parameter $name is not set in $TESTBED_ENV"
+  done
+}
+
+# First boot races unattended-upgrades for the dpkg lock: wait for it rather than fail.
+apt_get() {
+  DEBIAN_FRONTEND=noninteractive retry 5 15 apt-get -o DPkg::Lock::Timeout=600 -y "$@"
+}
+
+# add_line FILE LINE: append LINE to FILE once.
+add_line() {
+  touch "$1"
+  grep -qxF -- "$2" "$1" || printf '%s\n' "$2" >>"$1"
+}

@@ -1,0 +1,66 @@
+"""Offline plan and render (DESIGN section 4): the real program under Pulumi's mock engine.
+
+    python -m stacks plan   [--stack dev] [--config KEY=VALUE ...] [--json]
+    python -m stacks render [--stack dev] [--config KEY=VALUE ...] --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from stacks import artifacts, offline, pricing
+from stacks.settings import SettingsError
+
+EXIT_BAD_SETTINGS = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m stacks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (("plan", "list the resources, dependencies and hourly cost"),
+                            ("render", "write every deployed artifact to a directory")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
+        p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a setting (with or without the project prefix); repeatable")
+        if name == "plan":
+            p.add_argument("--json", action="store_true", help="one JSON array of resources")
+        else:
+            p.add_argument("--out", required=True, type=Path, help="directory to write")
+    return parser
+
+
+def _cost_line(rec: offline.Recording) -> str:
+    cost = pricing.estimate(rec.settings)
+    if cost.hourly_usd is None:
+        return f"estimated cost: unknown ({cost.basis})"
+    line = f"estimated cost: ${cost.hourly_usd:.2f}/hour ({cost.basis})"
+    if cost.spot_saving_hourly_usd:
+        line += f"; spot saves about ${cost.spot_saving_hourly_usd:.2f}/hour"
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        rec = offline.run(offline.stack_config(args.stack, args.config), stack=args.stack)
+    except SettingsError as error:
+        for problem in error.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    if args.command == "plan":
+        if args.json:
+            print(json.dumps(artifacts.plan_elements(rec), indent=2, sort_keys=True))
+        else:
+            print(artifacts.plan_text(rec, _cost_line(rec)))
+        return 0
+    written = artifacts.render(rec, args.out)
+    print(f"wrote {len(written)} files under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

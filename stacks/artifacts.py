@@ -1,0 +1,117 @@
+"""What `render` writes and `plan` prints, derived from a recorded mock run (DESIGN section 4)."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stacks.offline import Recording, RecordedResource, redact, reveal
+
+INSTANCE = "aws:ec2/instance:Instance"
+REMOTE_COMMAND = "command:remote:Command"
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def _is_kubernetes_object(r: RecordedResource) -> bool:
+    return r.type.startswith("kubernetes:") and r.type != HELM_RELEASE and "apiVersion" in r.inputs
+
+
+def plan_elements(rec: Recording) -> list[dict[str, Any]]:
+    return [{"urn": r.urn, "type": r.type, "name": r.name, "parent": r.parent or None,
+             "dependsOn": r.depends_on, "inputs": redact(r.inputs)} for r in rec.resources]
+
+
+def _component_of(r: RecordedResource, by_urn: dict[str, RecordedResource]) -> str:
+    """The outermost component a resource belongs to (itself if it has no parent)."""
+    top = r
+    while top.parent in by_urn:
+        top = by_urn[top.parent]
+    return f"{top.name} ({top.type})"
+
+
+def plan_text(rec: Recording, cost_line: str) -> str:
+    by_urn = {r.urn: r for r in rec.resources}
+    groups: dict[str, Counter] = {}
+    for r in rec.resources:
+        if r.type.startswith("testbed:"):
+            continue  # a component heads its own group
+        groups.setdefault(_component_of(r, by_urn), Counter())[r.type] += 1
+    lines = []
+    for group in sorted(groups):
+        lines.append(group)
+        for typ, n in sorted(groups[group].items()):
+            extra = ""
+            if typ == INSTANCE:
+                kinds = Counter(x.inputs.get("instanceType") for x in rec.of_type(INSTANCE)
+                                if _component_of(x, by_urn) == group)
+                extra = "  " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items()))
+            if typ == HELM_RELEASE:
+                extra = "  " + ", ".join(f"{x.inputs.get('name')} {x.inputs.get('version')}"
+                                         for x in rec.of_type(HELM_RELEASE) if _component_of(x, by_urn) == group)
+            lines.append(f"  {n:3d}  {typ}{extra}")
+    lines.append(f"{len(rec.resources)} resources")
+    lines.append(cost_line)
+    return "\n".join(lines)
+
+
+def _node_name(instance: RecordedResource) -> str:
+    return instance.name.removesuffix("-instance")
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def render(rec: Recording, out: Path) -> list[Path]:
+    """Write every deployed artifact under `out`; return the files written."""
+    scripts: dict[str, str] = {}
+    written: list[Path] = []
+
+    def add_script(name: str, text: str) -> None:
+        if scripts.get(name, text) != text:
+            raise ValueError(f"two different scripts would be rendered as scripts/{name}")
+        scripts[name] = text
+
+    for instance in rec.of_type(INSTANCE):
+        user_data = reveal(instance.inputs["userData"])
+        path = out / "cloud-init" / f"{_node_name(instance)}.yaml"
+        _write(path, user_data)
+        written.append(path)
+        for f in yaml.safe_load(user_data).get("write_files", []):
+            if f["path"].endswith(".sh"):
+                add_script(Path(f["path"]).name, f["content"])
+    for cmd in rec.of_type(REMOTE_COMMAND):
+        add_script(f"{cmd.name}.sh", reveal(cmd.inputs["stdin"]))
+
+    releases = []
+    for release in rec.of_type(HELM_RELEASE):
+        inputs = reveal(release.inputs)
+        name = inputs["name"]
+        releases.append({"release": name, "namespace": inputs.get("namespace"), "chart": inputs["chart"],
+                         "version": inputs.get("version"),
+                         "repo": (inputs.get("repositoryOpts") or {}).get("repo")})
+        path = out / "values" / f"{name}.yaml"
+        _write(path, yaml.safe_dump(inputs.get("values") or {}, sort_keys=False))
+        written.append(path)
+    path = out / "releases.json"
+    _write(path, json.dumps(releases, indent=2) + "\n")
+    written.append(path)
+
+    for obj in (reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r)):
+        manifest = {k: v for k, v in obj.items() if k in ("apiVersion", "kind", "metadata", "spec", "data",
+                                                           "stringData", "type", "rules", "roleRef", "subjects")}
+        meta = manifest.get("metadata", {})
+        path = out / "manifests" / f"{manifest['kind']}-{meta.get('namespace', 'cluster')}-{meta['name']}.yaml"
+        _write(path, yaml.safe_dump(manifest, sort_keys=False))
+        written.append(path)
+    (out / "manifests").mkdir(parents=True, exist_ok=True)
+
+    for name, text in sorted(scripts.items()):
+        path = out / "scripts" / name
+        _write(path, text)
+        written.append(path)
+    return written

@@ -1,0 +1,227 @@
+"""Run the real program under Pulumi's mock engine: no CLI, credentials, cloud or network.
+
+`plan`, `render` and the test suite all go through `run()`, so what they inspect is what
+`pulumi up` would register. Every ID, IP, AMI and key the mock returns is a placeholder:
+IPs come from the documentation ranges (RFC 5737) and IDs end in `-placeholder`.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
+from pulumi.runtime.settings import reset_options
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from stacks import settings as settings_mod
+
+ROOT = Path(__file__).resolve().parent.parent
+PLACEHOLDER_PUBLIC_IP = "198.51.100.10"  # RFC 5737 documentation range: never a real host
+SECRET_TEXT = "[secret]"
+_SECRET_SIG = rpc._special_sig_key  # noqa: SLF001 - the engine's own marker for secret values
+_SECRET_VALUE = rpc._special_secret_sig  # noqa: SLF001
+
+
+@dataclass
+class RecordedResource:
+    urn: str
+    type: str
+    name: str
+    parent: str
+    depends_on: list[str]
+    inputs: dict[str, Any]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Recording:
+    settings: settings_mod.Settings
+    resources: list[RecordedResource]
+    outputs: dict[str, Any]
+    secret_outputs: set[str]
+
+    def of_type(self, type_token: str) -> list[RecordedResource]:
+        return [r for r in self.resources if r.type == type_token]
+
+    def named(self, name: str) -> RecordedResource:
+        found = [r for r in self.resources if r.name == name]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} resources named {name}")
+        return found[0]
+
+
+# ---------------------------------------------------------------------- values
+
+
+def is_secret(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(_SECRET_SIG) == _SECRET_VALUE
+
+
+def reveal(value: Any) -> Any:
+    """The value as deployed, secrets unwrapped (render writes exactly what is deployed)."""
+    if is_secret(value):
+        return reveal(value["value"])
+    if isinstance(value, dict):
+        return {k: reveal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [reveal(v) for v in value]
+    return value
+
+
+def redact(value: Any) -> Any:
+    """The value with every secret replaced by "[secret]" (plan output)."""
+    if is_secret(value):
+        return SECRET_TEXT
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()
+
+
+def placeholder_key_pem(name: str) -> tuple[str, str, str]:
+    """A real, deterministic EC key per resource name: (private PEM, public PEM, OpenSSH).
+
+    Real keys let tests recompute derived values (the kubeadm discovery hash) from the
+    mock's output; determinism keeps two renders byte-identical."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.derive_private_key(int(_digest("key", name), 16) % (2**255) + 1, ec.SECP256R1())
+    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption()).decode()
+    public = key.public_key()
+    public_pem = public.public_bytes(serialization.Encoding.PEM,
+                                     serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    openssh = public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    return private_pem, public_pem, openssh
+
+
+def placeholder_cert_pem(name: str) -> str:
+    body = _digest("cert", name) * 4
+    lines = [body[i:i + 64] for i in range(0, len(body), 64)]
+    return "-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n"
+
+
+# ---------------------------------------------------------------------- mocks
+
+
+class TestbedMocks(pulumi.runtime.Mocks):
+    """Returns inputs plus the computed outputs the program reads, as placeholders."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outputs = dict(args.inputs)
+        typ, name = args.typ, args.name
+        if typ == "tls:index/privateKey:PrivateKey":
+            private_pem, public_pem, openssh = placeholder_key_pem(name)
+            outputs.update(privateKeyPem=private_pem, privateKeyOpenssh=private_pem,
+                           publicKeyPem=public_pem, publicKeyOpenssh=openssh + "\n")
+        elif typ in ("tls:index/selfSignedCert:SelfSignedCert", "tls:index/locallySignedCert:LocallySignedCert"):
+            outputs["certPem"] = placeholder_cert_pem(name)
+        elif typ == "tls:index/certRequest:CertRequest":
+            outputs["certRequestPem"] = "placeholder certificate request for " + name
+        elif typ in ("random:index/randomString:RandomString", "random:index/randomPassword:RandomPassword"):
+            alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+            digest = _digest("random", name)
+            outputs["result"] = "".join(alphabet[int(digest[i:i + 2], 16) % len(alphabet)]
+                                        for i in range(0, 2 * int(args.inputs.get("length", 16)), 2))
+        elif typ == "aws:ec2/eip:Eip":
+            outputs["publicIp"] = PLACEHOLDER_PUBLIC_IP
+        elif typ == "aws:ec2/instance:Instance":
+            outputs.setdefault("privateIp", args.inputs.get("privateIp"))
+            outputs["publicIp"] = str(ipaddress.ip_address("203.0.113.0") + int(_digest(name)[:2], 16) % 250 + 1)
+        elif typ == "command:remote:Command":
+            outputs["stdout"] = ""
+        return f"{name}-placeholder", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        if args.token == "aws:ec2/getAmi:getAmi":
+            return {"id": "ami-0placeholder000000", "imageId": "ami-0placeholder000000",
+                    "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-placeholder"}
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            region = "us-east-1"
+            for f in args.args.get("filters", []):
+                if f.get("name") == "location":
+                    region = f["values"][0][:-1]
+            zones = [f"{region}{z}" for z in "abcd"]
+            return {"id": "placeholder", "locations": zones, "instanceTypes": ["placeholder"] * len(zones),
+                    "locationTypes": ["availability-zone"] * len(zones)}
+        return {}
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    """Records every registration with its parent and the dependencies the engine receives."""
+
+    def __init__(self, mocks: TestbedMocks):
+        super().__init__(mocks)
+        self.recorded: list[RecordedResource] = []
+
+    def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            inputs = rpc.deserialize_properties(request.object, keep_unknowns=True)
+            self.recorded.append(RecordedResource(
+                urn=response.urn, type=request.type, name=request.name, parent=request.parent,
+                depends_on=sorted(set(request.dependencies)), inputs=inputs,
+                outputs=self.resources[response.urn].state))
+        return response
+
+
+# ---------------------------------------------------------------------- running
+
+
+def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: Path = ROOT) -> dict[str, str]:
+    """Project-prefixed config from Pulumi.<stack>.yaml plus KEY=VALUE overrides (prefix optional).
+
+    Defaults are not copied from Pulumi.yaml: `settings.load` applies the same defaults."""
+    prefix = settings_mod.PROJECT + ":"
+    config: dict[str, str] = {}
+    stack_file = root / f"Pulumi.{stack}.yaml"
+    if stack_file.exists():
+        for key, value in ((yaml.safe_load(stack_file.read_text()) or {}).get("config") or {}).items():
+            config[key] = value if isinstance(value, str) else yaml.safe_dump(value).strip()
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise settings_mod.SettingsError([f"--config: \"{item}\" is not allowed; expected KEY=VALUE"])
+        config[key if ":" in key else prefix + key] = value
+    return config
+
+
+def run(config: dict[str, str], stack: str = "dev") -> Recording:
+    """Validate settings, then run the whole program under mocks and resolve its outputs."""
+    from stacks import testbed
+
+    settings = settings_mod.load(config, stack=stack)  # raises SettingsError before any resource
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    reset_options(project=settings_mod.PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_all_config(config)
+    mocks = TestbedMocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project=settings_mod.PROJECT, stack=stack, preview=False, monitor=monitor)
+
+    resolved: dict[str, Any] = {}
+    secret_names: set[str] = set()
+
+    async def program() -> None:
+        outputs = testbed.build(settings_mod.from_pulumi())
+        for name, output in outputs.items():
+            out = pulumi.Output.from_input(output)
+            resolved[name] = await out.future()
+            if await out.is_secret():
+                secret_names.add(name)
+
+    _sync_await(run_pulumi_func(program))
+    return Recording(settings=settings, resources=monitor.recorded, outputs=resolved, secret_outputs=secret_names)

@@ -1,0 +1,18 @@
+"""The whole program: settings -> infrastructure -> cluster -> platform -> outputs."""
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+
+from stacks import cluster, infrastructure, pricing, workloads
+from stacks.settings import PROJECT, Settings
+
+
+def build(s: Settings) -> dict[str, pulumi.Input]:
+    """Create every resource; return the stack outputs (DESIGN section 4 names)."""
+    aws_provider = aws.Provider("testbed-aws", region=s.region, default_tags={
+        "tags": {"testbed:project": PROJECT, "testbed:stack": s.stack}})
+    identity = cluster.build_identity()
+    infra = infrastructure.build(s, identity, aws_provider)
+    access = cluster.build_access(s, infra, identity)
+    return workloads.outputs(s, infra, access, pricing.estimate(s))

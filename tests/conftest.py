@@ -1,0 +1,37 @@
+"""One mocks harness for every test: the real program run under Pulumi's mock engine.
+
+`stacks.offline.run` records every resource (type, name, parent, inputs, dependencies) and
+resets Pulumi's runtime before each run, so tests share nothing but what they ask for."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stacks import offline
+from stacks.settings import PROJECT
+
+ADMIN_CIDR = "203.0.113.7/32"
+
+
+def config(**settings: Any) -> dict[str, str]:
+    """Project-prefixed config with the one required setting filled in."""
+    values = {"adminCidr": ADMIN_CIDR, **settings}
+    return {f"{PROJECT}:{key}": str(value).lower() if isinstance(value, bool) else str(value)
+            for key, value in values.items()}
+
+
+def run_program(**settings: Any) -> offline.Recording:
+    return offline.run(config(**settings))
+
+
+@pytest.fixture(scope="session")
+def default_run() -> offline.Recording:
+    """The default testbed, recorded once: tests must not mutate it."""
+    return run_program()
+
+
+def by_type(rec: offline.Recording, token: str) -> list[offline.RecordedResource]:
+    found = rec.of_type(token)
+    assert found, f"no {token} registered"
+    return found
