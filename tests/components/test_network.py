@@ -1,0 +1,60 @@
+from components.network import ANYWHERE
+from tests.conftest import ADMIN_CIDR, by_type, run_program
+
+SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+
+
+def ingress_sources(rule: dict) -> list[str]:
+    return rule.get("cidrBlocks", []) + rule.get("ipv6CidrBlocks", [])
+
+
+def test_no_ingress_from_anywhere_by_default(default_run):
+    for group in by_type(default_run, SECURITY_GROUP):
+        for rule in group.inputs["ingress"]:
+            assert not set(ingress_sources(rule)) & set(ANYWHERE), rule
+
+
+def test_only_ssh_and_the_api_server_are_open_and_only_to_the_admin_range(default_run):
+    (group,) = by_type(default_run, SECURITY_GROUP)
+    external = [r for r in group.inputs["ingress"] if ingress_sources(r)]
+    assert sorted((r["protocol"], r["fromPort"], r["toPort"]) for r in external) == [("tcp", 22, 22), ("tcp", 6443, 6443)]
+    assert all(ingress_sources(r) == [ADMIN_CIDR] for r in external)
+
+
+def test_nodes_reach_each_other_on_every_port_for_vxlan_kubelet_nfs_and_webhooks(default_run):
+    (group,) = by_type(default_run, SECURITY_GROUP)
+    internal = [r for r in group.inputs["ingress"] if r.get("self")]
+    assert internal == [{"description": "all traffic between testbed nodes", "protocol": "-1",
+                         "fromPort": 0, "toPort": 0, "self": True}]
+
+
+def test_ipv6_admin_range_goes_to_the_ipv6_rule_field():
+    rec = run_program(adminCidr="2001:db8::/64")
+    (group,) = by_type(rec, SECURITY_GROUP)
+    external = [r for r in group.inputs["ingress"] if ingress_sources(r)]
+    assert all(r["ipv6CidrBlocks"] == ["2001:db8::/64"] and "cidrBlocks" not in r for r in external)
+
+
+def test_open_ingress_only_with_the_explicit_opt_in():
+    rec = run_program(adminCidr="0.0.0.0/0", allowOpenIngress=True)
+    (group,) = by_type(rec, SECURITY_GROUP)
+    assert any("0.0.0.0/0" in ingress_sources(r) for r in group.inputs["ingress"])
+
+
+def test_subnet_is_in_the_vpc_and_routes_to_the_internet_gateway(default_run):
+    (vpc,) = by_type(default_run, "aws:ec2/vpc:Vpc")
+    (subnet,) = by_type(default_run, "aws:ec2/subnet:Subnet")
+    (routes,) = by_type(default_run, "aws:ec2/routeTable:RouteTable")
+    (gateway,) = by_type(default_run, "aws:ec2/internetGateway:InternetGateway")
+    assert subnet.inputs["cidrBlock"] == default_run.settings.subnet_cidr
+    assert subnet.inputs["vpcId"] == vpc.outputs.get("id", f"{vpc.name}-placeholder")
+    assert routes.inputs["routes"][0]["gatewayId"] == f"{gateway.name}-placeholder"
+    assert gateway.urn in routes.depends_on
+
+
+def test_zone_defaults_to_the_first_zone_offering_the_worker_type(default_run):
+    (subnet,) = by_type(default_run, "aws:ec2/subnet:Subnet")
+    assert subnet.inputs["availabilityZone"] == "us-east-1a"
+    rec = run_program(region="eu-west-1", availabilityZone="eu-west-1c")
+    (subnet,) = by_type(rec, "aws:ec2/subnet:Subnet")
+    assert subnet.inputs["availabilityZone"] == "eu-west-1c"

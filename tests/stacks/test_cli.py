@@ -1,0 +1,69 @@
+"""`python -m stacks plan|render` as a user runs them (DESIGN section 4)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from stacks import __main__ as cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stacks", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_plan_json_shape_and_secrets_redacted(capsys):
+    assert cli.main(["plan", "--json"]) == 0
+    elements = json.loads(capsys.readouterr().out)
+    assert all(set(e) == {"urn", "type", "name", "parent", "dependsOn", "inputs"} for e in elements)
+    instances = [e for e in elements if e["type"] == "aws:ec2/instance:Instance"]
+    assert sorted(i["inputs"]["instanceType"] for i in instances) == ["g4dn.xlarge"] * 4 + ["t3.medium"]
+    assert all(i["inputs"]["userData"] == "[secret]" for i in instances)
+    urns = {e["urn"] for e in elements}
+    assert all(set(e["dependsOn"]) <= urns for e in elements)
+    assert "BEGIN RSA PRIVATE KEY" not in json.dumps(elements) and "BEGIN PRIVATE KEY" not in json.dumps(elements)
+
+
+def test_plan_config_override_changes_the_worker_count(capsys):
+    assert cli.main(["plan", "--json", "--config", "gpu-testbed:workerCount=2"]) == 0
+    elements = json.loads(capsys.readouterr().out)
+    assert sum(e["inputs"].get("instanceType") == "g4dn.xlarge" for e in elements) == 2
+
+
+def test_plan_text_groups_by_component_and_prices_the_hour(capsys):
+    assert cli.main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert "testbed-control (testbed:aws:ControlNode)" in out and "t3.medium x1" in out
+    assert "estimated cost: $" in out and "/hour" in out
+
+
+def test_render_writes_user_data_and_scripts(tmp_path, capsys):
+    assert cli.main(["render", "--out", str(tmp_path)]) == 0
+    cloud_init = sorted(p.name for p in (tmp_path / "cloud-init").iterdir())
+    assert cloud_init == ["testbed-control.yaml"] + [f"testbed-worker-{i}.yaml" for i in range(4)]
+    scripts = {p.name for p in (tmp_path / "scripts").iterdir()}
+    assert {"node-common.sh", "control-plane.sh", "gpu-worker.sh", "testbed-lib.sh", "testbed-readiness-wait.sh"} <= scripts
+    assert yaml.safe_load((tmp_path / "cloud-init" / "testbed-control.yaml").read_text())["runcmd"]
+
+
+def test_two_renders_are_byte_identical(tmp_path):
+    for out in ("a", "b"):
+        assert cli.main(["render", "--out", str(tmp_path / out)]) == 0
+    files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
+    assert files_a == files_b
+    for rel in files_a:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+
+
+def test_bad_settings_exit_2_with_one_line_each_and_nothing_rendered(tmp_path):
+    result = run_cli("render", "--out", str(tmp_path / "r"), "--config", "workerCount=zero",
+                     "--config", "adminCidr=0.0.0.0/0")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["workerCount", "adminCidr"]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "r").exists()

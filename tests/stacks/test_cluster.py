@@ -1,0 +1,63 @@
+import base64
+
+import yaml
+
+from components import cluster_identity, host_layout
+from stacks.offline import is_secret, reveal
+from tests.conftest import by_type
+
+COMMAND = "command:remote:Command"
+
+
+def test_provider_waits_for_the_readiness_gate(default_run):
+    (provider,) = by_type(default_run, "pulumi:providers:kubernetes")
+    (gate,) = [c for c in by_type(default_run, COMMAND) if c.name == "testbed-readiness-wait"]
+    assert gate.urn in provider.depends_on
+
+
+def test_gate_runs_the_readiness_script_on_the_control_node_as_ubuntu(default_run):
+    (gate,) = [c for c in by_type(default_run, COMMAND) if c.name == "testbed-readiness-wait"]
+    (eip,) = by_type(default_run, "aws:ec2/eip:Eip")
+    connection = reveal(gate.inputs["connection"])
+    assert connection["host"] == eip.outputs["publicIp"]
+    assert connection["user"] == host_layout.SSH_USER and connection["dialErrorLimit"] == -1
+    assert is_secret(gate.inputs["connection"])  # it carries the private key
+    from components import bootstrap
+    assert reveal(gate.inputs["stdin"]) == bootstrap.script("wait-cluster-ready.sh")
+    timeout = int(gate.inputs["create"].split()[4])
+    assert timeout >= 30 * 60
+
+
+def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_client_cert(default_run):
+    kubeconfig = yaml.safe_load(default_run.outputs["kubeconfig"])
+    (eip,) = by_type(default_run, "aws:ec2/eip:Eip")
+    (ca_cert,) = by_type(default_run, "tls:index/selfSignedCert:SelfSignedCert")
+    (admin_cert,) = by_type(default_run, "tls:index/locallySignedCert:LocallySignedCert")
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    assert cluster["server"] == f"https://{eip.outputs['publicIp']}:{host_layout.API_SERVER_PORT}"
+    assert base64.b64decode(cluster["certificate-authority-data"]).decode() == ca_cert.outputs["certPem"]
+    user = kubeconfig["users"][0]["user"]
+    assert base64.b64decode(user["client-certificate-data"]).decode() == admin_cert.outputs["certPem"]
+    assert kubeconfig["current-context"] == kubeconfig["contexts"][0]["name"]
+
+
+def test_admin_certificate_is_a_revocable_cluster_admin_signed_by_the_cluster_ca(default_run):
+    (csr,) = by_type(default_run, "tls:index/certRequest:CertRequest")
+    assert reveal(csr.inputs["subject"])["organizations"] == [cluster_identity.ADMIN_GROUP]
+    (admin_cert,) = by_type(default_run, "tls:index/locallySignedCert:LocallySignedCert")
+    (ca_cert,) = by_type(default_run, "tls:index/selfSignedCert:SelfSignedCert")
+    assert reveal(admin_cert.inputs["caCertPem"]) == ca_cert.outputs["certPem"]
+    assert "client_auth" in admin_cert.inputs["allowedUses"]
+
+
+def test_secrets_stay_secret(default_run):
+    assert {"kubeconfig", "sshPrivateKey"} <= default_run.secret_outputs
+    for node in by_type(default_run, "aws:ec2/instance:Instance"):
+        assert is_secret(node.inputs["userData"])  # holds the bootstrap token (and the CA key)
+    (provider,) = by_type(default_run, "pulumi:providers:kubernetes")
+    assert is_secret(provider.inputs["kubeconfig"])
+
+
+def test_ssh_command_uses_the_public_ip_and_the_generated_key(default_run):
+    assert default_run.outputs["sshCommand"].endswith(f"ssh -i testbed.pem ubuntu@{default_run.outputs['controlPlanePublicIp']}")
+    assert default_run.outputs["sshPrivateKey"].startswith("-----BEGIN")

@@ -1,0 +1,100 @@
+import pytest
+
+from stacks import pricing
+from tests.conftest import by_type, run_program
+
+INSTANCE = "aws:ec2/instance:Instance"
+
+
+def instances(rec, role):
+    return [i for i in by_type(rec, INSTANCE) if i.inputs["tags"]["testbed:role"] == role]
+
+
+def test_default_is_one_t3_medium_control_node_and_four_g4dn_xlarge_workers(default_run):
+    assert [i.inputs["instanceType"] for i in instances(default_run, "control-plane")] == ["t3.medium"]
+    assert [i.inputs["instanceType"] for i in instances(default_run, "gpu-worker")] == ["g4dn.xlarge"] * 4
+
+
+@pytest.mark.parametrize("count", [1, 3, 7])
+def test_worker_count_changes_instances_gate_and_outputs(count):
+    rec = run_program(workerCount=count)
+    workers = instances(rec, "gpu-worker")
+    assert len(workers) == count
+    worker_ips = sorted(w.inputs["privateIp"] for w in workers)
+    assert sorted(rec.outputs["workerPrivateIps"]) == worker_ips
+    (gate,) = by_type(rec, "command:remote:Command")
+    waited_for = gate.inputs["create"].split()[5:]  # sudo bash -s -- TIMEOUT IP...
+    control_ip = instances(rec, "control-plane")[0].inputs["privateIp"]
+    assert sorted(waited_for) == sorted([control_ip, *worker_ips])
+    assert {w.urn for w in workers} <= set(gate.depends_on)
+
+
+def test_every_node_shares_the_one_security_group_and_subnet(default_run):
+    (group,) = by_type(default_run, "aws:ec2/securityGroup:SecurityGroup")
+    (subnet,) = by_type(default_run, "aws:ec2/subnet:Subnet")
+    for node in by_type(default_run, INSTANCE):
+        assert node.inputs["vpcSecurityGroupIds"] == [f"{group.name}-placeholder"]
+        assert node.inputs["subnetId"] == f"{subnet.name}-placeholder"
+
+
+def test_every_instance_requires_imdsv2_with_hop_limit_1_and_encrypts_its_root_volume(default_run):
+    for node in by_type(default_run, INSTANCE):
+        assert node.inputs["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
+                                                  "httpPutResponseHopLimit": 1}
+        assert node.inputs["rootBlockDevice"]["encrypted"] is True
+        assert node.inputs["rootBlockDevice"]["volumeType"] == "gp3"
+
+
+def test_workers_boot_in_parallel_with_the_control_plane(default_run):
+    control = instances(default_run, "control-plane")[0]
+    for worker in instances(default_run, "gpu-worker"):
+        assert control.urn not in worker.depends_on
+
+
+def test_control_node_user_data_waits_for_the_elastic_ip(default_run):
+    (eip,) = by_type(default_run, "aws:ec2/eip:Eip")
+    control = instances(default_run, "control-plane")[0]
+    assert eip.urn in control.depends_on
+    (association,) = by_type(default_run, "aws:ec2/eipAssociation:EipAssociation")
+    assert association.inputs["instanceId"] == f"{control.name}-placeholder"
+
+
+def test_ami_lookup_or_pin():
+    rec = run_program(amiId="ami-0123456789abcdef0")
+    assert {i.inputs["ami"] for i in by_type(rec, INSTANCE)} == {"ami-0123456789abcdef0"}
+
+
+def test_spot_workers_are_persistent_and_stop_on_interruption_and_cost_less():
+    rec = run_program(spotWorkers=True)
+    for worker in instances(rec, "gpu-worker"):
+        options = worker.inputs["instanceMarketOptions"]
+        assert options["marketType"] == "spot"
+        assert options["spotOptions"] == {"spotInstanceType": "persistent", "instanceInterruptionBehavior": "stop"}
+    assert all("instanceMarketOptions" not in c.inputs for c in instances(rec, "control-plane"))
+    on_demand = pricing.estimate(run_program().settings)
+    spot = pricing.estimate(rec.settings)
+    assert spot.hourly_usd == pytest.approx(on_demand.hourly_usd - spot.spot_saving_hourly_usd)
+    assert spot.spot_saving_hourly_usd == pytest.approx(4 * 0.526 * pricing.SPOT_DISCOUNT_ASSUMED)
+
+
+def test_hourly_cost_grows_with_the_workers():
+    two, four = (pricing.estimate(run_program(workerCount=n).settings).hourly_usd for n in (2, 4))
+    per_worker = 0.526 + 100 * 0.08 / 730 + pricing.PUBLIC_IPV4_HOURLY
+    assert four - two == pytest.approx(2 * per_worker, abs=1e-3)
+
+
+def test_unpriced_region_says_so():
+    estimate = pricing.estimate(run_program(region="ap-south-1").settings)
+    assert estimate.hourly_usd is None and "ap-south-1" in estimate.basis
+
+
+def test_ssh_key_pair_is_generated_and_an_extra_user_key_is_authorized():
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample me@laptop"
+    rec = run_program(sshPublicKey=key)
+    from stacks.offline import reveal
+    import yaml
+    for node in by_type(rec, INSTANCE):
+        assert yaml.safe_load(reveal(node.inputs["userData"]))["ssh_authorized_keys"] == [key]
+    (pair,) = by_type(rec, "aws:ec2/keyPair:KeyPair")
+    (ssh_key,) = [k for k in by_type(rec, "tls:index/privateKey:PrivateKey") if k.name == "testbed-ssh-key"]
+    assert pair.inputs["publicKey"] == ssh_key.outputs["publicKeyOpenssh"]
