@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from components import bootstrap
 from stacks.offline import Recording, RecordedResource, redact, reveal
 
 INSTANCE = "aws:ec2/instance:Instance"
@@ -57,6 +59,30 @@ def plan_text(rec: Recording, cost_line: str) -> str:
     return "\n".join(lines)
 
 
+def _script_name(text: str, fallback: str) -> str:
+    """The file in components/scripts a remote step sends, found by content."""
+    for path in sorted(bootstrap.SCRIPTS_DIR.glob("*.sh")):
+        if path.read_text() == text:
+            return path.name
+    return f"{fallback}.sh"
+
+
+def embedded_manifests(cmd: RecordedResource) -> list[dict]:
+    """Kubernetes objects a remote step carries as JSON arguments (webhook probes)."""
+    found = []
+    for arg in shlex.split(reveal(cmd.inputs.get("create", ""))):
+        if arg.startswith("{"):
+            obj = json.loads(arg)
+            if "apiVersion" in obj and "kind" in obj:
+                found.append(obj)
+    return found
+
+
+def _manifest_path(out: Path, obj: dict) -> Path:
+    meta = obj["metadata"]
+    return out / "manifests" / f"{obj['kind']}-{meta.get('namespace', 'cluster')}-{meta['name']}.yaml"
+
+
 def _node_name(instance: RecordedResource) -> str:
     return instance.name.removesuffix("-instance")
 
@@ -84,11 +110,14 @@ def render(rec: Recording, out: Path) -> list[Path]:
         for f in yaml.safe_load(user_data).get("write_files", []):
             if f["path"].endswith(".sh"):
                 add_script(Path(f["path"]).name, f["content"])
+    manifests = [reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r)]
     for cmd in rec.of_type(REMOTE_COMMAND):
-        add_script(f"{cmd.name}.sh", reveal(cmd.inputs["stdin"]))
+        text = reveal(cmd.inputs["stdin"])
+        add_script(_script_name(text, cmd.name), text)
+        manifests += embedded_manifests(cmd)
 
     releases = []
-    for release in rec.of_type(HELM_RELEASE):
+    for release in sorted(rec.of_type(HELM_RELEASE), key=lambda r: r.name):
         inputs = reveal(release.inputs)
         name = inputs["name"]
         releases.append({"release": name, "namespace": inputs.get("namespace"), "chart": inputs["chart"],
@@ -101,11 +130,10 @@ def render(rec: Recording, out: Path) -> list[Path]:
     _write(path, json.dumps(releases, indent=2) + "\n")
     written.append(path)
 
-    for obj in (reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r)):
+    for obj in manifests:
         manifest = {k: v for k, v in obj.items() if k in ("apiVersion", "kind", "metadata", "spec", "data",
                                                            "stringData", "type", "rules", "roleRef", "subjects")}
-        meta = manifest.get("metadata", {})
-        path = out / "manifests" / f"{manifest['kind']}-{meta.get('namespace', 'cluster')}-{meta['name']}.yaml"
+        path = _manifest_path(out, manifest)
         _write(path, yaml.safe_dump(manifest, sort_keys=False))
         written.append(path)
     (out / "manifests").mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from stacks import cluster, infrastructure, pricing, workloads
+from stacks import cluster, infrastructure, platform, pricing, workloads
 from stacks.settings import PROJECT, Settings
 
 
@@ -15,4 +15,5 @@ def build(s: Settings) -> dict[str, pulumi.Input]:
     identity = cluster.build_identity()
     infra = infrastructure.build(s, identity, aws_provider)
     access = cluster.build_access(s, infra, identity)
-    return workloads.outputs(s, infra, access, pricing.estimate(s))
+    testbed_platform = platform.build(s, access)
+    return workloads.outputs(s, infra, access, testbed_platform, pricing.estimate(s))

@@ -1,23 +1,41 @@
 """Layer 4: the stack outputs a user needs to reach and use the testbed."""
 from __future__ import annotations
 
+import shlex
+
 import pulumi
 
 from components import host_layout
+from components.slurm_names import SLURMCTLD_CONTAINER, SlurmNames, label_selector
 from stacks.cluster import ClusterAccess
 from stacks.infrastructure import Infrastructure
+from stacks.platform import Platform
 from stacks.pricing import CostEstimate
 from stacks.settings import Settings
 
+KUBECONFIG_FILE = "kubeconfig.yaml"
+SSH_KEY_FILE = "testbed.pem"
 
-def outputs(s: Settings, infra: Infrastructure, access: ClusterAccess, cost: CostEstimate) -> dict[str, pulumi.Input]:
+
+def sbatch_command(names: SlurmNames) -> str:
+    """HPC users submit from inside slurmctld; the job script travels on stdin."""
+    pod = (f"$(kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} get pod "
+           f"-l {shlex.quote(label_selector(names.slurmctld_selector))} -o name)")
+    return (f"kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} exec -i {pod} "
+            f"-c {SLURMCTLD_CONTAINER} -- sbatch < job.sbatch")
+
+
+def outputs(s: Settings, infra: Infrastructure, access: ClusterAccess, platform: Platform,
+            cost: CostEstimate) -> dict[str, pulumi.Input]:
     return {
         "kubeconfig": access.kubeconfig,
         "controlPlanePublicIp": infra.control.public_ip,
         "workerPrivateIps": [w.private_ip for w in infra.workers],
         "sshPrivateKey": infra.ssh.private_key,
         "sshCommand": pulumi.Output.concat(
-            "pulumi stack output --show-secrets sshPrivateKey > testbed.pem && chmod 600 testbed.pem && ssh -i testbed.pem ",
-            host_layout.SSH_USER, "@", infra.control.public_ip),
+            f"pulumi stack output --show-secrets sshPrivateKey > {SSH_KEY_FILE} && chmod 600 {SSH_KEY_FILE} && "
+            f"ssh -i {SSH_KEY_FILE} {host_layout.SSH_USER}@", infra.control.public_ip),
+        "sbatchCommand": sbatch_command(platform.slinky.names),
+        "grafanaAdminPassword": platform.monitoring.grafana_password,
         "estimatedHourlyCostUsd": cost.hourly_usd,
     }

@@ -8,7 +8,7 @@ load_env
 require SHARE_DIR SHARE_EXPORT_CIDR SLURM_STATE_DIR SLURM_UID FLANNEL_VERSION KUBEADM_CONFIG
 
 log "NFS server exporting ${SHARE_DIR} to ${SHARE_EXPORT_CIDR}"
-apt_get install nfs-kernel-server
+apt_get install nfs-kernel-server git  # git: kubectl kustomize fetches remote overlays
 install -d -m 1777 "$SHARE_DIR"
 echo "${SHARE_DIR} ${SHARE_EXPORT_CIDR}(rw,sync,no_subtree_check)" >/etc/exports.d/testbed.exports
 systemctl enable --now nfs-server >/dev/null

@@ -45,7 +45,8 @@ def test_render_writes_user_data_and_scripts(tmp_path, capsys):
     cloud_init = sorted(p.name for p in (tmp_path / "cloud-init").iterdir())
     assert cloud_init == ["testbed-control.yaml"] + [f"testbed-worker-{i}.yaml" for i in range(4)]
     scripts = {p.name for p in (tmp_path / "scripts").iterdir()}
-    assert {"node-common.sh", "control-plane.sh", "gpu-worker.sh", "testbed-lib.sh", "testbed-readiness-wait.sh"} <= scripts
+    assert {"node-common.sh", "control-plane.sh", "gpu-worker.sh", "testbed-lib.sh", "wait-cluster-ready.sh",
+            "wait-webhook.sh", "training-operator.sh"} <= scripts
     assert yaml.safe_load((tmp_path / "cloud-init" / "testbed-control.yaml").read_text())["runcmd"]
 
 

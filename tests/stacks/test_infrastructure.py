@@ -22,7 +22,7 @@ def test_worker_count_changes_instances_gate_and_outputs(count):
     assert len(workers) == count
     worker_ips = sorted(w.inputs["privateIp"] for w in workers)
     assert sorted(rec.outputs["workerPrivateIps"]) == worker_ips
-    (gate,) = by_type(rec, "command:remote:Command")
+    gate = rec.named("testbed-readiness-wait")
     waited_for = gate.inputs["create"].split()[5:]  # sudo bash -s -- TIMEOUT IP...
     control_ip = instances(rec, "control-plane")[0].inputs["privateIp"]
     assert sorted(waited_for) == sorted([control_ip, *worker_ips])

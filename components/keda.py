@@ -1,0 +1,78 @@
+"""KEDA and the ScaledObject that hands GPUs between Slurm and Kubernetes: slurmd scales 0..N
+from slurmctld's partition metrics (rule and queries in `slurmd_scaling`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import pulumi
+import pulumi_command as command
+import pulumi_kubernetes as k8s
+
+from components import helm, remote_script, slurmd_scaling
+from components.slurm_names import DEFAULT_PARTITION, SlurmNames
+
+REPO = "https://kedacore.github.io/charts"
+NAMESPACE = "keda"
+SCALED_OBJECT = "slurmd"
+EXTERNAL_METRICS_API = "apiservice/v1beta1.external.metrics.k8s.io"
+APISERVICE_TIMEOUT_SECONDS = 10 * 60
+
+
+@dataclass
+class KedaArgs:
+    version: str
+    names: SlurmNames
+    prometheus_url: str
+    min_replicas: int
+    max_replicas: int
+    cooldown_seconds: int
+    polling_seconds: int
+    provider: k8s.Provider
+    control_connection: command.remote.ConnectionArgs
+    scaled_object_after: Sequence[pulumi.Resource]  # the slurm chart that creates the NodeSet
+
+
+def chart(version: str) -> helm.Chart:
+    return helm.Chart("keda", NAMESPACE, "keda", version, REPO)
+
+
+def keda_values(version: str) -> dict:
+    return helm.merged_values(chart(version), {})
+
+
+def scaled_object(a: KedaArgs) -> dict:
+    return {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "metadata": {"name": SCALED_OBJECT, "namespace": a.names.namespace},
+        "spec": {
+            # The NodeSet's /scale subresource; same namespace, as KEDA requires.
+            "scaleTargetRef": {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                               "name": a.names.nodeset_resource},
+            "idleReplicaCount": 0,  # GPUs go back to Kubernetes when Slurm is idle
+            "minReplicaCount": a.min_replicas,  # must exceed idle, or KEDA rejects the object
+            "maxReplicaCount": a.max_replicas,
+            "cooldownPeriod": a.cooldown_seconds,
+            "pollingInterval": a.polling_seconds,
+            "triggers": slurmd_scaling.keda_triggers(a.prometheus_url, DEFAULT_PARTITION),
+        },
+    }
+
+
+class Keda(pulumi.ComponentResource):
+    def __init__(self, name: str, args: KedaArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("testbed:platform:Keda", name, None, opts)
+        self.release = helm.release(f"{name}-release", chart(args.version), keda_values(args.version),
+                                    args.provider, parent=self)
+        # Until KEDA's metrics API is Available, API discovery (and so every apply) fails.
+        metrics_api = remote_script.run_script(
+            f"{name}-metrics-api", "wait-condition.sh",
+            [str(APISERVICE_TIMEOUT_SECONDS), EXTERNAL_METRICS_API, "Available"], args.control_connection,
+            parent=self, depends_on=[self.release], triggers=[self.release.urn])
+        manifest = scaled_object(args)
+        self.scaled_object = k8s.apiextensions.CustomResource(
+            f"{name}-scaled-object", api_version=manifest["apiVersion"], kind=manifest["kind"],
+            metadata=manifest["metadata"], spec=manifest["spec"],
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
+                                        depends_on=[self.release, metrics_api, *args.scaled_object_after]))
+        self.register_outputs({"scaledObject": SCALED_OBJECT})

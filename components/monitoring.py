@@ -1,0 +1,94 @@
+"""Prometheus (kube-prometheus-stack: operator, ServiceMonitor CRD, Grafana) and dcgm-exporter.
+
+Prometheus selects ServiceMonitors labelled `release: <release>`; the Slinky operator's
+slurmctld ServiceMonitor and dcgm-exporter's carry that label."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pulumi_random as random
+
+from components import helm, host_layout
+
+PROMETHEUS_REPO = "https://prometheus-community.github.io/helm-charts"
+DCGM_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
+NAMESPACE = "monitoring"
+RELEASE = "monitoring"
+PROMETHEUS_PORT = 9090
+DASHBOARDS_DIR = Path(__file__).resolve().parent.parent / "dashboards"
+DASHBOARD_LABEL = ("grafana_dashboard", "1")  # the Grafana sidecar's default label
+
+
+@dataclass
+class MonitoringArgs:
+    kube_prometheus_stack_version: str
+    dcgm_exporter_version: str
+    provider: k8s.Provider
+
+
+def stack_chart(version: str) -> helm.Chart:
+    return helm.Chart(RELEASE, NAMESPACE, "kube-prometheus-stack", version, PROMETHEUS_REPO)
+
+
+def dcgm_chart(version: str) -> helm.Chart:
+    return helm.Chart("dcgm-exporter", NAMESPACE, "dcgm-exporter", version, DCGM_REPO)
+
+
+def service_monitor_labels() -> dict[str, str]:
+    """What kube-prometheus-stack's default serviceMonitorSelector matches."""
+    return {"release": RELEASE}
+
+
+def prometheus_url() -> str:
+    """The Prometheus Service `<fullname>-prometheus`; fullnameOverride makes fullname the release."""
+    return f"http://{RELEASE}-prometheus.{NAMESPACE}.svc:{PROMETHEUS_PORT}"
+
+
+def stack_values(version: str) -> dict:
+    return helm.merged_values(stack_chart(version), {"fullnameOverride": RELEASE})
+
+
+def dcgm_values(version: str) -> dict:
+    key, value = host_layout.GPU_NODE_LABEL
+    return helm.merged_values(dcgm_chart(version), {
+        "nodeSelector": {key: value},
+        "serviceMonitor": {"enabled": True, "additionalLabels": service_monitor_labels()},
+    })
+
+
+def dashboard_config_maps() -> list[dict]:
+    """One ConfigMap per dashboard file, labelled for the Grafana sidecar."""
+    key, value = DASHBOARD_LABEL
+    return [{
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": f"dashboard-{path.stem}", "namespace": NAMESPACE, "labels": {key: value}},
+        "data": {path.name: json.dumps(json.loads(path.read_text()), indent=1, sort_keys=True)},
+    } for path in sorted(DASHBOARDS_DIR.glob("*.json"))]
+
+
+class Monitoring(pulumi.ComponentResource):
+    def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("testbed:platform:Monitoring", name, None, opts)
+        password = random.RandomPassword(f"{name}-grafana-password", length=24, special=False,
+                                         opts=pulumi.ResourceOptions(parent=self))
+        values = pulumi.Output.secret(password.result).apply(
+            lambda p: helm.deep_merge(stack_values(args.kube_prometheus_stack_version),
+                                      {"grafana": {"adminPassword": p}}))
+        self.stack = helm.release(f"{name}-stack", stack_chart(args.kube_prometheus_stack_version), values,
+                                  args.provider, parent=self)
+        # dcgm-exporter creates a ServiceMonitor: the CRD comes with the stack.
+        self.dcgm_exporter = helm.release(f"{name}-dcgm-exporter", dcgm_chart(args.dcgm_exporter_version),
+                                          dcgm_values(args.dcgm_exporter_version), args.provider, parent=self,
+                                          depends_on=[self.stack])
+        for manifest in dashboard_config_maps():
+            k8s.core.v1.ConfigMap(f"{name}-{manifest['metadata']['name']}", metadata=manifest["metadata"],
+                                  data=manifest["data"],
+                                  opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
+                                                              depends_on=[self.stack]))
+        self.grafana_password = pulumi.Output.secret(password.result)
+        self.prometheus_url = prometheus_url()
+        self.register_outputs({"prometheusUrl": self.prometheus_url})

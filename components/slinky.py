@@ -1,0 +1,162 @@
+"""Slinky: slurm-operator (CRDs, operator behind the cert-manager gate), the slurmctld
+statesave volume, and the `slurm` chart with one GPU NodeSet."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import pulumi
+import pulumi_command as command
+import pulumi_kubernetes as k8s
+
+from components import helm, host_layout
+from components.slurm_names import SlurmNames
+from components.webhook_gate import webhook_gate
+
+CHARTS = "oci://ghcr.io/slinkyproject/charts"
+OPERATOR_NAMESPACE = "slinky"
+SLURM_RELEASE = "slurm"  # pinned: the PVC, NodeSet and ClusterName are built from it
+SLURM_NAMESPACE = "slurm"
+IMAGES = "ghcr.io/slinkyproject"
+STATESAVE_SIZE = "4Gi"  # the chart's controller.persistence request
+GPU_GRES = "gpu:tesla:1"  # one Tesla T4 per slurmd pod
+SHARED_VOLUME = "shared"
+
+
+@dataclass
+class SlinkyArgs:
+    version: str
+    image_tag: str
+    nodeset: str
+    service_monitor_labels: dict[str, str]
+    provider: k8s.Provider
+    control_connection: command.remote.ConnectionArgs
+    operator_after: Sequence[pulumi.Resource]  # the cert-manager webhook gate
+    cluster_after: Sequence[pulumi.Resource]  # the ServiceMonitor CRD (monitoring stack)
+
+
+def names(nodeset: str) -> SlurmNames:
+    return SlurmNames(release=SLURM_RELEASE, namespace=SLURM_NAMESPACE, nodeset=nodeset)
+
+
+def crds_chart(version: str) -> helm.Chart:
+    return helm.Chart("slurm-operator-crds", OPERATOR_NAMESPACE, f"{CHARTS}/slurm-operator-crds", version)
+
+
+def operator_chart(version: str) -> helm.Chart:
+    return helm.Chart("slurm-operator", OPERATOR_NAMESPACE, f"{CHARTS}/slurm-operator", version)
+
+
+def slurm_chart(version: str) -> helm.Chart:
+    return helm.Chart(SLURM_RELEASE, SLURM_NAMESPACE, f"{CHARTS}/slurm", version)
+
+
+def operator_values(version: str) -> dict:
+    return helm.merged_values(operator_chart(version), {})
+
+
+def crds_values(version: str) -> dict:
+    return helm.merged_values(crds_chart(version), {})
+
+
+def _image(component: str, tag: str) -> dict:
+    return {"repository": f"{IMAGES}/{component}", "tag": tag}
+
+
+def _shared_volume() -> tuple[dict, dict]:
+    """/mnt/share from the host (NFS on workers, the export itself on the control node)."""
+    volume = {"name": SHARED_VOLUME, "hostPath": {"path": host_layout.SHARE_DIR, "type": "Directory"}}
+    mount = {"name": SHARED_VOLUME, "mountPath": host_layout.SHARE_DIR}
+    return volume, mount
+
+
+def slurm_values(version: str, image_tag: str, nodeset: str, service_monitor_labels: dict[str, str]) -> dict:
+    volume, mount = _shared_volume()
+    gpu_key, gpu_value = host_layout.GPU_NODE_LABEL
+    base = helm.base_values(slurm_chart(version))
+    gpu_nodeset = helm.deep_merge(base["nodesets"]["slinky"], {
+        "enabled": True,
+        "replicas": 0,  # KEDA owns the count from here on
+        "slurmd": {"image": _image("slurmd", image_tag),
+                   "resources": {"limits": {"nvidia.com/gpu": 1}},
+                   "volumeMounts": [mount]},
+        "extraConfMap": {"Gres": [GPU_GRES]},
+        "podSpec": {"nodeSelector": {gpu_key: gpu_value}, "volumes": [volume]},
+    })
+    nodesets = {nodeset: gpu_nodeset}
+    if nodeset != "slinky":
+        nodesets["slinky"] = {"enabled": False}  # the chart's default entry is merged in otherwise
+    computed = {
+        "controller": {
+            "slurmctld": {"image": _image("slurmctld", image_tag), "volumeMounts": [mount]},
+            "reconfigure": {"image": _image("slurmctld", image_tag)},
+            "persistence": {"enabled": True, "resources": {"requests": {"storage": STATESAVE_SIZE}}},
+            "podSpec": {
+                "nodeSelector": {host_layout.CONTROL_PLANE_NODE_LABEL: ""},
+                "tolerations": [{"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists",
+                                 "effect": "NoSchedule"}],
+                # A given securityContext replaces the operator's whole default: restate it.
+                "securityContext": {"runAsNonRoot": True, "runAsUser": host_layout.SLURM_UID,
+                                    "runAsGroup": host_layout.SLURM_UID, "fsGroup": host_layout.SLURM_UID},
+                "volumes": [volume],
+            },
+            "metrics": {"enabled": True,
+                        "serviceMonitor": {"enabled": True, "labels": dict(service_monitor_labels)}},
+        },
+        "restapi": {"slurmrestd": {"image": _image("slurmrestd", image_tag)}},
+        "nodesets": nodesets,
+    }
+    return helm.deep_merge(base, computed)
+
+
+def statesave_volume(n: SlurmNames) -> dict:
+    """A hostPath PV pre-bound to the chart's own PVC: the 1.0.0 chart cannot name a claim or a
+    class, and kubeadm has no provisioner. No storageClassName, so the class-less PVC matches."""
+    return {
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": f"{n.fullname}-statesave",
+                     # The PVC outlives the release; do not hold `pulumi destroy` on the PV's finalizer.
+                     "annotations": {"pulumi.com/skipAwait": "true"}},
+        "spec": {
+            "capacity": {"storage": STATESAVE_SIZE},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "volumeMode": "Filesystem",
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                         "namespace": n.namespace, "name": n.statesave_claim},
+            # Owned by the slurm UID on the host: hostPath ignores fsGroup.
+            "hostPath": {"path": host_layout.SLURM_STATE_DIR, "type": "Directory"},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": host_layout.CONTROL_PLANE_NODE_LABEL, "operator": "Exists"}]}]}},
+        },
+    }
+
+
+def operator_webhook_probe(n: SlurmNames) -> dict:
+    """A NodeSet the operator's webhook (failurePolicy Fail) validates; only ever dry-run."""
+    return {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+            "metadata": {"name": "testbed-webhook-probe", "namespace": OPERATOR_NAMESPACE},
+            "spec": {"controllerRef": {"name": n.fullname, "namespace": n.namespace},
+                     "replicas": 0, "updateStrategy": {"type": "RollingUpdate"}}}
+
+
+class Slinky(pulumi.ComponentResource):
+    def __init__(self, name: str, args: SlinkyArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("testbed:platform:Slinky", name, None, opts)
+        self.names = names(args.nodeset)
+        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        crds = helm.release(f"{name}-crds", crds_chart(args.version), crds_values(args.version), args.provider,
+                            parent=self)
+        operator = helm.release(f"{name}-operator", operator_chart(args.version), operator_values(args.version),
+                                args.provider, parent=self, depends_on=[crds, *args.operator_after])
+        # Ready pods are not enough: the caBundle must be injected and the API server must reach the pod.
+        operator_gate = webhook_gate(f"{name}-operator-webhook-gate", operator_webhook_probe(self.names), None,
+                                     args.control_connection, parent=self, depends_on=[operator])
+        pv = statesave_volume(self.names)
+        self.statesave_volume = k8s.core.v1.PersistentVolume(
+            f"{name}-statesave", metadata=pv["metadata"], spec=pv["spec"], opts=child)
+        self.cluster = helm.release(
+            f"{name}-cluster", slurm_chart(args.version),
+            slurm_values(args.version, args.image_tag, args.nodeset, args.service_monitor_labels),
+            args.provider, parent=self, depends_on=[operator_gate, self.statesave_volume, *args.cluster_after])
+        self.register_outputs({"nodeset": self.names.nodeset_resource, "controllerPod": self.names.controller_pod})

@@ -1,0 +1,50 @@
+"""Layer 3: everything that turns the bare cluster into the Under pattern (pulumi-kubernetes).
+
+Order, as dependencies: cert-manager -> its webhook gate -> slurm-operator -> its gate;
+monitoring (ServiceMonitor CRD) and the statesave PV -> slurm chart; KEDA and the slurm
+chart -> ScaledObject. The device plugin and the Training Operator need only the cluster."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components.cert_manager import CertManager, CertManagerArgs
+from components.device_plugin import DevicePlugin, DevicePluginArgs
+from components.keda import Keda, KedaArgs
+from components.monitoring import Monitoring, MonitoringArgs, service_monitor_labels
+from components.slinky import Slinky, SlinkyArgs
+from components.training_operator import TrainingOperator, TrainingOperatorArgs
+from stacks.cluster import ClusterAccess
+from stacks.settings import Settings
+
+
+@dataclass
+class Platform:
+    device_plugin: DevicePlugin
+    cert_manager: CertManager
+    monitoring: Monitoring
+    slinky: Slinky
+    keda: Keda
+    training_operator: TrainingOperator
+
+
+def build(s: Settings, access: ClusterAccess) -> Platform:
+    provider, ssh = access.provider, access.control_connection
+    device_plugin = DevicePlugin("testbed-device-plugin", DevicePluginArgs(
+        version=s.device_plugin_version, gpu_feature_discovery=s.gpu_feature_discovery, provider=provider))
+    cert_manager = CertManager("testbed-cert-manager", CertManagerArgs(
+        version=s.cert_manager_version, provider=provider, control_connection=ssh))
+    monitoring = Monitoring("testbed-monitoring", MonitoringArgs(
+        kube_prometheus_stack_version=s.kube_prometheus_stack_version,
+        dcgm_exporter_version=s.dcgm_exporter_version, provider=provider))
+    slinky = Slinky("testbed-slinky", SlinkyArgs(
+        version=s.slinky_version, image_tag=s.slurm_image_tag, nodeset=s.nodeset_name,
+        service_monitor_labels=service_monitor_labels(), provider=provider, control_connection=ssh,
+        operator_after=[cert_manager.webhook_gate], cluster_after=[monitoring.stack]))
+    keda = Keda("testbed-keda", KedaArgs(
+        version=s.keda_version, names=slinky.names, prometheus_url=monitoring.prometheus_url,
+        min_replicas=s.keda_min_replicas, max_replicas=s.slurmd_max_replicas,
+        cooldown_seconds=s.keda_cooldown_seconds, polling_seconds=s.keda_polling_seconds,
+        provider=provider, control_connection=ssh, scaled_object_after=[slinky.cluster]))
+    training_operator = TrainingOperator("testbed-training-operator", TrainingOperatorArgs(
+        version=s.training_operator_version, control_connection=ssh, after=[access.gate]))
+    return Platform(device_plugin, cert_manager, monitoring, slinky, keda, training_operator)
