@@ -39,6 +39,7 @@ class RecordedResource:
     depends_on: list[str]
     inputs: dict[str, Any]
     outputs: dict[str, Any] = field(default_factory=dict)
+    provider: str = ""  # "<provider urn>::<id>" when an explicit provider is used
 
 
 @dataclass
@@ -175,7 +176,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             self.recorded.append(RecordedResource(
                 urn=response.urn, type=request.type, name=request.name, parent=request.parent,
                 depends_on=sorted(set(request.dependencies)), inputs=inputs,
-                outputs=self.resources[response.urn].state))
+                outputs=self.resources[response.urn].state, provider=request.provider))
         return response
 
 

@@ -1,0 +1,106 @@
+import pytest
+
+from components import host_layout, slinky
+from components.slurm_names import SlurmNames, helm_fullname
+
+VERSION = "1.0.0"
+
+
+def values(nodeset="slinky"):
+    return slinky.slurm_values(VERSION, "25.11.6-ubuntu24.04", nodeset, {"release": "monitoring"})
+
+
+@pytest.mark.parametrize("release, fullname", [("slurm", "slurm"), ("hpc", "hpc-slurm"), ("my-slurm-2", "my-slurm-2")])
+def test_fullname_follows_the_chart_helper(release, fullname):
+    assert helm_fullname(release) == fullname
+
+
+def test_names_derive_from_release_and_nodeset():
+    n = SlurmNames(release="hpc", namespace="batch", nodeset="gpu")
+    assert n.statesave_claim == "statesave-hpc-slurm-controller-0"
+    assert n.nodeset_resource == "hpc-slurm-worker-gpu"
+    assert n.cluster_name == "batch_hpc-slurm"
+
+
+def test_statesave_volume_is_prebound_to_the_charts_claim_on_the_control_node():
+    n = slinky.names("slinky")
+    pv = slinky.statesave_volume(n)["spec"]
+    assert pv["claimRef"]["name"] == "statesave-slurm-controller-0" == n.statesave_claim
+    assert pv["claimRef"]["namespace"] == slinky.SLURM_NAMESPACE
+    assert "storageClassName" not in pv
+    assert pv["persistentVolumeReclaimPolicy"] == "Retain"
+    assert pv["hostPath"]["path"] == host_layout.SLURM_STATE_DIR
+    term = pv["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert term["key"] == host_layout.CONTROL_PLANE_NODE_LABEL
+
+
+def test_statesave_volume_holds_what_the_chart_requests():
+    requested = values()["controller"]["persistence"]["resources"]["requests"]["storage"]
+    assert slinky.statesave_volume(slinky.names("slinky"))["spec"]["capacity"]["storage"] == requested
+
+
+def test_the_100_template_traps_are_avoided():
+    persistence = values()["controller"]["persistence"]
+    assert persistence.get("existingClaim") is None and persistence.get("storageClassName") is None
+
+
+def test_slurmctld_runs_on_the_control_node_as_slurm_with_fsgroup_401():
+    spec = values()["controller"]["podSpec"]
+    assert spec["nodeSelector"] == {host_layout.CONTROL_PLANE_NODE_LABEL: ""}
+    assert {"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 401, "runAsGroup": 401, "fsGroup": 401}
+    assert host_layout.SLURM_UID == 401
+
+
+def test_gpu_nodeset_one_gpu_per_pod_with_gres_and_autodetect():
+    v = values()
+    nodeset = v["nodesets"]["slinky"]
+    assert nodeset["enabled"] is True and nodeset["replicas"] == 0
+    assert nodeset["slurmd"]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert nodeset["extraConfMap"]["Gres"] == ["gpu:tesla:1"]
+    assert nodeset["podSpec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert v["configFiles"]["gres.conf"].strip() == "AutoDetect=nvidia"
+
+
+def test_shared_directory_is_mounted_in_slurmctld_and_slurmd():
+    v = values()
+    for pod, container in ((v["controller"]["podSpec"], v["controller"]["slurmctld"]),
+                           (v["nodesets"]["slinky"]["podSpec"], v["nodesets"]["slinky"]["slurmd"])):
+        (volume,) = [vol for vol in pod["volumes"] if vol["hostPath"]["path"] == host_layout.SHARE_DIR]
+        assert {"name": volume["name"], "mountPath": host_layout.SHARE_DIR} in container["volumeMounts"]
+
+
+def test_images_are_pinned_to_the_configured_tag():
+    v = values()
+    images = [v["controller"]["slurmctld"]["image"], v["controller"]["reconfigure"]["image"],
+              v["restapi"]["slurmrestd"]["image"], v["nodesets"]["slinky"]["slurmd"]["image"],
+              v["controller"]["logfile"]["image"], v["nodesets"]["slinky"]["logfile"]["image"]]
+    assert all(i["tag"] not in ("", "latest") for i in images)
+    assert {i["tag"] for i in images[:4]} == {"25.11.6-ubuntu24.04"}
+
+
+def test_login_set_disabled_metrics_and_service_monitor_on_with_the_prometheus_label():
+    v = values()
+    assert v["loginsets"]["slinky"]["enabled"] is False
+    assert v["controller"]["metrics"]["enabled"] is True
+    assert v["controller"]["metrics"]["serviceMonitor"]["enabled"] is True
+    assert v["controller"]["metrics"]["serviceMonitor"]["labels"] == {"release": "monitoring"}
+
+
+def test_default_partition_is_all_and_takes_every_nodeset():
+    partition = values()["partitions"]["all"]
+    assert partition["configMap"]["Default"] == "YES" and partition["nodesets"] == ["ALL"]
+
+
+def test_a_renamed_nodeset_disables_the_charts_default_entry_and_keeps_a_complete_spec():
+    v = values("gpu")
+    assert v["nodesets"]["slinky"]["enabled"] is False
+    gpu = v["nodesets"]["gpu"]
+    assert gpu["updateStrategy"]["type"] == "RollingUpdate"  # the operator webhook requires it
+    assert gpu["logfile"]["image"]["tag"] == "3.22.1"
+
+
+def test_operator_webhook_probe_points_at_the_slurm_controller():
+    n = slinky.names("slinky")
+    probe = slinky.operator_webhook_probe(n)
+    assert probe["spec"]["controllerRef"] == {"name": n.fullname, "namespace": n.namespace}

@@ -1,0 +1,186 @@
+"""The platform layer as the engine sees it: install order, names that must agree, pins."""
+import re
+import shlex
+
+import pytest
+import yaml
+
+from components import monitoring, slurm_names
+from stacks.offline import reveal
+from tests.conftest import by_type, run_program
+
+RELEASE = "kubernetes:helm.sh/v3:Release"
+COMMAND = "command:remote:Command"
+
+
+def release(rec, name):
+    (found,) = [r for r in by_type(rec, RELEASE) if r.inputs["name"] == name]
+    return found
+
+
+def command(rec, name):
+    return rec.named(name)
+
+
+def depends(rec, resource, on) -> bool:
+    """`resource` waits for `on`, directly or through its dependencies."""
+    by_urn = {r.urn: r for r in rec.resources}
+    seen, todo = set(), list(resource.depends_on)
+    while todo:
+        urn = todo.pop()
+        if urn == on.urn:
+            return True
+        if urn not in seen and urn in by_urn:
+            seen.add(urn)
+            todo.extend(by_urn[urn].depends_on)
+    return False
+
+
+def test_every_release_is_pinned_and_named(default_run):
+    releases = {r.inputs["name"]: r.inputs for r in by_type(default_run, RELEASE)}
+    assert set(releases) == {"nvidia-device-plugin", "cert-manager", "monitoring", "dcgm-exporter",
+                             "slurm-operator-crds", "slurm-operator", "slurm", "keda"}
+    for name, inputs in releases.items():
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", inputs["version"]), name
+    s = default_run.settings
+    assert releases["cert-manager"]["version"] == s.cert_manager_version == "v1.19.2"
+    assert releases["keda"]["version"] == "2.16.1" and releases["nvidia-device-plugin"]["version"] == "0.17.0"
+    assert {releases[n]["version"] for n in ("slurm-operator-crds", "slurm-operator", "slurm")} == {"1.0.0"}
+    assert releases["slurm"]["chart"].startswith("oci://ghcr.io/slinkyproject/charts/")
+
+
+def test_every_kubernetes_resource_uses_the_gated_provider(default_run):
+    (provider,) = by_type(default_run, "pulumi:providers:kubernetes")
+    gate = command(default_run, "testbed-readiness-wait")
+    for r in default_run.resources:
+        if r.type.startswith("kubernetes:"):
+            assert r.provider.split("::")[:-1] == provider.urn.split("::"), r.name
+    assert gate.urn in provider.depends_on
+
+
+def test_install_order(default_run):
+    rec = default_run
+    cert_manager, cm_gate = release(rec, "cert-manager"), command(rec, "testbed-cert-manager-webhook-gate")
+    operator, crds, slurm = release(rec, "slurm-operator"), release(rec, "slurm-operator-crds"), release(rec, "slurm")
+    operator_gate = command(rec, "testbed-slinky-operator-webhook-gate")
+    pv = by_type(rec, "kubernetes:core/v1:PersistentVolume")[0]
+    stack, keda = release(rec, "monitoring"), release(rec, "keda")
+    (scaled_object,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    assert cm_gate.urn in [*cm_gate.depends_on] or depends(rec, cm_gate, cert_manager)
+    assert cm_gate.urn in operator.depends_on  # the operator waits for the gate itself
+    assert crds.urn in operator.depends_on
+    assert depends(rec, operator_gate, operator)
+    for before in (operator_gate, pv, stack):
+        assert before.urn in slurm.depends_on
+    for before in (keda, slurm):
+        assert depends(rec, scaled_object, before)
+    assert depends(rec, release(rec, "dcgm-exporter"), stack)  # its ServiceMonitor needs the CRD
+
+
+def test_claim_ref_matches_the_pvc_the_slurm_release_creates(default_run):
+    pv = by_type(default_run, "kubernetes:core/v1:PersistentVolume")[0]
+    slurm = release(default_run, "slurm")
+    names = slurm_names.SlurmNames(release=slurm.inputs["name"], namespace=slurm.inputs["namespace"],
+                                   nodeset=default_run.settings.nodeset_name)
+    claim = pv.inputs["spec"]["claimRef"]
+    assert (claim["namespace"], claim["name"]) == (slurm.inputs["namespace"], "statesave-slurm-controller-0")
+    assert claim["name"] == names.statesave_claim
+
+
+def test_scaled_object_targets_the_nodeset_the_slurm_release_creates(default_run):
+    (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    slurm = release(default_run, "slurm")
+    nodeset_keys = [k for k, v in slurm.inputs["values"]["nodesets"].items() if v.get("enabled")]
+    assert nodeset_keys == [default_run.settings.nodeset_name]
+    target = so.inputs["spec"]["scaleTargetRef"]
+    assert target == {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                      "name": f"{slurm.inputs['name']}-worker-{nodeset_keys[0]}"}
+    assert so.inputs["metadata"]["namespace"] == slurm.inputs["namespace"]
+
+
+def test_scaled_object_reads_the_prometheus_of_the_monitoring_release(default_run):
+    (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    stack = reveal(release(default_run, "monitoring").inputs)
+    fullname = stack["values"]["fullnameOverride"]
+    expected = f"http://{fullname}-prometheus.{stack['namespace']}.svc:{monitoring.PROMETHEUS_PORT}"
+    assert {t["metadata"]["serverAddress"] for t in so.inputs["spec"]["triggers"]} == {expected}
+
+
+def test_queries_watch_the_partition_a_plain_sbatch_lands_in(default_run):
+    (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    partitions = release(default_run, "slurm").inputs["values"]["partitions"]
+    (default,) = [name for name, p in partitions.items() if p["configMap"].get("Default") == "YES"]
+    for trigger in so.inputs["spec"]["triggers"]:
+        assert set(re.findall(r'partition="([^"]+)"', trigger["metadata"]["query"])) == {default}
+
+
+def test_service_monitors_carry_the_label_prometheus_selects(default_run):
+    stack = reveal(release(default_run, "monitoring").inputs)["values"]
+    assert stack["prometheus"]["prometheusSpec"]["serviceMonitorSelectorNilUsesHelmValues"] is True
+    wanted = {"release": release(default_run, "monitoring").inputs["name"]}
+    slurm = release(default_run, "slurm").inputs["values"]
+    assert slurm["controller"]["metrics"]["serviceMonitor"]["labels"] == wanted
+    dcgm = release(default_run, "dcgm-exporter").inputs["values"]
+    assert dcgm["serviceMonitor"]["additionalLabels"] == wanted
+
+
+@pytest.mark.parametrize("workers", [2, 6])
+def test_keda_bounds_follow_the_worker_count(workers):
+    rec = run_program(workerCount=workers)
+    (so,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    spec = so.inputs["spec"]
+    assert spec["maxReplicaCount"] == workers
+    assert (spec["idleReplicaCount"], spec["minReplicaCount"]) == (0, 1)
+    assert spec["cooldownPeriod"] == 300
+
+
+def test_keda_settings_flow_into_the_scaled_object():
+    rec = run_program(kedaCooldownSeconds=120, kedaPollingSeconds=15, kedaMaxReplicas=3, kedaMinReplicas=2)
+    (so,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    spec = so.inputs["spec"]
+    assert (spec["cooldownPeriod"], spec["pollingInterval"], spec["minReplicaCount"], spec["maxReplicaCount"]) == (120, 15, 2, 3)
+
+
+def test_nodeset_name_changes_every_place_it_must():
+    rec = run_program(nodesetName="gpu")
+    (so,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    assert so.inputs["spec"]["scaleTargetRef"]["name"] == "slurm-worker-gpu"
+    nodesets = release(rec, "slurm").inputs["values"]["nodesets"]
+    assert nodesets["gpu"]["enabled"] is True and nodesets["slinky"]["enabled"] is False
+
+
+def test_sbatch_command_selects_the_slurmctld_pod_by_its_labels(default_run):
+    command_line = default_run.outputs["sbatchCommand"]
+    slurm = release(default_run, "slurm")
+    selector = command_line.split(" -l ")[1].split()[0]
+    labels = dict(pair.split("=") for pair in shlex.split(selector)[0].split(","))
+    # the operator's labels for slurmctld (internal/builder/labels: name=slurmctld, instance=<controller>)
+    assert labels == {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": slurm.inputs["name"]}
+    assert f"-n {slurm.inputs['namespace']} exec -i" in command_line
+    assert "-c slurmctld -- sbatch" in command_line
+
+
+def test_training_operator_is_applied_server_side_at_the_pinned_tag_and_removed_on_destroy(default_run):
+    step = command(default_run, "testbed-training-operator-install")
+    create, delete = shlex.split(step.inputs["create"]), shlex.split(step.inputs["delete"])
+    assert create[4:6] == ["apply", "v1.8.1"] and delete[4:] == ["delete", "v1.8.1"]
+    script = reveal(step.inputs["stdin"])
+    assert "kubectl apply --server-side" in script and "overlays/standalone?ref=${version}" in script
+    probe = yaml.safe_load(create[7])
+    containers = probe["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert probe["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1 and containers[0]["name"] == "pytorch"
+
+
+def test_cert_manager_gate_checks_healthz_and_a_dry_run(default_run):
+    gate = command(default_run, "testbed-cert-manager-webhook-gate")
+    args = shlex.split(gate.inputs["create"])[4:]
+    probe = yaml.safe_load(args[1])
+    assert probe["apiVersion"].startswith("cert-manager.io/")
+    assert args[2] == release(default_run, "cert-manager").inputs["namespace"]
+    assert "app.kubernetes.io/instance=cert-manager" in args[3] and args[4:] == ["6080", "healthz"]
+
+
+def test_no_loadbalancer_or_nodeport_services_by_default(default_run):
+    for r in by_type(default_run, RELEASE):
+        text = yaml.safe_dump(reveal(r.inputs.get("values", {})))
+        assert "LoadBalancer" not in text and "NodePort" not in text, r.inputs["name"]
