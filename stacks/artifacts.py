@@ -54,6 +54,8 @@ def plan_text(rec: Recording, cost_line: str) -> str:
                 extra = "  " + ", ".join(f"{x.inputs.get('name')} {x.inputs.get('version')}"
                                          for x in rec.of_type(HELM_RELEASE) if _component_of(x, by_urn) == group)
             lines.append(f"  {n:3d}  {typ}{extra}")
+    lines.append("install order on the cluster (<- waits for):")
+    lines += install_order(rec)
     lines.append(f"{len(rec.resources)} resources")
     lines.append(cost_line)
     return "\n".join(lines)
@@ -81,6 +83,41 @@ def embedded_manifests(cmd: RecordedResource) -> list[dict]:
 def _manifest_path(out: Path, obj: dict) -> Path:
     meta = obj["metadata"]
     return out / "manifests" / f"{obj['kind']}-{meta.get('namespace', 'cluster')}-{meta['name']}.yaml"
+
+
+def _step_label(r: RecordedResource) -> str:
+    if r.type == HELM_RELEASE:
+        return f"helm {r.inputs.get('name')} {r.inputs.get('version')} (ns {r.inputs.get('namespace')})"
+    if r.type == REMOTE_COMMAND:
+        return f"remote step {r.name}"
+    return f"{r.type.split(':')[-1]} {r.inputs.get('metadata', {}).get('name', r.name)}"
+
+
+def install_order(rec: Recording) -> list[str]:
+    """Cluster-side steps in dependency order, each with the steps it waits for."""
+    steps = {r.urn: r for r in rec.resources
+             if r.type in (HELM_RELEASE, REMOTE_COMMAND) or _is_kubernetes_object(r)}
+    providers = {r.urn: r for r in rec.of_type("pulumi:providers:kubernetes")}
+
+    def waits_for(r: RecordedResource) -> set[str]:
+        deps = set(r.depends_on)
+        provider_urn = r.provider.rsplit("::", 1)[0]
+        if provider_urn in providers:
+            deps |= set(providers[provider_urn].depends_on)
+        return {d for d in deps if d in steps}
+
+    pending = {urn: waits_for(r) for urn, r in steps.items()}
+    lines, done = [], set()
+    while pending:
+        ready = sorted((u for u, deps in pending.items() if deps <= done), key=lambda u: steps[u].name)
+        if not ready:
+            raise ValueError("dependency cycle among cluster steps")
+        for urn in ready:
+            after = ", ".join(sorted(steps[d].name for d in pending[urn])) or "nothing"
+            lines.append(f"  {len(lines) + 1:2d}. {_step_label(steps[urn])}  <- {after}")
+            done.add(urn)
+            del pending[urn]
+    return lines
 
 
 def _node_name(instance: RecordedResource) -> str:

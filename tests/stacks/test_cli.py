@@ -68,3 +68,19 @@ def test_bad_settings_exit_2_with_one_line_each_and_nothing_rendered(tmp_path):
     assert [line.split(":")[0] for line in lines] == ["workerCount", "adminCidr"]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_plan_lists_the_cluster_install_order(capsys):
+    assert cli.main(["plan"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    order = [line for line in lines if " <- " in line]
+
+    def position(fragment: str) -> int:
+        (index,) = [i for i, line in enumerate(order) if fragment in line.split("<-")[0]]
+        return index
+
+    assert position("testbed-readiness-wait") == 0
+    assert position("helm cert-manager") < position("cert-manager-webhook-gate") < position("helm slurm-operator 1")
+    assert position("helm slurm-operator 1") < position("operator-webhook-gate") < position("helm slurm 1")
+    assert position("PersistentVolume") < position("helm slurm 1") < position("ScaledObject")
+    assert position("helm monitoring") < position("helm slurm 1")
