@@ -6,7 +6,7 @@ copies of one job can run side by side and every row in squeue or the API is our
 """
 from __future__ import annotations
 
-import copy
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -148,9 +148,9 @@ def kube_gpus(obj: dict) -> int:
 # ------------------------------------------------------------------ planning
 
 def load_objects(path: Path) -> list[dict]:
-    # Deep copy: YAML anchors (the PyTorchJob shares one pod template) load as one
-    # shared object, and the planner edits each replica's copy.
-    return [copy.deepcopy(d) for d in yaml.safe_load_all(path.read_text()) if d]
+    # YAML anchors (the PyTorchJob shares one pod template) load as one shared object,
+    # and deepcopy keeps the sharing; a JSON round trip gives each replica its own copy.
+    return [json.loads(json.dumps(d)) for d in yaml.safe_load_all(path.read_text()) if d]
 
 
 def unique_name(source: str, run_id: str, index: int) -> str:
