@@ -72,7 +72,7 @@ class KubeJobSim:
 
 @dataclass
 class Faults:
-    share_gpus: bool = False  # the device plugin hands a held GPU to a Kubernetes pod
+    share_gpus: bool = False  # the device plugin hands slurmd pods GPUs that are already held
     never_scale_down: bool = False  # KEDA keeps slurmd up forever
     fail_jobs: tuple[str, ...] = ()  # name prefixes of jobs that end badly
     interrupt_at: float | None = None  # Ctrl-C at this time
@@ -163,8 +163,8 @@ class FakeCluster:
     def _bind(self) -> None:
         for pod in sorted((p for p in self.pods if p.gpu is None and not p.done), key=lambda p: p.created):
             held = self._held()
-            if self.faults.share_gpus and pod.holder == KUBERNETES:
-                held = {p.gpu for p in self.pods if p.gpu and not p.done and p.holder == KUBERNETES}
+            if self.faults.share_gpus and pod.holder == SLURMD:
+                held = set()
             free = [g for g in self.gpus if g not in held]
             if not free:
                 return
