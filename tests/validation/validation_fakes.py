@@ -84,7 +84,10 @@ class FakeCluster:
     durations: dict[str, float] = field(default_factory=dict)  # by job name prefix
     faults: Faults = field(default_factory=Faults)
     names: SlurmNames = field(default_factory=SlurmNames)
-    gpus: tuple[str, ...] = ("GPU-aaaa-0000", "GPU-bbbb-1111", "GPU-cccc-2222", "GPU-dddd-3333")
+    gpus: tuple[str, ...] = (
+        "GPU-3f1c9a52-7d1e-4c0b-9e2a-5b8d0c6f1a01", "GPU-8b2e4d17-0a6c-4f3d-b1e5-2c9f7a3d4b02",
+        "GPU-c47a1e93-5b2d-4e8f-a0c6-9d3b1f2e5c03", "GPU-e05d3b28-9f4a-4c1e-8d7b-6a2c0e9f3d04",
+    )
     pod_start: float = 8.0  # bind -> Running (image pull, container start)
     slurmd_register: float = 15.0  # slurmd Running -> Slurm node idle
     cooldown: float = 300.0
