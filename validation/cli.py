@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from validation.checks import describe_checks, evaluate, expectations
+from validation.checks import Expectations, describe_checks, evaluate, expectations
 from validation.names import SlurmNames
 from validation.scenarios import SCENARIOS, describe, plan
 from validation.timeline import Timeline
@@ -26,7 +26,8 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would print usage and a traceback-free exit
+    def error(self, message: str) -> None:
+        # One line and exit 2 through main(), instead of argparse's usage block.
         raise UsageError(message)
 
 
@@ -67,7 +68,7 @@ def load_kubeconfig(path: Path | None) -> dict:
     return yaml.safe_load(out)
 
 
-def write_results(timeline: Timeline, exp, out: Path) -> bool:
+def write_results(timeline: Timeline, exp: Expectations, out: Path) -> bool:
     from validation.plot import draw
     from validation.report import summary
 
@@ -99,7 +100,7 @@ def _main(argv: list[str]) -> int:
     scenario = SCENARIOS[args.scenario]
     names = SlurmNames()
     now = datetime.now(timezone.utc)
-    run_id = "dryrun" if args.dry_run else now.strftime("r%H%M%S")
+    run_id = "dryrun" if args.dry_run else now.strftime("r%m%d%H%M%S")
     planned = plan(scenario, run_id)
     exp = expectations(scenario, planned, GPUS_TOTAL)
     out = args.out or Path("out") / f"validate-{scenario.name}-{now.strftime('%Y%m%dT%H%M%SZ')}"

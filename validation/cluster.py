@@ -184,7 +184,8 @@ class KubeCluster:
         )
         try:
             ws.run_forever(timeout=self.exec_timeout)
-            out, err = ws.read_stdout(), ws.read_stderr()
+            # timeout=0: never block here if the command outlived exec_timeout.
+            out, err = ws.read_stdout(timeout=0), ws.read_stderr(timeout=0)
             code = ws.returncode
         finally:
             ws.close()
