@@ -1,7 +1,10 @@
-"""Offline plan and render (DESIGN section 4): the real program under Pulumi's mock engine.
+"""Offline plan and render (DESIGN section 4), and the validation runner.
 
-    python -m stacks plan   [--stack dev] [--config KEY=VALUE ...] [--json]
-    python -m stacks render [--stack dev] [--config KEY=VALUE ...] --out DIR
+    python -m stacks plan     [--stack dev] [--config KEY=VALUE ...] [--json]
+    python -m stacks render   [--stack dev] [--config KEY=VALUE ...] --out DIR
+    python -m stacks validate --scenario NAME [--dry-run] [--kubeconfig FILE] [--timeout S] [--out DIR]
+
+plan and render run the real program under Pulumi's mock engine: no cloud, CLI or credentials.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m stacks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("plan", "list the resources, dependencies and hourly cost"),
+    for name, help_text in (("plan", "list the resources, install order and hourly cost"),
                             ("render", "write every deployed artifact to a directory")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
@@ -30,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="one JSON array of resources")
         else:
             p.add_argument("--out", required=True, type=Path, help="directory to write")
+    sub.add_parser("validate", help="replay a reference experiment on the live testbed (see --help)",
+                   add_help=False)
     return parser
 
 
@@ -44,6 +49,10 @@ def _cost_line(rec: offline.Recording) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["validate"]:
+        from validation.cli import main as validate_main
+        return validate_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         rec = offline.run(offline.stack_config(args.stack, args.config), stack=args.stack)

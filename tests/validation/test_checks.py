@@ -1,0 +1,136 @@
+"""Each check on a clean timeline, and on one broken in exactly the way that check must catch."""
+from dataclasses import replace
+
+from validation.checks import (
+    Expectations, check_gpu_exclusive, check_gpu_return, check_handoff, check_jobs_succeeded,
+    check_queued_work, check_scale_up, check_uuids_read, evaluate, gpu_return_latency, scale_up_latency,
+)
+from validation.timeline import KubeJob, Submission
+from validation_builders import GPU_A, GPU_B, handoff_samples, handoff_timeline, kube_pod, sample, slurmd_pod, smoke
+
+ALL = Expectations(slurm=True, queueing=False, handoff=True)
+
+
+def test_a_clean_handoff_passes_every_check():
+    checks = evaluate(handoff_timeline(), ALL)
+    assert [c.name for c in checks if not c.passed] == []
+    assert len(checks) == 7
+
+
+def test_latencies_are_derived_from_the_samples():
+    tl = handoff_timeline()
+    assert scale_up_latency(tl) == 20  # pending at 10, slurmd Ready at 30
+    assert gpu_return_latency(tl) == 310  # done at 40, slurmd gone at 350
+
+
+def test_an_overlap_on_one_gpu_fails_exclusivity():
+    samples = handoff_samples()
+    # The PyTorchJob master shows up on GPU-a while slurmd still holds it.
+    samples[5] = replace(samples[5], gpu_pods=samples[5].gpu_pods + (kube_pod("ddp", "master-0", 0, GPU_A),))
+    check = check_gpu_exclusive(handoff_timeline(samples))
+    assert not check.passed
+    assert "GPU-a: slurm/slurm-worker-slinky-0 [20-340s] and default/ddp-master-0 [340-370s]" in check.detail
+
+
+def test_two_pods_on_one_gpu_in_one_sample_fail_exclusivity():
+    tl = handoff_timeline([sample(0, pods=[kube_pod("x", "master-0", 0, GPU_B), kube_pod("y", "master-0", 0, GPU_B)])])
+    assert not check_gpu_exclusive(tl).passed
+
+
+def test_back_to_back_holders_of_one_gpu_do_not_overlap():
+    check = check_gpu_exclusive(handoff_timeline())
+    assert check.passed and "3 holdings of 2 GPUs" in check.detail
+
+
+def test_no_holding_at_all_proves_nothing():
+    assert not check_gpu_exclusive(handoff_timeline([sample(0)])).passed
+
+
+def test_a_job_that_never_ran_fails():
+    samples = [s for s in handoff_samples()]
+    samples = [replace(s, kube_jobs=tuple(replace(j, phase="pending") for j in s.kube_jobs),
+                       gpu_pods=tuple(p for p in s.gpu_pods if p.holder == "slurmd")) for s in samples]
+    check = check_jobs_succeeded(handoff_timeline(samples))
+    assert not check.passed and check.detail == "ddp never ran (last seen pending)"
+
+
+def test_a_failed_job_fails():
+    samples = handoff_samples()
+    samples[4] = replace(samples[4], slurm_jobs=(smoke("FAILED"),))
+    samples[5] = replace(samples[5], slurm_jobs=(smoke("FAILED"),))
+    samples[6] = replace(samples[6], slurm_jobs=(smoke("FAILED"),))
+    check = check_jobs_succeeded(handoff_timeline(samples))
+    assert not check.passed and "smoke failed" in check.detail
+
+
+def test_a_job_never_seen_at_all_fails():
+    tl = handoff_timeline()
+    tl.submissions.append(Submission("ghost", "slurm", 0, 1, "99"))
+    assert "ghost never ran (last seen never)" in check_jobs_succeeded(tl).detail
+
+
+def test_scale_down_that_never_came_fails():
+    samples = [s for s in handoff_samples() if s.t <= 340]
+    samples += [sample(t, 1, 1, [smoke("COMPLETED")], pods=[slurmd_pod(0, GPU_A)]) for t in (350, 700, 1000)]
+    tl = handoff_timeline(samples)
+    check = check_gpu_return(tl)
+    assert not check.passed and "never scaled to 0" in check.detail
+    assert gpu_return_latency(tl) is None
+
+
+def test_slurmd_that_never_became_ready_fails_scale_up():
+    samples = [replace(s, slurmd_ready=0) for s in handoff_samples()]
+    assert not check_scale_up(handoff_timeline(samples)).passed
+
+
+def test_an_unread_gpu_pod_fails_the_uuid_check():
+    samples = handoff_samples()
+    samples[8] = replace(samples[8], gpu_pods=(kube_pod("ddp", "master-0", 0, GPU_A), kube_pod("ddp", "worker-0", 1)))
+    check = check_uuids_read(handoff_timeline(samples))
+    assert not check.passed and check.detail == "unread: default/ddp-worker-0"
+
+
+def test_handoff_needs_the_kubernetes_holding_after_the_slurmd_one():
+    samples = handoff_samples()
+    # The PyTorchJob lands only on the GPU Slurm never had.
+    samples[8] = replace(samples[8], gpu_pods=(kube_pod("ddp", "master-0", 1, GPU_B),))
+    assert check_handoff(handoff_timeline()).passed
+    assert not check_handoff(handoff_timeline(samples)).passed
+
+
+def busy_samples(late_job_starts: bool):
+    """Two GPUs both held by `ddp`; `late` waits, then runs only if late_job_starts."""
+    both = [kube_pod("ddp", "master-0", 0, GPU_A), kube_pod("ddp", "worker-0", 1, GPU_B)]
+    late_phase = "running" if late_job_starts else "pending"
+    return [
+        sample(0, kube=[KubeJob("PyTorchJob", "ddp", "running"), KubeJob("Job", "late", "pending")], pods=both),
+        sample(10, kube=[KubeJob("PyTorchJob", "ddp", "succeeded"), KubeJob("Job", "late", "pending")]),
+        sample(20, kube=[KubeJob("PyTorchJob", "ddp", "succeeded"), KubeJob("Job", "late", late_phase)],
+               pods=[kube_pod("late", "x", 0, GPU_A)] if late_job_starts else []),
+    ]
+
+
+def queue_timeline(late_job_starts: bool):
+    tl = handoff_timeline(busy_samples(late_job_starts))
+    tl.submissions = [Submission("ddp", "PyTorchJob", 0, 2, "ddp"), Submission("late", "Job", 0, 1, "late")]
+    return tl
+
+
+def test_work_beyond_the_gpus_waited_then_ran():
+    check = check_queued_work(queue_timeline(late_job_starts=True))
+    assert check.passed and check.detail == "late waited 20 s"
+
+
+def test_work_that_waited_and_never_ran_fails():
+    check = check_queued_work(queue_timeline(late_job_starts=False))
+    assert not check.passed and check.detail == "waited and never ran: late"
+
+
+def test_no_waiting_while_gpus_were_free_fails_the_queue_check():
+    tl = handoff_timeline()  # never more than 1 of 2 GPUs held while something pended
+    assert not check_queued_work(tl).passed
+
+
+def test_expectations_choose_the_checks():
+    names = [c.name for c in evaluate(handoff_timeline(), Expectations(slurm=False, queueing=False, handoff=False))]
+    assert names == ["run completed", "every job succeeded", "GPU UUIDs read", "no GPU held twice"]

@@ -1,0 +1,102 @@
+"""The real cluster layer with the network cut out: the commands it runs and what it reads back."""
+import os
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+from kubernetes import client
+
+from validation.cluster import SQUEUE, UUID_QUERY, KubeCluster
+from validation.names import SlurmNames
+from validation.timeline import RUNNING, SUCCEEDED
+
+
+def cluster_with(exec_results=None):
+    cluster = KubeCluster(client.ApiClient(), SlurmNames())
+    calls = []
+
+    def fake_exec(namespace, pod, container, command):
+        calls.append((namespace, pod, container, command))
+        return (exec_results or {}).get(command[0], (0, "", ""))
+
+    cluster._exec = fake_exec
+    return cluster, calls
+
+
+def fake_bin(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+
+
+def test_sbatch_gets_the_script_on_stdin_inside_slurmctld(tmp_path):
+    cluster, calls = cluster_with({"sh": (0, "4242;slurm_slurm\n", "")})
+    script = '#!/bin/bash\n#SBATCH --nodes=2\necho "$HOME" \'%s\' 100%\n'
+    assert cluster.submit_slurm("mpi-gpu-r1-1", script) == "4242"
+    ((namespace, pod, container, command),) = calls
+    assert (namespace, pod, container) == ("slurm", "slurm-controller-0", "slurmctld")
+    # Run the very command with a stand-in sbatch: the script must arrive byte for byte.
+    env = fake_bin(tmp_path, "sbatch", f'printf "%s\\n" "$*" > {tmp_path}/args; cat > {tmp_path}/stdin; echo 7\n')
+    subprocess.run(command, env=env, check=True)
+    assert (tmp_path / "stdin").read_text() == script
+    assert (tmp_path / "args").read_text() == "--parsable --job-name=mpi-gpu-r1-1\n"
+
+
+def test_uuid_query_limits_nvidia_smi_to_the_pods_own_gpus(tmp_path):
+    env = fake_bin(tmp_path, "nvidia-smi", 'echo "$*"\n')
+    own = subprocess.run(UUID_QUERY, env={**env, "NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2"}, capture_output=True, text=True)
+    assert own.stdout == "--query-gpu=uuid --format=csv,noheader -i GPU-1,GPU-2\n"
+    every = subprocess.run(UUID_QUERY, env={**env, "NVIDIA_VISIBLE_DEVICES": "all"}, capture_output=True, text=True)
+    assert every.stdout == "--query-gpu=uuid --format=csv,noheader\n"
+
+
+def test_slurm_jobs_come_from_squeue_in_slurmctld():
+    cluster, calls = cluster_with({"squeue": (0, "5|a|RUNNING|slinky-[0-1]\n", "")})
+    assert [j.nodes for j in cluster.slurm_jobs()] == [("slinky-0", "slinky-1")]
+    assert calls[0][3] == SQUEUE
+
+
+def test_a_failing_slurmctld_command_raises_with_its_message():
+    cluster, _ = cluster_with({"scancel": (1, "", "scancel: error: Invalid job id\n")})
+    with pytest.raises(RuntimeError, match="exited 1: scancel: error: Invalid job id"):
+        cluster.cancel_slurm(["9"])
+
+
+def test_nodeset_without_replicas_counts_as_zero():
+    cluster, _ = cluster_with()
+    asked = []
+    cluster.custom = SimpleNamespace(get_namespaced_custom_object=lambda *a: asked.append(a) or {"spec": {}, "status": {}})
+    assert cluster.nodeset() == (0, 0)
+    assert asked == [("slinky.slurm.net", "v1beta1", "slurm", "nodesets", "slurm-worker-slinky")]
+
+
+def test_job_phases_from_the_api_objects():
+    cluster, _ = cluster_with()
+    status = client.V1JobStatus(active=1, ready=1)
+    cluster.batch = SimpleNamespace(read_namespaced_job_status=lambda name, ns: client.V1Job(status=status))
+    assert cluster.kube_job_phase({"kind": "Job", "metadata": {"name": "j", "namespace": "default"}}) == RUNNING
+    done = {"status": {"conditions": [{"type": "Created", "status": "True"}, {"type": "Succeeded", "status": "True"}]}}
+    cluster.custom = SimpleNamespace(get_namespaced_custom_object=lambda *a: done)
+    assert cluster.kube_job_phase({"kind": "PyTorchJob", "metadata": {"name": "p"}}) == SUCCEEDED
+
+
+def test_gpu_pods_are_read_from_every_namespace():
+    cluster, _ = cluster_with()
+    gpu = client.V1Container(name="pytorch", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}))
+    pods = [
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name="ddp-master-0", namespace="default", uid="u1",
+                                         labels={"training.kubeflow.org/job-name": "ddp"}),
+            spec=client.V1PodSpec(containers=[gpu], node_name="gpu-worker-2"),
+            status=client.V1PodStatus(phase="Running"),
+        ),
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name="web", namespace="default", uid="u2"),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="web")]),
+        ),
+    ]
+    cluster.core = SimpleNamespace(list_pod_for_all_namespaces=lambda: client.V1PodList(items=pods))
+    (found,) = cluster.gpu_pods()
+    assert (found.key, found.uid, found.node, found.phase, found.owner, found.container) == (
+        "default/ddp-master-0", "u1", "gpu-worker-2", "Running", "ddp", "pytorch")

@@ -1,0 +1,100 @@
+"""The picture, the report files and the command line."""
+from pathlib import Path
+
+import pytest
+
+from validation.cli import main
+from validation.plot import draw, segments
+from validation.scenarios import SCENARIOS
+from validation.timeline import Timeline, gpu_uuids
+from validation_builders import GPU_A, handoff_timeline
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_segments_follow_the_owner_of_one_gpu():
+    runs = [(start, end, category, label) for start, end, category, label in segments(handoff_timeline(), GPU_A)]
+    assert runs == [
+        (0, 20, "idle", "idle"),
+        (20, 30, "slurmd-idle", "slurm-worker-slinky-0"),
+        (30, 40, "slurm-job", "smoke"),
+        (40, 350, "slurmd-idle", "slurm-worker-slinky-0"),
+        (350, 370, "idle", "idle"),
+        (370, 400, "kubernetes", "ddp"),
+        (400, 410, "idle", "idle"),
+    ]
+
+
+@pytest.mark.parametrize("fixture", ["handoff-timeline.json", "heavy-mixed-timeline.json"])
+def test_the_plot_is_a_png_with_a_lane_per_gpu(fixture, tmp_path):
+    timeline = Timeline.load(FIXTURES / fixture)
+    assert len(gpu_uuids(timeline)) == 4
+    draw(timeline, tmp_path / "timeline.png")
+    data = (tmp_path / "timeline.png").read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_dry_run_prints_submissions_and_checks_without_a_cluster(name, capsys, tmp_path):
+    assert main(["--scenario", name, "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"scenario {name}: ")
+    assert "no GPU UUID held by two pods at overlapping times" in out
+    assert f"writes {tmp_path / 'o'}/timeline.json" in out
+    assert not (tmp_path / "o").exists()  # a dry run writes nothing
+
+
+def test_dry_run_of_mixed_shows_both_user_paths(capsys):
+    assert main(["--scenario", "mixed", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "at start: kubectl exec -i -n slurm slurm-controller-0 -c slurmctld -- sbatch --parsable "
+        "--job-name=mpi-gpu-dryrun-1 < jobs/slurm/mpi-gpu.sbatch  [2 GPU]"
+    ) in out
+    assert "at start: create PyTorchJob default/pytorchjob-ddp-dryrun-2 from jobs/kubernetes/pytorchjob-ddp.yaml" in out
+    assert "GPU demand 4 at start; the testbed has 4 GPUs" in out
+    assert "queued" not in out  # 4 GPUs of demand on 4 GPUs: nothing has to wait
+
+
+def test_dry_run_of_heavy_mixed_expects_queueing_and_handoff_expects_the_handoff(capsys):
+    main(["--scenario", "heavy-mixed", "--dry-run"])
+    assert "work beyond the GPUs waited while every GPU was held, then ran" in capsys.readouterr().out
+    main(["--scenario", "handoff", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "once slurmd is scaled to 0: create PyTorchJob" in out and "GPU demand 1 at start, 4 later" in out
+    assert "a GPU held by slurmd was later held by a Kubernetes job" in out
+
+
+def test_from_timeline_writes_the_report_and_exits_by_the_checks(tmp_path, capsys):
+    assert main(["--scenario", "handoff", "--from-timeline", str(FIXTURES / "handoff-timeline.json"), "--out", str(tmp_path)]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"timeline.json", "summary.txt", "timeline.png"}
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "7 of 7 checks passed" in summary and "GPU return latency" in summary
+    assert Timeline.load(tmp_path / "timeline.json") == Timeline.load(FIXTURES / "handoff-timeline.json")
+
+
+def test_from_timeline_fails_when_a_check_fails(tmp_path, capsys):
+    broken = Timeline.load(FIXTURES / "handoff-timeline.json")
+    broken.outcome = "interrupted"
+    broken.save(tmp_path / "broken.json")
+    assert main(["--scenario", "handoff", "--from-timeline", str(tmp_path / "broken.json"), "--out", str(tmp_path / "o")]) == 1
+    assert "run completed                        FAIL    outcome: interrupted" in (tmp_path / "o" / "summary.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        ([], "validate: --scenario is required: one of hpc-parallel, mixed, heavy-mixed, handoff"),
+        (["--scenario", "huge"], "validate: --scenario: 'huge' is not one of hpc-parallel, mixed, heavy-mixed, handoff"),
+        (["--scenario", "mixed", "--timeout", "soon"], "validate: argument --timeout: 'soon' is not allowed: give a number of seconds > 0"),
+        (["--scenario", "mixed", "--interval", "0"], "validate: argument --interval: '0' is not allowed: give a number of seconds > 0"),
+        (["--scenario", "mixed", "--kubeconfig", "/nonexistent/kc"], "validate: --kubeconfig: '/nonexistent/kc' is not a file"),
+        (["--scenario", "mixed", "--from-timeline", "/nonexistent.json"], "validate: --from-timeline: '/nonexistent.json' is not a file"),
+        (["--scenario", "mixed", "--bogus"], "validate: unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == message + "\n" and captured.out == ""

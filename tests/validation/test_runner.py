@@ -1,0 +1,110 @@
+"""The run loop end to end against the simulated cluster, on a fake clock (no sleeping)."""
+import pytest
+
+from validation.checks import evaluate, expectations, gpu_return_latency, scale_up_latency
+from validation.runner import run
+from validation.scenarios import SCENARIOS, plan
+from validation.timeline import job_lives
+from validation_fakes import FakeClock, FakeCluster, Faults
+
+DURATIONS = {"mpi-gpu": 120, "pytorchjob": 90, "inference": 60, "gpu-smoke": 15}
+
+
+def replay(name, faults=Faults(), timeout=3000.0, **cluster_args):
+    clock = FakeClock()
+    cluster = FakeCluster(clock, durations=DURATIONS, faults=faults, **cluster_args)
+    planned = plan(SCENARIOS[name], "t1")
+    log = []
+    timeline = run(
+        planned, cluster, clock, scenario=name, gpus_total=4, interval=5.0, timeout=timeout,
+        started_at="2026-01-01T00:00:00+00:00", log=log.append,
+    )
+    checks = evaluate(timeline, expectations(SCENARIOS[name], planned, 4))
+    return timeline, {c.name: c for c in checks}, cluster, log
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_scenario_passes_on_a_well_behaved_cluster(name):
+    timeline, checks, cluster, _ = replay(name)
+    assert [n for n, c in checks.items() if not c.passed] == []
+    assert timeline.outcome == "completed"
+    assert cluster.cancelled == [] and cluster.deleted == []  # a clean run leaves its jobs for their logs
+
+
+def test_latencies_follow_the_simulated_cluster():
+    timeline, _, _, _ = replay("mixed", pod_start=8, slurmd_register=15, cooldown=300)
+    # sbatch at 0, first seen pending at 5; KEDA adds pods at 1, they run at 9 and
+    # register with Slurm at 24, seen Ready at 25. Sampling blurs by up to one interval.
+    assert scale_up_latency(timeline) == 20
+    # KEDA waits the cooldown after the last Slurm activity; seen within one sample.
+    assert 300 <= gpu_return_latency(timeline) <= 305
+
+
+def test_uuids_are_read_once_per_pod():
+    timeline, _, cluster, _ = replay("mixed")
+    pods = {p.uid for s in timeline.samples for p in s.gpu_pods if p.phase == "Running"}
+    assert cluster.uuid_reads == len(pods) == 4
+
+
+def test_handoff_submits_the_pytorchjob_only_after_slurmd_is_gone():
+    timeline, checks, _, _ = replay("handoff")
+    smoke, ddp = job_lives(timeline)
+    gone = next(s.t for s in timeline.samples if s.t > smoke.finished and s.nodeset_replicas == 0 and not s.slurmd_pods())
+    assert ddp.submitted == gone
+    assert checks["GPU handed from Slurm to Kubernetes"].passed
+
+
+def test_heavy_mix_queues_then_runs_everything():
+    timeline, checks, _, _ = replay("heavy-mixed")
+    assert checks["queued work waited, then ran"].passed
+    assert max(life.wait for life in job_lives(timeline)) > 60
+
+
+def test_a_device_plugin_that_double_books_is_caught():
+    _, checks, _, _ = replay("mixed", Faults(share_gpus=True))
+    assert not checks["no GPU held twice"].passed
+    assert "mpi-gpu" not in checks["no GPU held twice"].detail  # it names pods, e.g. slurm-worker-slinky-0
+    assert "slurm-worker-slinky" in checks["no GPU held twice"].detail
+
+
+def test_scale_down_that_never_comes_times_out_and_cleans_up():
+    timeline, checks, cluster, log = replay("hpc-parallel", Faults(never_scale_down=True), timeout=900)
+    assert timeline.outcome == "timeout"
+    assert not checks["run completed"].passed
+    assert not checks["GPUs returned by slurmd"].passed
+    assert checks["every job succeeded"].passed
+    assert sorted(cluster.cancelled) == sorted(s.ref for s in timeline.submissions)
+    assert any("timeout" in line for line in log)
+
+
+def test_a_failing_job_fails_the_run():
+    _, checks, _, _ = replay("mixed", Faults(fail_jobs=("pytorchjob",)))
+    assert not checks["every job succeeded"].passed
+    assert "pytorchjob-ddp-t1-2 failed" in checks["every job succeeded"].detail
+
+
+def test_ctrl_c_cancels_and_deletes_what_was_submitted():
+    timeline, checks, cluster, _ = replay("heavy-mixed", Faults(interrupt_at=50))
+    assert timeline.outcome == "interrupted"
+    assert not checks["run completed"].passed
+    slurm = [s.ref for s in timeline.submissions if s.kind == "slurm"]
+    kube = [s.name for s in timeline.submissions if s.kind != "slurm"]
+    assert len(slurm) == 2 and len(kube) == 3
+    assert cluster.cancelled == slurm and cluster.deleted == kube
+
+
+def test_an_error_from_the_cluster_cleans_up_and_propagates():
+    clock = FakeClock()
+    cluster = FakeCluster(clock, durations=DURATIONS)
+    broken = iter(range(10))
+
+    def nodeset():
+        if next(broken) == 3:
+            raise RuntimeError("api server went away")
+        return FakeCluster.nodeset(cluster)
+
+    cluster.nodeset = nodeset
+    with pytest.raises(RuntimeError, match="went away"):
+        run(plan(SCENARIOS["mixed"], "t1"), cluster, clock, scenario="mixed", gpus_total=4, interval=5,
+            timeout=100, started_at="x", log=lambda _: None)
+    assert len(cluster.cancelled) == 1 and len(cluster.deleted) == 1

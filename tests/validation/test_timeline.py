@@ -1,0 +1,71 @@
+from validation.timeline import (
+    FAILED, PENDING, RUNNING, SUCCEEDED, Timeline, batch_job_phase, gpu_owner, holdings, job_lives,
+    pytorchjob_phase, slurm_phase,
+)
+from validation_builders import GPU_A, handoff_timeline, sample, slurmd_pod, smoke
+
+
+def test_slurm_states_map_to_phases():
+    assert [slurm_phase(s) for s in ("PENDING", "RUNNING", "COMPLETING", "COMPLETED")] == [PENDING, RUNNING, RUNNING, SUCCEEDED]
+    assert {slurm_phase(s) for s in ("FAILED", "CANCELLED", "CANCELLED+", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")} == {FAILED}
+
+
+def test_pytorchjob_phase_is_the_strongest_true_condition():
+    created = {"type": "Created", "status": "True"}
+    running = {"type": "Running", "status": "True"}
+    assert pytorchjob_phase([]) == PENDING
+    assert pytorchjob_phase([created]) == PENDING
+    assert pytorchjob_phase([created, running]) == RUNNING
+    assert pytorchjob_phase([created, {"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]) == SUCCEEDED
+    assert pytorchjob_phase([created, running, {"type": "Failed", "status": "True"}]) == FAILED
+
+
+def test_batch_job_counts_as_running_only_once_a_pod_is_ready():
+    assert batch_job_phase({"active": 1}) == PENDING  # active includes Pending pods
+    assert batch_job_phase({"active": 1, "ready": 1}) == RUNNING
+    assert batch_job_phase({"conditions": [{"type": "Complete", "status": "True"}]}) == SUCCEEDED
+    assert batch_job_phase({"conditions": [{"type": "Failed", "status": "True"}]}) == FAILED
+
+
+def test_job_lives_measure_wait_and_run_from_samples():
+    lives = {life.name: life for life in job_lives(handoff_timeline())}
+    assert (lives["smoke"].wait, lives["smoke"].run, lives["smoke"].final_phase) == (25, 10, SUCCEEDED)
+    assert (lives["ddp"].wait, lives["ddp"].run) == (15, 30)
+
+
+def test_a_job_seen_only_finished_gets_a_zero_run_not_a_negative_one():
+    tl = handoff_timeline([sample(0, slurm=[smoke("PENDING", ())]), sample(10, slurm=[smoke("COMPLETED")])])
+    smoke_life = job_lives(tl)[0]
+    assert (smoke_life.started, smoke_life.finished, smoke_life.run) == (10, 10, 0)
+
+
+def test_holdings_span_first_to_last_sample_per_pod_uid():
+    held = [(h.uuid, h.pod, h.start, h.end) for h in holdings(handoff_timeline())]
+    assert held == [
+        ("GPU-a", "slurm/slurm-worker-slinky-0", 20, 340),
+        ("GPU-a", "default/ddp-master-0", 370, 370),
+        ("GPU-b", "default/ddp-worker-0", 370, 370),
+    ]
+
+
+def test_a_recreated_pod_with_the_same_name_is_a_new_holding():
+    tl = handoff_timeline([
+        sample(0, pods=[slurmd_pod(0, GPU_A, uid="first")]),
+        sample(10),
+        sample(20, pods=[slurmd_pod(0, GPU_A, uid="second")]),
+    ])
+    assert [(h.pod_uid, h.start, h.end) for h in holdings(tl)] == [("first", 0, 0), ("second", 20, 20)]
+
+
+def test_gpu_owner_tells_a_busy_slurmd_from_an_idle_one():
+    samples = handoff_timeline().samples
+    assert gpu_owner(samples[3], GPU_A) == ("slurm-job", "smoke")
+    assert gpu_owner(samples[5], GPU_A) == ("slurmd-idle", "slurm-worker-slinky-0")
+    assert gpu_owner(samples[8], GPU_A) == ("kubernetes", "ddp")
+    assert gpu_owner(samples[6], GPU_A) is None
+
+
+def test_timeline_round_trips_through_json(tmp_path):
+    tl = handoff_timeline()
+    tl.save(tmp_path / "t.json")
+    assert Timeline.load(tmp_path / "t.json") == tl

@@ -1,0 +1,220 @@
+"""The checks: pure functions from a timeline to pass/fail with a reason.
+
+Each one states a property of the whole run, so a test can build a timeline that breaks
+exactly that property and see the check fail.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+from validation.scenarios import AT_START, SLURM, Planned, Scenario
+from validation.timeline import (
+    FINISHED,
+    PENDING,
+    SLURMD,
+    SUCCEEDED,
+    KUBERNETES,
+    Holding,
+    Sample,
+    Timeline,
+    holdings,
+    job_lives,
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Expectations:
+    """What a scenario promises beyond 'every job succeeded and no GPU was shared'."""
+
+    slurm: bool  # Slurm jobs ran, so slurmd must scale up and later return the GPUs
+    queueing: bool  # more GPU demand than GPUs: some work must wait, then run
+    handoff: bool  # a GPU must go from slurmd to a Kubernetes job
+
+
+def expectations(scenario: Scenario, planned: list[Planned], gpus_total: int) -> Expectations:
+    at_once = sum(p.gpus for p in planned if p.after == AT_START)
+    return Expectations(
+        slurm=any(p.kind == SLURM for p in planned),
+        queueing=at_once > gpus_total,
+        handoff=scenario.handoff,
+    )
+
+
+def describe_checks(exp: Expectations) -> list[str]:
+    lines = [
+        "run ends before the timeout and was not interrupted",
+        "every submitted job finished successfully",
+        "every pod that held a GPU had its GPU UUID read from inside it",
+        "no GPU UUID held by two pods at overlapping times",
+    ]
+    if exp.slurm:
+        lines += [
+            "slurmd scaled up after work pended (scale-up latency: first pending -> slurmd Ready)",
+            "slurmd scaled to 0 after the last Slurm job (GPU return latency: last Slurm job done -> slurmd gone)",
+        ]
+    if exp.queueing:
+        lines.append("work beyond the GPUs waited while every GPU was held, then ran")
+    if exp.handoff:
+        lines.append("a GPU held by slurmd was later held by a Kubernetes job")
+    return lines
+
+
+# ------------------------------------------------------------------ latencies
+
+def first_slurm_pending(timeline: Timeline) -> float | None:
+    return next((s.t for s in timeline.samples if any(j.phase == PENDING for j in s.slurm_jobs)), None)
+
+
+def scale_up_latency(timeline: Timeline) -> float | None:
+    """First Slurm job pending -> first sample with a Ready slurmd pod."""
+    pending = first_slurm_pending(timeline)
+    if pending is None:
+        return None
+    ready = next((s.t for s in timeline.samples if s.t >= pending and s.slurmd_ready > 0), None)
+    return None if ready is None else ready - pending
+
+
+def slurmd_gone(sample: Sample) -> bool:
+    return sample.nodeset_replicas == 0 and not sample.slurmd_pods()
+
+
+def last_slurm_done(timeline: Timeline) -> float | None:
+    """When the last submitted Slurm job was seen finished; None if one never finished."""
+    lives = [life for life in job_lives(timeline) if life.kind == SLURM]
+    if not lives or any(life.finished is None for life in lives):
+        return None
+    return max(life.finished for life in lives)
+
+
+def gpu_return_latency(timeline: Timeline) -> float | None:
+    """Last Slurm job done -> first sample with no slurmd replica and no slurmd pod."""
+    done = last_slurm_done(timeline)
+    if done is None:
+        return None
+    gone = next((s.t for s in timeline.samples if s.t >= done and slurmd_gone(s)), None)
+    return None if gone is None else gone - done
+
+
+# ------------------------------------------------------------------ checks
+
+def check_outcome(timeline: Timeline) -> Check:
+    return Check("run completed", timeline.outcome == "completed", f"outcome: {timeline.outcome}")
+
+
+def check_jobs_succeeded(timeline: Timeline) -> Check:
+    problems = []
+    for life in job_lives(timeline):
+        if life.started is None:
+            problems.append(f"{life.name} never ran (last seen {life.final_phase or 'never'})")
+        elif life.final_phase not in FINISHED:
+            problems.append(f"{life.name} never finished (last seen {life.final_phase})")
+        elif life.final_phase != SUCCEEDED:
+            problems.append(f"{life.name} {life.final_phase}")
+    if not timeline.submissions:
+        problems.append("nothing was submitted")
+    detail = "; ".join(problems) or f"{len(timeline.submissions)} of {len(timeline.submissions)} succeeded"
+    return Check("every job succeeded", not problems, detail)
+
+
+def check_uuids_read(timeline: Timeline) -> Check:
+    """Exclusivity is only proven for pods whose GPU we saw from inside."""
+    read = {p.uid for s in timeline.samples for p in s.gpu_pods if p.uuids}
+    unread = sorted(
+        {p.key for s in timeline.samples for p in s.gpu_pods if p.phase == "Running" and p.uid not in read}
+    )
+    detail = "unread: " + ", ".join(unread) if unread else "every running GPU pod reported its GPU"
+    return Check("GPU UUIDs read", not unread, detail)
+
+
+def overlaps(a: Holding, b: Holding) -> bool:
+    return a.start <= b.end and b.start <= a.end
+
+
+def check_gpu_exclusive(timeline: Timeline) -> Check:
+    held = holdings(timeline)
+    clashes = [
+        f"{a.uuid}: {a.pod} [{a.start:.0f}-{a.end:.0f}s] and {b.pod} [{b.start:.0f}-{b.end:.0f}s]"
+        for a, b in combinations(held, 2)
+        if a.uuid == b.uuid and a.pod_uid != b.pod_uid and overlaps(a, b)
+    ]
+    gpus = len({h.uuid for h in held})
+    detail = "; ".join(clashes) or f"{len(held)} holdings of {gpus} GPUs, none overlapping"
+    return Check("no GPU held twice", bool(held) and not clashes, detail if held else "no GPU holding was seen")
+
+
+def check_scale_up(timeline: Timeline) -> Check:
+    latency = scale_up_latency(timeline)
+    if latency is None:
+        return Check("slurmd scaled up", False, "no Slurm job pended, or slurmd never became Ready after it")
+    return Check("slurmd scaled up", True, f"first pending -> slurmd Ready in {latency:.0f} s")
+
+
+def check_gpu_return(timeline: Timeline) -> Check:
+    if last_slurm_done(timeline) is None:
+        return Check("GPUs returned by slurmd", False, "a Slurm job never finished")
+    latency = gpu_return_latency(timeline)
+    if latency is None:
+        return Check("GPUs returned by slurmd", False, "slurmd never scaled to 0 after the last Slurm job")
+    return Check("GPUs returned by slurmd", True, f"last Slurm job done -> slurmd gone in {latency:.0f} s")
+
+
+def gpus_held(sample: Sample) -> int:
+    return len({u for p in sample.gpu_pods if p.phase == "Running" for u in p.uuids})
+
+
+def check_queued_work(timeline: Timeline) -> Check:
+    """Some job pended while every GPU was held, and every job that waited then ran."""
+    lives = {life.name: life for life in job_lives(timeline)}
+    waited: set[str] = set()
+    for sample in timeline.samples:
+        if gpus_held(sample) < timeline.gpus_total:
+            continue
+        for life in lives.values():
+            started = life.started if life.started is not None else float("inf")
+            if life.submitted <= sample.t < started:
+                waited.add(life.name)
+    never = sorted(n for n in waited if lives[n].started is None)
+    if not waited:
+        return Check("queued work waited, then ran", False, "no job ever waited while all GPUs were held")
+    if never:
+        return Check("queued work waited, then ran", False, "waited and never ran: " + ", ".join(never))
+    return Check(
+        "queued work waited, then ran",
+        True,
+        ", ".join(f"{n} waited {lives[n].wait:.0f} s" for n in sorted(waited)),
+    )
+
+
+def check_handoff(timeline: Timeline) -> Check:
+    """A GPU went from a slurmd pod to a Kubernetes job's pod, one after the other."""
+    held = holdings(timeline)
+    handed = sorted(
+        {
+            a.uuid
+            for a in held
+            for b in held
+            if a.uuid == b.uuid and a.holder == SLURMD and b.holder == KUBERNETES and b.start > a.end
+        }
+    )
+    if not handed:
+        return Check("GPU handed from Slurm to Kubernetes", False, "no GPU went from slurmd to a Kubernetes job")
+    return Check("GPU handed from Slurm to Kubernetes", True, f"{len(handed)} GPU(s): " + ", ".join(handed))
+
+
+def evaluate(timeline: Timeline, exp: Expectations) -> list[Check]:
+    checks = [check_outcome(timeline), check_jobs_succeeded(timeline), check_uuids_read(timeline), check_gpu_exclusive(timeline)]
+    if exp.slurm:
+        checks += [check_scale_up(timeline), check_gpu_return(timeline)]
+    if exp.queueing:
+        checks.append(check_queued_work(timeline))
+    if exp.handoff:
+        checks.append(check_handoff(timeline))
+    return checks

@@ -1,0 +1,263 @@
+"""Everything the runner asks of the cluster, behind one small interface.
+
+`Cluster` is what the runner needs; `KubeCluster` does it with the kubernetes client,
+through the same doors users use: sbatch by exec into slurmctld, Kubernetes jobs through
+the API. Tests pass a fake that simulates a tiny cluster instead.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Protocol
+
+from validation.names import SlurmNames
+from validation.scenarios import GPU, sbatch_command
+from validation.timeline import (
+    KUBERNETES,
+    SLURMD,
+    GpuPod,
+    SlurmJob,
+    batch_job_phase,
+    pytorchjob_phase,
+)
+
+# Reads the GPU(s) the device plugin gave this container, from inside it. The device
+# plugin (0.17 defaults: envvar strategy, UUID ids) puts their UUIDs in
+# NVIDIA_VISIBLE_DEVICES; `-i` limits nvidia-smi to those, which matters in slurmd pods:
+# they are privileged and see every GPU of the host (slurm-operator#45).
+UUID_QUERY = [
+    "sh",
+    "-c",
+    'case "${NVIDIA_VISIBLE_DEVICES:-all}" in all|void|none) set -- ;; *) set -- -i "$NVIDIA_VISIBLE_DEVICES" ;; esac; '
+    'exec nvidia-smi --query-gpu=uuid --format=csv,noheader "$@"',
+]
+
+# squeue with every state slurmctld still remembers (finished jobs stay MinJobAge, 300 s).
+SQUEUE = ["squeue", "--noheader", "--states=all", "--format=%i|%j|%T|%N"]
+
+
+class Cluster(Protocol):
+    def submit_slurm(self, name: str, script: str) -> str:
+        """sbatch the script under this job name; returns the Slurm job id."""
+
+    def cancel_slurm(self, job_ids: list[str]) -> None: ...
+
+    def slurm_jobs(self) -> list[SlurmJob]: ...
+
+    def create(self, obj: dict) -> None: ...
+
+    def delete(self, obj: dict) -> None: ...
+
+    def kube_job_phase(self, obj: dict) -> str:
+        """The normalised phase of a PyTorchJob or Job we created."""
+
+    def nodeset(self) -> tuple[int, int]:
+        """(.spec.replicas, .status.readyReplicas) of the slurmd NodeSet."""
+
+    def gpu_pods(self) -> list[GpuPod]:
+        """Every pod that requests GPUs, without UUIDs."""
+
+    def read_gpu_uuids(self, pod: GpuPod) -> tuple[str, ...]:
+        """The UUIDs of the GPUs a running pod holds, read inside it; () if not readable yet."""
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class WallClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+# ------------------------------------------------------------------ pure parsing
+
+def expand_hostlist(hostlist: str) -> tuple[str, ...]:
+    """Slurm's compressed node list, e.g. 'slinky-[0-1,3],other-2' -> each name."""
+    names: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", hostlist):
+        if plain:
+            names.append(plain)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            width = len(low)
+            for n in range(int(low), int(high or low) + 1):
+                names.append(f"{prefix}{n:0{width}d}")
+    return tuple(names)
+
+
+def parse_squeue(text: str) -> list[SlurmJob]:
+    jobs = []
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4:
+            continue
+        job_id, name, state, nodes = fields
+        # Pending jobs show a reason, not nodes, in %N's place on some versions.
+        jobs.append(SlurmJob(job_id, name, state, expand_hostlist(nodes) if state != "PENDING" else ()))
+    return jobs
+
+
+def parse_uuids(text: str) -> tuple[str, ...]:
+    return tuple(line.strip() for line in text.splitlines() if line.strip().startswith("GPU-"))
+
+
+def pod_gpu_container(pod_spec: dict) -> str | None:
+    for container in pod_spec.get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if int(limits.get(GPU, 0) or 0) > 0:
+            return container["name"]
+    return None
+
+
+def classify_pod(pod: dict, names: SlurmNames) -> GpuPod | None:
+    """A pod (API dict, camelCase) as a GpuPod, or None if it asks for no GPU."""
+    container = pod_gpu_container(pod["spec"])
+    if container is None:
+        return None
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
+    slurmd_key, _, slurmd_value = names.slurmd_labels.partition("=")
+    if meta["namespace"] == names.namespace and labels.get(slurmd_key) == slurmd_value:
+        holder, owner = SLURMD, labels.get(names.slurmd_hostname_label) or pod["spec"].get("hostname") or meta["name"]
+    else:
+        holder = KUBERNETES
+        owner = (
+            labels.get("training.kubeflow.org/job-name")
+            or labels.get("batch.kubernetes.io/job-name")
+            or labels.get("job-name")
+            or meta["name"]
+        )
+    return GpuPod(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        uid=meta["uid"],
+        node=pod["spec"].get("nodeName") or "",
+        phase=(pod.get("status") or {}).get("phase") or "Pending",
+        holder=holder,
+        owner=owner,
+        container=container,
+    )
+
+
+# ------------------------------------------------------------------ the real cluster
+
+class KubeCluster:
+    """The live testbed, reached with the kubernetes client."""
+
+    def __init__(self, api_client, names: SlurmNames, exec_timeout: float = 60.0) -> None:
+        from kubernetes import client
+
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.names = names
+        self.exec_timeout = exec_timeout
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: dict, names: SlurmNames) -> "KubeCluster":
+        from kubernetes import config
+
+        return cls(config.new_client_from_config_dict(kubeconfig), names)
+
+    def _exec(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str, str]:
+        from kubernetes.stream import stream
+
+        ws = stream(
+            self.core.connect_get_namespaced_pod_exec,
+            pod,
+            namespace,
+            container=container,
+            command=command,
+            stdin=False,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            _preload_content=False,
+        )
+        try:
+            ws.run_forever(timeout=self.exec_timeout)
+            # timeout=0: never block here if the command outlived exec_timeout.
+            out, err = ws.read_stdout(timeout=0), ws.read_stderr(timeout=0)
+            code = ws.returncode
+        finally:
+            ws.close()
+        return (1 if code is None else code), out, err
+
+    def _slurmctld(self, command: list[str]) -> str:
+        n = self.names
+        code, out, err = self._exec(n.namespace, n.controller_pod, n.controller_container, command)
+        if code != 0:
+            raise RuntimeError(f"{' '.join(command[:2])} in {n.controller_pod} exited {code}: {err.strip()}")
+        return out
+
+    def submit_slurm(self, name: str, script: str) -> str:
+        # The script goes in as sbatch's stdin, as with `kubectl exec -i ... sbatch < file`;
+        # a shell pipes it in because the client cannot half-close an exec's stdin.
+        piped = ["sh", "-c", 'printf "%s" "$0" | ' + " ".join(sbatch_command(name)), script]
+        return self._slurmctld(piped).strip().split(";")[0]
+
+    def cancel_slurm(self, job_ids: list[str]) -> None:
+        if job_ids:
+            self._slurmctld(["scancel", *job_ids])
+
+    def slurm_jobs(self) -> list[SlurmJob]:
+        return parse_squeue(self._slurmctld(SQUEUE))
+
+    def create(self, obj: dict) -> None:
+        namespace = obj["metadata"].get("namespace", "default")
+        if obj["kind"] == "PyTorchJob":
+            self.custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", obj)
+        else:
+            self.batch.create_namespaced_job(namespace, obj)
+
+    def delete(self, obj: dict) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, name = obj["metadata"].get("namespace", "default"), obj["metadata"]["name"]
+        try:
+            if obj["kind"] == "PyTorchJob":
+                self.custom.delete_namespaced_custom_object(
+                    "kubeflow.org", "v1", namespace, "pytorchjobs", name, propagation_policy="Foreground"
+                )
+            else:
+                self.batch.delete_namespaced_job(name, namespace, propagation_policy="Foreground")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def kube_job_phase(self, obj: dict) -> str:
+        namespace, name = obj["metadata"].get("namespace", "default"), obj["metadata"]["name"]
+        if obj["kind"] == "PyTorchJob":
+            found = self.custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", name)
+            return pytorchjob_phase((found.get("status") or {}).get("conditions") or [])
+        found = self.batch.read_namespaced_job_status(name, namespace)
+        return batch_job_phase(self.api.sanitize_for_serialization(found.status) or {})
+
+    def nodeset(self) -> tuple[int, int]:
+        n = self.names
+        found = self.custom.get_namespaced_custom_object(
+            n.nodeset_group, n.nodeset_version, n.namespace, n.nodeset_plural, n.nodeset
+        )
+        # No .spec.replicas means 0 (the 1.0.0 CRD has no default).
+        return int(found.get("spec", {}).get("replicas") or 0), int(found.get("status", {}).get("readyReplicas") or 0)
+
+    def gpu_pods(self) -> list[GpuPod]:
+        pods = self.api.sanitize_for_serialization(self.core.list_pod_for_all_namespaces()).get("items", [])
+        return [p for p in (classify_pod(pod, self.names) for pod in pods) if p is not None]
+
+    def read_gpu_uuids(self, pod: GpuPod) -> tuple[str, ...]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            code, out, _ = self._exec(pod.namespace, pod.name, pod.container, UUID_QUERY)
+        except ApiException:
+            return ()  # not exec-able yet, or already gone: try again next sample
+        return parse_uuids(out) if code == 0 else ()

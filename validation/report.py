@@ -1,0 +1,47 @@
+"""The summary a person reads after a run: the checks, the latencies, every job's times."""
+from __future__ import annotations
+
+from validation.checks import Check, gpu_return_latency, scale_up_latency
+from validation.timeline import Timeline, job_lives
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} s"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def summary(timeline: Timeline, checks: list[Check]) -> str:
+    passed = sum(c.passed for c in checks)
+    lines = [
+        f"scenario {timeline.scenario}: {passed} of {len(checks)} checks passed "
+        f"({len(timeline.samples)} samples every {timeline.interval:.0f} s, started {timeline.started_at})",
+        "",
+        *_table(["check", "result", "detail"], [[c.name, "PASS" if c.passed else "FAIL", c.detail] for c in checks]),
+        "",
+        f"scale-up latency (first Slurm job pending -> slurmd Ready): {_seconds(scale_up_latency(timeline))}",
+        f"GPU return latency (last Slurm job done -> slurmd gone):    {_seconds(gpu_return_latency(timeline))}",
+        "",
+    ]
+    gpus = {s.name: s.gpus for s in timeline.submissions}
+    rows = [
+        [
+            life.name,
+            life.kind,
+            str(gpus[life.name]),
+            f"{life.submitted:.0f} s",
+            _seconds(life.wait),
+            _seconds(life.run),
+            life.final_phase or "never seen",
+        ]
+        for life in job_lives(timeline)
+    ]
+    lines += _table(["job", "kind", "GPUs", "submitted", "wait", "run", "result"], rows)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,200 @@
+"""The reference experiments, and the exact submissions each one makes.
+
+A scenario names job files under `jobs/`; planning turns them into what the runner
+submits (the sbatch script, the Kubernetes objects) with names unique to the run, so two
+copies of one job can run side by side and every row in squeue or the API is ours.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from validation.names import SlurmNames
+
+JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
+GPU = "nvidia.com/gpu"
+
+# When a workload is submitted.
+AT_START = "start"
+# Once every Slurm job is done and KEDA has scaled slurmd to 0: the GPUs are back.
+AFTER_SCALE_DOWN = "after-slurmd-scaled-to-0"
+
+SLURM = "slurm"
+
+
+@dataclass(frozen=True)
+class Workload:
+    source: str  # path under jobs/
+    after: str = AT_START
+    workers: int | None = None  # PyTorchJob Worker replicas, if not the file's
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    workloads: tuple[Workload, ...]
+    handoff: bool = False  # must show a GPU going from Slurm to Kubernetes
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "hpc-parallel",
+            "two MPI jobs at once (2 nodes x 2 tasks, 1 GPU per node each)",
+            (Workload("slurm/mpi-gpu.sbatch"), Workload("slurm/mpi-gpu.sbatch")),
+        ),
+        Scenario(
+            "mixed",
+            "an MPI job and a PyTorchJob at once",
+            (Workload("slurm/mpi-gpu.sbatch"), Workload("kubernetes/pytorchjob-ddp.yaml")),
+        ),
+        Scenario(
+            "heavy-mixed",
+            "2 MPI jobs + 2 PyTorchJobs + 1 inference Job: more GPU demand than GPUs",
+            (
+                Workload("slurm/mpi-gpu.sbatch"),
+                Workload("slurm/mpi-gpu.sbatch"),
+                Workload("kubernetes/pytorchjob-ddp.yaml"),
+                Workload("kubernetes/pytorchjob-ddp.yaml"),
+                Workload("kubernetes/inference-job.yaml"),
+            ),
+        ),
+        Scenario(
+            "handoff",
+            "idle -> sbatch -> slurmd scales up -> job ends -> cooldown -> slurmd to 0 "
+            "-> a PyTorchJob on every GPU",
+            (
+                Workload("slurm/gpu-smoke.sbatch"),
+                # Master + 3 Workers take all 4 GPUs, so the GPU Slurm had must change hands.
+                Workload("kubernetes/pytorchjob-ddp.yaml", after=AFTER_SCALE_DOWN, workers=3),
+            ),
+            handoff=True,
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One submission, ready to send."""
+
+    name: str
+    kind: str  # slurm, PyTorchJob or Job
+    source: str
+    gpus: int
+    after: str
+    script: str = ""  # the sbatch script, for Slurm
+    obj: dict | None = None  # the Kubernetes object, for the rest
+
+    @property
+    def namespace(self) -> str:
+        return (self.obj or {}).get("metadata", {}).get("namespace", "default")
+
+
+# ------------------------------------------------------------------ GPU demand
+
+_SBATCH = re.compile(r"^#SBATCH\s+(.*)$", re.MULTILINE)
+
+
+def sbatch_options(script: str) -> dict[str, str]:
+    """The #SBATCH options of a script as {long option: value}."""
+    short = {"-N": "--nodes", "-n": "--ntasks", "-J": "--job-name", "-G": "--gpus"}
+    options: dict[str, str] = {}
+    for line in _SBATCH.findall(script):
+        words = shlex.split(line, comments=True)
+        for i, word in enumerate(words):
+            if word.startswith("--"):
+                key, _, value = word.partition("=")
+                options[key] = value
+            elif word in short and i + 1 < len(words):
+                options[short[word]] = words[i + 1]
+    return options
+
+
+def slurm_gpus(script: str) -> int:
+    """GPUs a batch script asks for: nodes x GPUs per node from --gres=gpu[:type]:N."""
+    options = sbatch_options(script)
+    nodes = int(options.get("--nodes", "1").split("-")[0])
+    per_node = 0
+    for gres in options.get("--gres", "").split(","):
+        parts = gres.split(":")
+        if parts[0] == "gpu":
+            per_node += int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+    return nodes * per_node
+
+
+def pod_gpus(pod_spec: dict) -> int:
+    return sum(int(c.get("resources", {}).get("limits", {}).get(GPU, 0)) for c in pod_spec.get("containers", []))
+
+
+def kube_gpus(obj: dict) -> int:
+    """GPUs a PyTorchJob or Job holds while all its pods run."""
+    spec = obj["spec"]
+    if obj["kind"] == "PyTorchJob":
+        return sum(
+            int(r.get("replicas", 1)) * pod_gpus(r["template"]["spec"])
+            for r in spec["pytorchReplicaSpecs"].values()
+        )
+    return int(spec.get("parallelism", 1)) * pod_gpus(spec["template"]["spec"])
+
+
+# ------------------------------------------------------------------ planning
+
+def load_objects(path: Path) -> list[dict]:
+    # YAML anchors (the PyTorchJob shares one pod template) load as one shared object,
+    # and deepcopy keeps the sharing; a JSON round trip gives each replica its own copy.
+    return [json.loads(json.dumps(d)) for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def unique_name(source: str, run_id: str, index: int) -> str:
+    """DNS-1035 and Slurm-safe: the file's stem, the run, the position in the scenario."""
+    stem = Path(source).name.split(".")[0]
+    return f"{stem}-{run_id}-{index}"
+
+
+def plan(scenario: Scenario, run_id: str, jobs_dir: Path = JOBS_DIR) -> list[Planned]:
+    planned = []
+    for index, workload in enumerate(scenario.workloads, start=1):
+        path = jobs_dir / workload.source
+        name = unique_name(workload.source, run_id, index)
+        if path.suffix == ".sbatch":
+            script = path.read_text()
+            planned.append(Planned(name, SLURM, workload.source, slurm_gpus(script), workload.after, script=script))
+            continue
+        (obj,) = load_objects(path)
+        obj["metadata"]["name"] = name
+        if workload.workers is not None:
+            obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = workload.workers
+        planned.append(Planned(name, obj["kind"], workload.source, kube_gpus(obj), workload.after, obj=obj))
+    return planned
+
+
+def sbatch_command(job_name: str) -> list[str]:
+    """What runs inside slurmctld; the script arrives on stdin, as when a user types it.
+
+    --job-name on the command line overrides the script's own, which makes the job findable.
+    """
+    return ["sbatch", "--parsable", f"--job-name={job_name}"]
+
+
+def describe(scenario: Scenario, planned: list[Planned], names: SlurmNames, gpus_total: int) -> list[str]:
+    """What a run would submit, in the words of the commands a user would type."""
+    at_start = sum(p.gpus for p in planned if p.after == AT_START)
+    later = sum(p.gpus for p in planned) - at_start
+    demand = f"GPU demand {at_start} at start" + (f", {later} later" if later else "")
+    lines = [f"scenario {scenario.name}: {scenario.description}", f"{demand}; the testbed has {gpus_total} GPUs"]
+    for p in planned:
+        when = "at start" if p.after == AT_START else "once slurmd is scaled to 0"
+        if p.kind == SLURM:
+            command = " ".join([names.exec_prefix(), *sbatch_command(p.name), "<", f"jobs/{p.source}"])
+        else:
+            command = f"create {p.kind} {p.namespace}/{p.name} from jobs/{p.source} (kubectl apply -f)"
+        lines.append(f"  {when}: {command}  [{p.gpus} GPU]")
+    return lines
