@@ -201,7 +201,7 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
     return config
 
 
-def run(config: dict[str, str], stack: str = "dev") -> Recording:
+def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None = None) -> Recording:
     """Validate settings, then run the whole program under mocks and resolve its outputs."""
     from stacks import testbed
 
@@ -209,7 +209,7 @@ def run(config: dict[str, str], stack: str = "dev") -> Recording:
     asyncio.set_event_loop(asyncio.new_event_loop())
     reset_options(project=settings_mod.PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_all_config(config)
-    mocks = TestbedMocks()
+    mocks = mocks or TestbedMocks()
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=settings_mod.PROJECT, stack=stack, preview=False, monitor=monitor)
 

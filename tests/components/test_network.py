@@ -58,3 +58,20 @@ def test_zone_defaults_to_the_first_zone_offering_the_worker_type(default_run):
     rec = run_program(region="eu-west-1", availabilityZone="eu-west-1c")
     (subnet,) = by_type(rec, "aws:ec2/subnet:Subnet")
     assert subnet.inputs["availabilityZone"] == "eu-west-1c"
+
+
+def test_a_worker_type_the_region_does_not_offer_is_refused_by_name():
+    import pulumi
+    import pytest
+
+    from stacks import offline
+    from tests.conftest import config
+
+    class NoOfferings(offline.TestbedMocks):
+        def call(self, args):
+            if args.token.endswith("getInstanceTypeOfferings"):
+                return {"id": "none", "locations": [], "instanceTypes": [], "locationTypes": []}
+            return super().call(args)
+
+    with pytest.raises(pulumi.RunError, match='workerInstanceType: "g5.xlarge" is not offered in any zone of region eu-west-1'):
+        offline.run(config(region="eu-west-1", workerInstanceType="g5.xlarge"), mocks=NoOfferings())

@@ -4,9 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from stacks import __main__ as cli
+from tests.stacks.test_settings import BAD_VALUES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,3 +86,39 @@ def test_plan_lists_the_cluster_install_order(capsys):
     assert position("helm slurm-operator 1") < position("operator-webhook-gate") < position("helm slurm 1")
     assert position("PersistentVolume") < position("helm slurm 1") < position("ScaledObject")
     assert position("helm monitoring") < position("helm slurm 1")
+
+
+@pytest.mark.parametrize("values, key, allowed", BAD_VALUES)
+def test_every_bad_value_exits_2_before_any_resource(values, key, allowed, capsys, monkeypatch):
+    import pulumi
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the mock engine started: a resource could have been created")
+
+    monkeypatch.setattr(pulumi.runtime, "set_mocks", no_engine)
+    args = ["plan"] + [a for k, v in values.items() for a in ("--config", f"{k}={v}")]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any(line.startswith(f"{key}: ") and allowed in line for line in err), err
+
+
+def test_pulumi_up_with_bad_settings_stops_with_every_problem_and_no_traceback(tmp_path):
+    """The program itself (as `pulumi up` runs it) raises RunError, which Pulumi prints without a stack trace."""
+    import runpy
+
+    import pulumi
+    from pulumi.runtime.sync_await import _sync_await
+    from pulumi.runtime.stack import run_pulumi_func
+
+    from stacks import offline
+    from stacks.settings import PROJECT
+
+    monitor = offline.RecordingMonitor(offline.TestbedMocks())
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack="dev", preview=False, monitor=monitor)
+    pulumi.runtime.set_all_config({f"{PROJECT}:workerCount": "0", f"{PROJECT}:adminCidr": "bad"})
+    with pytest.raises(pulumi.RunError) as error:
+        _sync_await(run_pulumi_func(lambda: runpy.run_path(str(ROOT / "__main__.py"))))
+    lines = str(error.value).splitlines()
+    assert lines[0] == "invalid settings:"
+    assert sorted(line.split(":")[0] for line in lines[1:]) == ["adminCidr", "workerCount"]
+    assert monitor.recorded == []

@@ -46,7 +46,7 @@ def test_derived_addresses_follow_the_vpc():
     assert s.slurmd_max_replicas == 3
 
 
-@pytest.mark.parametrize("values, key, allowed", [
+BAD_VALUES = [
     ({"workerCount": "0"}, "workerCount", "from 1 to"),
     ({"workerCount": "-2"}, "workerCount", "from 1 to"),
     ({"workerCount": "four"}, "workerCount", "a whole number"),
@@ -76,7 +76,10 @@ def test_derived_addresses_follow_the_vpc():
     ({"sshPublicKey": "not-a-key"}, "sshPublicKey", "OpenSSH public key"),
     ({"amiId": "ubuntu"}, "amiId", "AMI id"),
     ({"nvidiaDriverBranch": "latest"}, "nvidiaDriverBranch", "three-digit"),
-])
+]
+
+
+@pytest.mark.parametrize("values, key, allowed", BAD_VALUES)
 def test_bad_value_is_refused_naming_setting_value_and_what_is_allowed(values, key, allowed):
     found = [p for p in problems(**values) if p.startswith(f"{key}: ")]
     assert len(found) == 1, problems(**values)
