@@ -20,7 +20,8 @@ class ControlNodeArgs:
 
 class ControlNode(pulumi.ComponentResource):
     public_ip: pulumi.Output[str]
-    instance: "aws.ec2.Instance"
+    instance: aws.ec2.Instance
+    eip_association: aws.ec2.EipAssociation
     user_data: pulumi.Output[str]
 
     def __init__(self, name: str, args: ControlNodeArgs, opts: pulumi.ResourceOptions | None = None):
@@ -30,7 +31,7 @@ class ControlNode(pulumi.ComponentResource):
         self.user_data = args.user_data_for_public_ip(address.public_ip)
         self.instance = ec2.launch(f"{name}-instance", dataclasses.replace(args.node, user_data=self.user_data),
                                    parent=self)
-        aws.ec2.EipAssociation(f"{name}-eip-association", allocation_id=address.allocation_id,
-                               instance_id=self.instance.id, opts=child)
+        self.eip_association = aws.ec2.EipAssociation(
+            f"{name}-eip-association", allocation_id=address.allocation_id, instance_id=self.instance.id, opts=child)
         self.public_ip = address.public_ip
         self.register_outputs({"publicIp": self.public_ip, "privateIp": self.instance.private_ip})

@@ -16,8 +16,9 @@ READINESS_SCRIPT = "wait-cluster-ready.sh"
 class ReadinessGateArgs:
     connection: command.remote.ConnectionArgs
     node_ips: Sequence[str]  # every node that must be Ready, control plane included
-    nodes: Sequence[pulumi.Resource]  # the instances behind those IPs
+    nodes: Sequence[pulumi.CustomResource]  # the instances behind those IPs
     timeout_seconds: int
+    after: Sequence[pulumi.Resource] = ()  # e.g. the Elastic IP association SSH goes through
 
 
 class ReadinessGate(pulumi.ComponentResource):
@@ -25,7 +26,6 @@ class ReadinessGate(pulumi.ComponentResource):
         super().__init__("testbed:cluster:ReadinessGate", name, None, opts)
         self.command = remote_script.run_script(
             f"{name}-wait", READINESS_SCRIPT, [str(args.timeout_seconds), *args.node_ips], args.connection,
-            parent=self, depends_on=args.nodes,
-            # A replaced node must be waited for again.
-            triggers=[n.id for n in args.nodes if isinstance(n, pulumi.CustomResource)])
+            parent=self, depends_on=[*args.nodes, *args.after],
+            triggers=[n.id for n in args.nodes])  # a replaced node must be waited for again
         self.register_outputs({"stdout": self.command.stdout})

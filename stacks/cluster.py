@@ -35,7 +35,7 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
         connection=connection,
         node_ips=[s.control_private_ip, *s.worker_private_ips],
         nodes=[infra.control.instance, *(w.instance for w in infra.workers)],
-        timeout_seconds=READINESS_TIMEOUT_SECONDS))
+        timeout_seconds=READINESS_TIMEOUT_SECONDS, after=[infra.control.eip_association]))
     kubeconfig = identity.kubeconfig(f"testbed-{s.stack}", infra.control.public_ip, host_layout.API_SERVER_PORT)
     provider = k8s.Provider("testbed-k8s", kubeconfig=kubeconfig,
                             opts=pulumi.ResourceOptions(depends_on=[gate]))

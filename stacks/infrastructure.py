@@ -52,10 +52,11 @@ def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) ->
     ami = s.ami_id or ec2.ubuntu_ami(network)
     authorized_keys = (s.ssh_public_key,) if s.ssh_public_key else ()
 
-    def node(role: str, instance_type: str, private_ip: str, root_gb: int, spot: bool = False) -> ec2.NodeSpec:
+    def node(role: str, instance_type: str, private_ip: str, root_gb: int, user_data: pulumi.Input[str] = "",
+             spot: bool = False) -> ec2.NodeSpec:
         return ec2.NodeSpec(role=role, instance_type=instance_type, ami_id=ami, subnet_id=network.subnet_id,
                             security_group_id=network.security_group_id, key_name=ssh.key_name,
-                            private_ip=private_ip, root_volume_gb=root_gb, user_data="", spot=spot)
+                            private_ip=private_ip, root_volume_gb=root_gb, user_data=user_data, spot=spot)
 
     def control_user_data(public_ip: pulumi.Output[str]) -> pulumi.Output[str]:
         return pulumi.Output.all(public_ip, identity.bootstrap_token, identity.ca_cert_pem, identity.ca_key_pem).apply(
@@ -76,10 +77,9 @@ def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) ->
             nvidia_container_toolkit_version=s.nvidia_container_toolkit_version,
             control_plane_ip=s.control_private_ip, bootstrap_token=v[0], ca_cert_hash=v[1],
             authorized_keys=authorized_keys)))
-    workers = []
-    for index, private_ip in enumerate(s.worker_private_ips):
-        spec = node("gpu-worker", s.worker_instance_type, private_ip, s.worker_root_volume_gb, s.spot_workers)
-        spec.user_data = worker_user_data
-        workers.append(GpuWorker(f"testbed-worker-{index}", spec, opts=opts))
+    workers = [GpuWorker(f"testbed-worker-{index}",
+                         node("gpu-worker", s.worker_instance_type, private_ip, s.worker_root_volume_gb,
+                              worker_user_data, s.spot_workers), opts=opts)
+               for index, private_ip in enumerate(s.worker_private_ips)]
     return Infrastructure(network=network, ssh=ssh, control=control, workers=workers,
                           worker_user_data=worker_user_data)

@@ -61,3 +61,8 @@ def test_secrets_stay_secret(default_run):
 def test_ssh_command_uses_the_public_ip_and_the_generated_key(default_run):
     assert default_run.outputs["sshCommand"].endswith(f"ssh -i testbed.pem ubuntu@{default_run.outputs['controlPlanePublicIp']}")
     assert default_run.outputs["sshPrivateKey"].startswith("-----BEGIN")
+
+
+def test_gate_dials_only_after_the_elastic_ip_points_at_the_control_node(default_run):
+    (association,) = by_type(default_run, "aws:ec2/eipAssociation:EipAssociation")
+    assert association.urn in default_run.named("testbed-readiness-wait").depends_on
