@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Control node: NFS export of the shared directory, Slurm state directory, kubeadm init with
 # the pre-made CA and token, and the Flannel CNI. Idempotent.
-set -euo pipefail
+set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$(dirname "$0")/testbed-lib.sh"
 load_env
@@ -9,29 +9,31 @@ require SHARE_DIR SHARE_EXPORT_CIDR SLURM_STATE_DIR SLURM_UID FLANNEL_VERSION KU
 
 log "NFS server exporting ${SHARE_DIR} to ${SHARE_EXPORT_CIDR}"
 apt_get install nfs-kernel-server git  # git: kubectl kustomize fetches remote overlays
-install -d -m 1777 "$SHARE_DIR"
-echo "${SHARE_DIR} ${SHARE_EXPORT_CIDR}(rw,sync,no_subtree_check)" >/etc/exports.d/testbed.exports
+install -d -m 1777 "${ROOT}${SHARE_DIR}"
+install -d -m 0755 "${ROOT}/etc/exports.d"
+echo "${SHARE_DIR} ${SHARE_EXPORT_CIDR}(rw,sync,no_subtree_check)" >"${ROOT}/etc/exports.d/testbed.exports"
 systemctl enable --now nfs-server >/dev/null
 exportfs -ra
 
 log "Slurm state directory ${SLURM_STATE_DIR} owned by ${SLURM_UID} (hostPath ignores fsGroup)"
-install -d -m 0750 -o "$SLURM_UID" -g "$SLURM_UID" "$SLURM_STATE_DIR"
+install -d -m 0750 -o "$SLURM_UID" -g "$SLURM_UID" "${ROOT}${SLURM_STATE_DIR}"
 
-export KUBECONFIG=/etc/kubernetes/admin.conf
+export KUBECONFIG=${ROOT}/etc/kubernetes/admin.conf
 if [ -f "$KUBECONFIG" ]; then
   log "kubeadm init already done"
 else
   log "kubeadm init"
-  [ -s /etc/kubernetes/pki/ca.key ] || die "the cluster CA was not delivered to /etc/kubernetes/pki"
-  kubeadm init --config "$KUBEADM_CONFIG" --upload-certs=false
+  [ -s "${ROOT}/etc/kubernetes/pki/ca.key" ] || die "the cluster CA was not delivered to /etc/kubernetes/pki"
+  kubeadm init --config "${ROOT}${KUBEADM_CONFIG}" --upload-certs=false
 fi
 
 retry 60 5 kubectl get --raw=/readyz >/dev/null || die "the API server did not become ready"
 
 log "Flannel ${FLANNEL_VERSION}"
 retry 10 15 kubectl apply -f \
-  "https://raw.githubusercontent.com/flannel-io/flannel/${FLANNEL_VERSION}/Documentation/kube-flannel.yml"
+  "https://raw.githubusercontent.com/flannel-io/flannel/${FLANNEL_VERSION}/Documentation/kube-flannel.yml" \
+  || die "cannot apply Flannel ${FLANNEL_VERSION}"
 
-install -d -m 0700 -o ubuntu -g ubuntu /home/ubuntu/.kube
-install -m 0600 -o ubuntu -g ubuntu "$KUBECONFIG" /home/ubuntu/.kube/config
+install -d -m 0700 -o ubuntu -g ubuntu "${ROOT}/home/ubuntu/.kube"
+install -m 0600 -o ubuntu -g ubuntu "$KUBECONFIG" "${ROOT}/home/ubuntu/.kube/config"
 log "control-plane done"

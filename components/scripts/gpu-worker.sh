@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU worker: NVIDIA driver and container toolkit (nvidia as containerd's default runtime),
 # the shared directory from the control node, then kubeadm join. Idempotent.
-set -euo pipefail
+set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$(dirname "$0")/testbed-lib.sh"
 load_env
@@ -18,13 +18,14 @@ fi
 nvidia-smi -L || die "nvidia-smi sees no GPU"
 
 log "nvidia-container-toolkit ${NVIDIA_CONTAINER_TOOLKIT_VERSION}"
-keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
-if [ ! -s "$keyring" ]; then
-  retry 5 10 curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey -o /tmp/nvidia-container.key
-  gpg --dearmor --yes -o "$keyring" /tmp/nvidia-container.key
+keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg  # as apt sees it; the file is ${ROOT}${keyring}
+if [ ! -s "${ROOT}${keyring}" ]; then
+  retry 5 10 curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey -o "${ROOT}/tmp/nvidia-container.key" \
+    || die "cannot download the nvidia-container-toolkit signing key"
+  gpg --dearmor --yes -o "${ROOT}${keyring}" "${ROOT}/tmp/nvidia-container.key"
 fi
 echo "deb [signed-by=${keyring}] https://nvidia.github.io/libnvidia-container/stable/deb/\$(ARCH) /" \
-  >/etc/apt/sources.list.d/nvidia-container-toolkit.list
+  >"${ROOT}/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 apt_get update
 toolkit="${NVIDIA_CONTAINER_TOOLKIT_VERSION}-1"
 apt_get install --allow-downgrades \
@@ -35,14 +36,14 @@ nvidia-ctk runtime configure --runtime=containerd --set-as-default
 systemctl restart containerd
 
 log "shared directory ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
-add_line /etc/fstab "${CONTROL_PLANE_IP}:${SHARE_DIR} ${SHARE_DIR} nfs4 rw,_netdev,nofail,timeo=600,retrans=5 0 0"
-mountpoint -q "$SHARE_DIR" || retry 60 20 mount "$SHARE_DIR" || die "cannot mount ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
+add_line "${ROOT}/etc/fstab" "${CONTROL_PLANE_IP}:${SHARE_DIR} ${SHARE_DIR} nfs4 rw,_netdev,nofail,timeo=600,retrans=5 0 0"
+mountpoint -q "${ROOT}${SHARE_DIR}" || retry 60 20 mount "${ROOT}${SHARE_DIR}" || die "cannot mount ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
 
-if [ -f /etc/kubernetes/kubelet.conf ]; then
+if [ -f "${ROOT}/etc/kubernetes/kubelet.conf" ]; then
   log "already joined"
 else
   log "kubeadm join ${CONTROL_PLANE_IP}:6443 (retried until the control plane answers)"
-  join() { kubeadm join --config "$KUBEADM_CONFIG" || { kubeadm reset -f >/dev/null 2>&1; false; }; }
+  join() { kubeadm join --config "${ROOT}${KUBEADM_CONFIG}" || { kubeadm reset -f >/dev/null 2>&1; false; }; }
   retry 20 30 join || die "kubeadm join did not succeed"
 fi
 log "gpu-worker done"

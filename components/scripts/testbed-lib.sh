@@ -2,14 +2,24 @@
 # Helpers shared by the node bootstrap scripts. Sourced, never run.
 # Parameters arrive in /etc/testbed/bootstrap.env, written by cloud-init.
 
-TESTBED_ENV=${TESTBED_ENV:-/etc/testbed/bootstrap.env}
+# Every host path the scripts touch is "${ROOT}/...": empty on a node (the real root), a
+# sandbox directory in the tests that run the scripts against stub commands.
+ROOT=${TESTBED_ROOT:-}
+TESTBED_ENV=${TESTBED_ENV:-${ROOT}/etc/testbed/bootstrap.env}
 
 log() { printf '%s testbed: %s\n' "$(date -u +%FT%TZ)" "$*"; }
 
 die() {
-  log "FAILED: $*"
+  log "FAILED: $*" >&2
   exit 1
 }
+
+# The scripts run under `set -Eeuo pipefail`: a failing command stops them, and this says which.
+on_error() {
+  local status=$?
+  die "${BASH_SOURCE[1]##*/} line ${BASH_LINENO[0]}: ${BASH_COMMAND} (exit ${status})"
+}
+trap on_error ERR
 
 # retry ATTEMPTS DELAY_SECONDS COMMAND...: run COMMAND until it succeeds.
 retry() {
@@ -43,7 +53,8 @@ require() {
 
 # First boot races unattended-upgrades for the dpkg lock: wait for it rather than fail.
 apt_get() {
-  DEBIAN_FRONTEND=noninteractive retry 5 15 apt-get -o DPkg::Lock::Timeout=600 -y "$@"
+  DEBIAN_FRONTEND=noninteractive retry 5 15 apt-get -o DPkg::Lock::Timeout=600 -y "$@" \
+    || die "apt-get $*"
 }
 
 # add_line FILE LINE: append LINE to FILE once.

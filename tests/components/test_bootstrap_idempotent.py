@@ -1,0 +1,458 @@
+"""The node bootstrap scripts, run for real against stub system commands, twice.
+
+Each test builds a sandbox: the files cloud-init writes (taken from the rendered user-data)
+under a root directory the scripts reach through TESTBED_ROOT, and a PATH of stub commands
+that log their calls and emulate just enough state (kubeadm init writes admin.conf, the
+driver install makes nvidia-smi work, mount makes mountpoint true). Only a few real tools
+(bash, sed, grep, ...) are on PATH, so a system command without a stub fails the run instead
+of touching the host; the tools that write files refuse paths outside the sandbox.
+
+Idempotency is the scripts' own: a second run must not init or join again, fetch keys again
+or duplicate a repository, export or fstab line, and must leave every file as the first run
+left it. A failing step must stop the run with a FAILED line that names it.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import bootstrap, host_layout
+from stacks import settings
+from stacks.offline import placeholder_key_pem
+from tests.conftest import config
+
+S = settings.load(config())
+PAUSE = "registry.k8s.io/pause:3.10.1"
+KERNEL = "6.8.0-1015-aws"
+ALWAYS = 1_000_000
+NODE_SCRIPTS = ("testbed-lib.sh", "node-common.sh", "control-plane.sh", "gpu-worker.sh")
+K8S_LIST = "/etc/apt/sources.list.d/kubernetes.list"
+TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+FSTAB = ("LABEL=cloudimg-rootfs\t/\text4\tdiscard,commit=30,errors=remount-ro\t0 1\n"
+         "/swapfile none swap sw 0 0\n")
+
+# What `containerd --version` and `containerd config default` print, per major version.
+CONTAINERD = {
+    "1.7": ("containerd github.com/containerd/containerd 1.7.28 b98a3aace656320842a23f4a392a33f46af97866",
+            """version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.8"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+""", f'    sandbox_image = "{PAUSE}"'),
+    "2.x": ("containerd github.com/containerd/containerd/v2 v2.1.4 75cb2b7193e4e490e9fbdc236c0e811ccaba3376",
+            """version = 3
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = 'registry.k8s.io/pause:3.10'
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = 'io.containerd.runc.v2'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      SystemdCgroup = false
+""", f"    sandbox = '{PAUSE}'"),
+}
+
+# Every stub: log the call, fail if a rule in $STUB_FAILS says so ("N PREFIX": the first N
+# calls starting with PREFIX fail), and offer `guard` against writing outside the sandbox.
+PROLOGUE = r"""#!{bash}
+set -u
+call="${0##*/} $*"
+printf '%s\n' "$call" >>"$STUB_CALLS"
+if [ -f "$STUB_FAILS" ]; then
+  while read -r times prefix; do
+    case $call in "$prefix"*) ;; *) continue ;; esac
+    seen=0
+    while IFS= read -r line; do
+      case $line in "$prefix"*) seen=$((seen + 1)) ;; esac
+    done <"$STUB_CALLS"
+    if [ "$seen" -le "$times" ]; then
+      echo "stub: $call fails (injected)" >&2
+      exit 1
+    fi
+  done <"$STUB_FAILS"
+fi
+guard() {
+  local p
+  for p in "$@"; do
+    case $p in
+      /dev/null | "$TESTBED_ROOT"/*) ;;
+      /*) echo "stub: $p is outside the sandbox $TESTBED_ROOT" >&2; exit 97 ;;
+    esac
+  done
+}
+option() {  # option FLAG ARGS...: the value after FLAG
+  local flag=$1
+  shift
+  while [ $# -gt 1 ]; do
+    if [ "$1" = "$flag" ]; then printf '%s' "$2"; return; fi
+    shift
+  done
+}
+"""
+
+STUBS = {
+    # Commands whose effect the tests read from the calls log only.
+    **{name: "" for name in ("apt-mark", "modprobe", "sysctl", "swapoff", "systemctl", "exportfs",
+                             "nvidia-ctk", "sleep")},
+    "apt-get": """case " $* " in *" nvidia-headless-"*) : >"$STUB_STATE/driver-installed" ;; esac
+""",
+    "uname": f"""[ "${{1:-}}" = -r ] && echo {KERNEL}
+""",
+    "curl": """out=$(option -o "$@")
+guard "$out"
+echo "key downloaded by the curl stub" >"$out"
+""",
+    "gpg": """out=$(option -o "$@")
+guard "$out"
+echo "keyring written by the gpg stub" >"$out"
+""",
+    "containerd": """case "$*" in
+  --version) cat "$STUB_STATE/containerd-version" ;;
+  "config default") cat "$STUB_STATE/containerd-default.toml" ;;
+  *) exit 2 ;;
+esac
+""",
+    "kubeadm": f"""kube=$TESTBED_ROOT/etc/kubernetes
+case "$1" in
+  config) printf '%s\\n' registry.k8s.io/kube-apiserver:v{S.kubernetes_version} \\
+            registry.k8s.io/coredns/coredns:v1.12.1 {PAUSE} registry.k8s.io/etcd:3.6.4-0 ;;
+  init | join)
+    config=$(option --config "$@")
+    [ -f "$config" ] || {{ echo "stub kubeadm: no config at $config" >&2; exit 2; }}
+    mkdir -p "$kube"
+    if [ "$1" = init ]; then echo admin >"$kube/admin.conf"; else echo kubelet >"$kube/kubelet.conf"; fi ;;
+  reset) rm -f "$kube/kubelet.conf" ;;
+  *) exit 2 ;;
+esac
+""",
+    "kubectl": """case "$*" in
+  get\\ --raw=/readyz) [ -f "${KUBECONFIG:-}" ] || { echo "stub kubectl: no kubeconfig" >&2; exit 1; } ;;
+esac
+""",
+    "nvidia-smi": """[ -f "$STUB_STATE/driver-installed" ] || { echo "NVIDIA-SMI has failed: no driver" >&2; exit 9; }
+echo "GPU 0: NVIDIA A10G (UUID: GPU-00000000-0000-0000-0000-000000000000)"
+""",
+    "mountpoint": """[ -f "$STUB_STATE/mounted" ]
+""",
+    "mount": """guard "$@"
+: >"$STUB_STATE/mounted"
+""",
+    # Real file tools, confined to the sandbox; install drops -o/-g (chown needs root).
+    "install": """args=()
+while [ $# -gt 0 ]; do
+  case $1 in -o | -g) shift 2 ;; *) args+=("$1"); shift ;; esac
+done
+guard "${args[@]}"
+exec {install} "${args[@]}"
+""",
+    "sed": """guard "${@: -1}"
+exec {sed} "$@"
+""",
+    "touch": """guard "$@"
+exec {touch} "$@"
+""",
+}
+REAL_TOOLS = ("bash", "env", "cat", "date", "dirname", "grep", "mkdir", "rm", "tee")
+
+
+def redirect_targets_outside_root(text: str) -> list[str]:
+    """Literal absolute paths a script redirects into: each must be /dev/null ("${ROOT}/..." otherwise)."""
+    return [t for t in re.findall(r"\d?>>?\s*[\"']?(/[^\s;|&)\"']*)", text) if t != "/dev/null"]
+
+
+def control_user_data() -> str:
+    private_pem, _, _ = placeholder_key_pem("idempotency-ca")
+    return bootstrap.control_plane_user_data(bootstrap.ControlPlaneBootstrap(
+        kubernetes_version=S.kubernetes_version, kubernetes_minor=S.kubernetes_minor,
+        flannel_version=S.flannel_version, private_ip=S.control_private_ip, public_ip="198.51.100.7",
+        share_export_cidr=S.subnet_cidr, bootstrap_token="abcdef.0123456789abcdef",
+        ca_cert_pem="-----BEGIN CERTIFICATE-----\nstub\n-----END CERTIFICATE-----\n", ca_key_pem=private_pem))
+
+
+def worker_user_data() -> str:
+    _, public_pem, _ = placeholder_key_pem("idempotency-ca")
+    return bootstrap.gpu_worker_user_data(bootstrap.WorkerBootstrap(
+        kubernetes_version=S.kubernetes_version, kubernetes_minor=S.kubernetes_minor,
+        nvidia_driver_branch=S.nvidia_driver_branch,
+        nvidia_container_toolkit_version=S.nvidia_container_toolkit_version,
+        control_plane_ip=S.control_private_ip, bootstrap_token="abcdef.0123456789abcdef",
+        ca_cert_hash=bootstrap.discovery_token_ca_cert_hash(public_pem)))
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    calls: list[str]
+
+    def failed_lines(self) -> list[str]:
+        return [line for line in self.output.splitlines() if "testbed: FAILED:" in line]
+
+
+def count(calls: list[str], prefix: str) -> int:
+    return sum(c.startswith(prefix) for c in calls)
+
+
+class Sandbox:
+    def __init__(self, base: Path, user_data: str, containerd: str = "2.x"):
+        self.base, self.root = base, base / "root"
+        self.bin, self.tools, self.state = base / "bin", base / "tools", base / "state"
+        self.calls_log, self.fails = base / "calls.log", base / "fails"
+        for d in (self.bin, self.tools, self.state):
+            d.mkdir(parents=True)
+        self.calls_log.touch()
+        self._stubs()
+        # The image: what Ubuntu and its packages provide before the scripts run.
+        for d in ("etc/modules-load.d", "etc/sysctl.d", "etc/apt/sources.list.d", "usr/share/keyrings",
+                  "tmp", "home/ubuntu", "var/log"):
+            (self.root / d).mkdir(parents=True)
+        self.write("/etc/fstab", FSTAB)
+        version, default_config, _ = CONTAINERD[containerd]
+        (self.state / "containerd-version").write_text(version + "\n")
+        (self.state / "containerd-default.toml").write_text(default_config)
+        # What cloud-init writes, then the command it runs, pointed at the sandbox.
+        doc = yaml.safe_load(user_data)
+        for f in doc["write_files"]:
+            self.write(f["path"], f["content"]).chmod(int(f["permissions"], 8))
+        bash_c = doc["runcmd"][0]
+        assert bash_c[:2] == ["bash", "-c"] and bootstrap.NODE_SCRIPT_DIR in bash_c[2]
+        self.command = [self.tools / "bash", "-c", bash_c[2]
+                        .replace(bootstrap.NODE_SCRIPT_DIR, f"{self.root}{bootstrap.NODE_SCRIPT_DIR}")
+                        .replace(host_layout.BOOTSTRAP_LOG, f"{self.root}{host_layout.BOOTSTRAP_LOG}")]
+        # Confinement relies on this: a literal path redirect would write to the host.
+        for name in NODE_SCRIPTS:
+            assert not redirect_targets_outside_root(bootstrap.script(name)), name
+
+    def _stubs(self) -> None:
+        real = {name: shutil.which(name) for name in (*REAL_TOOLS, "install", "sed", "touch")}
+        assert all(real.values()), real
+        for name in REAL_TOOLS:
+            (self.tools / name).symlink_to(real[name])
+        for name, body in STUBS.items():
+            if name in ("install", "sed", "touch"):
+                body = body.replace("{" + name + "}", real[name])
+            stub = self.bin / name
+            stub.write_text(PROLOGUE.replace("{bash}", real["bash"]) + body)
+            stub.chmod(0o755)
+
+    def path(self, host_path: str) -> Path:
+        return self.root / host_path.lstrip("/")
+
+    def write(self, host_path: str, content: str) -> Path:
+        p = self.path(host_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(content)
+        return p
+
+    def read(self, host_path: str) -> str:
+        return self.path(host_path).read_text()
+
+    def fail(self, prefix: str, times: int = ALWAYS) -> None:
+        with self.fails.open("a") as f:
+            f.write(f"{times} {prefix}\n")
+
+    def snapshot(self) -> dict[str, bytes]:
+        """Every file under the root but the bootstrap log, which each run appends to by design."""
+        return {str(p.relative_to(self.root)): p.read_bytes() for p in sorted(self.root.rglob("*"))
+                if p.is_file() and p != self.path(host_layout.BOOTSTRAP_LOG)}
+
+    def run(self) -> Run:
+        before = len(self.calls_log.read_text().splitlines())
+        env = {"PATH": f"{self.bin}:{self.tools}", "TESTBED_ROOT": str(self.root), "HOME": str(self.base),
+               "LC_ALL": "C", "STUB_CALLS": str(self.calls_log), "STUB_FAILS": str(self.fails),
+               "STUB_STATE": str(self.state)}
+        done = subprocess.run(self.command, env=env, cwd=self.base, capture_output=True, text=True, timeout=60)
+        calls = self.calls_log.read_text().splitlines()[before:]
+        return Run(done.returncode, done.stdout + done.stderr, calls)
+
+
+def succeeded(run: Run) -> Run:
+    assert run.returncode == 0, run.output
+    assert not run.failed_lines(), run.output
+    return run
+
+
+def lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+@pytest.mark.parametrize("containerd", sorted(CONTAINERD))
+def test_control_node_second_run_does_not_initialise_again(tmp_path, containerd):
+    box = Sandbox(tmp_path, control_user_data(), containerd)
+    first = succeeded(box.run())
+    after_first = box.snapshot()
+    second = succeeded(box.run())
+
+    assert count(first.calls, "kubeadm init ") == 1 and count(second.calls, "kubeadm init") == 0
+    assert "kubeadm init already done" in second.output
+    assert count(first.calls, "curl ") == 1 and count(first.calls, "gpg ") == 1
+    assert count(second.calls, "curl ") == 0 and count(second.calls, "gpg ") == 0  # keyring kept
+    assert lines(box.read(K8S_LIST)) == [
+        f"deb [signed-by=/etc/apt/keyrings/kubernetes-apt-keyring.gpg] "
+        f"https://pkgs.k8s.io/core:/stable:/v{S.kubernetes_minor}/deb/ /"]
+    assert lines(box.read("/etc/exports.d/testbed.exports")) == [
+        f"{host_layout.SHARE_DIR} {S.subnet_cidr}(rw,sync,no_subtree_check)"]
+    assert box.path(host_layout.SLURM_STATE_DIR).is_dir()
+    uid = host_layout.SLURM_UID
+    assert f"install -d -m 0750 -o {uid} -g {uid} {box.path(host_layout.SLURM_STATE_DIR)}" in second.calls
+    assert box.path(host_layout.SHARE_DIR).is_dir()
+    assert box.read("/home/ubuntu/.kube/config") == "admin\n"
+    assert lines(box.read("/etc/fstab")) == [FSTAB.splitlines()[0], "#/swapfile none swap sw 0 0"]
+    containerd_config = box.read(CONTAINERD_CONFIG)
+    assert "SystemdCgroup = true" in containerd_config and "SystemdCgroup = false" not in containerd_config
+    assert CONTAINERD[containerd][2] in lines(containerd_config)
+    assert box.snapshot() == after_first
+
+
+@pytest.mark.parametrize("containerd", sorted(CONTAINERD))
+def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
+    box = Sandbox(tmp_path, worker_user_data(), containerd)
+    first = succeeded(box.run())
+    after_first = box.snapshot()
+    second = succeeded(box.run())
+
+    assert count(first.calls, "kubeadm join ") == 1 and count(second.calls, "kubeadm join") == 0
+    assert "already joined" in second.output
+    assert count(first.calls, "kubeadm reset") == 0
+    driver = f"nvidia-headless-{S.nvidia_driver_branch}-server-open"
+    assert sum(driver in c for c in first.calls) == 1 and not any(driver in c for c in second.calls)
+    assert f"apt-get -o DPkg::Lock::Timeout=600 -y install linux-headers-{KERNEL} {driver}" \
+           f" nvidia-utils-{S.nvidia_driver_branch}-server" in first.calls
+    assert count(first.calls, "modprobe nvidia") == 1 and count(second.calls, "modprobe nvidia") == 0
+    assert count(first.calls, "curl ") == 2 and count(second.calls, "curl ") == 0  # both keyrings kept
+    assert lines(box.read(TOOLKIT_LIST)) == [
+        "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
+        "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /"]
+    assert len(lines(box.read(K8S_LIST))) == 1
+    nfs = [line for line in lines(box.read("/etc/fstab")) if " nfs4 " in line]
+    assert nfs == [f"{S.control_private_ip}:{host_layout.SHARE_DIR} {host_layout.SHARE_DIR} nfs4 "
+                   "rw,_netdev,nofail,timeo=600,retrans=5 0 0"]
+    assert count(first.calls, "mount ") == 1 and count(second.calls, "mount ") == 0
+    # Both runs reconfigure containerd the same way: default config, then nvidia-ctk.
+    for run in (first, second):
+        ctk = run.calls.index("nvidia-ctk runtime configure --runtime=containerd --set-as-default")
+        assert run.calls.index("containerd config default") < ctk
+    assert box.snapshot() == after_first
+
+
+@pytest.mark.parametrize("user_data, failing, named, not_run", [
+    (control_user_data, "kubeadm init", "kubeadm init --config", ("kubectl", "install -d -m 0700")),
+    (control_user_data, "modprobe br_netfilter", "modprobe br_netfilter", ("sysctl", "apt-get", "exportfs")),
+    (control_user_data, "apt-get -o DPkg::Lock::Timeout=600 -y install nfs-kernel-server",
+     "apt-get install nfs-kernel-server", ("install -d -m 1777", "exportfs", "kubeadm init")),
+    (control_user_data, "kubectl apply", "cannot apply Flannel", ("install -d -m 0700",)),
+    (worker_user_data, "modprobe nvidia", "nvidia kernel module does not load", ("nvidia-ctk", "kubeadm join")),
+    (worker_user_data, "nvidia-ctk", "nvidia-ctk runtime configure", ("mount", "kubeadm join")),
+    (worker_user_data, "kubeadm join", "kubeadm join did not succeed", ()),
+], ids=["kubeadm-init", "modprobe-br_netfilter", "apt-nfs-server", "flannel", "modprobe-nvidia", "nvidia-ctk",
+        "kubeadm-join"])
+def test_a_failing_step_stops_the_bootstrap_with_a_message_naming_it(tmp_path, user_data, failing, named, not_run):
+    box = Sandbox(tmp_path, user_data())
+    box.fail(failing)
+    run = box.run()
+    assert run.returncode != 0, run.output
+    failed = run.failed_lines()
+    assert failed and named in failed[-1], run.output
+    last_failure = max(i for i, c in enumerate(run.calls) if c.startswith(failing))
+    after = run.calls[last_failure + 1:]
+    assert not [c for c in after if c.startswith(not_run)], after
+    assert not any(line.endswith(("control-plane done", "gpu-worker done")) for line in lines(run.output))
+
+
+def test_a_retried_step_that_never_succeeds_is_retried_the_stated_number_of_times(tmp_path):
+    box = Sandbox(tmp_path, worker_user_data())
+    box.fail("kubeadm join")
+    run = box.run()
+    assert run.returncode != 0
+    assert count(run.calls, "kubeadm join") == 20 and count(run.calls, "kubeadm reset -f") == 20
+    assert "gave up after 20 attempts: join" in run.output
+
+
+@pytest.mark.parametrize("user_data, missing, script", [
+    (control_user_data, "KUBERNETES_MINOR", "node-common.sh"),
+    (control_user_data, "SLURM_UID", "control-plane.sh"),
+    (worker_user_data, "CONTROL_PLANE_IP", "gpu-worker.sh"),
+])
+def test_a_missing_parameter_stops_the_script_before_it_changes_anything(tmp_path, user_data, missing, script):
+    box = Sandbox(tmp_path, user_data())
+    env = box.read(bootstrap.ENV_FILE)
+    assert f"\n{missing}=" in "\n" + env
+    box.write(bootstrap.ENV_FILE, "".join(line for line in env.splitlines(keepends=True)
+                                          if not line.startswith(f"{missing}=")))
+    run = box.run()
+    assert run.returncode != 0
+    assert f"FAILED: parameter {missing} is not set in {box.path(bootstrap.ENV_FILE)}" in run.output
+    if script == "node-common.sh":
+        assert run.calls == []
+    else:  # node-common needs no such parameter and ran in full; the role script ran nothing
+        assert "node-common done" in run.output
+        assert run.calls[-1] == f"install -d -m 0755 {box.path(host_layout.SHARE_DIR)}"
+
+
+def test_a_missing_parameter_file_stops_the_script(tmp_path):
+    box = Sandbox(tmp_path, control_user_data())
+    box.path(bootstrap.ENV_FILE).unlink()
+    run = box.run()
+    assert run.returncode != 0 and run.calls == []
+    assert f"FAILED: parameter file {box.path(bootstrap.ENV_FILE)} is missing" in run.output
+
+
+def test_a_containerd_config_without_the_keys_to_set_stops_node_common(tmp_path):
+    box = Sandbox(tmp_path, control_user_data(), "2.x")
+    (box.state / "containerd-default.toml").write_text("version = 3\n")
+    run = box.run()
+    assert run.returncode != 0
+    assert "FAILED: containerd 2.x config has no SystemdCgroup key to set" in run.output
+    assert count(run.calls, "systemctl restart containerd") == 0
+
+
+def test_kubeadm_join_is_retried_after_a_reset_until_it_succeeds_without_sleeping(tmp_path):
+    box = Sandbox(tmp_path, worker_user_data())
+    box.fail("kubeadm join", times=2)
+    started = time.monotonic()
+    first = succeeded(box.run())
+    assert time.monotonic() - started < 10
+    kubeadm = [c.split()[1] for c in first.calls if c.startswith(("kubeadm join", "kubeadm reset"))]
+    assert kubeadm == ["join", "reset", "join", "reset", "join"]
+    assert "kubeadm reset -f" in first.calls
+    join_at = first.calls.index(next(c for c in first.calls if c.startswith("kubeadm join")))
+    assert first.calls[join_at:].count("sleep 30") == 2
+    assert box.read("/etc/kubernetes/kubelet.conf") == "kubelet\n"
+    second = succeeded(box.run())
+    assert count(second.calls, "kubeadm ") == 1  # only `config images list`, from node-common
+
+
+def test_the_stubbed_commands_cover_every_command_the_node_scripts_run(tmp_path):
+    """A command without a stub is 'not found' in the sandbox: a clean run proves none is missing."""
+    for role, user_data in (("control", control_user_data()), ("worker", worker_user_data())):
+        box = Sandbox(tmp_path / role, user_data)
+        run = succeeded(box.run())
+        assert "command not found" not in run.output
+        assert {c.split()[0] for c in run.calls} <= set(STUBS)
+
+
+def test_redirect_check_catches_a_literal_host_path():
+    assert redirect_targets_outside_root('echo x >/etc/exports.d/a\necho y >> /etc/fstab\nfoo 2>/dev/null\n') == [
+        "/etc/exports.d/a", "/etc/fstab"]
+    assert redirect_targets_outside_root('echo x >"/etc/fstab"\n') == ["/etc/fstab"]
+    assert redirect_targets_outside_root('echo x >"${ROOT}/etc/fstab"\n') == []
+
+
+def test_without_a_sandbox_root_the_scripts_use_the_real_paths():
+    lib = bootstrap.SCRIPTS_DIR / "testbed-lib.sh"
+    result = subprocess.run(["bash", "-c", f'unset TESTBED_ROOT TESTBED_ENV; . "{lib}"; printf "%s|%s" "$ROOT" "$TESTBED_ENV"'],
+                            capture_output=True, text=True, check=True)
+    assert result.stdout == f"|{bootstrap.ENV_FILE}"
