@@ -150,42 +150,37 @@ def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[s
     return text
 
 
-def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
-    params = {
-        "KUBERNETES_VERSION": p.kubernetes_version,
-        "KUBERNETES_MINOR": p.kubernetes_minor,
-        "FLANNEL_VERSION": p.flannel_version,
-        "SHARE_DIR": host_layout.SHARE_DIR,
-        "SHARE_EXPORT_CIDR": p.share_export_cidr,
-        "SLURM_STATE_DIR": host_layout.SLURM_STATE_DIR,
-        "SLURM_UID": str(host_layout.SLURM_UID),
-        "KUBEADM_CONFIG": KUBEADM_CONFIG,
-    }
+def _node_user_data(role_script: str, kubernetes_version: str, kubernetes_minor: str, role_params: dict[str, str],
+                    kubeadm_config: str, role_files: list[dict], authorized_keys: tuple[str, ...]) -> str:
+    """Every node: its parameter file, its kubeadm config, node-common.sh, then its role's script."""
+    params = {"KUBERNETES_VERSION": kubernetes_version, "KUBERNETES_MINOR": kubernetes_minor,
+              "SHARE_DIR": host_layout.SHARE_DIR, "KUBEADM_CONFIG": KUBEADM_CONFIG, **role_params}
     files = [
         _file(ENV_FILE, env_file(params), "0600"),
-        _file(KUBEADM_CONFIG, kubeadm_init_config(p), "0600"),
+        _file(KUBEADM_CONFIG, kubeadm_config, "0600"),
+        *role_files,
+        *_script_files("node-common.sh", role_script),
+    ]
+    return cloud_config(files, _run("node-common.sh", role_script), authorized_keys)
+
+
+def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
+    return _node_user_data(
+        "control-plane.sh", p.kubernetes_version, p.kubernetes_minor,
+        {"FLANNEL_VERSION": p.flannel_version, "SHARE_EXPORT_CIDR": p.share_export_cidr,
+         "SLURM_STATE_DIR": host_layout.SLURM_STATE_DIR, "SLURM_UID": str(host_layout.SLURM_UID)},
+        kubeadm_init_config(p),
         # kubeadm init keeps a CA it finds here: the program minted it, so workers can
         # verify the API server from its public key before the control plane exists.
-        _file("/etc/kubernetes/pki/ca.crt", p.ca_cert_pem, "0644"),
-        _file("/etc/kubernetes/pki/ca.key", p.ca_key_pem, "0600"),
-        *_script_files("node-common.sh", "control-plane.sh"),
-    ]
-    return cloud_config(files, _run("node-common.sh", "control-plane.sh"), p.authorized_keys)
+        [_file("/etc/kubernetes/pki/ca.crt", p.ca_cert_pem, "0644"),
+         _file("/etc/kubernetes/pki/ca.key", p.ca_key_pem, "0600")],
+        p.authorized_keys)
 
 
 def gpu_worker_user_data(p: WorkerBootstrap) -> str:
-    params = {
-        "KUBERNETES_VERSION": p.kubernetes_version,
-        "KUBERNETES_MINOR": p.kubernetes_minor,
-        "NVIDIA_DRIVER_BRANCH": p.nvidia_driver_branch,
-        "NVIDIA_CONTAINER_TOOLKIT_VERSION": p.nvidia_container_toolkit_version,
-        "CONTROL_PLANE_IP": p.control_plane_ip,
-        "SHARE_DIR": host_layout.SHARE_DIR,
-        "KUBEADM_CONFIG": KUBEADM_CONFIG,
-    }
-    files = [
-        _file(ENV_FILE, env_file(params), "0600"),
-        _file(KUBEADM_CONFIG, kubeadm_join_config(p), "0600"),
-        *_script_files("node-common.sh", "gpu-worker.sh"),
-    ]
-    return cloud_config(files, _run("node-common.sh", "gpu-worker.sh"), p.authorized_keys)
+    return _node_user_data(
+        "gpu-worker.sh", p.kubernetes_version, p.kubernetes_minor,
+        {"NVIDIA_DRIVER_BRANCH": p.nvidia_driver_branch,
+         "NVIDIA_CONTAINER_TOOLKIT_VERSION": p.nvidia_container_toolkit_version,
+         "CONTROL_PLANE_IP": p.control_plane_ip},
+        kubeadm_join_config(p), [], p.authorized_keys)

@@ -23,7 +23,8 @@ def _is_kubernetes_object(r: RecordedResource) -> bool:
 
 def plan_elements(rec: Recording) -> list[dict[str, Any]]:
     return [{"urn": r.urn, "type": r.type, "name": r.name, "parent": r.parent or None,
-             "dependsOn": r.depends_on, "inputs": redact(r.inputs)} for r in rec.resources]
+             "dependsOn": r.depends_on, "inputs": redact(r.inputs)}
+            for r in sorted(rec.resources, key=lambda r: r.urn)]
 
 
 def _component_of(r: RecordedResource, by_urn: dict[str, RecordedResource]) -> str:
@@ -161,17 +162,17 @@ def render(rec: Recording, out: Path) -> list[Path]:
                          "version": inputs.get("version"),
                          "repo": (inputs.get("repositoryOpts") or {}).get("repo")})
         path = out / "values" / f"{name}.yaml"
-        _write(path, yaml.safe_dump(inputs.get("values") or {}, sort_keys=False))
+        _write(path, yaml.safe_dump(inputs.get("values") or {}, sort_keys=True))
         written.append(path)
     path = out / "releases.json"
-    _write(path, json.dumps(releases, indent=2) + "\n")
+    _write(path, json.dumps(releases, indent=2, sort_keys=True) + "\n")
     written.append(path)
 
     for obj in manifests:
         manifest = {k: v for k, v in obj.items() if k in ("apiVersion", "kind", "metadata", "spec", "data",
                                                            "stringData", "type", "rules", "roleRef", "subjects")}
         path = _manifest_path(out, manifest)
-        _write(path, yaml.safe_dump(manifest, sort_keys=False))
+        _write(path, yaml.safe_dump(manifest, sort_keys=True))
         written.append(path)
     (out / "manifests").mkdir(parents=True, exist_ok=True)
 

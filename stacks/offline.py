@@ -62,6 +62,18 @@ class Recording:
 # ---------------------------------------------------------------------- values
 
 
+def whole_numbers(value: Any) -> Any:
+    """The engine carries every number as a double; providers write whole ones as integers
+    (401, not 401.0), and so does render."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value
+
+
 def is_secret(value: Any) -> bool:
     return isinstance(value, dict) and value.get(_SECRET_SIG) == _SECRET_VALUE
 
@@ -172,7 +184,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
     def RegisterResource(self, request):  # noqa: N802 - gRPC method name
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
-            inputs = rpc.deserialize_properties(request.object, keep_unknowns=True)
+            inputs = whole_numbers(rpc.deserialize_properties(request.object, keep_unknowns=True))
             self.recorded.append(RecordedResource(
                 urn=response.urn, type=request.type, name=request.name, parent=request.parent,
                 depends_on=sorted(set(request.dependencies)), inputs=inputs,
