@@ -35,26 +35,28 @@ def _component_of(r: RecordedResource, by_urn: dict[str, RecordedResource]) -> s
     return f"{top.name} ({top.type})"
 
 
+def _detail(r: RecordedResource) -> str | None:
+    """What the plan says about one resource beyond its type: instance size, chart version."""
+    if r.type == INSTANCE:
+        return r.inputs.get("instanceType")
+    if r.type == HELM_RELEASE:
+        return f"{r.inputs.get('name')} {r.inputs.get('version')}"
+    return None
+
+
 def plan_text(rec: Recording, cost_line: str) -> str:
     by_urn = {r.urn: r for r in rec.resources}
-    groups: dict[str, Counter] = {}
+    groups: dict[str, dict[str, list[str | None]]] = {}
     for r in rec.resources:
-        if r.type.startswith("testbed:"):
-            continue  # a component heads its own group
-        groups.setdefault(_component_of(r, by_urn), Counter())[r.type] += 1
+        if not r.type.startswith("testbed:"):  # a component heads its own group
+            groups.setdefault(_component_of(r, by_urn), {}).setdefault(r.type, []).append(_detail(r))
     lines = []
     for group in sorted(groups):
         lines.append(group)
-        for typ, n in sorted(groups[group].items()):
-            extra = ""
-            if typ == INSTANCE:
-                kinds = Counter(x.inputs.get("instanceType") for x in rec.of_type(INSTANCE)
-                                if _component_of(x, by_urn) == group)
-                extra = "  " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items()))
-            if typ == HELM_RELEASE:
-                extra = "  " + ", ".join(f"{x.inputs.get('name')} {x.inputs.get('version')}"
-                                         for x in rec.of_type(HELM_RELEASE) if _component_of(x, by_urn) == group)
-            lines.append(f"  {n:3d}  {typ}{extra}")
+        for typ, details in sorted(groups[group].items()):
+            named = Counter(d for d in details if d)
+            extra = "  " + ", ".join(f"{d} x{n}" if n > 1 else d for d, n in sorted(named.items())) if named else ""
+            lines.append(f"  {len(details):3d}  {typ}{extra}")
     lines.append("install order on the cluster (<- waits for):")
     lines += install_order(rec)
     lines.append(f"{len(rec.resources)} resources")

@@ -11,7 +11,7 @@ import hashlib
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pulumi
 import yaml
@@ -62,42 +62,36 @@ class Recording:
 # ---------------------------------------------------------------------- values
 
 
-def whole_numbers(value: Any) -> Any:
-    """The engine carries every number as a double; providers write whole ones as integers
-    (401, not 401.0), and so does render."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: whole_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [whole_numbers(v) for v in value]
-    return value
-
-
 def is_secret(value: Any) -> bool:
     return isinstance(value, dict) and value.get(_SECRET_SIG) == _SECRET_VALUE
 
 
+def _walk(value: Any, on_secret: Callable[[dict], Any], on_leaf: Callable[[Any], Any] = lambda v: v) -> Any:
+    """Rebuild `value`, handing each secret wrapper to `on_secret` and each plain leaf to `on_leaf`."""
+    if is_secret(value):
+        return on_secret(value)
+    if isinstance(value, dict):
+        return {k: _walk(v, on_secret, on_leaf) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_walk(v, on_secret, on_leaf) for v in value]
+    return on_leaf(value)
+
+
+def whole_numbers(value: Any) -> Any:
+    """The engine carries every number as a double; providers write whole ones as integers
+    (401, not 401.0), and so does render."""
+    return _walk(value, on_secret=lambda s: {**s, "value": whole_numbers(s["value"])},
+                 on_leaf=lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)
+
+
 def reveal(value: Any) -> Any:
     """The value as deployed, secrets unwrapped (render writes exactly what is deployed)."""
-    if is_secret(value):
-        return reveal(value["value"])
-    if isinstance(value, dict):
-        return {k: reveal(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [reveal(v) for v in value]
-    return value
+    return _walk(value, on_secret=lambda s: reveal(s["value"]))
 
 
 def redact(value: Any) -> Any:
     """The value with every secret replaced by "[secret]" (plan output)."""
-    if is_secret(value):
-        return SECRET_TEXT
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
+    return _walk(value, on_secret=lambda s: SECRET_TEXT)
 
 
 def _digest(*parts: str) -> str:

@@ -39,7 +39,7 @@ def test_plan_config_override_changes_the_worker_count(capsys):
 def test_plan_text_groups_by_component_and_prices_the_hour(capsys):
     assert cli.main(["plan"]) == 0
     out = capsys.readouterr().out
-    assert "testbed-control (testbed:aws:ControlNode)" in out and "t3.medium x1" in out
+    assert "testbed-control (testbed:aws:ControlNode)" in out and "aws:ec2/instance:Instance  t3.medium" in out
     assert "estimated cost: $" in out and "/hour" in out
 
 
