@@ -38,5 +38,7 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
         timeout_seconds=READINESS_TIMEOUT_SECONDS, after=[infra.control.eip_association]))
     kubeconfig = identity.kubeconfig(f"testbed-{s.stack}", infra.control.public_ip, host_layout.API_SERVER_PORT)
     provider = k8s.Provider("testbed-k8s", kubeconfig=kubeconfig,
+                            # a cluster that is already gone must not block `pulumi destroy`
+                            delete_unreachable=True,
                             opts=pulumi.ResourceOptions(depends_on=[gate]))
     return ClusterAccess(gate=gate, kubeconfig=kubeconfig, provider=provider, control_connection=connection)

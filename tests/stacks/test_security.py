@@ -83,6 +83,8 @@ def test_nothing_blocks_pulumi_destroy(default_run):
     assert pv.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     step = default_run.named("testbed-training-operator-install")
     assert "delete" in step.inputs["delete"]
+    (provider,) = by_type(default_run, "pulumi:providers:kubernetes")
+    assert provider.inputs["deleteUnreachable"] == "true"  # provider config travels as strings
 
 
 def test_render_writes_no_load_balancer_or_node_port(tmp_path, default_run):
