@@ -1,0 +1,61 @@
+import json
+
+from components import cert_manager, device_plugin, monitoring
+from stacks.offline import is_secret, reveal
+from tests.conftest import by_type, run_program
+
+RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def test_dashboards_become_configmaps_the_grafana_sidecar_loads(default_run):
+    stack_values = reveal(next(r for r in by_type(default_run, RELEASE) if r.inputs["name"] == "monitoring").inputs)
+    sidecar = stack_values["values"]["grafana"]["sidecar"]["dashboards"]
+    assert sidecar["enabled"] is True
+    maps = by_type(default_run, "kubernetes:core/v1:ConfigMap")
+    assert {m.inputs["metadata"]["name"] for m in maps} == {f"dashboard-{p.stem}" for p in monitoring.DASHBOARDS_DIR.glob("*.json")}
+    for m in maps:
+        # the sidecar's default label, in Grafana's own namespace (its default search scope)
+        assert m.inputs["metadata"]["labels"] == {"grafana_dashboard": "1"}
+        assert m.inputs["metadata"]["namespace"] == stack_values["namespace"]
+        (text,) = m.inputs["data"].values()
+        assert json.loads(text)["panels"]
+
+
+def test_grafana_password_is_generated_and_secret(default_run):
+    (password,) = [r for r in by_type(default_run, "random:index/randomPassword:RandomPassword") if "grafana" in r.name]
+    stack = next(r for r in by_type(default_run, RELEASE) if r.inputs["name"] == "monitoring")
+    assert is_secret(stack.inputs["values"])
+    assert reveal(stack.inputs["values"])["grafana"]["adminPassword"] == password.outputs["result"]
+    assert default_run.outputs["grafanaAdminPassword"] == password.outputs["result"]
+    assert "grafanaAdminPassword" in default_run.secret_outputs
+
+
+def test_dcgm_exporter_runs_on_gpu_workers_and_keeps_the_holder_labels():
+    values = monitoring.dcgm_values("4.7.1")
+    assert values["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert values["serviceMonitor"]["honorLabels"] is True
+    assert values["kubernetes"]["enablePodLabels"] is True
+    assert values["serviceMonitor"]["additionalLabels"] == monitoring.service_monitor_labels()
+
+
+def test_prometheus_stack_is_light_and_selects_by_release_label():
+    values = monitoring.stack_values("80.9.2")
+    assert values["alertmanager"]["enabled"] is False and values["grafana"]["enabled"] is True
+    assert values["fullnameOverride"] == monitoring.RELEASE
+    assert monitoring.service_monitor_labels() == {"release": monitoring.RELEASE}
+    assert monitoring.prometheus_url() == "http://monitoring-prometheus.monitoring.svc:9090"
+
+
+def test_device_plugin_never_sets_fail_on_init_error_and_toggles_feature_discovery():
+    assert "failOnInitError" not in device_plugin.device_plugin_values("0.17.0", False)
+    assert device_plugin.device_plugin_values("0.17.0", False)["gfd"]["enabled"] is False
+    assert device_plugin.device_plugin_values("0.17.0", True)["gfd"]["enabled"] is True
+    rec = run_program(gpuFeatureDiscovery=True)
+    plugin = next(r for r in by_type(rec, RELEASE) if r.inputs["name"] == "nvidia-device-plugin")
+    assert plugin.inputs["values"]["gfd"]["enabled"] is True
+    assert plugin.inputs["namespace"] != "default"  # the chart refuses it
+
+
+def test_cert_manager_installs_its_crds():
+    values = cert_manager.cert_manager_values("v1.19.2")
+    assert values["crds"]["enabled"] is True and "installCRDs" not in values
