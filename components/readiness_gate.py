@@ -15,8 +15,9 @@ READINESS_SCRIPT = "wait-cluster-ready.sh"
 @dataclass
 class ReadinessGateArgs:
     connection: command.remote.ConnectionArgs
+    region: str  # for the console-log command printed on failure
     node_ips: Sequence[str]  # every node that must be Ready, control plane included
-    nodes: Sequence[pulumi.CustomResource]  # the instances behind those IPs
+    nodes: Sequence[pulumi.CustomResource]  # the instances behind those IPs, same order
     timeout_seconds: int
     after: Sequence[pulumi.Resource] = ()  # e.g. the Elastic IP association SSH goes through
 
@@ -24,8 +25,9 @@ class ReadinessGateArgs:
 class ReadinessGate(pulumi.ComponentResource):
     def __init__(self, name: str, args: ReadinessGateArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:cluster:ReadinessGate", name, None, opts)
+        named_nodes = [pulumi.Output.concat(ip, "=", node.id) for ip, node in zip(args.node_ips, args.nodes)]
         self.command = remote_script.run_script(
-            f"{name}-wait", READINESS_SCRIPT, [str(args.timeout_seconds), *args.node_ips], args.connection,
+            f"{name}-wait", READINESS_SCRIPT, [str(args.timeout_seconds), args.region, *named_nodes], args.connection,
             parent=self, depends_on=[*args.nodes, *args.after],
             triggers=[n.id for n in args.nodes])  # a replaced node must be waited for again
         self.register_outputs({"stdout": self.command.stdout})

@@ -10,11 +10,12 @@ import pulumi_command as command
 from components import bootstrap
 
 
-def sudo_script_command(arguments: Sequence[str]) -> str:
-    return " ".join(["sudo", "bash", "-s", "--", *(shlex.quote(str(a)) for a in arguments)])
+def sudo_script_command(arguments: Sequence[pulumi.Input[str]]) -> pulumi.Output[str]:
+    return pulumi.Output.all(*arguments).apply(
+        lambda args: " ".join(["sudo", "bash", "-s", "--", *(shlex.quote(str(a)) for a in args)]))
 
 
-def run_script(name: str, script_name: str, arguments: Sequence[str], connection: command.remote.ConnectionArgs,
+def run_script(name: str, script_name: str, arguments: Sequence[pulumi.Input[str]], connection: command.remote.ConnectionArgs,
                parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] = (),
                delete_arguments: Sequence[str] | None = None, triggers: Sequence[pulumi.Input] = (),
                timeout: str = "60m") -> command.remote.Command:

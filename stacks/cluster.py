@@ -33,6 +33,7 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
     connection = infra.ssh.connection(infra.control.public_ip)
     gate = ReadinessGate("testbed-readiness", ReadinessGateArgs(
         connection=connection,
+        region=s.region,
         node_ips=[s.control_private_ip, *s.worker_private_ips],
         nodes=[infra.control.instance, *(w.instance for w in infra.workers)],
         timeout_seconds=READINESS_TIMEOUT_SECONDS, after=[infra.control.eip_association]))

@@ -24,23 +24,25 @@ class Infrastructure:
     worker_user_data: pulumi.Output[str]
 
 
-def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Input[str]:
-    """The configured zone, or the first (sorted) zone of the region that offers the worker type."""
-    if s.availability_zone:
-        return s.availability_zone
+def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Output[str]:
+    """The configured zone, or the first (sorted) zone of the region that offers the worker
+    type; either way a zone that does not offer it stops the program with a clear message."""
     offerings = aws.ec2.get_instance_type_offerings_output(
         location_type="availability-zone",
         filters=[{"name": "instance-type", "values": [s.worker_instance_type]},
                  {"name": "location", "values": [f"{s.region}*"]}],
         opts=opts)
 
-    def first_zone(zones: list[str]) -> str:
+    def choose(zones: list[str]) -> str:
         if not zones:
             raise pulumi.RunError(f"workerInstanceType: \"{s.worker_instance_type}\" is not offered in any zone "
                                   f"of region {s.region}; choose another region or instance type")
-        return sorted(zones)[0]
+        if s.availability_zone and s.availability_zone not in zones:
+            raise pulumi.RunError(f"availabilityZone: \"{s.availability_zone}\" does not offer "
+                                  f"{s.worker_instance_type}; zones that do: {', '.join(sorted(zones))}")
+        return s.availability_zone or sorted(zones)[0]
 
-    return offerings.locations.apply(first_zone)
+    return offerings.locations.apply(choose)
 
 
 def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) -> Infrastructure:

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Readiness gate, run over SSH on the control node: cloud-init finished there, then every
-# expected node (by private IP) is Ready. Usage: wait-cluster-ready.sh TIMEOUT_SECONDS IP...
+# expected node is Ready. Nodes are named by private IP and EC2 instance id.
+# Usage: wait-cluster-ready.sh TIMEOUT_SECONDS REGION IP=INSTANCE_ID...
 set -euo pipefail
 timeout_seconds=$1
-shift
-expected_ips=("$@")
+region=$2
+shift 2
+expected=("$@")
 bootstrap_log=/var/log/testbed-bootstrap.log
 export KUBECONFIG=/etc/kubernetes/admin.conf
 
@@ -13,7 +15,6 @@ report_failure() {
   if [ -r "$KUBECONFIG" ]; then kubectl get nodes -o wide >&2 || true; fi
   echo "--- last lines of ${bootstrap_log} on the control node:" >&2
   tail -n 40 "$bootstrap_log" >&2 || true
-  echo "--- on a worker, read the same file: ssh -J ubuntu@<controlPlanePublicIp> ubuntu@<workerPrivateIp>" >&2
   exit 1
 }
 
@@ -31,13 +32,20 @@ deadline=$((SECONDS + timeout_seconds))
 while :; do
   missing=()
   states=$(node_states 2>/dev/null || true)
-  for ip in "${expected_ips[@]}"; do
-    grep -qxF "${ip} True" <<<"$states" || missing+=("$ip")
+  for node in "${expected[@]}"; do
+    grep -qxF "${node%%=*} True" <<<"$states" || missing+=("$node")
   done
   if [ "${#missing[@]}" -eq 0 ]; then
-    echo "all ${#expected_ips[@]} nodes Ready"
+    echo "all ${#expected[@]} nodes Ready"
     exit 0
   fi
-  [ "$SECONDS" -lt "$deadline" ] || report_failure "not Ready after ${timeout_seconds}s: ${missing[*]}"
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    for node in "${missing[@]}"; do
+      # cloud-init copies the bootstrap output to the instance console.
+      echo "node ${node%%=*} (instance ${node#*=}) is not Ready; its bootstrap log:" \
+        "aws ec2 get-console-output --region ${region} --instance-id ${node#*=} --latest --output text | tail -n 60" >&2
+    done
+    report_failure "not Ready after ${timeout_seconds}s: ${missing[*]%%=*}"
+  fi
   sleep 15
 done

@@ -75,3 +75,14 @@ def test_a_worker_type_the_region_does_not_offer_is_refused_by_name():
 
     with pytest.raises(pulumi.RunError, match='workerInstanceType: "g5.xlarge" is not offered in any zone of region eu-west-1'):
         offline.run(config(region="eu-west-1", workerInstanceType="g5.xlarge"), mocks=NoOfferings())
+
+
+def test_a_configured_zone_that_does_not_offer_the_worker_type_is_refused():
+    import pulumi
+    import pytest
+
+    from stacks import offline
+    from tests.conftest import config
+
+    with pytest.raises(pulumi.RunError, match='availabilityZone: "us-east-1e" does not offer g4dn.xlarge; zones that do: us-east-1a'):
+        offline.run(config(availabilityZone="us-east-1e"))

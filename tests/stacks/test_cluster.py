@@ -24,8 +24,8 @@ def test_gate_runs_the_readiness_script_on_the_control_node_as_ubuntu(default_ru
     assert is_secret(gate.inputs["connection"])  # it carries the private key
     from components import bootstrap
     assert reveal(gate.inputs["stdin"]) == bootstrap.script("wait-cluster-ready.sh")
-    timeout = int(gate.inputs["create"].split()[4])
-    assert timeout >= 30 * 60
+    timeout, region = gate.inputs["create"].split()[4:6]
+    assert int(timeout) >= 30 * 60 and region == default_run.settings.region
 
 
 def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_client_cert(default_run):

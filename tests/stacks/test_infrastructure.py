@@ -23,9 +23,9 @@ def test_worker_count_changes_instances_gate_and_outputs(count):
     worker_ips = sorted(w.inputs["privateIp"] for w in workers)
     assert sorted(rec.outputs["workerPrivateIps"]) == worker_ips
     gate = rec.named("testbed-readiness-wait")
-    waited_for = gate.inputs["create"].split()[5:]  # sudo bash -s -- TIMEOUT IP...
-    control_ip = instances(rec, "control-plane")[0].inputs["privateIp"]
-    assert sorted(waited_for) == sorted([control_ip, *worker_ips])
+    waited_for = gate.inputs["create"].split()[6:]  # sudo bash -s -- TIMEOUT REGION IP=INSTANCE...
+    nodes = [*instances(rec, "control-plane"), *workers]
+    assert sorted(waited_for) == sorted(f"{n.inputs['privateIp']}={n.name}-placeholder" for n in nodes)
     assert {w.urn for w in workers} <= set(gate.depends_on)
 
 
