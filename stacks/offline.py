@@ -48,6 +48,7 @@ class Recording:
     resources: list[RecordedResource]
     outputs: dict[str, Any]
     secret_outputs: set[str]
+    invokes: list[tuple[str, str]]
 
     def of_type(self, type_token: str) -> list[RecordedResource]:
         return [r for r in self.resources if r.type == type_token]
@@ -126,7 +127,12 @@ def placeholder_cert_pem(name: str) -> str:
 
 
 class TestbedMocks(pulumi.runtime.Mocks):
-    """Returns inputs plus the computed outputs the program reads, as placeholders."""
+    """Returns inputs plus the computed outputs the program reads, as placeholders, and
+    records every invoke as (token, provider reference)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.invokes: list[tuple[str, str]] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
@@ -154,6 +160,7 @@ class TestbedMocks(pulumi.runtime.Mocks):
         return f"{name}-placeholder", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs):
+        self.invokes.append((args.token, args.provider or ""))
         if args.token == "aws:ec2/getAmi:getAmi":
             return {"id": "ami-0placeholder000000", "imageId": "ami-0placeholder000000",
                     "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-placeholder"}
@@ -231,4 +238,5 @@ def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None =
                 secret_names.add(name)
 
     _sync_await(run_pulumi_func(program))
-    return Recording(settings=settings, resources=monitor.recorded, outputs=resolved, secret_outputs=secret_names)
+    return Recording(settings=settings, resources=monitor.recorded, outputs=resolved, secret_outputs=secret_names,
+                     invokes=mocks.invokes)

@@ -49,6 +49,10 @@ def test_every_aws_resource_uses_the_region_pinned_provider(default_run):
     for r in default_run.resources:
         if r.type.startswith("aws:"):
             assert r.provider.startswith(provider.urn + "::"), r.name
+    # lookups too: an AMI id or a zone from another region would be wrong here
+    assert {token for token, _ in default_run.invokes} == {"aws:ec2/getAmi:getAmi",
+                                                          "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"}
+    assert all(ref.startswith(provider.urn + "::") for _, ref in default_run.invokes), default_run.invokes
 
 
 def test_secrets_are_pulumi_secrets_and_never_in_the_clear(default_run, capsys):
