@@ -218,7 +218,7 @@ def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None =
     """Validate settings, then run the whole program under mocks and resolve its outputs."""
     from stacks import testbed
 
-    settings = settings_mod.load(config, stack=stack)  # raises SettingsError before any resource
+    settings = settings_mod.load(config, stack=stack, offline=True)  # raises SettingsError before any resource
     asyncio.set_event_loop(asyncio.new_event_loop())
     reset_options(project=settings_mod.PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_all_config(config)
@@ -230,7 +230,7 @@ def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None =
     secret_names: set[str] = set()
 
     async def program() -> None:
-        outputs = testbed.build(settings_mod.from_pulumi())
+        outputs = testbed.build(settings_mod.from_pulumi(offline=True))
         for name, output in outputs.items():
             out = pulumi.Output.from_input(output)
             resolved[name] = await out.future()

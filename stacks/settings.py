@@ -258,9 +258,15 @@ def _quote(raw: Any) -> str:
     return f'"{raw}"'
 
 
-def load(config: Mapping[str, Any], stack: str = "dev") -> Settings:
+# RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
+# plan runs as shipped, but nobody can connect from one, so a deployment refuses them.
+DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+
+
+def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -> Settings:
     """Build Settings from project-prefixed config (`gpu-testbed:key` -> value), or raise
-    SettingsError listing every problem."""
+    SettingsError listing every problem. `offline` (plan, render, tests) accepts the example
+    adminCidr from a documentation range; a deployment does not."""
     problems: list[str] = []
     prefix = PROJECT + ":"
     given = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
@@ -284,6 +290,12 @@ def load(config: Mapping[str, Any], stack: str = "dev") -> Settings:
         values[s.attribute] = value
 
     problems += _cross_checks(values, problems)
+    if not offline and "adminCidr" in given and not any(p.startswith("adminCidr:") for p in problems):
+        network = ipaddress.ip_network(values["admin_cidr"])
+        if any(network.subnet_of(d) for d in DOCUMENTATION_NETWORKS if d.version == network.version):
+            problems.append(f'adminCidr: "{values["admin_cidr"]}" is a documentation example address nobody '
+                            'connects from; expected your own, e.g. pulumi config set adminCidr '
+                            '"$(curl -s https://checkip.amazonaws.com)/32"')
     if problems:
         raise SettingsError(problems)
     return Settings(**values, stack=stack)
@@ -319,10 +331,10 @@ def _cross_checks(v: dict[str, Any], earlier: list[str]) -> list[str]:
     return out
 
 
-def from_pulumi() -> Settings:
+def from_pulumi(offline: bool = False) -> Settings:
     """Settings from the running Pulumi program's config (the only reader of it)."""
     import pulumi
     from pulumi.runtime import config as runtime_config
 
     config = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
-    return load(config, stack=pulumi.get_stack())
+    return load(config, stack=pulumi.get_stack(), offline=offline)

@@ -28,7 +28,7 @@ from stacks import settings
 from stacks.offline import placeholder_key_pem
 from tests.conftest import config
 
-S = settings.load(config())
+S = settings.load(config(), offline=True)
 PAUSE = "registry.k8s.io/pause:3.10.1"
 KERNEL = "6.8.0-1015-aws"
 ALWAYS = 1_000_000

@@ -12,7 +12,7 @@ KINDS = {str: "string", int: "integer", bool: "boolean"}
 
 def problems(**values) -> list[str]:
     with pytest.raises(settings.SettingsError) as error:
-        settings.load(config(**values))
+        settings.load(config(**values), offline=True)
     return error.value.problems
 
 
@@ -33,12 +33,12 @@ def test_settings_attributes_match_the_table():
 
 def test_example_stack_file_loads():
     from stacks import offline
-    loaded = settings.load(offline.stack_config("dev"))
+    loaded = settings.load(offline.stack_config("dev"), offline=True)
     assert loaded.worker_count == 4 and loaded.region == "us-east-1"
 
 
 def test_derived_addresses_follow_the_vpc():
-    s = settings.load(config(vpcCidr="10.8.0.0/16", workerCount=3))
+    s = settings.load(config(vpcCidr="10.8.0.0/16", workerCount=3), offline=True)
     assert s.subnet_cidr == "10.8.0.0/24"
     assert s.control_private_ip == "10.8.0.10"
     assert s.worker_private_ips == ["10.8.0.20", "10.8.0.21", "10.8.0.22"]
@@ -88,12 +88,12 @@ def test_bad_value_is_refused_naming_setting_value_and_what_is_allowed(values, k
 
 def test_missing_admin_cidr_is_refused():
     with pytest.raises(settings.SettingsError) as error:
-        settings.load({})
+        settings.load({}, offline=True)
     assert error.value.problems == [f"adminCidr: missing; required: {settings.SETTINGS_BY_KEY['adminCidr'].description}"]
 
 
 def test_open_ingress_is_accepted_only_with_the_opt_in():
-    assert settings.load(config(adminCidr="0.0.0.0/0", allowOpenIngress=True)).admin_cidr == "0.0.0.0/0"
+    assert settings.load(config(adminCidr="0.0.0.0/0", allowOpenIngress=True), offline=True).admin_cidr == "0.0.0.0/0"
 
 
 def test_unknown_key_suggests_the_closest_setting():
@@ -104,3 +104,13 @@ def test_unknown_key_suggests_the_closest_setting():
 def test_every_problem_is_reported_at_once_and_none_twice():
     found = problems(workerCount="x", region="nowhere", kedaCooldownSeconds="0", adminCidr="bad")
     assert sorted(p.split(":")[0] for p in found) == ["adminCidr", "kedaCooldownSeconds", "region", "workerCount"]
+
+
+def test_a_deployment_refuses_the_example_documentation_address_offline_runs_accept():
+    example = config()  # adminCidr 203.0.113.7/32, as in Pulumi.dev.yaml
+    assert settings.load(example, offline=True).admin_cidr == "203.0.113.7/32"
+    with pytest.raises(settings.SettingsError) as error:
+        settings.load(example)
+    (problem,) = error.value.problems
+    assert problem.startswith('adminCidr: "203.0.113.7/32" is a documentation example address')
+    assert settings.load(config(adminCidr="81.2.69.0/28")).admin_cidr == "81.2.69.0/28"
