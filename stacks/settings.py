@@ -21,7 +21,6 @@ SUBNET_PREFIX = 24
 
 # On-demand GPU types with NVIDIA GPUs the bootstrap supports (driver + toolkit path).
 NVIDIA_GPU_INSTANCE_FAMILIES = ("g4dn", "g5", "g6", "g6e", "gr6", "p3", "p4d", "p5")
-# Regions whose prices the cost table pins (stacks/pricing.py) and which offer g4dn.
 SLINKY_MIN_KUBERNETES = (1, 29)  # slurm-operator 1.0.0 Chart.yaml kubeVersion ">= 1.29.0-0"
 MIN_WORKER_ROOT_GB = 60  # driver (~2 GiB), CUDA images (~10 GiB each), Slurm images
 MIN_CONTROL_ROOT_GB = 20
