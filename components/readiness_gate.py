@@ -29,5 +29,7 @@ class ReadinessGate(pulumi.ComponentResource):
         self.command = remote_script.run_script(
             f"{name}-wait", READINESS_SCRIPT, [str(args.timeout_seconds), args.region, *named_nodes], args.connection,
             parent=self, depends_on=[*args.nodes, *args.after],
+            # longer than the script's own deadline, so its diagnosis is always printed
+            timeout=f"{args.timeout_seconds // 60 + 10}m",
             triggers=[n.id for n in args.nodes])  # a replaced node must be waited for again
         self.register_outputs({"stdout": self.command.stdout})

@@ -10,6 +10,9 @@ import pulumi_command as command
 from components import bootstrap
 
 
+DELETE_TIMEOUT = "10m"
+
+
 def sudo_script_command(arguments: Sequence[pulumi.Input[str]]) -> pulumi.Output[str]:
     return pulumi.Output.all(*arguments).apply(
         lambda args: " ".join(["sudo", "bash", "-s", "--", *(shlex.quote(str(a)) for a in args)]))
@@ -31,4 +34,6 @@ def run_script(name: str, script_name: str, arguments: Sequence[pulumi.Input[str
         stdin=bootstrap.script(script_name),
         triggers=list(triggers) or None,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on),
-                                    custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout)))
+                                    # an unreachable node must not hold `pulumi destroy` forever
+                                    custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout,
+                                                                          delete=DELETE_TIMEOUT)))

@@ -40,6 +40,7 @@ class RecordedResource:
     inputs: dict[str, Any]
     outputs: dict[str, Any] = field(default_factory=dict)
     provider: str = ""  # "<provider urn>::<id>" when an explicit provider is used
+    custom_timeouts: dict[str, str] = field(default_factory=dict)  # create/update/delete, when set
 
 
 @dataclass
@@ -189,7 +190,9 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             self.recorded.append(RecordedResource(
                 urn=response.urn, type=request.type, name=request.name, parent=request.parent,
                 depends_on=sorted(set(request.dependencies)), inputs=inputs,
-                outputs=self.resources[response.urn].state, provider=request.provider))
+                outputs=self.resources[response.urn].state, provider=request.provider,
+                custom_timeouts={k: v for k in ("create", "update", "delete")
+                                 if (v := getattr(request.customTimeouts, k))}))
         return response
 
 

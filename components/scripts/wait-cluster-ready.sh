@@ -18,6 +18,8 @@ report_failure() {
   exit 1
 }
 
+# One deadline for the whole gate, cloud-init included.
+deadline=$((SECONDS + timeout_seconds))
 status=0
 timeout "$timeout_seconds" cloud-init status --wait >/dev/null || status=$?
 # 2 means finished with recoverable ("degraded") errors: the bootstrap itself succeeded.
@@ -28,7 +30,6 @@ node_states() {
   kubectl get nodes -o jsonpath='{range .items[*]}{.status.addresses[?(@.type=="InternalIP")].address}{" "}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}'
 }
 
-deadline=$((SECONDS + timeout_seconds))
 while :; do
   missing=()
   states=$(node_states 2>/dev/null || true)

@@ -66,3 +66,19 @@ def test_ssh_command_uses_the_public_ip_and_the_generated_key(default_run):
 def test_gate_dials_only_after_the_elastic_ip_points_at_the_control_node(default_run):
     (association,) = by_type(default_run, "aws:ec2/eipAssociation:EipAssociation")
     assert association.urn in default_run.named("testbed-readiness-wait").depends_on
+
+
+def minutes(duration: str) -> int:
+    assert duration.endswith("m"), duration
+    return int(duration[:-1])
+
+
+def test_gate_step_outlasts_the_scripts_own_deadline_so_the_diagnosis_is_printed(default_run):
+    gate = default_run.named("testbed-readiness-wait")
+    script_seconds = int(gate.inputs["create"].split()[4])
+    assert minutes(gate.custom_timeouts["create"]) * 60 > script_seconds
+
+
+def test_no_remote_step_can_hold_destroy_forever(default_run):
+    for step in by_type(default_run, COMMAND):
+        assert minutes(step.custom_timeouts["delete"]) <= 15, step.name
