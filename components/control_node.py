@@ -27,7 +27,8 @@ class ControlNode(pulumi.ComponentResource):
     def __init__(self, name: str, args: ControlNodeArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:aws:ControlNode", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        address = aws.ec2.Eip(f"{name}-eip", domain="vpc", tags={"Name": f"{name}-eip"}, opts=child)
+        address = aws.ec2.Eip(f"{name}-eip", domain="vpc", tags={"Name": f"{name}-eip"},
+                              opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.node.after)))
         self.user_data = args.user_data_for_public_ip(address.public_ip)
         self.instance = ec2.launch(f"{name}-instance", dataclasses.replace(args.node, user_data=self.user_data),
                                    parent=self)

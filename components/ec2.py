@@ -1,7 +1,8 @@
 """The one way this project launches an EC2 node: hardened defaults in one place."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -22,6 +23,7 @@ class NodeSpec:
     root_volume_gb: int
     user_data: pulumi.Input[str]
     spot: bool = False
+    after: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the internet route
 
 
 def ubuntu_ami(parent: pulumi.Resource) -> pulumi.Output[str]:
@@ -33,13 +35,14 @@ def ubuntu_ami(parent: pulumi.Resource) -> pulumi.Output[str]:
         opts=pulumi.InvokeOptions(parent=parent)).id
 
 
-def launch(name: str, spec: NodeSpec, parent: pulumi.Resource,
-           depends_on: list[pulumi.Resource] | None = None) -> aws.ec2.Instance:
+def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instance:
     spot = None
     if spec.spot:
-        # Persistent + stop: an interrupted worker keeps its disk and rejoins when capacity returns.
+        # One-time + terminate: deleting the instance ends the request. A persistent request
+        # outlives the instance on `pulumi destroy`, relaunches into the subnet and blocks
+        # the VPC's deletion (hashicorp/terraform-provider-aws#38142).
         spot = {"market_type": "spot", "spot_options": {
-            "spot_instance_type": "persistent", "instance_interruption_behavior": "stop"}}
+            "spot_instance_type": "one-time", "instance_interruption_behavior": "terminate"}}
     return aws.ec2.Instance(
         name,
         ami=spec.ami_id,
@@ -59,7 +62,7 @@ def launch(name: str, spec: NodeSpec, parent: pulumi.Resource,
         instance_market_options=spot,
         tags={"Name": name, "testbed:role": spec.role, "testbed:stack": pulumi.get_stack()},
         opts=pulumi.ResourceOptions(
-            parent=parent, depends_on=depends_on,
+            parent=parent, depends_on=list(spec.after),
             # The private IP is fixed, so the old instance must go before its replacement;
             # a newer AMI found later must not replace a running node (pin amiId to move).
             delete_before_replace=True, ignore_changes=["ami"]))

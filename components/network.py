@@ -33,6 +33,9 @@ class Network(pulumi.ComponentResource):
     vpc_id: pulumi.Output[str]
     subnet_id: pulumi.Output[str]
     security_group_id: pulumi.Output[str]
+    # Nodes and addresses wait for the internet route: they boot with a way out, and on
+    # destroy the route goes only after them (and after everything reached through them).
+    internet_route: aws.ec2.RouteTableAssociation
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:aws:Network", name, None, opts)
@@ -40,14 +43,15 @@ class Network(pulumi.ComponentResource):
         vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=args.vpc_cidr, enable_dns_hostnames=True,
                           enable_dns_support=True, tags={"Name": f"{name}-vpc"},
                           opts=pulumi.ResourceOptions(parent=self))
-        subnet = self._create_public_subnet(vpc, args)
+        subnet, self.internet_route = self._create_public_subnet(vpc, args)
         self.security_group_id = self._create_node_security_group(vpc, args.admin_cidr).id
         self.vpc_id = vpc.id
         self.subnet_id = subnet.id
         self.register_outputs({"vpcId": self.vpc_id, "subnetId": self.subnet_id,
                                "securityGroupId": self.security_group_id})
 
-    def _create_public_subnet(self, vpc: aws.ec2.Vpc, args: NetworkArgs) -> aws.ec2.Subnet:
+    def _create_public_subnet(self, vpc: aws.ec2.Vpc,
+                              args: NetworkArgs) -> tuple[aws.ec2.Subnet, aws.ec2.RouteTableAssociation]:
         name, child = self._name, pulumi.ResourceOptions(parent=self)
         gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags={"Name": f"{name}-igw"}, opts=child)
         subnet = aws.ec2.Subnet(f"{name}-subnet", vpc_id=vpc.id, cidr_block=args.subnet_cidr,
@@ -56,9 +60,9 @@ class Network(pulumi.ComponentResource):
         routes = aws.ec2.RouteTable(f"{name}-routes", vpc_id=vpc.id,
                                     routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": gateway.id}],
                                     tags={"Name": f"{name}-routes"}, opts=child)
-        aws.ec2.RouteTableAssociation(f"{name}-routes-subnet", subnet_id=subnet.id, route_table_id=routes.id,
-                                      opts=child)
-        return subnet
+        association = aws.ec2.RouteTableAssociation(f"{name}-routes-subnet", subnet_id=subnet.id,
+                                                    route_table_id=routes.id, opts=child)
+        return subnet, association
 
     def _create_node_security_group(self, vpc: aws.ec2.Vpc, admin_cidr: str) -> aws.ec2.SecurityGroup:
         return aws.ec2.SecurityGroup(

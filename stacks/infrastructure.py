@@ -58,7 +58,8 @@ def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) ->
              spot: bool = False) -> ec2.NodeSpec:
         return ec2.NodeSpec(role=role, instance_type=instance_type, ami_id=ami, subnet_id=network.subnet_id,
                             security_group_id=network.security_group_id, key_name=ssh.key_name,
-                            private_ip=private_ip, root_volume_gb=root_gb, user_data=user_data, spot=spot)
+                            private_ip=private_ip, root_volume_gb=root_gb, user_data=user_data, spot=spot,
+                            after=[network.internet_route])
 
     def control_user_data(public_ip: pulumi.Output[str]) -> pulumi.Output[str]:
         return pulumi.Output.all(public_ip, identity.bootstrap_token, identity.ca_cert_pem, identity.ca_key_pem).apply(

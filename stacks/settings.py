@@ -136,7 +136,8 @@ SETTINGS: tuple[Setting, ...] = (
             _gpu_instance_type),
     Setting("workerCount", int, 4, "Number of GPU workers (and the most slurmd pods KEDA may run)."),
     Setting("spotWorkers", bool, False,
-            "Request the GPU workers as persistent spot instances that stop (not terminate) on interruption."),
+            "Request the GPU workers as one-time spot instances; an interrupted worker is terminated "
+            "and the next `pulumi up` replaces it."),
     Setting("controlRootVolumeGb", int, 40, "Control node root volume (gp3, encrypted), GiB.",
             _int_range(MIN_CONTROL_ROOT_GB, 16384)),
     Setting("workerRootVolumeGb", int, 100, "GPU worker root volume (gp3, encrypted), GiB.",

@@ -35,3 +35,18 @@ def by_type(rec: offline.Recording, token: str) -> list[offline.RecordedResource
     found = rec.of_type(token)
     assert found, f"no {token} registered"
     return found
+
+
+def depends(rec: offline.Recording, resource: offline.RecordedResource, on: offline.RecordedResource) -> bool:
+    """`resource` waits for `on`, directly or through its dependencies (and so, on destroy,
+    goes before it)."""
+    by_urn = {r.urn: r for r in rec.resources}
+    seen, todo = set(), list(resource.depends_on)
+    while todo:
+        urn = todo.pop()
+        if urn == on.urn:
+            return True
+        if urn not in seen and urn in by_urn:
+            seen.add(urn)
+            todo.extend(by_urn[urn].depends_on)
+    return False

@@ -1,5 +1,5 @@
 from components.network import ANYWHERE
-from tests.conftest import ADMIN_CIDR, by_type, run_program
+from tests.conftest import ADMIN_CIDR, by_type, depends, run_program
 
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 
@@ -86,3 +86,15 @@ def test_a_configured_zone_that_does_not_offer_the_worker_type_is_refused():
 
     with pytest.raises(pulumi.RunError, match='availabilityZone: "us-east-1e" does not offer g4dn.xlarge; zones that do: us-east-1a'):
         offline.run(config(availabilityZone="us-east-1e"))
+
+
+def test_nodes_and_the_elastic_ip_wait_for_the_internet_route_and_go_before_it_on_destroy(default_run):
+    (association,) = by_type(default_run, "aws:ec2/routeTableAssociation:RouteTableAssociation")
+    (gateway,) = by_type(default_run, "aws:ec2/internetGateway:InternetGateway")
+    waiting = [*by_type(default_run, "aws:ec2/instance:Instance"), *by_type(default_run, "aws:ec2/eip:Eip"),
+               *by_type(default_run, "aws:ec2/eipAssociation:EipAssociation")]
+    for r in waiting:
+        assert depends(default_run, r, association) and depends(default_run, r, gateway), r.name
+    # everything reached through the nodes (SSH steps, the Kubernetes provider) goes first on destroy
+    gate = default_run.named("testbed-readiness-wait")
+    assert depends(default_run, gate, association)

@@ -64,12 +64,12 @@ def test_ami_lookup_or_pin():
     assert {i.inputs["ami"] for i in by_type(rec, INSTANCE)} == {"ami-0123456789abcdef0"}
 
 
-def test_spot_workers_are_persistent_and_stop_on_interruption_and_cost_less():
+def test_spot_workers_are_one_time_requests_that_end_with_the_instance_and_cost_less():
     rec = run_program(spotWorkers=True)
     for worker in instances(rec, "gpu-worker"):
         options = worker.inputs["instanceMarketOptions"]
         assert options["marketType"] == "spot"
-        assert options["spotOptions"] == {"spotInstanceType": "persistent", "instanceInterruptionBehavior": "stop"}
+        assert options["spotOptions"] == {"spotInstanceType": "one-time", "instanceInterruptionBehavior": "terminate"}
     assert all("instanceMarketOptions" not in c.inputs for c in instances(rec, "control-plane"))
     on_demand = pricing.estimate(run_program().settings)
     spot = pricing.estimate(rec.settings)

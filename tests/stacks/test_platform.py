@@ -7,7 +7,7 @@ import yaml
 
 from components import monitoring, slurm_names
 from stacks.offline import reveal
-from tests.conftest import by_type, run_program
+from tests.conftest import by_type, depends, run_program
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 COMMAND = "command:remote:Command"
@@ -20,20 +20,6 @@ def release(rec, name):
 
 def command(rec, name):
     return rec.named(name)
-
-
-def depends(rec, resource, on) -> bool:
-    """`resource` waits for `on`, directly or through its dependencies."""
-    by_urn = {r.urn: r for r in rec.resources}
-    seen, todo = set(), list(resource.depends_on)
-    while todo:
-        urn = todo.pop()
-        if urn == on.urn:
-            return True
-        if urn not in seen and urn in by_urn:
-            seen.add(urn)
-            todo.extend(by_urn[urn].depends_on)
-    return False
 
 
 def test_every_release_is_pinned_and_named(default_run):
