@@ -49,5 +49,5 @@ class CertManager(pulumi.ComponentResource):
                                     args.provider, parent=self)
         # Dependents wait for this, not for the release: a Ready pod is not a working webhook.
         self.webhook_gate = webhook_gate(f"{name}-webhook-gate", webhook_probe(), webhook_health(),
-                                         args.control_connection, parent=self, depends_on=[self.release])
+                                         args.control_connection, parent=self, release=self.release)
         self.register_outputs({"release": self.release.name})

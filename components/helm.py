@@ -61,3 +61,8 @@ def release(name: str, chart: Chart, values: pulumi.Input[dict], provider: k8s.P
         atomic=True,  # a failed install is rolled back, so the next `pulumi up` starts clean
         timeout=RELEASE_TIMEOUT_SECONDS,
         opts=pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=list(depends_on)))
+
+
+def upgrade_triggers(release: k8s.helm.v3.Release) -> list[pulumi.Output]:
+    """What changes when `release` is upgraded: steps that prove it works run again then."""
+    return [release.version, release.values]

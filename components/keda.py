@@ -68,7 +68,7 @@ class Keda(pulumi.ComponentResource):
         metrics_api = remote_script.run_script(
             f"{name}-metrics-api", "wait-condition.sh",
             [str(APISERVICE_TIMEOUT_SECONDS), EXTERNAL_METRICS_API, "Available"], args.control_connection,
-            parent=self, depends_on=[self.release], triggers=[self.release.urn])
+            parent=self, depends_on=[self.release], triggers=helm.upgrade_triggers(self.release))
         manifest = scaled_object(args)
         self.scaled_object = k8s.apiextensions.CustomResource(
             f"{name}-scaled-object", api_version=manifest["apiVersion"], kind=manifest["kind"],

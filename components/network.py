@@ -8,9 +8,6 @@ import pulumi_aws as aws
 
 from components import host_layout
 
-ANYWHERE = ("0.0.0.0/0", "::/0")
-
-
 @dataclass
 class NetworkArgs:
     vpc_cidr: str
@@ -21,9 +18,8 @@ class NetworkArgs:
 
 def admin_ingress_rules(admin_cidr: str) -> list[dict]:
     """SSH (for the readiness gate and you) and the API server, from the admin range only."""
-    family = "ipv6_cidr_blocks" if ":" in admin_cidr else "cidr_blocks"
     return [
-        {"description": description, "protocol": "tcp", "from_port": port, "to_port": port, family: [admin_cidr]}
+        {"description": description, "protocol": "tcp", "from_port": port, "to_port": port, "cidr_blocks": [admin_cidr]}
         for description, port in (("SSH from the admin range", 22),
                                   ("Kubernetes API from the admin range", host_layout.API_SERVER_PORT))
     ]

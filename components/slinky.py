@@ -151,7 +151,7 @@ class Slinky(pulumi.ComponentResource):
                                 args.provider, parent=self, depends_on=[crds, *args.operator_after])
         # Ready pods are not enough: the caBundle must be injected and the API server must reach the pod.
         operator_gate = webhook_gate(f"{name}-operator-webhook-gate", operator_webhook_probe(self.names), None,
-                                     args.control_connection, parent=self, depends_on=[operator])
+                                     args.control_connection, parent=self, release=operator)
         pv = statesave_volume(self.names)
         self.statesave_volume = k8s.core.v1.PersistentVolume(
             f"{name}-statesave", metadata=pv["metadata"], spec=pv["spec"], opts=child)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Sequence
-
 import pulumi
 import pulumi_command as command
+import pulumi_kubernetes as k8s
 
-from components import remote_script
+from components import helm, remote_script
 
 GATE_SCRIPT = "wait-webhook.sh"
 GATE_TIMEOUT_SECONDS = 10 * 60
@@ -31,8 +30,7 @@ def gate_arguments(probe: dict, health: HealthCheck | None) -> list[str]:
 
 
 def webhook_gate(name: str, probe: dict, health: HealthCheck | None, connection: command.remote.ConnectionArgs,
-                 parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource]) -> command.remote.Command:
+                 parent: pulumi.Resource, release: k8s.helm.v3.Release) -> command.remote.Command:
+    """Passes once `release`'s webhook serves; proven again whenever the release is upgraded."""
     return remote_script.run_script(name, GATE_SCRIPT, gate_arguments(probe, health), connection,
-                                    parent=parent, depends_on=depends_on,
-                                    # a reinstalled webhook must be proven again
-                                    triggers=[d.urn for d in depends_on])
+                                    parent=parent, depends_on=[release], triggers=helm.upgrade_triggers(release))

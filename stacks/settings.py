@@ -54,13 +54,13 @@ def _optional(rule: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     return lambda v: None if v == "" else rule(v)
 
 
-def _cidr(v: str) -> str | None:
+def _ipv4_cidr(v: str) -> str | None:
+    """The VPC, the Elastic IP and so SSH and the API server are IPv4 only."""
     try:
-        if "/" not in v:
+        if "/" not in v or ipaddress.ip_network(v, strict=True).version != 4:
             raise ValueError(v)
-        ipaddress.ip_network(v, strict=True)
     except ValueError:
-        return "an IPv4 or IPv6 network in CIDR form with no host bits set, e.g. 203.0.113.7/32"
+        return "an IPv4 network in CIDR form with no host bits set, e.g. 203.0.113.7/32 (the testbed is IPv4 only)"
     return None
 
 
@@ -122,9 +122,9 @@ SETTINGS: tuple[Setting, ...] = (
             _optional(_matches(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]", "an availability zone name in the region, e.g. us-east-1a"))),
     Setting("adminCidr", str, None,
             "Who may reach SSH (22) and the API server (6443), e.g. your address as a.b.c.d/32. Required.",
-            _cidr),
+            _ipv4_cidr),
     Setting("allowOpenIngress", bool, False,
-            "Opt in to adminCidr 0.0.0.0/0 or ::/0 (SSH and the API server open to the internet)."),
+            "Opt in to adminCidr 0.0.0.0/0 (SSH and the API server open to the internet)."),
     Setting("vpcCidr", str, "10.0.0.0/16", "The testbed VPC's address range; the node subnet is its first /24.",
             _private_vpc_cidr),
     Setting("amiId", str, "",

@@ -1,7 +1,7 @@
-from components.network import ANYWHERE
 from tests.conftest import ADMIN_CIDR, by_type, depends, run_program
 
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+ANYWHERE = ("0.0.0.0/0", "::/0")
 
 
 def ingress_sources(rule: dict) -> list[str]:
@@ -26,13 +26,6 @@ def test_nodes_reach_each_other_on_every_port_for_vxlan_kubelet_nfs_and_webhooks
     internal = [r for r in group.inputs["ingress"] if r.get("self")]
     assert internal == [{"description": "all traffic between testbed nodes", "protocol": "-1",
                          "fromPort": 0, "toPort": 0, "self": True}]
-
-
-def test_ipv6_admin_range_goes_to_the_ipv6_rule_field():
-    rec = run_program(adminCidr="2001:db8::/64")
-    (group,) = by_type(rec, SECURITY_GROUP)
-    external = [r for r in group.inputs["ingress"] if ingress_sources(r)]
-    assert all(r["ipv6CidrBlocks"] == ["2001:db8::/64"] and "cidrBlocks" not in r for r in external)
 
 
 def test_open_ingress_only_with_the_explicit_opt_in():

@@ -170,3 +170,15 @@ def test_no_loadbalancer_or_nodeport_services_by_default(default_run):
     for r in by_type(default_run, RELEASE):
         text = yaml.safe_dump(reveal(r.inputs.get("values", {})))
         assert "LoadBalancer" not in text and "NodePort" not in text, r.inputs["name"]
+
+
+@pytest.mark.parametrize("gate, release_name", [("testbed-cert-manager-webhook-gate", "cert-manager"),
+                                                ("testbed-slinky-operator-webhook-gate", "slurm-operator"),
+                                                ("testbed-keda-metrics-api", "keda")])
+def test_gates_are_proven_again_when_their_release_is_upgraded(gate, release_name):
+    default, upgraded = run_program(), run_program(certManagerVersion="v1.19.3", slinkyVersion="1.0.1",
+                                                   kedaVersion="2.16.2")
+    for rec in (default, upgraded):
+        triggers = reveal(rec.named(gate).inputs["triggers"])
+        assert triggers[0] == release(rec, release_name).inputs["version"]
+    assert reveal(default.named(gate).inputs["triggers"]) != reveal(upgraded.named(gate).inputs["triggers"])
