@@ -31,6 +31,9 @@ class KedaArgs:
     provider: k8s.Provider
     control_connection: command.remote.ConnectionArgs
     scaled_object_after: Sequence[pulumi.Resource]  # the slurm chart that creates the NodeSet
+    # While KEDA's external-metrics APIService is registered but not yet serving, API
+    # discovery fails for every other client: install KEDA after everything else.
+    release_after: Sequence[pulumi.Resource] = ()
 
 
 def chart(version: str) -> helm.Chart:
@@ -63,7 +66,7 @@ class Keda(pulumi.ComponentResource):
     def __init__(self, name: str, args: KedaArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:platform:Keda", name, None, opts)
         self.release = helm.release(f"{name}-release", chart(args.version), keda_values(args.version),
-                                    args.provider, parent=self)
+                                    args.provider, parent=self, depends_on=args.release_after)
         # Until KEDA's metrics API is Available, API discovery (and so every apply) fails.
         metrics_api = remote_script.run_script(
             f"{name}-metrics-api", "wait-condition.sh",

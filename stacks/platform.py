@@ -1,8 +1,9 @@
 """Layer 3: everything that turns the bare cluster into the Under pattern (pulumi-kubernetes).
 
 Order, as dependencies: cert-manager -> its webhook gate -> slurm-operator -> its gate;
-monitoring (ServiceMonitor CRD) and the statesave PV -> slurm chart; KEDA and the slurm
-chart -> ScaledObject. The device plugin and the Training Operator need only the cluster."""
+monitoring (ServiceMonitor CRD) and the statesave PV -> slurm chart; everything else -> KEDA
+(its metrics API disturbs discovery while it starts) -> ScaledObject. The device plugin and
+the Training Operator need only the cluster."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,11 +41,12 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
         version=s.slinky_version, image_tag=s.slurm_image_tag, nodeset=s.nodeset_name,
         service_monitor_labels=service_monitor_labels(), provider=provider, control_connection=ssh,
         operator_after=[cert_manager.webhook_gate], cluster_after=[monitoring.stack]))
+    training_operator = TrainingOperator("testbed-training-operator", TrainingOperatorArgs(
+        version=s.training_operator_version, control_connection=ssh, after=[access.gate]))
     keda = Keda("testbed-keda", KedaArgs(
         version=s.keda_version, names=slinky.names, prometheus_url=monitoring.prometheus_url,
         min_replicas=s.keda_min_replicas, max_replicas=s.slurmd_max_replicas,
         cooldown_seconds=s.keda_cooldown_seconds, polling_seconds=s.keda_polling_seconds,
-        provider=provider, control_connection=ssh, scaled_object_after=[slinky.cluster]))
-    training_operator = TrainingOperator("testbed-training-operator", TrainingOperatorArgs(
-        version=s.training_operator_version, control_connection=ssh, after=[access.gate]))
+        provider=provider, control_connection=ssh, scaled_object_after=[slinky.cluster],
+        release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator]))
     return Platform(device_plugin, cert_manager, monitoring, slinky, keda, training_operator)

@@ -182,3 +182,13 @@ def test_gates_are_proven_again_when_their_release_is_upgraded(gate, release_nam
         triggers = reveal(rec.named(gate).inputs["triggers"])
         assert triggers[0] == release(rec, release_name).inputs["version"]
     assert reveal(default.named(gate).inputs["triggers"]) != reveal(upgraded.named(gate).inputs["triggers"])
+
+
+def test_keda_installs_after_every_other_cluster_step(default_run):
+    keda_component = default_run.named("testbed-keda")
+    others = [r for r in default_run.resources
+              if (r.type in (RELEASE, COMMAND) or r.type.startswith("kubernetes:core/"))
+              and r.parent != keda_component.urn]
+    assert len(others) >= 10
+    for r in others:
+        assert depends(default_run, release(default_run, "keda"), r), r.name
