@@ -27,10 +27,6 @@ def chart(version: str) -> helm.Chart:
     return helm.Chart(RELEASE, NAMESPACE, "cert-manager", version, REPO)
 
 
-def cert_manager_values(version: str) -> dict:
-    return helm.merged_values(chart(version), {})
-
-
 def webhook_probe() -> dict:
     """A ClusterIssuer the webhook must validate; only ever dry-run, never stored."""
     return {"apiVersion": "cert-manager.io/v1", "kind": "ClusterIssuer",
@@ -45,7 +41,7 @@ def webhook_health() -> HealthCheck:
 class CertManager(pulumi.ComponentResource):
     def __init__(self, name: str, args: CertManagerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:platform:CertManager", name, None, opts)
-        self.release = helm.release(f"{name}-release", chart(args.version), cert_manager_values(args.version),
+        self.release = helm.release(f"{name}-release", chart(args.version), helm.base_values(chart(args.version)),
                                     args.provider, parent=self)
         # Dependents wait for this, not for the release: a Ready pod is not a working webhook.
         self.webhook_gate = webhook_gate(f"{name}-webhook-gate", webhook_probe(), webhook_health(),

@@ -40,10 +40,6 @@ def chart(version: str) -> helm.Chart:
     return helm.Chart("keda", NAMESPACE, "keda", version, REPO)
 
 
-def keda_values(version: str) -> dict:
-    return helm.merged_values(chart(version), {})
-
-
 def scaled_object(a: KedaArgs) -> dict:
     return {
         "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
@@ -65,7 +61,7 @@ def scaled_object(a: KedaArgs) -> dict:
 class Keda(pulumi.ComponentResource):
     def __init__(self, name: str, args: KedaArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:platform:Keda", name, None, opts)
-        self.release = helm.release(f"{name}-release", chart(args.version), keda_values(args.version),
+        self.release = helm.release(f"{name}-release", chart(args.version), helm.base_values(chart(args.version)),
                                     args.provider, parent=self, depends_on=args.release_after)
         # Until KEDA's metrics API is Available, API discovery (and so every apply) fails.
         metrics_api = remote_script.run_script(

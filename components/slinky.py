@@ -51,14 +51,6 @@ def slurm_chart(version: str) -> helm.Chart:
     return helm.Chart(SLURM_RELEASE, SLURM_NAMESPACE, f"{CHARTS}/slurm", version)
 
 
-def operator_values(version: str) -> dict:
-    return helm.merged_values(operator_chart(version), {})
-
-
-def crds_values(version: str) -> dict:
-    return helm.merged_values(crds_chart(version), {})
-
-
 def _image(component: str, tag: str) -> dict:
     return {"repository": f"{IMAGES}/{component}", "tag": tag}
 
@@ -145,9 +137,10 @@ class Slinky(pulumi.ComponentResource):
         super().__init__("testbed:platform:Slinky", name, None, opts)
         self.names = names(args.nodeset)
         child = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        crds = helm.release(f"{name}-crds", crds_chart(args.version), crds_values(args.version), args.provider,
+        crds = helm.release(f"{name}-crds", crds_chart(args.version), helm.base_values(crds_chart(args.version)), args.provider,
                             parent=self)
-        operator = helm.release(f"{name}-operator", operator_chart(args.version), operator_values(args.version),
+        operator = helm.release(f"{name}-operator", operator_chart(args.version),
+                                helm.base_values(operator_chart(args.version)),
                                 args.provider, parent=self, depends_on=[crds, *args.operator_after])
         # Ready pods are not enough: the caBundle must be injected and the API server must reach the pod.
         operator_gate = webhook_gate(f"{name}-operator-webhook-gate", operator_webhook_probe(self.names), None,

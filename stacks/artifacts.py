@@ -64,12 +64,12 @@ def plan_text(rec: Recording, cost_line: str) -> str:
     return "\n".join(lines)
 
 
-def _script_name(text: str, fallback: str) -> str:
+def _script_name(text: str) -> str:
     """The file in components/scripts a remote step sends, found by content."""
     for path in sorted(bootstrap.SCRIPTS_DIR.glob("*.sh")):
         if path.read_text() == text:
             return path.name
-    return f"{fallback}.sh"
+    raise ValueError("a remote step sends a script that is not in components/scripts")
 
 
 def embedded_manifests(cmd: RecordedResource) -> list[dict]:
@@ -153,7 +153,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
     manifests = [reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r)]
     for cmd in rec.of_type(REMOTE_COMMAND):
         text = reveal(cmd.inputs["stdin"])
-        add_script(_script_name(text, cmd.name), text)
+        add_script(_script_name(text), text)
         manifests += embedded_manifests(cmd)
 
     releases = []

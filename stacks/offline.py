@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -153,9 +152,6 @@ class TestbedMocks(pulumi.runtime.Mocks):
                                         for i in range(0, 2 * int(args.inputs.get("length", 16)), 2))
         elif typ == "aws:ec2/eip:Eip":
             outputs["publicIp"] = PLACEHOLDER_PUBLIC_IP
-        elif typ == "aws:ec2/instance:Instance":
-            outputs.setdefault("privateIp", args.inputs.get("privateIp"))
-            outputs["publicIp"] = str(ipaddress.ip_address("203.0.113.0") + int(_digest(name)[:2], 16) % 250 + 1)
         elif typ == "command:remote:Command":
             outputs["stdout"] = ""
         return f"{name}-placeholder", outputs

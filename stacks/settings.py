@@ -37,10 +37,6 @@ class SettingsError(Exception):
 # --------------------------------------------------------------------------- rules
 # A rule takes the parsed value and returns None, or the phrase "what is allowed".
 
-def _one_of(*allowed: str) -> Callable[[Any], str | None]:
-    return lambda v: None if v in allowed else "one of " + ", ".join(allowed)
-
-
 def _int_range(lo: int, hi: int) -> Callable[[Any], str | None]:
     return lambda v: None if lo <= v <= hi else f"an integer from {lo} to {hi}"
 

@@ -16,4 +16,4 @@ def build(s: Settings) -> dict[str, pulumi.Input]:
     infra = infrastructure.build(s, identity, aws_provider)
     access = cluster.build_access(s, infra, identity)
     testbed_platform = platform.build(s, access)
-    return workloads.outputs(s, infra, access, testbed_platform, pricing.estimate(s))
+    return workloads.outputs(infra, access, testbed_platform, pricing.estimate(s))

@@ -11,7 +11,6 @@ from stacks.cluster import ClusterAccess
 from stacks.infrastructure import Infrastructure
 from stacks.platform import Platform
 from stacks.pricing import CostEstimate
-from stacks.settings import Settings
 
 KUBECONFIG_FILE = "kubeconfig.yaml"
 SSH_KEY_FILE = "testbed.pem"
@@ -25,7 +24,7 @@ def sbatch_command(names: SlurmNames) -> str:
             f"-c {SLURMCTLD_CONTAINER} -- sbatch < job.sbatch")
 
 
-def outputs(s: Settings, infra: Infrastructure, access: ClusterAccess, platform: Platform,
+def outputs(infra: Infrastructure, access: ClusterAccess, platform: Platform,
             cost: CostEstimate) -> dict[str, pulumi.Input]:
     return {
         "kubeconfig": access.kubeconfig,

@@ -1,6 +1,6 @@
 import json
 
-from components import cert_manager, device_plugin, monitoring
+from components import cert_manager, device_plugin, helm, monitoring
 from stacks.offline import is_secret, reveal
 from tests.conftest import by_type, run_program
 
@@ -57,5 +57,5 @@ def test_device_plugin_never_sets_fail_on_init_error_and_toggles_feature_discove
 
 
 def test_cert_manager_installs_its_crds():
-    values = cert_manager.cert_manager_values("v1.19.2")
+    values = helm.base_values(cert_manager.chart("v1.19.2"))
     assert values["crds"]["enabled"] is True and "installCRDs" not in values

@@ -43,7 +43,7 @@ def test_plan_text_groups_by_component_and_prices_the_hour(capsys):
     assert "estimated cost: $" in out and "/hour" in out
 
 
-def test_render_writes_user_data_and_scripts(tmp_path, capsys):
+def test_render_writes_user_data_and_scripts(tmp_path):
     assert cli.main(["render", "--out", str(tmp_path)]) == 0
     cloud_init = sorted(p.name for p in (tmp_path / "cloud-init").iterdir())
     assert cloud_init == ["testbed-control.yaml"] + [f"testbed-worker-{i}.yaml" for i in range(4)]
@@ -107,7 +107,7 @@ def test_every_bad_value_exits_2_before_any_resource(values, key, allowed, capsy
     assert any(line.startswith(f"{key}: ") and allowed in line for line in err), err
 
 
-def test_pulumi_up_with_bad_settings_stops_with_every_problem_and_no_traceback(tmp_path):
+def test_pulumi_up_with_bad_settings_stops_with_every_problem_and_no_traceback():
     """The program itself (as `pulumi up` runs it) raises RunError, which Pulumi prints without a stack trace."""
     import runpy
 

@@ -66,7 +66,7 @@ def test_dry_run_of_heavy_mixed_expects_queueing_and_handoff_expects_the_handoff
     assert "a GPU held by slurmd was later held by a Kubernetes job" in out
 
 
-def test_from_timeline_writes_the_report_and_exits_by_the_checks(tmp_path, capsys):
+def test_from_timeline_writes_the_report_and_exits_by_the_checks(tmp_path):
     assert main(["--scenario", "handoff", "--from-timeline", str(FIXTURES / "handoff-timeline.json"), "--out", str(tmp_path)]) == 0
     assert {p.name for p in tmp_path.iterdir()} == {"timeline.json", "summary.txt", "timeline.png"}
     summary = (tmp_path / "summary.txt").read_text()
@@ -74,7 +74,7 @@ def test_from_timeline_writes_the_report_and_exits_by_the_checks(tmp_path, capsy
     assert Timeline.load(tmp_path / "timeline.json") == Timeline.load(FIXTURES / "handoff-timeline.json")
 
 
-def test_from_timeline_fails_when_a_check_fails(tmp_path, capsys):
+def test_from_timeline_fails_when_a_check_fails(tmp_path):
     broken = Timeline.load(FIXTURES / "handoff-timeline.json")
     broken.outcome = "interrupted"
     broken.save(tmp_path / "broken.json")
