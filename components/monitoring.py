@@ -75,7 +75,8 @@ class Monitoring(pulumi.ComponentResource):
         super().__init__("testbed:platform:Monitoring", name, None, opts)
         password = random.RandomPassword(f"{name}-grafana-password", length=24, special=False,
                                          opts=pulumi.ResourceOptions(parent=self))
-        values = pulumi.Output.secret(password.result).apply(
+        self.grafana_password = pulumi.Output.secret(password.result)
+        values = self.grafana_password.apply(
             lambda p: helm.deep_merge(stack_values(args.kube_prometheus_stack_version),
                                       {"grafana": {"adminPassword": p}}))
         self.stack = helm.release(f"{name}-stack", stack_chart(args.kube_prometheus_stack_version), values,
@@ -89,6 +90,5 @@ class Monitoring(pulumi.ComponentResource):
                                   data=manifest["data"],
                                   opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
                                                               depends_on=[self.stack]))
-        self.grafana_password = pulumi.Output.secret(password.result)
         self.prometheus_url = prometheus_url()
         self.register_outputs({"prometheusUrl": self.prometheus_url})

@@ -137,8 +137,8 @@ class Slinky(pulumi.ComponentResource):
         super().__init__("testbed:platform:Slinky", name, None, opts)
         self.names = names(args.nodeset)
         child = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        crds = helm.release(f"{name}-crds", crds_chart(args.version), helm.base_values(crds_chart(args.version)), args.provider,
-                            parent=self)
+        crds = helm.release(f"{name}-crds", crds_chart(args.version), helm.base_values(crds_chart(args.version)),
+                            args.provider, parent=self)
         operator = helm.release(f"{name}-operator", operator_chart(args.version),
                                 helm.base_values(operator_chart(args.version)),
                                 args.provider, parent=self, depends_on=[crds, *args.operator_after])
