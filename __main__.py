@@ -1,4 +1,5 @@
 """Pulumi entry point: load settings, build the testbed, export its outputs."""
+
 import pulumi
 
 from stacks import settings, testbed

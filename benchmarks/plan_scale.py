@@ -4,6 +4,7 @@
 
 Times the whole program under the mock engine for 4, 16 and 64 workers and prints the time
 per resource; a program that stays linear keeps that figure flat."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stacks import offline  # noqa: E402
-from stacks.settings import PROJECT  # noqa: E402
+from stacks import offline
+from stacks.settings import PROJECT
 
 WORKER_COUNTS = (4, 16, 64)
 
@@ -40,7 +41,9 @@ def main() -> int:
     for workers in WORKER_COUNTS:
         seconds, resources = time_plan(workers, args.repeat)
         base = base or seconds
-        print(f"{workers:7d}  {resources:9d}  {seconds:8.2f}  {1000 * seconds / resources:11.1f}  {seconds / base:11.1f}x")
+        print(
+            f"{workers:7d}  {resources:9d}  {seconds:8.2f}  {1000 * seconds / resources:11.1f}  {seconds / base:11.1f}x"
+        )
     return 0
 
 

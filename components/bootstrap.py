@@ -3,6 +3,7 @@
 The shell lives in real files under `scripts/`; cloud-init delivers them unchanged with a
 parameter file beside them, so nothing here assembles shell from strings.
 """
+
 from __future__ import annotations
 
 import base64
@@ -75,12 +76,14 @@ def kubeadm_init_config(p: ControlPlaneBootstrap) -> str:
     init = {
         "apiVersion": KUBEADM_API,
         "kind": "InitConfiguration",
-        "bootstrapTokens": [{
-            "token": p.bootstrap_token,
-            "ttl": BOOTSTRAP_TOKEN_TTL,
-            "groups": ["system:bootstrappers:kubeadm:default-node-token"],
-            "usages": ["signing", "authentication"],
-        }],
+        "bootstrapTokens": [
+            {
+                "token": p.bootstrap_token,
+                "ttl": BOOTSTRAP_TOKEN_TTL,
+                "groups": ["system:bootstrappers:kubeadm:default-node-token"],
+                "usages": ["signing", "authentication"],
+            }
+        ],
         "localAPIEndpoint": {"advertiseAddress": p.private_ip, "bindPort": host_layout.API_SERVER_PORT},
         "nodeRegistration": {"criSocket": CRI_SOCKET},
     }
@@ -101,11 +104,13 @@ def kubeadm_join_config(p: WorkerBootstrap) -> str:
     join = {
         "apiVersion": KUBEADM_API,
         "kind": "JoinConfiguration",
-        "discovery": {"bootstrapToken": {
-            "apiServerEndpoint": f"{p.control_plane_ip}:{host_layout.API_SERVER_PORT}",
-            "token": p.bootstrap_token,
-            "caCertHashes": [p.ca_cert_hash],
-        }},
+        "discovery": {
+            "bootstrapToken": {
+                "apiServerEndpoint": f"{p.control_plane_ip}:{host_layout.API_SERVER_PORT}",
+                "token": p.bootstrap_token,
+                "caCertHashes": [p.ca_cert_hash],
+            }
+        },
         "nodeRegistration": {
             "criSocket": CRI_SOCKET,
             "kubeletExtraArgs": [{"name": "node-labels", "value": f"{label_key}={label_value}"}],
@@ -150,11 +155,23 @@ def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[s
     return text
 
 
-def _node_user_data(role_script: str, kubernetes_version: str, kubernetes_minor: str, role_params: dict[str, str],
-                    kubeadm_config: str, role_files: list[dict], authorized_keys: tuple[str, ...]) -> str:
+def _node_user_data(
+    role_script: str,
+    kubernetes_version: str,
+    kubernetes_minor: str,
+    role_params: dict[str, str],
+    kubeadm_config: str,
+    role_files: list[dict],
+    authorized_keys: tuple[str, ...],
+) -> str:
     """Every node: its parameter file, its kubeadm config, node-common.sh, then its role's script."""
-    params = {"KUBERNETES_VERSION": kubernetes_version, "KUBERNETES_MINOR": kubernetes_minor,
-              "SHARE_DIR": host_layout.SHARE_DIR, "KUBEADM_CONFIG": KUBEADM_CONFIG, **role_params}
+    params = {
+        "KUBERNETES_VERSION": kubernetes_version,
+        "KUBERNETES_MINOR": kubernetes_minor,
+        "SHARE_DIR": host_layout.SHARE_DIR,
+        "KUBEADM_CONFIG": KUBEADM_CONFIG,
+        **role_params,
+    }
     files = [
         _file(ENV_FILE, env_file(params), "0600"),
         _file(KUBEADM_CONFIG, kubeadm_config, "0600"),
@@ -166,21 +183,37 @@ def _node_user_data(role_script: str, kubernetes_version: str, kubernetes_minor:
 
 def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
     return _node_user_data(
-        "control-plane.sh", p.kubernetes_version, p.kubernetes_minor,
-        {"FLANNEL_VERSION": p.flannel_version, "SHARE_EXPORT_CIDR": p.share_export_cidr,
-         "SLURM_STATE_DIR": host_layout.SLURM_STATE_DIR, "SLURM_UID": str(host_layout.SLURM_UID)},
+        "control-plane.sh",
+        p.kubernetes_version,
+        p.kubernetes_minor,
+        {
+            "FLANNEL_VERSION": p.flannel_version,
+            "SHARE_EXPORT_CIDR": p.share_export_cidr,
+            "SLURM_STATE_DIR": host_layout.SLURM_STATE_DIR,
+            "SLURM_UID": str(host_layout.SLURM_UID),
+        },
         kubeadm_init_config(p),
         # kubeadm init keeps a CA it finds here: the program minted it, so workers can
         # verify the API server from its public key before the control plane exists.
-        [_file("/etc/kubernetes/pki/ca.crt", p.ca_cert_pem, "0644"),
-         _file("/etc/kubernetes/pki/ca.key", p.ca_key_pem, "0600")],
-        p.authorized_keys)
+        [
+            _file("/etc/kubernetes/pki/ca.crt", p.ca_cert_pem, "0644"),
+            _file("/etc/kubernetes/pki/ca.key", p.ca_key_pem, "0600"),
+        ],
+        p.authorized_keys,
+    )
 
 
 def gpu_worker_user_data(p: WorkerBootstrap) -> str:
     return _node_user_data(
-        "gpu-worker.sh", p.kubernetes_version, p.kubernetes_minor,
-        {"NVIDIA_DRIVER_BRANCH": p.nvidia_driver_branch,
-         "NVIDIA_CONTAINER_TOOLKIT_VERSION": p.nvidia_container_toolkit_version,
-         "CONTROL_PLANE_IP": p.control_plane_ip},
-        kubeadm_join_config(p), [], p.authorized_keys)
+        "gpu-worker.sh",
+        p.kubernetes_version,
+        p.kubernetes_minor,
+        {
+            "NVIDIA_DRIVER_BRANCH": p.nvidia_driver_branch,
+            "NVIDIA_CONTAINER_TOOLKIT_VERSION": p.nvidia_container_toolkit_version,
+            "CONTROL_PLANE_IP": p.control_plane_ip,
+        },
+        kubeadm_join_config(p),
+        [],
+        p.authorized_keys,
+    )

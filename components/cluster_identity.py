@@ -2,6 +2,7 @@
 
 Minting them here lets the workers verify the control plane (by the CA's public-key hash)
 and boot in parallel with it, and gives an admin kubeconfig without copying files."""
+
 from __future__ import annotations
 
 import base64
@@ -25,14 +26,24 @@ def render_kubeconfig(cluster: str, server: str, ca_cert_pem: str, client_cert_p
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
-    return yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": cluster, "cluster": {"server": server, "certificate-authority-data": b64(ca_cert_pem)}}],
-        "users": [{"name": ADMIN_USER, "user": {"client-certificate-data": b64(client_cert_pem),
-                                                "client-key-data": b64(client_key_pem)}}],
-        "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": ADMIN_USER}}],
-        "current-context": cluster,
-    }, sort_keys=False)
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": cluster, "cluster": {"server": server, "certificate-authority-data": b64(ca_cert_pem)}}
+            ],
+            "users": [
+                {
+                    "name": ADMIN_USER,
+                    "user": {"client-certificate-data": b64(client_cert_pem), "client-key-data": b64(client_key_pem)},
+                }
+            ],
+            "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": ADMIN_USER}}],
+            "current-context": cluster,
+        },
+        sort_keys=False,
+    )
 
 
 class ClusterIdentity(pulumi.ComponentResource):
@@ -56,9 +67,14 @@ class ClusterIdentity(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         key = tls.PrivateKey(f"{self._name}-ca-key", algorithm="RSA", rsa_bits=2048, opts=child)
         cert = tls.SelfSignedCert(
-            f"{self._name}-ca-cert", private_key_pem=key.private_key_pem, is_ca_certificate=True,
-            subject={"common_name": "kubernetes"}, validity_period_hours=CA_VALIDITY_HOURS,
-            allowed_uses=["cert_signing", "crl_signing", "digital_signature", "key_encipherment"], opts=child)
+            f"{self._name}-ca-cert",
+            private_key_pem=key.private_key_pem,
+            is_ca_certificate=True,
+            subject={"common_name": "kubernetes"},
+            validity_period_hours=CA_VALIDITY_HOURS,
+            allowed_uses=["cert_signing", "crl_signing", "digital_signature", "key_encipherment"],
+            opts=child,
+        )
         return key, cert
 
     def _create_bootstrap_token(self) -> pulumi.Output[str]:
@@ -72,16 +88,29 @@ class ClusterIdentity(pulumi.ComponentResource):
     def _create_admin_credentials(self, ca_key: tls.PrivateKey, ca_cert: tls.SelfSignedCert):
         child = pulumi.ResourceOptions(parent=self)
         key = tls.PrivateKey(f"{self._name}-admin-key", algorithm="RSA", rsa_bits=2048, opts=child)
-        request = tls.CertRequest(f"{self._name}-admin-csr", private_key_pem=key.private_key_pem,
-                                  subject={"common_name": ADMIN_USER, "organizations": [ADMIN_GROUP]}, opts=child)
+        request = tls.CertRequest(
+            f"{self._name}-admin-csr",
+            private_key_pem=key.private_key_pem,
+            subject={"common_name": ADMIN_USER, "organizations": [ADMIN_GROUP]},
+            opts=child,
+        )
         cert = tls.LocallySignedCert(
-            f"{self._name}-admin-cert", cert_request_pem=request.cert_request_pem,
-            ca_private_key_pem=ca_key.private_key_pem, ca_cert_pem=ca_cert.cert_pem,
+            f"{self._name}-admin-cert",
+            cert_request_pem=request.cert_request_pem,
+            ca_private_key_pem=ca_key.private_key_pem,
+            ca_cert_pem=ca_cert.cert_pem,
             validity_period_hours=ADMIN_VALIDITY_HOURS,
-            allowed_uses=["digital_signature", "key_encipherment", "client_auth"], opts=child)
+            allowed_uses=["digital_signature", "key_encipherment", "client_auth"],
+            opts=child,
+        )
         return key, cert
 
     def kubeconfig(self, cluster: str, server_ip: pulumi.Input[str], port: int) -> pulumi.Output[str]:
-        return pulumi.Output.secret(pulumi.Output.all(
-            server_ip, self.ca_cert_pem, self._admin_cert.cert_pem, self._admin_key.private_key_pem,
-        ).apply(lambda v: render_kubeconfig(cluster, f"https://{v[0]}:{port}", v[1], v[2], v[3])))
+        return pulumi.Output.secret(
+            pulumi.Output.all(
+                server_ip,
+                self.ca_cert_pem,
+                self._admin_cert.cert_pem,
+                self._admin_key.private_key_pem,
+            ).apply(lambda v: render_kubeconfig(cluster, f"https://{v[0]}:{port}", v[1], v[2], v[3]))
+        )

@@ -1,9 +1,10 @@
 """The control-plane node: a fixed private IP and an Elastic IP allocated before it boots."""
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pulumi
 import pulumi_aws as aws
@@ -27,12 +28,18 @@ class ControlNode(pulumi.ComponentResource):
     def __init__(self, name: str, args: ControlNodeArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:aws:ControlNode", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        address = aws.ec2.Eip(f"{name}-eip", domain="vpc", tags={"Name": f"{name}-eip"},
-                              opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.node.after)))
+        address = aws.ec2.Eip(
+            f"{name}-eip",
+            domain="vpc",
+            tags={"Name": f"{name}-eip"},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.node.after)),
+        )
         self.user_data = args.user_data_for_public_ip(address.public_ip)
-        self.instance = ec2.launch(f"{name}-instance", dataclasses.replace(args.node, user_data=self.user_data),
-                                   parent=self)
+        self.instance = ec2.launch(
+            f"{name}-instance", dataclasses.replace(args.node, user_data=self.user_data), parent=self
+        )
         self.eip_association = aws.ec2.EipAssociation(
-            f"{name}-eip-association", allocation_id=address.allocation_id, instance_id=self.instance.id, opts=child)
+            f"{name}-eip-association", allocation_id=address.allocation_id, instance_id=self.instance.id, opts=child
+        )
         self.public_ip = address.public_ip
         self.register_outputs({"publicIp": self.public_ip, "privateIp": self.instance.private_ip})

@@ -1,4 +1,5 @@
 """NVIDIA device plugin: hands each GPU to exactly one pod (`nvidia.com/gpu: 1`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +34,11 @@ def device_plugin_values(version: str, gpu_feature_discovery: bool) -> dict:
 class DevicePlugin(pulumi.ComponentResource):
     def __init__(self, name: str, args: DevicePluginArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:platform:DevicePlugin", name, None, opts)
-        self.release = helm.release(f"{name}-release", chart(args.version),
-                                    device_plugin_values(args.version, args.gpu_feature_discovery),
-                                    args.provider, parent=self)
+        self.release = helm.release(
+            f"{name}-release",
+            chart(args.version),
+            device_plugin_values(args.version, args.gpu_feature_discovery),
+            args.provider,
+            parent=self,
+        )
         self.register_outputs({"release": self.release.name})

@@ -1,8 +1,9 @@
 """The one way this project launches an EC2 node: hardened defaults in one place."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -28,11 +29,15 @@ class NodeSpec:
 
 def ubuntu_ami(parent: pulumi.Resource) -> pulumi.Output[str]:
     return aws.ec2.get_ami_output(
-        owners=[UBUNTU_OWNER], most_recent=True,
-        filters=[{"name": "name", "values": [UBUNTU_2404_AMD64]},
-                 {"name": "architecture", "values": ["x86_64"]},
-                 {"name": "virtualization-type", "values": ["hvm"]}],
-        opts=pulumi.InvokeOptions(parent=parent)).id
+        owners=[UBUNTU_OWNER],
+        most_recent=True,
+        filters=[
+            {"name": "name", "values": [UBUNTU_2404_AMD64]},
+            {"name": "architecture", "values": ["x86_64"]},
+            {"name": "virtualization-type", "values": ["hvm"]},
+        ],
+        opts=pulumi.InvokeOptions(parent=parent),
+    ).id
 
 
 def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instance:
@@ -41,8 +46,10 @@ def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instan
         # One-time + terminate: deleting the instance ends the request. A persistent request
         # outlives the instance on `pulumi destroy`, relaunches into the subnet and blocks
         # the VPC's deletion (hashicorp/terraform-provider-aws#38142).
-        spot = {"market_type": "spot", "spot_options": {
-            "spot_instance_type": "one-time", "instance_interruption_behavior": "terminate"}}
+        spot = {
+            "market_type": "spot",
+            "spot_options": {"spot_instance_type": "one-time", "instance_interruption_behavior": "terminate"},
+        }
     return aws.ec2.Instance(
         name,
         ami=spec.ami_id,
@@ -55,14 +62,21 @@ def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instan
         # cloud-init runs once per instance: a changed bootstrap needs a new instance.
         user_data_replace_on_change=True,
         # Pods must not read user-data (it holds the cluster CA key): one hop, tokens only.
-        metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
-                          "http_put_response_hop_limit": 1},
-        root_block_device={"volume_type": "gp3", "volume_size": spec.root_volume_gb, "encrypted": True,
-                           "delete_on_termination": True},
+        metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
+        root_block_device={
+            "volume_type": "gp3",
+            "volume_size": spec.root_volume_gb,
+            "encrypted": True,
+            "delete_on_termination": True,
+        },
         instance_market_options=spot,
         tags={"Name": name, "testbed:role": spec.role, "testbed:stack": pulumi.get_stack()},
         opts=pulumi.ResourceOptions(
-            parent=parent, depends_on=list(spec.after),
+            parent=parent,
+            depends_on=list(spec.after),
             # The private IP is fixed, so the old instance must go before its replacement;
             # a newer AMI found later must not replace a running node (pin amiId to move).
-            delete_before_replace=True, ignore_changes=["ami"]))
+            delete_before_replace=True,
+            ignore_changes=["ami"],
+        ),
+    )

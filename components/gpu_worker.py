@@ -1,4 +1,5 @@
 """One GPU worker: joins the cluster by itself, in parallel with the control plane."""
+
 from __future__ import annotations
 
 import pulumi

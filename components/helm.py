@@ -1,11 +1,13 @@
 """The one way a chart is installed: a pinned `helm.v3.Release` with base values from
 `values/<chart>.yaml` deep-merged under the values the program computes."""
+
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -46,8 +48,14 @@ def merged_values(chart: Chart, computed: dict) -> dict:
     return deep_merge(base_values(chart), computed)
 
 
-def release(name: str, chart: Chart, values: pulumi.Input[dict], provider: k8s.Provider,
-            parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] = ()) -> k8s.helm.v3.Release:
+def release(
+    name: str,
+    chart: Chart,
+    values: pulumi.Input[dict],
+    provider: k8s.Provider,
+    parent: pulumi.Resource,
+    depends_on: Sequence[pulumi.Resource] = (),
+) -> k8s.helm.v3.Release:
     """Install `chart`; Helm waits for its workloads (and runs its hooks) before dependents start."""
     return k8s.helm.v3.Release(
         name,
@@ -60,7 +68,8 @@ def release(name: str, chart: Chart, values: pulumi.Input[dict], provider: k8s.P
         values=values,
         atomic=True,  # a failed install is rolled back, so the next `pulumi up` starts clean
         timeout=RELEASE_TIMEOUT_SECONDS,
-        opts=pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=list(depends_on)))
+        opts=pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=list(depends_on)),
+    )
 
 
 def upgrade_triggers(release: k8s.helm.v3.Release) -> list[pulumi.Output]:

@@ -1,9 +1,10 @@
 """KEDA and the ScaledObject that hands GPUs between Slurm and Kubernetes: slurmd scales 0..N
 from slurmctld's partition metrics (rule and queries in `slurmd_scaling`)."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import pulumi
 import pulumi_command as command
@@ -42,12 +43,16 @@ def chart(version: str) -> helm.Chart:
 
 def scaled_object(a: KedaArgs) -> dict:
     return {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
         "metadata": {"name": SCALED_OBJECT, "namespace": a.names.namespace},
         "spec": {
             # The NodeSet's /scale subresource; same namespace, as KEDA requires.
-            "scaleTargetRef": {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
-                               "name": a.names.nodeset_resource},
+            "scaleTargetRef": {
+                "apiVersion": "slinky.slurm.net/v1beta1",
+                "kind": "NodeSet",
+                "name": a.names.nodeset_resource,
+            },
             "idleReplicaCount": 0,  # GPUs go back to Kubernetes when Slurm is idle
             "minReplicaCount": a.min_replicas,  # must exceed idle, or KEDA rejects the object
             "maxReplicaCount": a.max_replicas,
@@ -61,17 +66,33 @@ def scaled_object(a: KedaArgs) -> dict:
 class Keda(pulumi.ComponentResource):
     def __init__(self, name: str, args: KedaArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:platform:Keda", name, None, opts)
-        self.release = helm.release(f"{name}-release", chart(args.version), helm.base_values(chart(args.version)),
-                                    args.provider, parent=self, depends_on=args.release_after)
+        self.release = helm.release(
+            f"{name}-release",
+            chart(args.version),
+            helm.base_values(chart(args.version)),
+            args.provider,
+            parent=self,
+            depends_on=args.release_after,
+        )
         # Until KEDA's metrics API is Available, API discovery (and so every apply) fails.
         metrics_api = remote_script.run_script(
-            f"{name}-metrics-api", "wait-condition.sh",
-            [str(APISERVICE_TIMEOUT_SECONDS), EXTERNAL_METRICS_API, "Available"], args.control_connection,
-            parent=self, depends_on=[self.release], triggers=helm.upgrade_triggers(self.release))
+            f"{name}-metrics-api",
+            "wait-condition.sh",
+            [str(APISERVICE_TIMEOUT_SECONDS), EXTERNAL_METRICS_API, "Available"],
+            args.control_connection,
+            parent=self,
+            depends_on=[self.release],
+            triggers=helm.upgrade_triggers(self.release),
+        )
         manifest = scaled_object(args)
         self.scaled_object = k8s.apiextensions.CustomResource(
-            f"{name}-scaled-object", api_version=manifest["apiVersion"], kind=manifest["kind"],
-            metadata=manifest["metadata"], spec=manifest["spec"],
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                        depends_on=[self.release, metrics_api, *args.scaled_object_after]))
+            f"{name}-scaled-object",
+            api_version=manifest["apiVersion"],
+            kind=manifest["kind"],
+            metadata=manifest["metadata"],
+            spec=manifest["spec"],
+            opts=pulumi.ResourceOptions(
+                parent=self, provider=args.provider, depends_on=[self.release, metrics_api, *args.scaled_object_after]
+            ),
+        )
         self.register_outputs({"scaledObject": SCALED_OBJECT})

@@ -2,6 +2,7 @@
 
 Prometheus selects ServiceMonitors labelled `release: <release>`; the Slinky operator's
 slurmctld ServiceMonitor and dcgm-exporter's carry that label."""
+
 from __future__ import annotations
 
 import json
@@ -54,41 +55,59 @@ def stack_values(version: str) -> dict:
 
 def dcgm_values(version: str) -> dict:
     key, value = host_layout.GPU_NODE_LABEL
-    return helm.merged_values(dcgm_chart(version), {
-        "nodeSelector": {key: value},
-        "serviceMonitor": {"enabled": True, "additionalLabels": service_monitor_labels()},
-    })
+    return helm.merged_values(
+        dcgm_chart(version),
+        {
+            "nodeSelector": {key: value},
+            "serviceMonitor": {"enabled": True, "additionalLabels": service_monitor_labels()},
+        },
+    )
 
 
 def dashboard_config_maps() -> list[dict]:
     """One ConfigMap per dashboard file, labelled for the Grafana sidecar."""
     key, value = DASHBOARD_LABEL
-    return [{
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": f"dashboard-{path.stem}", "namespace": NAMESPACE, "labels": {key: value}},
-        "data": {path.name: json.dumps(json.loads(path.read_text()), indent=1, sort_keys=True)},
-    } for path in sorted(DASHBOARDS_DIR.glob("*.json"))]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"dashboard-{path.stem}", "namespace": NAMESPACE, "labels": {key: value}},
+            "data": {path.name: json.dumps(json.loads(path.read_text()), indent=1, sort_keys=True)},
+        }
+        for path in sorted(DASHBOARDS_DIR.glob("*.json"))
+    ]
 
 
 class Monitoring(pulumi.ComponentResource):
     def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:platform:Monitoring", name, None, opts)
-        password = random.RandomPassword(f"{name}-grafana-password", length=24, special=False,
-                                         opts=pulumi.ResourceOptions(parent=self))
+        password = random.RandomPassword(
+            f"{name}-grafana-password", length=24, special=False, opts=pulumi.ResourceOptions(parent=self)
+        )
         self.grafana_password = pulumi.Output.secret(password.result)
         values = self.grafana_password.apply(
-            lambda p: helm.deep_merge(stack_values(args.kube_prometheus_stack_version),
-                                      {"grafana": {"adminPassword": p}}))
-        self.stack = helm.release(f"{name}-stack", stack_chart(args.kube_prometheus_stack_version), values,
-                                  args.provider, parent=self)
+            lambda p: helm.deep_merge(
+                stack_values(args.kube_prometheus_stack_version), {"grafana": {"adminPassword": p}}
+            )
+        )
+        self.stack = helm.release(
+            f"{name}-stack", stack_chart(args.kube_prometheus_stack_version), values, args.provider, parent=self
+        )
         # dcgm-exporter creates a ServiceMonitor: the CRD comes with the stack.
-        self.dcgm_exporter = helm.release(f"{name}-dcgm-exporter", dcgm_chart(args.dcgm_exporter_version),
-                                          dcgm_values(args.dcgm_exporter_version), args.provider, parent=self,
-                                          depends_on=[self.stack])
+        self.dcgm_exporter = helm.release(
+            f"{name}-dcgm-exporter",
+            dcgm_chart(args.dcgm_exporter_version),
+            dcgm_values(args.dcgm_exporter_version),
+            args.provider,
+            parent=self,
+            depends_on=[self.stack],
+        )
         for manifest in dashboard_config_maps():
-            k8s.core.v1.ConfigMap(f"{name}-{manifest['metadata']['name']}", metadata=manifest["metadata"],
-                                  data=manifest["data"],
-                                  opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                                              depends_on=[self.stack]))
+            k8s.core.v1.ConfigMap(
+                f"{name}-{manifest['metadata']['name']}",
+                metadata=manifest["metadata"],
+                data=manifest["data"],
+                opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.stack]),
+            )
         self.prometheus_url = prometheus_url()
         self.register_outputs({"prometheusUrl": self.prometheus_url})

@@ -1,8 +1,9 @@
 """The readiness gate: nothing is installed on the cluster before every node is Ready."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import pulumi
 import pulumi_command as command
@@ -25,11 +26,18 @@ class ReadinessGateArgs:
 class ReadinessGate(pulumi.ComponentResource):
     def __init__(self, name: str, args: ReadinessGateArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:cluster:ReadinessGate", name, None, opts)
-        named_nodes = [pulumi.Output.concat(ip, "=", node.id) for ip, node in zip(args.node_ips, args.nodes)]
+        named_nodes = [
+            pulumi.Output.concat(ip, "=", node.id) for ip, node in zip(args.node_ips, args.nodes, strict=True)
+        ]
         self.command = remote_script.run_script(
-            f"{name}-wait", READINESS_SCRIPT, [str(args.timeout_seconds), args.region, *named_nodes], args.connection,
-            parent=self, depends_on=[*args.nodes, *args.after],
+            f"{name}-wait",
+            READINESS_SCRIPT,
+            [str(args.timeout_seconds), args.region, *named_nodes],
+            args.connection,
+            parent=self,
+            depends_on=[*args.nodes, *args.after],
             # longer than the script's own deadline, so its diagnosis is always printed
             timeout=f"{args.timeout_seconds // 60 + 10}m",
-            triggers=[n.id for n in args.nodes])  # a replaced node must be waited for again
+            triggers=[n.id for n in args.nodes],
+        )  # a replaced node must be waited for again
         self.register_outputs({"stdout": self.command.stdout})

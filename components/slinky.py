@@ -1,9 +1,10 @@
 """Slinky: slurm-operator (CRDs, operator behind the cert-manager gate), the slurmctld
 statesave volume, and the `slurm` chart with one GPU NodeSet."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import pulumi
 import pulumi_command as command
@@ -66,15 +67,20 @@ def slurm_values(version: str, image_tag: str, nodeset: str, service_monitor_lab
     volume, mount = _shared_volume()
     gpu_key, gpu_value = host_layout.GPU_NODE_LABEL
     base = helm.base_values(slurm_chart(version))
-    gpu_nodeset = helm.deep_merge(base["nodesets"]["slinky"], {
-        "enabled": True,
-        "replicas": 0,  # KEDA owns the count from here on
-        "slurmd": {"image": _image("slurmd", image_tag),
-                   "resources": {"limits": {"nvidia.com/gpu": 1}},
-                   "volumeMounts": [mount]},
-        "extraConfMap": {"Gres": [GPU_GRES]},
-        "podSpec": {"nodeSelector": {gpu_key: gpu_value}, "volumes": [volume]},
-    })
+    gpu_nodeset = helm.deep_merge(
+        base["nodesets"]["slinky"],
+        {
+            "enabled": True,
+            "replicas": 0,  # KEDA owns the count from here on
+            "slurmd": {
+                "image": _image("slurmd", image_tag),
+                "resources": {"limits": {"nvidia.com/gpu": 1}},
+                "volumeMounts": [mount],
+            },
+            "extraConfMap": {"Gres": [GPU_GRES]},
+            "podSpec": {"nodeSelector": {gpu_key: gpu_value}, "volumes": [volume]},
+        },
+    )
     nodesets = {nodeset: gpu_nodeset}
     if nodeset != "slinky":
         nodesets["slinky"] = {"enabled": False}  # the chart's default entry is merged in otherwise
@@ -85,15 +91,17 @@ def slurm_values(version: str, image_tag: str, nodeset: str, service_monitor_lab
             "persistence": {"enabled": True, "resources": {"requests": {"storage": STATESAVE_SIZE}}},
             "podSpec": {
                 "nodeSelector": {host_layout.CONTROL_PLANE_NODE_LABEL: ""},
-                "tolerations": [{"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists",
-                                 "effect": "NoSchedule"}],
+                "tolerations": [{"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
                 # A given securityContext replaces the operator's whole default: restate it.
-                "securityContext": {"runAsNonRoot": True, "runAsUser": host_layout.SLURM_UID,
-                                    "runAsGroup": host_layout.SLURM_UID, "fsGroup": host_layout.SLURM_UID},
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": host_layout.SLURM_UID,
+                    "runAsGroup": host_layout.SLURM_UID,
+                    "fsGroup": host_layout.SLURM_UID,
+                },
                 "volumes": [volume],
             },
-            "metrics": {"enabled": True,
-                        "serviceMonitor": {"enabled": True, "labels": dict(service_monitor_labels)}},
+            "metrics": {"enabled": True, "serviceMonitor": {"enabled": True, "labels": dict(service_monitor_labels)}},
         },
         "restapi": {"slurmrestd": {"image": _image("slurmrestd", image_tag)}},
         "nodesets": nodesets,
@@ -105,31 +113,49 @@ def statesave_volume(n: SlurmNames) -> dict:
     """A hostPath PV pre-bound to the chart's own PVC: the 1.0.0 chart cannot name a claim or a
     class, and kubeadm has no provisioner. No storageClassName, so the class-less PVC matches."""
     return {
-        "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": f"{n.fullname}-statesave",
-                     # The PVC outlives the release; do not hold `pulumi destroy` on the PV's finalizer.
-                     "annotations": {"pulumi.com/skipAwait": "true"}},
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": f"{n.fullname}-statesave",
+            # The PVC outlives the release; do not hold `pulumi destroy` on the PV's finalizer.
+            "annotations": {"pulumi.com/skipAwait": "true"},
+        },
         "spec": {
             "capacity": {"storage": STATESAVE_SIZE},
             "accessModes": ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Retain",
             "volumeMode": "Filesystem",
-            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                         "namespace": n.namespace, "name": n.statesave_claim},
+            "claimRef": {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "namespace": n.namespace,
+                "name": n.statesave_claim,
+            },
             # Owned by the slurm UID on the host: hostPath ignores fsGroup.
             "hostPath": {"path": host_layout.SLURM_STATE_DIR, "type": "Directory"},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": host_layout.CONTROL_PLANE_NODE_LABEL, "operator": "Exists"}]}]}},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": host_layout.CONTROL_PLANE_NODE_LABEL, "operator": "Exists"}]}
+                    ]
+                }
+            },
         },
     }
 
 
 def operator_webhook_probe(n: SlurmNames) -> dict:
     """A NodeSet the operator's webhook (failurePolicy Fail) validates; only ever dry-run."""
-    return {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
-            "metadata": {"name": "testbed-webhook-probe", "namespace": OPERATOR_NAMESPACE},
-            "spec": {"controllerRef": {"name": n.fullname, "namespace": n.namespace},
-                     "replicas": 0, "updateStrategy": {"type": "RollingUpdate"}}}
+    return {
+        "apiVersion": "slinky.slurm.net/v1beta1",
+        "kind": "NodeSet",
+        "metadata": {"name": "testbed-webhook-probe", "namespace": OPERATOR_NAMESPACE},
+        "spec": {
+            "controllerRef": {"name": n.fullname, "namespace": n.namespace},
+            "replicas": 0,
+            "updateStrategy": {"type": "RollingUpdate"},
+        },
+    }
 
 
 class Slinky(pulumi.ComponentResource):
@@ -137,19 +163,40 @@ class Slinky(pulumi.ComponentResource):
         super().__init__("testbed:platform:Slinky", name, None, opts)
         self.names = names(args.nodeset)
         child = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        crds = helm.release(f"{name}-crds", crds_chart(args.version), helm.base_values(crds_chart(args.version)),
-                            args.provider, parent=self)
-        operator = helm.release(f"{name}-operator", operator_chart(args.version),
-                                helm.base_values(operator_chart(args.version)),
-                                args.provider, parent=self, depends_on=[crds, *args.operator_after])
+        crds = helm.release(
+            f"{name}-crds",
+            crds_chart(args.version),
+            helm.base_values(crds_chart(args.version)),
+            args.provider,
+            parent=self,
+        )
+        operator = helm.release(
+            f"{name}-operator",
+            operator_chart(args.version),
+            helm.base_values(operator_chart(args.version)),
+            args.provider,
+            parent=self,
+            depends_on=[crds, *args.operator_after],
+        )
         # Ready pods are not enough: the caBundle must be injected and the API server must reach the pod.
-        operator_gate = webhook_gate(f"{name}-operator-webhook-gate", operator_webhook_probe(self.names), None,
-                                     args.control_connection, parent=self, release=operator)
+        operator_gate = webhook_gate(
+            f"{name}-operator-webhook-gate",
+            operator_webhook_probe(self.names),
+            None,
+            args.control_connection,
+            parent=self,
+            release=operator,
+        )
         pv = statesave_volume(self.names)
         self.statesave_volume = k8s.core.v1.PersistentVolume(
-            f"{name}-statesave", metadata=pv["metadata"], spec=pv["spec"], opts=child)
+            f"{name}-statesave", metadata=pv["metadata"], spec=pv["spec"], opts=child
+        )
         self.cluster = helm.release(
-            f"{name}-cluster", slurm_chart(args.version),
+            f"{name}-cluster",
+            slurm_chart(args.version),
             slurm_values(args.version, args.image_tag, args.nodeset, args.service_monitor_labels),
-            args.provider, parent=self, depends_on=[operator_gate, self.statesave_volume, *args.cluster_after])
+            args.provider,
+            parent=self,
+            depends_on=[operator_gate, self.statesave_volume, *args.cluster_after],
+        )
         self.register_outputs({"nodeset": self.names.nodeset_resource, "controllerPod": self.names.controller_pod})

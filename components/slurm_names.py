@@ -4,6 +4,7 @@ Evidence: SlinkyProject/slurm-operator@v1.0.0 helm/slurm/templates/_helpers.tpl 
 nodeset/nodeset-cr.yaml (`<fullname>-worker-<key>`), internal/builder/controller_app.go
 (StatefulSet `<controller>-controller`, volumeClaimTemplate `statesave`, mount
 /var/spool/slurmctld/<ClusterName>), internal/builder/labels/labels.go (labels)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -12,6 +12,7 @@ takes the largest wish, so two triggers, busy + largest pending job and busy + p
 jobs, give busy + max(largest job, pending jobs). KEDA is active while any trigger's value
 exceeds activationThreshold 0; inactive for cooldownPeriod, it scales to idleReplicaCount 0.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,6 +29,7 @@ LARGEST_PENDING_JOB_NODES = "slurm_partition_jobs_max_job_nodes_nohold"
 @dataclass(frozen=True)
 class Demand:
     """One trigger: busy nodes plus one measure of pending demand, aggregated by `aggregate`."""
+
     name: str
     metric: str
     aggregate: str  # sum or max over the partition's series
@@ -76,19 +78,23 @@ def _term(aggregate: str, metric: str, partition: str) -> str:
 
 def promql(t: Demand, partition: str) -> str:
     """One scalar-valued query: busy nodes + this trigger's demand, for one partition."""
-    return " + ".join([*(_term("sum", metric, partition) for metric in BUSY_NODE_METRICS),
-                       _term(t.aggregate, t.metric, partition)])
+    return " + ".join(
+        [*(_term("sum", metric, partition) for metric in BUSY_NODE_METRICS), _term(t.aggregate, t.metric, partition)]
+    )
 
 
 def keda_triggers(server_address: str, partition: str) -> list[dict]:
-    return [{
-        "type": "prometheus",
-        "name": t.name,
-        "metricType": "AverageValue",
-        "metadata": {
-            "serverAddress": server_address,
-            "query": promql(t, partition),
-            "threshold": "1",
-            "activationThreshold": "0",
-        },
-    } for t in TRIGGERS]
+    return [
+        {
+            "type": "prometheus",
+            "name": t.name,
+            "metricType": "AverageValue",
+            "metadata": {
+                "serverAddress": server_address,
+                "query": promql(t, partition),
+                "threshold": "1",
+                "activationThreshold": "0",
+            },
+        }
+        for t in TRIGGERS
+    ]

@@ -1,4 +1,5 @@
 """The SSH key pair the readiness gate and other remote steps use (and you may use)."""
+
 from __future__ import annotations
 
 import pulumi
@@ -16,13 +17,15 @@ class SshAccess(pulumi.ComponentResource):
     def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:aws:SshAccess", name, None, opts)
         key = tls.PrivateKey(f"{name}-key", algorithm="ED25519", opts=pulumi.ResourceOptions(parent=self))
-        pair = aws.ec2.KeyPair(f"{name}-keypair", public_key=key.public_key_openssh,
-                               opts=pulumi.ResourceOptions(parent=self))
+        pair = aws.ec2.KeyPair(
+            f"{name}-keypair", public_key=key.public_key_openssh, opts=pulumi.ResourceOptions(parent=self)
+        )
         self.private_key = pulumi.Output.secret(key.private_key_openssh)
         self.key_name = pair.key_name
         self.register_outputs({"keyName": self.key_name})
 
     def connection(self, host: pulumi.Input[str]) -> command.remote.ConnectionArgs:
         # A fresh instance refuses SSH for a while: never give up dialing (the scripts bound time).
-        return command.remote.ConnectionArgs(host=host, user=host_layout.SSH_USER, private_key=self.private_key,
-                                             dial_error_limit=-1, per_dial_timeout=30)
+        return command.remote.ConnectionArgs(
+            host=host, user=host_layout.SSH_USER, private_key=self.private_key, dial_error_limit=-1, per_dial_timeout=30
+        )

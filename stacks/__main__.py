@@ -6,6 +6,7 @@
 
 plan and render run the real program under Pulumi's mock engine: no cloud, CLI or credentials.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,21 +21,28 @@ EXIT_BAD_SETTINGS = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m stacks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m stacks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("plan", "list the resources, install order and hourly cost"),
-                            ("render", "write every deployed artifact to a directory")):
+    for name, help_text in (
+        ("plan", "list the resources, install order and hourly cost"),
+        ("render", "write every deployed artifact to a directory"),
+    ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
-        p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a setting (with or without the project prefix); repeatable")
+        p.add_argument(
+            "--config",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a setting (with or without the project prefix); repeatable",
+        )
         if name == "plan":
             p.add_argument("--json", action="store_true", help="one JSON array of resources")
         else:
             p.add_argument("--out", required=True, type=Path, help="directory to write")
-    sub.add_parser("validate", help="replay a reference experiment on the live testbed (see --help)",
-                   add_help=False)
+    sub.add_parser("validate", help="replay a reference experiment on the live testbed (see --help)", add_help=False)
     return parser
 
 
@@ -52,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["validate"]:
         from validation.cli import main as validate_main
+
         return validate_main(argv[1:])
     args = _parser().parse_args(argv)
     try:

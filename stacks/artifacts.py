@@ -1,4 +1,5 @@
 """What `render` writes and `plan` prints, derived from a recorded mock run (DESIGN section 4)."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from typing import Any
 import yaml
 
 from components import bootstrap
-from stacks.offline import Recording, RecordedResource, redact, reveal
+from stacks.offline import RecordedResource, Recording, redact, reveal
 
 INSTANCE = "aws:ec2/instance:Instance"
 REMOTE_COMMAND = "command:remote:Command"
@@ -22,9 +23,17 @@ def _is_kubernetes_object(r: RecordedResource) -> bool:
 
 
 def plan_elements(rec: Recording) -> list[dict[str, Any]]:
-    return [{"urn": r.urn, "type": r.type, "name": r.name, "parent": r.parent or None,
-             "dependsOn": r.depends_on, "inputs": redact(r.inputs)}
-            for r in sorted(rec.resources, key=lambda r: r.urn)]
+    return [
+        {
+            "urn": r.urn,
+            "type": r.type,
+            "name": r.name,
+            "parent": r.parent or None,
+            "dependsOn": r.depends_on,
+            "inputs": redact(r.inputs),
+        }
+        for r in sorted(rec.resources, key=lambda r: r.urn)
+    ]
 
 
 def _component_of(r: RecordedResource, by_urn: dict[str, RecordedResource]) -> str:
@@ -98,8 +107,7 @@ def _step_label(r: RecordedResource) -> str:
 
 def install_order(rec: Recording) -> list[str]:
     """Cluster-side steps in dependency order, each with the steps it waits for."""
-    steps = {r.urn: r for r in rec.resources
-             if r.type in (HELM_RELEASE, REMOTE_COMMAND) or _is_kubernetes_object(r)}
+    steps = {r.urn: r for r in rec.resources if r.type in (HELM_RELEASE, REMOTE_COMMAND) or _is_kubernetes_object(r)}
     providers = {r.urn: r for r in rec.of_type("pulumi:providers:kubernetes")}
 
     def waits_for(r: RecordedResource) -> set[str]:
@@ -160,9 +168,15 @@ def render(rec: Recording, out: Path) -> list[Path]:
     for release in sorted(rec.of_type(HELM_RELEASE), key=lambda r: r.name):
         inputs = reveal(release.inputs)
         name = inputs["name"]
-        releases.append({"release": name, "namespace": inputs.get("namespace"), "chart": inputs["chart"],
-                         "version": inputs.get("version"),
-                         "repo": (inputs.get("repositoryOpts") or {}).get("repo")})
+        releases.append(
+            {
+                "release": name,
+                "namespace": inputs.get("namespace"),
+                "chart": inputs["chart"],
+                "version": inputs.get("version"),
+                "repo": (inputs.get("repositoryOpts") or {}).get("repo"),
+            }
+        )
         path = out / "values" / f"{name}.yaml"
         _write(path, yaml.safe_dump(inputs.get("values") or {}, sort_keys=True))
         written.append(path)
@@ -171,8 +185,12 @@ def render(rec: Recording, out: Path) -> list[Path]:
     written.append(path)
 
     for obj in manifests:
-        manifest = {k: v for k, v in obj.items() if k in ("apiVersion", "kind", "metadata", "spec", "data",
-                                                           "stringData", "type", "rules", "roleRef", "subjects")}
+        manifest = {
+            k: v
+            for k, v in obj.items()
+            if k
+            in ("apiVersion", "kind", "metadata", "spec", "data", "stringData", "type", "rules", "roleRef", "subjects")
+        }
         path = _manifest_path(out, manifest)
         _write(path, yaml.safe_dump(manifest, sort_keys=True))
         written.append(path)

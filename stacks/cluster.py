@@ -1,4 +1,5 @@
 """Layer 2: cluster identity, readiness gate, kubeconfig and the Kubernetes provider."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,15 +32,23 @@ def build_identity() -> ClusterIdentity:
 
 def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) -> ClusterAccess:
     connection = infra.ssh.connection(infra.control.public_ip)
-    gate = ReadinessGate("testbed-readiness", ReadinessGateArgs(
-        connection=connection,
-        region=s.region,
-        node_ips=[s.control_private_ip, *s.worker_private_ips],
-        nodes=[infra.control.instance, *(w.instance for w in infra.workers)],
-        timeout_seconds=READINESS_TIMEOUT_SECONDS, after=[infra.control.eip_association]))
+    gate = ReadinessGate(
+        "testbed-readiness",
+        ReadinessGateArgs(
+            connection=connection,
+            region=s.region,
+            node_ips=[s.control_private_ip, *s.worker_private_ips],
+            nodes=[infra.control.instance, *(w.instance for w in infra.workers)],
+            timeout_seconds=READINESS_TIMEOUT_SECONDS,
+            after=[infra.control.eip_association],
+        ),
+    )
     kubeconfig = identity.kubeconfig(f"testbed-{s.stack}", infra.control.public_ip, host_layout.API_SERVER_PORT)
-    provider = k8s.Provider("testbed-k8s", kubeconfig=kubeconfig,
-                            # a cluster that is already gone must not block `pulumi destroy`
-                            delete_unreachable=True,
-                            opts=pulumi.ResourceOptions(depends_on=[gate]))
+    provider = k8s.Provider(
+        "testbed-k8s",
+        kubeconfig=kubeconfig,
+        # a cluster that is already gone must not block `pulumi destroy`
+        delete_unreachable=True,
+        opts=pulumi.ResourceOptions(depends_on=[gate]),
+    )
     return ClusterAccess(gate=gate, kubeconfig=kubeconfig, provider=provider, control_connection=connection)

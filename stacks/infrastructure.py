@@ -1,4 +1,5 @@
 """Layer 1: network, SSH key, control node and GPU workers (pulumi-aws)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,17 +30,24 @@ def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Output[
     type; either way a zone that does not offer it stops the program with a clear message."""
     offerings = aws.ec2.get_instance_type_offerings_output(
         location_type="availability-zone",
-        filters=[{"name": "instance-type", "values": [s.worker_instance_type]},
-                 {"name": "location", "values": [f"{s.region}*"]}],
-        opts=opts)
+        filters=[
+            {"name": "instance-type", "values": [s.worker_instance_type]},
+            {"name": "location", "values": [f"{s.region}*"]},
+        ],
+        opts=opts,
+    )
 
     def choose(zones: list[str]) -> str:
         if not zones:
-            raise pulumi.RunError(f"workerInstanceType: \"{s.worker_instance_type}\" is not offered in any zone "
-                                  f"of region {s.region}; choose another region or instance type")
+            raise pulumi.RunError(
+                f'workerInstanceType: "{s.worker_instance_type}" is not offered in any zone '
+                f"of region {s.region}; choose another region or instance type"
+            )
         if s.availability_zone and s.availability_zone not in zones:
-            raise pulumi.RunError(f"availabilityZone: \"{s.availability_zone}\" does not offer "
-                                  f"{s.worker_instance_type}; zones that do: {', '.join(sorted(zones))}")
+            raise pulumi.RunError(
+                f'availabilityZone: "{s.availability_zone}" does not offer '
+                f"{s.worker_instance_type}; zones that do: {', '.join(sorted(zones))}"
+            )
         return s.availability_zone or sorted(zones)[0]
 
     return offerings.locations.apply(choose)
@@ -47,42 +55,96 @@ def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Output[
 
 def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) -> Infrastructure:
     opts = pulumi.ResourceOptions(provider=aws_provider)
-    network = Network("testbed-network", NetworkArgs(
-        vpc_cidr=s.vpc_cidr, subnet_cidr=s.subnet_cidr, admin_cidr=s.admin_cidr,
-        availability_zone=availability_zone(s, pulumi.InvokeOptions(provider=aws_provider))), opts=opts)
+    network = Network(
+        "testbed-network",
+        NetworkArgs(
+            vpc_cidr=s.vpc_cidr,
+            subnet_cidr=s.subnet_cidr,
+            admin_cidr=s.admin_cidr,
+            availability_zone=availability_zone(s, pulumi.InvokeOptions(provider=aws_provider)),
+        ),
+        opts=opts,
+    )
     ssh = SshAccess("testbed-ssh", opts=opts)
     ami = s.ami_id or ec2.ubuntu_ami(network)
     authorized_keys = (s.ssh_public_key,) if s.ssh_public_key else ()
 
-    def node(role: str, instance_type: str, private_ip: str, root_gb: int, user_data: pulumi.Input[str] = "",
-             spot: bool = False) -> ec2.NodeSpec:
-        return ec2.NodeSpec(role=role, instance_type=instance_type, ami_id=ami, subnet_id=network.subnet_id,
-                            security_group_id=network.security_group_id, key_name=ssh.key_name,
-                            private_ip=private_ip, root_volume_gb=root_gb, user_data=user_data, spot=spot,
-                            after=[network.internet_route])
+    def node(
+        role: str,
+        instance_type: str,
+        private_ip: str,
+        root_gb: int,
+        user_data: pulumi.Input[str] = "",
+        spot: bool = False,
+    ) -> ec2.NodeSpec:
+        return ec2.NodeSpec(
+            role=role,
+            instance_type=instance_type,
+            ami_id=ami,
+            subnet_id=network.subnet_id,
+            security_group_id=network.security_group_id,
+            key_name=ssh.key_name,
+            private_ip=private_ip,
+            root_volume_gb=root_gb,
+            user_data=user_data,
+            spot=spot,
+            after=[network.internet_route],
+        )
 
     def control_user_data(public_ip: pulumi.Output[str]) -> pulumi.Output[str]:
         return pulumi.Output.all(public_ip, identity.bootstrap_token, identity.ca_cert_pem, identity.ca_key_pem).apply(
-            lambda v: bootstrap.control_plane_user_data(bootstrap.ControlPlaneBootstrap(
-                kubernetes_version=s.kubernetes_version, kubernetes_minor=s.kubernetes_minor,
-                flannel_version=s.flannel_version, private_ip=s.control_private_ip, public_ip=v[0],
-                share_export_cidr=s.subnet_cidr, bootstrap_token=v[1], ca_cert_pem=v[2], ca_key_pem=v[3],
-                authorized_keys=authorized_keys)))
+            lambda v: bootstrap.control_plane_user_data(
+                bootstrap.ControlPlaneBootstrap(
+                    kubernetes_version=s.kubernetes_version,
+                    kubernetes_minor=s.kubernetes_minor,
+                    flannel_version=s.flannel_version,
+                    private_ip=s.control_private_ip,
+                    public_ip=v[0],
+                    share_export_cidr=s.subnet_cidr,
+                    bootstrap_token=v[1],
+                    ca_cert_pem=v[2],
+                    ca_key_pem=v[3],
+                    authorized_keys=authorized_keys,
+                )
+            )
+        )
 
-    control = ControlNode("testbed-control", ControlNodeArgs(
-        node=node("control-plane", s.control_instance_type, s.control_private_ip, s.control_root_volume_gb),
-        user_data_for_public_ip=control_user_data), opts=opts)
+    control = ControlNode(
+        "testbed-control",
+        ControlNodeArgs(
+            node=node("control-plane", s.control_instance_type, s.control_private_ip, s.control_root_volume_gb),
+            user_data_for_public_ip=control_user_data,
+        ),
+        opts=opts,
+    )
 
     worker_user_data = pulumi.Output.all(identity.bootstrap_token, identity.ca_cert_hash).apply(
-        lambda v: bootstrap.gpu_worker_user_data(bootstrap.WorkerBootstrap(
-            kubernetes_version=s.kubernetes_version, kubernetes_minor=s.kubernetes_minor,
-            nvidia_driver_branch=s.nvidia_driver_branch,
-            nvidia_container_toolkit_version=s.nvidia_container_toolkit_version,
-            control_plane_ip=s.control_private_ip, bootstrap_token=v[0], ca_cert_hash=v[1],
-            authorized_keys=authorized_keys)))
-    workers = [GpuWorker(f"testbed-worker-{index}",
-                         node("gpu-worker", s.worker_instance_type, private_ip, s.worker_root_volume_gb,
-                              worker_user_data, s.spot_workers), opts=opts)
-               for index, private_ip in enumerate(s.worker_private_ips)]
-    return Infrastructure(network=network, ssh=ssh, control=control, workers=workers,
-                          worker_user_data=worker_user_data)
+        lambda v: bootstrap.gpu_worker_user_data(
+            bootstrap.WorkerBootstrap(
+                kubernetes_version=s.kubernetes_version,
+                kubernetes_minor=s.kubernetes_minor,
+                nvidia_driver_branch=s.nvidia_driver_branch,
+                nvidia_container_toolkit_version=s.nvidia_container_toolkit_version,
+                control_plane_ip=s.control_private_ip,
+                bootstrap_token=v[0],
+                ca_cert_hash=v[1],
+                authorized_keys=authorized_keys,
+            )
+        )
+    )
+    workers = [
+        GpuWorker(
+            f"testbed-worker-{index}",
+            node(
+                "gpu-worker",
+                s.worker_instance_type,
+                private_ip,
+                s.worker_root_volume_gb,
+                worker_user_data,
+                s.spot_workers,
+            ),
+            opts=opts,
+        )
+        for index, private_ip in enumerate(s.worker_private_ips)
+    ]
+    return Infrastructure(network=network, ssh=ssh, control=control, workers=workers, worker_user_data=worker_user_data)

@@ -4,13 +4,15 @@
 `pulumi up` would register. Every ID, IP, AMI and key the mock returns is a placeholder:
 IPs come from the documentation ranges (RFC 5737) and IDs end in `-placeholder`.
 """
+
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pulumi
 import yaml
@@ -25,8 +27,8 @@ from stacks import settings as settings_mod
 ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDER_PUBLIC_IP = "198.51.100.10"  # RFC 5737 documentation range: never a real host
 SECRET_TEXT = "[secret]"
-_SECRET_SIG = rpc._special_sig_key  # noqa: SLF001 - the engine's own marker for secret values
-_SECRET_VALUE = rpc._special_secret_sig  # noqa: SLF001
+_SECRET_SIG = rpc._special_sig_key
+_SECRET_VALUE = rpc._special_secret_sig
 
 
 @dataclass
@@ -81,8 +83,11 @@ def _walk(value: Any, on_secret: Callable[[dict], Any], on_leaf: Callable[[Any],
 def whole_numbers(value: Any) -> Any:
     """The engine carries every number as a double; providers write whole ones as integers
     (401, not 401.0), and so does render."""
-    return _walk(value, on_secret=lambda s: {**s, "value": whole_numbers(s["value"])},
-                 on_leaf=lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)
+    return _walk(
+        value,
+        on_secret=lambda s: {**s, "value": whole_numbers(s["value"])},
+        on_leaf=lambda v: int(v) if isinstance(v, float) and v.is_integer() else v,
+    )
 
 
 def reveal(value: Any) -> Any:
@@ -108,18 +113,20 @@ def placeholder_key_pem(name: str) -> tuple[str, str, str]:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = ec.derive_private_key(int(_digest("key", name), 16) % (2**255) + 1, ec.SECP256R1())
-    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()).decode()
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
     public = key.public_key()
-    public_pem = public.public_bytes(serialization.Encoding.PEM,
-                                     serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    public_pem = public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
     openssh = public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     return private_pem, public_pem, openssh
 
 
 def placeholder_cert_pem(name: str) -> str:
     body = _digest("cert", name) * 4
-    lines = [body[i:i + 64] for i in range(0, len(body), 64)]
+    lines = [body[i : i + 64] for i in range(0, len(body), 64)]
     return "-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n"
 
 
@@ -139,8 +146,12 @@ class TestbedMocks(pulumi.runtime.Mocks):
         typ, name = args.typ, args.name
         if typ == "tls:index/privateKey:PrivateKey":
             private_pem, public_pem, openssh = placeholder_key_pem(name)
-            outputs.update(privateKeyPem=private_pem, privateKeyOpenssh=private_pem,
-                           publicKeyPem=public_pem, publicKeyOpenssh=openssh + "\n")
+            outputs.update(
+                privateKeyPem=private_pem,
+                privateKeyOpenssh=private_pem,
+                publicKeyPem=public_pem,
+                publicKeyOpenssh=openssh + "\n",
+            )
         elif typ in ("tls:index/selfSignedCert:SelfSignedCert", "tls:index/locallySignedCert:LocallySignedCert"):
             outputs["certPem"] = placeholder_cert_pem(name)
         elif typ == "tls:index/certRequest:CertRequest":
@@ -148,8 +159,10 @@ class TestbedMocks(pulumi.runtime.Mocks):
         elif typ in ("random:index/randomString:RandomString", "random:index/randomPassword:RandomPassword"):
             alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
             digest = _digest("random", name)
-            outputs["result"] = "".join(alphabet[int(digest[i:i + 2], 16) % len(alphabet)]
-                                        for i in range(0, 2 * int(args.inputs.get("length", 16)), 2))
+            outputs["result"] = "".join(
+                alphabet[int(digest[i : i + 2], 16) % len(alphabet)]
+                for i in range(0, 2 * int(args.inputs.get("length", 16)), 2)
+            )
         elif typ == "aws:ec2/eip:Eip":
             outputs["publicIp"] = PLACEHOLDER_PUBLIC_IP
         elif typ == "command:remote:Command":
@@ -159,16 +172,23 @@ class TestbedMocks(pulumi.runtime.Mocks):
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.invokes.append((args.token, args.provider or ""))
         if args.token == "aws:ec2/getAmi:getAmi":
-            return {"id": "ami-0placeholder000000", "imageId": "ami-0placeholder000000",
-                    "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-placeholder"}
+            return {
+                "id": "ami-0placeholder000000",
+                "imageId": "ami-0placeholder000000",
+                "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-placeholder",
+            }
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
             region = "us-east-1"
             for f in args.args.get("filters", []):
                 if f.get("name") == "location":
                     region = f["values"][0][:-1]
             zones = [f"{region}{z}" for z in "abcd"]
-            return {"id": "placeholder", "locations": zones, "instanceTypes": ["placeholder"] * len(zones),
-                    "locationTypes": ["availability-zone"] * len(zones)}
+            return {
+                "id": "placeholder",
+                "locations": zones,
+                "instanceTypes": ["placeholder"] * len(zones),
+                "locationTypes": ["availability-zone"] * len(zones),
+            }
         return {}
 
 
@@ -179,16 +199,25 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.recorded: list[RecordedResource] = []
 
-    def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+    def RegisterResource(self, request):
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
             inputs = whole_numbers(rpc.deserialize_properties(request.object, keep_unknowns=True))
-            self.recorded.append(RecordedResource(
-                urn=response.urn, type=request.type, name=request.name, parent=request.parent,
-                depends_on=sorted(set(request.dependencies)), inputs=inputs,
-                outputs=self.resources[response.urn].state, provider=request.provider,
-                custom_timeouts={k: v for k in ("create", "update", "delete")
-                                 if (v := getattr(request.customTimeouts, k))}))
+            self.recorded.append(
+                RecordedResource(
+                    urn=response.urn,
+                    type=request.type,
+                    name=request.name,
+                    parent=request.parent,
+                    depends_on=sorted(set(request.dependencies)),
+                    inputs=inputs,
+                    outputs=self.resources[response.urn].state,
+                    provider=request.provider,
+                    custom_timeouts={
+                        k: v for k in ("create", "update", "delete") if (v := getattr(request.customTimeouts, k))
+                    },
+                )
+            )
         return response
 
 
@@ -208,7 +237,7 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
     for item in overrides or []:
         key, sep, value = item.partition("=")
         if not sep:
-            raise settings_mod.SettingsError([f"--config: \"{item}\" is not allowed; expected KEY=VALUE"])
+            raise settings_mod.SettingsError([f'--config: "{item}" is not allowed; expected KEY=VALUE'])
         config[key if ":" in key else prefix + key] = value
     return config
 
@@ -237,5 +266,10 @@ def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None =
                 secret_names.add(name)
 
     _sync_await(run_pulumi_func(program))
-    return Recording(settings=settings, resources=monitor.recorded, outputs=resolved, secret_outputs=secret_names,
-                     invokes=mocks.invokes)
+    return Recording(
+        settings=settings,
+        resources=monitor.recorded,
+        outputs=resolved,
+        secret_outputs=secret_names,
+        invokes=mocks.invokes,
+    )

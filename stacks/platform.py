@@ -4,6 +4,7 @@ Order, as dependencies: cert-manager -> its webhook gate -> slurm-operator -> it
 monitoring (ServiceMonitor CRD) and the statesave PV -> slurm chart; everything else -> KEDA
 (its metrics API disturbs discovery while it starts) -> ScaledObject. The device plugin and
 the Training Operator need only the cluster."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,23 +31,55 @@ class Platform:
 
 def build(s: Settings, access: ClusterAccess) -> Platform:
     provider, ssh = access.provider, access.control_connection
-    device_plugin = DevicePlugin("testbed-device-plugin", DevicePluginArgs(
-        version=s.device_plugin_version, gpu_feature_discovery=s.gpu_feature_discovery, provider=provider))
-    cert_manager = CertManager("testbed-cert-manager", CertManagerArgs(
-        version=s.cert_manager_version, provider=provider, control_connection=ssh))
-    monitoring = Monitoring("testbed-monitoring", MonitoringArgs(
-        kube_prometheus_stack_version=s.kube_prometheus_stack_version,
-        dcgm_exporter_version=s.dcgm_exporter_version, provider=provider))
-    slinky = Slinky("testbed-slinky", SlinkyArgs(
-        version=s.slinky_version, image_tag=s.slurm_image_tag, nodeset=s.nodeset_name,
-        service_monitor_labels=service_monitor_labels(), provider=provider, control_connection=ssh,
-        operator_after=[cert_manager.webhook_gate], cluster_after=[monitoring.stack]))
-    training_operator = TrainingOperator("testbed-training-operator", TrainingOperatorArgs(
-        version=s.training_operator_version, control_connection=ssh, after=[access.gate]))
-    keda = Keda("testbed-keda", KedaArgs(
-        version=s.keda_version, names=slinky.names, prometheus_url=monitoring.prometheus_url,
-        min_replicas=s.keda_min_replicas, max_replicas=s.slurmd_max_replicas,
-        cooldown_seconds=s.keda_cooldown_seconds, polling_seconds=s.keda_polling_seconds,
-        provider=provider, control_connection=ssh, scaled_object_after=[slinky.cluster],
-        release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator]))
+    device_plugin = DevicePlugin(
+        "testbed-device-plugin",
+        DevicePluginArgs(
+            version=s.device_plugin_version, gpu_feature_discovery=s.gpu_feature_discovery, provider=provider
+        ),
+    )
+    cert_manager = CertManager(
+        "testbed-cert-manager",
+        CertManagerArgs(version=s.cert_manager_version, provider=provider, control_connection=ssh),
+    )
+    monitoring = Monitoring(
+        "testbed-monitoring",
+        MonitoringArgs(
+            kube_prometheus_stack_version=s.kube_prometheus_stack_version,
+            dcgm_exporter_version=s.dcgm_exporter_version,
+            provider=provider,
+        ),
+    )
+    slinky = Slinky(
+        "testbed-slinky",
+        SlinkyArgs(
+            version=s.slinky_version,
+            image_tag=s.slurm_image_tag,
+            nodeset=s.nodeset_name,
+            service_monitor_labels=service_monitor_labels(),
+            provider=provider,
+            control_connection=ssh,
+            operator_after=[cert_manager.webhook_gate],
+            cluster_after=[monitoring.stack],
+        ),
+    )
+    training_operator = TrainingOperator(
+        "testbed-training-operator",
+        TrainingOperatorArgs(version=s.training_operator_version, control_connection=ssh, after=[access.gate]),
+    )
+    keda = Keda(
+        "testbed-keda",
+        KedaArgs(
+            version=s.keda_version,
+            names=slinky.names,
+            prometheus_url=monitoring.prometheus_url,
+            min_replicas=s.keda_min_replicas,
+            max_replicas=s.slurmd_max_replicas,
+            cooldown_seconds=s.keda_cooldown_seconds,
+            polling_seconds=s.keda_polling_seconds,
+            provider=provider,
+            control_connection=ssh,
+            scaled_object_after=[slinky.cluster],
+            release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator],
+        ),
+    )
     return Platform(device_plugin, cert_manager, monitoring, slinky, keda, training_operator)

@@ -3,6 +3,7 @@
 Recorded from the AWS public price pages (EC2 On-Demand, EBS, public IPv4) on 2025-12-01;
 prices change, so the estimate says which table it used. Spot prices float: the plan shows
 the saving at SPOT_DISCOUNT_ASSUMED, an assumption, not a quote."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ def estimate(s: Settings) -> CostEstimate:
     prices = INSTANCE_HOURLY.get(s.region, {})
     control, worker = prices.get(s.control_instance_type), prices.get(s.worker_instance_type)
     if control is None or worker is None:
-        return CostEstimate(None, None, 0.0,
-                            f"no pinned price for {s.control_instance_type}/{s.worker_instance_type} in {s.region}")
+        return CostEstimate(
+            None, None, 0.0, f"no pinned price for {s.control_instance_type}/{s.worker_instance_type} in {s.region}"
+        )
     storage_gb = s.control_root_volume_gb + s.worker_count * s.worker_root_volume_gb
     storage = storage_gb * GP3_GB_MONTH[s.region] / HOURS_PER_MONTH
     addresses = (1 + s.worker_count) * PUBLIC_IPV4_HOURLY

@@ -1,4 +1,5 @@
 """The whole program: settings -> infrastructure -> cluster -> platform -> outputs."""
+
 from __future__ import annotations
 
 import pulumi
@@ -10,8 +11,9 @@ from stacks.settings import PROJECT, Settings
 
 def build(s: Settings) -> dict[str, pulumi.Input]:
     """Create every resource; return the stack outputs (DESIGN section 4 names)."""
-    aws_provider = aws.Provider("testbed-aws", region=s.region, default_tags={
-        "tags": {"testbed:project": PROJECT, "testbed:stack": s.stack}})
+    aws_provider = aws.Provider(
+        "testbed-aws", region=s.region, default_tags={"tags": {"testbed:project": PROJECT, "testbed:stack": s.stack}}
+    )
     identity = cluster.build_identity()
     infra = infrastructure.build(s, identity, aws_provider)
     access = cluster.build_access(s, infra, identity)

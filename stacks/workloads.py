@@ -1,4 +1,5 @@
 """Layer 4: the stack outputs a user needs to reach and use the testbed."""
+
 from __future__ import annotations
 
 import shlex
@@ -18,14 +19,19 @@ SSH_KEY_FILE = "testbed.pem"
 
 def sbatch_command(names: SlurmNames) -> str:
     """HPC users submit from inside slurmctld; the job script travels on stdin."""
-    pod = (f"$(kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} get pod "
-           f"-l {shlex.quote(label_selector(names.slurmctld_selector))} -o name)")
-    return (f"kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} exec -i {pod} "
-            f"-c {SLURMCTLD_CONTAINER} -- sbatch < job.sbatch")
+    pod = (
+        f"$(kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} get pod "
+        f"-l {shlex.quote(label_selector(names.slurmctld_selector))} -o name)"
+    )
+    return (
+        f"kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} exec -i {pod} "
+        f"-c {SLURMCTLD_CONTAINER} -- sbatch < job.sbatch"
+    )
 
 
-def outputs(infra: Infrastructure, access: ClusterAccess, platform: Platform,
-            cost: CostEstimate) -> dict[str, pulumi.Input]:
+def outputs(
+    infra: Infrastructure, access: ClusterAccess, platform: Platform, cost: CostEstimate
+) -> dict[str, pulumi.Input]:
     return {
         "kubeconfig": access.kubeconfig,
         "controlPlanePublicIp": infra.control.public_ip,
@@ -33,7 +39,9 @@ def outputs(infra: Infrastructure, access: ClusterAccess, platform: Platform,
         "sshPrivateKey": infra.ssh.private_key,
         "sshCommand": pulumi.Output.concat(
             f"pulumi stack output --show-secrets sshPrivateKey > {SSH_KEY_FILE} && chmod 600 {SSH_KEY_FILE} && "
-            f"ssh -i {SSH_KEY_FILE} {host_layout.SSH_USER}@", infra.control.public_ip),
+            f"ssh -i {SSH_KEY_FILE} {host_layout.SSH_USER}@",
+            infra.control.public_ip,
+        ),
         "sbatchCommand": sbatch_command(platform.slinky.names),
         "grafanaAdminPassword": platform.monitoring.grafana_password,
         "estimatedHourlyCostUsd": cost.hourly_usd,

@@ -2,6 +2,7 @@
 
 `stacks.offline.run` records every resource (type, name, parent, inputs, dependencies) and
 resets Pulumi's runtime before each run, so tests share nothing but what they ask for."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,8 +18,10 @@ ADMIN_CIDR = "203.0.113.7/32"
 def config(**settings: Any) -> dict[str, str]:
     """Project-prefixed config with the one required setting filled in."""
     values = {"adminCidr": ADMIN_CIDR, **settings}
-    return {f"{PROJECT}:{key}": str(value).lower() if isinstance(value, bool) else str(value)
-            for key, value in values.items()}
+    return {
+        f"{PROJECT}:{key}": str(value).lower() if isinstance(value, bool) else str(value)
+        for key, value in values.items()
+    }
 
 
 def run_program(**settings: Any) -> offline.Recording:

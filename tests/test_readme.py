@@ -1,4 +1,5 @@
 """The README stays true: every setting documented with its default, CI runs its test command."""
+
 import re
 from pathlib import Path
 

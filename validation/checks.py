@@ -3,6 +3,7 @@
 Each one states a property of the whole run, so a test can build a timeline that breaks
 exactly that property and see the check fail.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,10 +12,10 @@ from itertools import combinations
 from validation.scenarios import AT_START, SLURM, Planned, Scenario
 from validation.timeline import (
     FINISHED,
+    KUBERNETES,
     PENDING,
     SLURMD,
     SUCCEEDED,
-    KUBERNETES,
     Holding,
     Sample,
     Timeline,
@@ -69,6 +70,7 @@ def describe_checks(exp: Expectations) -> list[str]:
 
 # ------------------------------------------------------------------ latencies
 
+
 def first_slurm_pending(timeline: Timeline) -> float | None:
     return next((s.t for s in timeline.samples if any(j.phase == PENDING for j in s.slurm_jobs)), None)
 
@@ -105,6 +107,7 @@ def gpu_return_latency(timeline: Timeline) -> float | None:
 
 # ------------------------------------------------------------------ checks
 
+
 def check_outcome(timeline: Timeline) -> Check:
     return Check("run completed", timeline.outcome == "completed", f"outcome: {timeline.outcome}")
 
@@ -127,9 +130,7 @@ def check_jobs_succeeded(timeline: Timeline) -> Check:
 def check_uuids_read(timeline: Timeline) -> Check:
     """Exclusivity is only proven for pods whose GPU we saw from inside."""
     read = {p.uid for s in timeline.samples for p in s.gpu_pods if p.uuids}
-    unread = sorted(
-        {p.key for s in timeline.samples for p in s.gpu_pods if p.phase == "Running" and p.uid not in read}
-    )
+    unread = sorted({p.key for s in timeline.samples for p in s.gpu_pods if p.phase == "Running" and p.uid not in read})
     detail = "unread: " + ", ".join(unread) if unread else "every running GPU pod reported its GPU"
     return Check("GPU UUIDs read", not unread, detail)
 
@@ -210,7 +211,12 @@ def check_handoff(timeline: Timeline) -> Check:
 
 
 def evaluate(timeline: Timeline, exp: Expectations) -> list[Check]:
-    checks = [check_outcome(timeline), check_jobs_succeeded(timeline), check_uuids_read(timeline), check_gpu_exclusive(timeline)]
+    checks = [
+        check_outcome(timeline),
+        check_jobs_succeeded(timeline),
+        check_uuids_read(timeline),
+        check_gpu_exclusive(timeline),
+    ]
     if exp.slurm:
         checks += [check_scale_up(timeline), check_gpu_return(timeline)]
     if exp.queueing:

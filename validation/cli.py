@@ -2,12 +2,13 @@
 
 Exit status: 0 when every check passed, 1 when one failed, 2 for bad input.
 """
+
 from __future__ import annotations
 
 import argparse
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -61,10 +62,14 @@ def load_kubeconfig(path: Path | None) -> dict:
     try:
         out = subprocess.run(
             ["pulumi", "stack", "output", "--show-secrets", "kubeconfig"],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
-        raise UsageError(f"--kubeconfig not given and `pulumi stack output kubeconfig` failed ({error}); pass --kubeconfig PATH")
+        raise UsageError(
+            f"--kubeconfig not given and `pulumi stack output kubeconfig` failed ({error}); pass --kubeconfig PATH"
+        ) from None
     return yaml.safe_load(out)
 
 
@@ -99,7 +104,7 @@ def _main(argv: list[str]) -> int:
         raise UsageError(f"--scenario: {args.scenario!r} is not one of {', '.join(SCENARIOS)}")
     scenario = SCENARIOS[args.scenario]
     names = SlurmNames()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     run_id = "dryrun" if args.dry_run else now.strftime("r%m%d%H%M%S")
     planned = plan(scenario, run_id)
     exp = expectations(scenario, planned, GPUS_TOTAL)
@@ -127,8 +132,13 @@ def _main(argv: list[str]) -> int:
 
     cluster = KubeCluster.from_kubeconfig(load_kubeconfig(args.kubeconfig), names)
     timeline = run(
-        planned, cluster, WallClock(),
-        scenario=scenario.name, gpus_total=GPUS_TOTAL, interval=args.interval,
-        timeout=args.timeout, started_at=now.isoformat(timespec="seconds"),
+        planned,
+        cluster,
+        WallClock(),
+        scenario=scenario.name,
+        gpus_total=GPUS_TOTAL,
+        interval=args.interval,
+        timeout=args.timeout,
+        started_at=now.isoformat(timespec="seconds"),
     )
     return 0 if write_results(timeline, exp, out) else 1

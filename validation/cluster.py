@@ -4,6 +4,7 @@
 through the same doors users use: sbatch by exec into slurmctld, Kubernetes jobs through
 the API. Tests pass a fake that simulates a tiny cluster instead.
 """
+
 from __future__ import annotations
 
 import re
@@ -77,6 +78,7 @@ class WallClock:
 
 # ------------------------------------------------------------------ pure parsing
 
+
 def expand_hostlist(hostlist: str) -> tuple[str, ...]:
     """Slurm's compressed node list, e.g. 'slinky-[0-1,3],other-2' -> each name."""
     names: list[str] = []
@@ -148,6 +150,7 @@ def classify_pod(pod: dict, names: SlurmNames) -> GpuPod | None:
 
 # ------------------------------------------------------------------ the real cluster
 
+
 class KubeCluster:
     """The live testbed, reached with the kubernetes client."""
 
@@ -162,7 +165,7 @@ class KubeCluster:
         self.exec_timeout = exec_timeout
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: dict, names: SlurmNames) -> "KubeCluster":
+    def from_kubeconfig(cls, kubeconfig: dict, names: SlurmNames) -> KubeCluster:
         from kubernetes import config
 
         return cls(config.new_client_from_config_dict(kubeconfig), names)

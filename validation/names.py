@@ -1,5 +1,6 @@
 """Names of the cluster objects the runner talks to, taken from the platform layer's own
 derivations (components/), so the runner and the deployment cannot drift apart."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,4 @@ class SlurmNames:
 
     def exec_prefix(self) -> str:
         """The `kubectl exec` that users type to reach slurmctld."""
-        return (
-            f"kubectl exec -i -n {self.namespace} {self.controller_pod} "
-            f"-c {self.controller_container} --"
-        )
+        return f"kubectl exec -i -n {self.namespace} {self.controller_pod} -c {self.controller_container} --"

@@ -1,4 +1,5 @@
 """The picture of the hand-off: one lane per GPU coloured by owner, slurmd replicas beneath."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,10 +8,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a build machine
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
-from validation.timeline import Timeline, gpu_owner, gpu_uuids, node_of_uuid  # noqa: E402
+from validation.timeline import Timeline, gpu_owner, gpu_uuids, node_of_uuid
 
 IDLE_COLOUR = "#eeeeee"
 SLURMD_IDLE_COLOUR = "#9ecae1"  # slurmd holds the GPU but runs no Slurm job (cooldown)
@@ -55,13 +56,22 @@ def draw(timeline: Timeline, path: Path, title: str | None = None) -> None:
     nodes = node_of_uuid(timeline)
     palette = colours(timeline)
     fig, (lanes, scale) = plt.subplots(
-        2, 1, figsize=(11, 1.2 + 0.55 * max(len(uuids), 1) + 1.6), sharex=True,
+        2,
+        1,
+        figsize=(11, 1.2 + 0.55 * max(len(uuids), 1) + 1.6),
+        sharex=True,
         gridspec_kw={"height_ratios": [max(len(uuids), 1), 1.6]},
     )
     for row, uuid in enumerate(uuids):
         for start, end, category, label in segments(timeline, uuid):
-            lanes.broken_barh([(start, end - start)], (row - 0.4, 0.8), color=palette[(category, label)],
-                              hatch="//" if category == "slurmd-idle" else None, edgecolor="white", linewidth=0.3)
+            lanes.broken_barh(
+                [(start, end - start)],
+                (row - 0.4, 0.8),
+                color=palette[(category, label)],
+                hatch="//" if category == "slurmd-idle" else None,
+                edgecolor="white",
+                linewidth=0.3,
+            )
     lanes.set_yticks(range(len(uuids)), [f"{nodes[u]}\n{u[:12]}…" for u in uuids], fontsize=7)
     lanes.invert_yaxis()
     lanes.set_title(title or f"GPU owners over time: scenario {timeline.scenario}", fontsize=10)
@@ -70,7 +80,9 @@ def draw(timeline: Timeline, path: Path, title: str | None = None) -> None:
     for (category, label), colour in palette.items():
         if category == "slurmd-idle":
             continue
-        text = {"idle": "idle (no pod)", "slurm-job": f"Slurm job {label}", "kubernetes": f"Kubernetes {label}"}[category]
+        text = {"idle": "idle (no pod)", "slurm-job": f"Slurm job {label}", "kubernetes": f"Kubernetes {label}"}[
+            category
+        ]
         legend.append(Patch(facecolor=colour, label=text))
     if any(c == "slurmd-idle" for c, _ in palette):
         legend.append(Patch(facecolor=SLURMD_IDLE_COLOUR, hatch="//", label="slurmd pod, no Slurm job"))
@@ -80,8 +92,17 @@ def draw(timeline: Timeline, path: Path, title: str | None = None) -> None:
     pending = [sum(j.phase == "pending" for j in s.slurm_jobs) for s in timeline.samples]
     # Pending first and wide, so the replica lines drawn over it stay readable where they meet.
     scale.step(times, pending, where="post", linewidth=4, alpha=0.35, color="#d62728", label="Slurm jobs pending")
-    scale.step(times, [s.nodeset_replicas for s in timeline.samples], where="post", color="#08306b", label="NodeSet replicas")
-    scale.step(times, [s.slurmd_ready for s in timeline.samples], where="post", linestyle="--", color="#17becf", label="slurmd Ready")
+    scale.step(
+        times, [s.nodeset_replicas for s in timeline.samples], where="post", color="#08306b", label="NodeSet replicas"
+    )
+    scale.step(
+        times,
+        [s.slurmd_ready for s in timeline.samples],
+        where="post",
+        linestyle="--",
+        color="#17becf",
+        label="slurmd Ready",
+    )
     scale.set_ylabel("count", fontsize=8)
     scale.set_xlabel("seconds since start", fontsize=8)
     scale.set_ylim(-0.2, max([timeline.gpus_total, *pending]) + 0.5)

@@ -1,4 +1,5 @@
 """The summary a person reads after a run: the checks, the latencies, every job's times."""
+
 from __future__ import annotations
 
 from validation.checks import Check, gpu_return_latency, scale_up_latency
@@ -13,7 +14,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 

@@ -5,6 +5,7 @@ inside them, Kubernetes job states), then submits whatever has become due. The r
 when every job has finished and, if Slurm was used, slurmd has been scaled back to 0.
 Ctrl-C, a timeout or an error cancels and deletes everything the run submitted.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

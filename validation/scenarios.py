@@ -4,6 +4,7 @@ A scenario names job files under `jobs/`; planning turns them into what the runn
 submits (the sbatch script, the Kubernetes objects) with names unique to the run, so two
 copies of one job can run side by side and every row in squeue or the API is ours.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "handoff",
-            "idle -> sbatch -> slurmd scales up -> job ends -> cooldown -> slurmd to 0 "
-            "-> a PyTorchJob on every GPU",
+            "idle -> sbatch -> slurmd scales up -> job ends -> cooldown -> slurmd to 0 -> a PyTorchJob on every GPU",
             (
                 Workload("slurm/gpu-smoke.sbatch"),
                 # Master + 3 Workers take all 4 GPUs, so the GPU Slurm had must change hands.
@@ -139,13 +139,13 @@ def kube_gpus(obj: dict) -> int:
     spec = obj["spec"]
     if obj["kind"] == "PyTorchJob":
         return sum(
-            int(r.get("replicas", 1)) * pod_gpus(r["template"]["spec"])
-            for r in spec["pytorchReplicaSpecs"].values()
+            int(r.get("replicas", 1)) * pod_gpus(r["template"]["spec"]) for r in spec["pytorchReplicaSpecs"].values()
         )
     return int(spec.get("parallelism", 1)) * pod_gpus(spec["template"]["spec"])
 
 
 # ------------------------------------------------------------------ planning
+
 
 def load_objects(path: Path) -> list[dict]:
     # YAML anchors (the PyTorchJob shares one pod template) load as one shared object,

@@ -5,6 +5,7 @@ plot work the same on a live recording and on a constructed timeline in a test.
 Times are seconds since the run started, on the runner's clock: the cluster's own
 timestamps would mix clocks of several machines.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,7 +95,7 @@ class Timeline:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Timeline":
+    def from_dict(cls, data: dict) -> Timeline:
         samples = [
             Sample(
                 t=s["t"],
@@ -120,7 +121,7 @@ class Timeline:
         path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
-    def load(cls, path: Path) -> "Timeline":
+    def load(cls, path: Path) -> Timeline:
         return cls.from_dict(json.loads(path.read_text()))
 
 
@@ -164,6 +165,7 @@ def batch_job_phase(status: dict) -> str:
 
 
 # ------------------------------------------------------------------ derived facts
+
 
 @dataclass(frozen=True)
 class JobLife:

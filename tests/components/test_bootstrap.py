@@ -1,4 +1,5 @@
 """The node bootstrap renderers and scripts, checked directly and as deployed."""
+
 import hashlib
 import subprocess
 import sys
@@ -40,39 +41,57 @@ def test_workers_pin_the_ca_the_control_plane_is_given(default_run):
     """The join hash in worker user-data is derived from the very CA key sent to the control node."""
     ca_key = serialization.load_pem_private_key(
         written_file(user_data_of(default_run, "testbed-control-instance"), "/etc/kubernetes/pki/ca.key").encode(),
-        password=None)
-    expected = "sha256:" + hashlib.sha256(ca_key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
-    join = yaml.safe_load(written_file(user_data_of(default_run, "testbed-worker-0-instance"), bootstrap.KUBEADM_CONFIG))
+        password=None,
+    )
+    expected = (
+        "sha256:"
+        + hashlib.sha256(
+            ca_key.public_key().public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        ).hexdigest()
+    )
+    join = yaml.safe_load(
+        written_file(user_data_of(default_run, "testbed-worker-0-instance"), bootstrap.KUBEADM_CONFIG)
+    )
     assert join["discovery"]["bootstrapToken"]["caCertHashes"] == [expected]
 
 
 def test_one_token_serves_init_and_join_and_has_kubeadm_format(default_run):
-    init, _ = yaml.safe_load_all(written_file(user_data_of(default_run, "testbed-control-instance"),
-                                              bootstrap.KUBEADM_CONFIG))
-    join = yaml.safe_load(written_file(user_data_of(default_run, "testbed-worker-2-instance"), bootstrap.KUBEADM_CONFIG))
+    init, _ = yaml.safe_load_all(
+        written_file(user_data_of(default_run, "testbed-control-instance"), bootstrap.KUBEADM_CONFIG)
+    )
+    join = yaml.safe_load(
+        written_file(user_data_of(default_run, "testbed-worker-2-instance"), bootstrap.KUBEADM_CONFIG)
+    )
     token = init["bootstrapTokens"][0]["token"]
     assert join["discovery"]["bootstrapToken"]["token"] == token
     import re
+
     assert re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}", token)
 
 
 def test_api_certificate_names_the_elastic_ip_and_workers_reach_the_fixed_private_ip(default_run):
     eip = by_type(default_run, "aws:ec2/eip:Eip")[0].outputs["publicIp"]
-    _, cluster = yaml.safe_load_all(written_file(user_data_of(default_run, "testbed-control-instance"),
-                                                 bootstrap.KUBEADM_CONFIG))
+    _, cluster = yaml.safe_load_all(
+        written_file(user_data_of(default_run, "testbed-control-instance"), bootstrap.KUBEADM_CONFIG)
+    )
     control_ip = default_run.named("testbed-control-instance").inputs["privateIp"]
     assert eip in cluster["apiServer"]["certSANs"] and control_ip in cluster["apiServer"]["certSANs"]
     assert cluster["controlPlaneEndpoint"] == f"{control_ip}:{host_layout.API_SERVER_PORT}"
     assert cluster["kubernetesVersion"] == f"v{default_run.settings.kubernetes_version}"
-    join = yaml.safe_load(written_file(user_data_of(default_run, "testbed-worker-1-instance"), bootstrap.KUBEADM_CONFIG))
+    join = yaml.safe_load(
+        written_file(user_data_of(default_run, "testbed-worker-1-instance"), bootstrap.KUBEADM_CONFIG)
+    )
     assert join["discovery"]["bootstrapToken"]["apiServerEndpoint"] == cluster["controlPlaneEndpoint"]
     env = written_file(user_data_of(default_run, "testbed-worker-1-instance"), bootstrap.ENV_FILE)
     assert f"CONTROL_PLANE_IP={control_ip}\n" in env
 
 
 def test_gpu_workers_register_with_the_device_plugin_label(default_run):
-    join = yaml.safe_load(written_file(user_data_of(default_run, "testbed-worker-3-instance"), bootstrap.KUBEADM_CONFIG))
+    join = yaml.safe_load(
+        written_file(user_data_of(default_run, "testbed-worker-3-instance"), bootstrap.KUBEADM_CONFIG)
+    )
     args = join["nodeRegistration"]["kubeletExtraArgs"]
     assert {"name": "node-labels", "value": "nvidia.com/gpu.present=true"} in args
 
@@ -99,14 +118,17 @@ def test_secret_files_are_root_only(default_run):
 
 def test_env_file_quotes_values_so_they_cannot_run_shell():
     text = bootstrap.env_file({"A": "x; rm -rf /", "B": "plain"})
-    result = subprocess.run(["bash", "-c", f"set -a; {text}\nprintf '%s|%s' \"$A\" \"$B\""],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["bash", "-c", f'set -a; {text}\nprintf \'%s|%s\' "$A" "$B"'], capture_output=True, text=True, check=True
+    )
     assert result.stdout == "x; rm -rf /|plain"
 
 
 def test_every_parameter_a_script_requires_is_in_its_env_file(default_run):
-    for node, role_script in (("testbed-control-instance", "control-plane.sh"),
-                              ("testbed-worker-0-instance", "gpu-worker.sh")):
+    for node, role_script in (
+        ("testbed-control-instance", "control-plane.sh"),
+        ("testbed-worker-0-instance", "gpu-worker.sh"),
+    ):
         env = written_file(user_data_of(default_run, node), bootstrap.ENV_FILE)
         given = {line.split("=", 1)[0] for line in env.splitlines()}
         for name in ("node-common.sh", role_script):
@@ -117,8 +139,12 @@ def test_every_parameter_a_script_requires_is_in_its_env_file(default_run):
 
 def test_scripts_pass_shellcheck():
     scripts = sorted(bootstrap.SCRIPTS_DIR.glob("*.sh"))
-    result = subprocess.run([str(SHELLCHECK), "-x", "-f", "gcc", *map(str, scripts)],
-                            capture_output=True, text=True, cwd=bootstrap.SCRIPTS_DIR)
+    result = subprocess.run(
+        [str(SHELLCHECK), "-x", "-f", "gcc", *map(str, scripts)],
+        capture_output=True,
+        text=True,
+        cwd=bootstrap.SCRIPTS_DIR,
+    )
     assert result.returncode == 0, result.stdout
 
 

@@ -11,6 +11,7 @@ Idempotency is the scripts' own: a second run must not init or join again, fetch
 or duplicate a repository, export or fstab line, and must leave every file as the first run
 left it. A failing step must stop the run with a FAILED line that names it.
 """
+
 from __future__ import annotations
 
 import re
@@ -36,13 +37,13 @@ NODE_SCRIPTS = ("testbed-lib.sh", "node-common.sh", "control-plane.sh", "gpu-wor
 K8S_LIST = "/etc/apt/sources.list.d/kubernetes.list"
 TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
-FSTAB = ("LABEL=cloudimg-rootfs\t/\text4\tdiscard,commit=30,errors=remount-ro\t0 1\n"
-         "/swapfile none swap sw 0 0\n")
+FSTAB = "LABEL=cloudimg-rootfs\t/\text4\tdiscard,commit=30,errors=remount-ro\t0 1\n/swapfile none swap sw 0 0\n"
 
 # What `containerd --version` and `containerd config default` print, per major version.
 CONTAINERD = {
-    "1.7": ("containerd github.com/containerd/containerd 1.7.28 b98a3aace656320842a23f4a392a33f46af97866",
-            """version = 2
+    "1.7": (
+        "containerd github.com/containerd/containerd 1.7.28 b98a3aace656320842a23f4a392a33f46af97866",
+        """version = 2
 
 [plugins]
   [plugins."io.containerd.grpc.v1.cri"]
@@ -51,9 +52,12 @@ CONTAINERD = {
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-""", f'    sandbox_image = "{PAUSE}"'),
-    "2.x": ("containerd github.com/containerd/containerd/v2 v2.1.4 75cb2b7193e4e490e9fbdc236c0e811ccaba3376",
-            """version = 3
+""",
+        f'    sandbox_image = "{PAUSE}"',
+    ),
+    "2.x": (
+        "containerd github.com/containerd/containerd/v2 v2.1.4 75cb2b7193e4e490e9fbdc236c0e811ccaba3376",
+        """version = 3
 
 [plugins]
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
@@ -62,7 +66,9 @@ CONTAINERD = {
     runtime_type = 'io.containerd.runc.v2'
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
       SystemdCgroup = false
-""", f"    sandbox = '{PAUSE}'"),
+""",
+        f"    sandbox = '{PAUSE}'",
+    ),
 }
 
 # Every stub: log the call, fail if a rule in $STUB_FAILS says so ("N PREFIX": the first N
@@ -105,8 +111,10 @@ option() {  # option FLAG ARGS...: the value after FLAG
 
 STUBS = {
     # Commands whose effect the tests read from the calls log only.
-    **{name: "" for name in ("apt-mark", "modprobe", "sysctl", "swapoff", "systemctl", "exportfs",
-                             "nvidia-ctk", "sleep")},
+    **{
+        name: ""
+        for name in ("apt-mark", "modprobe", "sysctl", "swapoff", "systemctl", "exportfs", "nvidia-ctk", "sleep")
+    },
     "apt-get": """case " $* " in *" nvidia-headless-"*) : >"$STUB_STATE/driver-installed" ;; esac
 """,
     "uname": f"""[ "${{1:-}}" = -r ] && echo {KERNEL}
@@ -175,21 +183,34 @@ def redirect_targets_outside_root(text: str) -> list[str]:
 
 def control_user_data() -> str:
     private_pem, _, _ = placeholder_key_pem("idempotency-ca")
-    return bootstrap.control_plane_user_data(bootstrap.ControlPlaneBootstrap(
-        kubernetes_version=S.kubernetes_version, kubernetes_minor=S.kubernetes_minor,
-        flannel_version=S.flannel_version, private_ip=S.control_private_ip, public_ip="198.51.100.7",
-        share_export_cidr=S.subnet_cidr, bootstrap_token="abcdef.0123456789abcdef",
-        ca_cert_pem="-----BEGIN CERTIFICATE-----\nstub\n-----END CERTIFICATE-----\n", ca_key_pem=private_pem))
+    return bootstrap.control_plane_user_data(
+        bootstrap.ControlPlaneBootstrap(
+            kubernetes_version=S.kubernetes_version,
+            kubernetes_minor=S.kubernetes_minor,
+            flannel_version=S.flannel_version,
+            private_ip=S.control_private_ip,
+            public_ip="198.51.100.7",
+            share_export_cidr=S.subnet_cidr,
+            bootstrap_token="abcdef.0123456789abcdef",
+            ca_cert_pem="-----BEGIN CERTIFICATE-----\nstub\n-----END CERTIFICATE-----\n",
+            ca_key_pem=private_pem,
+        )
+    )
 
 
 def worker_user_data() -> str:
     _, public_pem, _ = placeholder_key_pem("idempotency-ca")
-    return bootstrap.gpu_worker_user_data(bootstrap.WorkerBootstrap(
-        kubernetes_version=S.kubernetes_version, kubernetes_minor=S.kubernetes_minor,
-        nvidia_driver_branch=S.nvidia_driver_branch,
-        nvidia_container_toolkit_version=S.nvidia_container_toolkit_version,
-        control_plane_ip=S.control_private_ip, bootstrap_token="abcdef.0123456789abcdef",
-        ca_cert_hash=bootstrap.discovery_token_ca_cert_hash(public_pem)))
+    return bootstrap.gpu_worker_user_data(
+        bootstrap.WorkerBootstrap(
+            kubernetes_version=S.kubernetes_version,
+            kubernetes_minor=S.kubernetes_minor,
+            nvidia_driver_branch=S.nvidia_driver_branch,
+            nvidia_container_toolkit_version=S.nvidia_container_toolkit_version,
+            control_plane_ip=S.control_private_ip,
+            bootstrap_token="abcdef.0123456789abcdef",
+            ca_cert_hash=bootstrap.discovery_token_ca_cert_hash(public_pem),
+        )
+    )
 
 
 @dataclass
@@ -216,8 +237,15 @@ class Sandbox:
         self.calls_log.touch()
         self._stubs()
         # The image: what Ubuntu and its packages provide before the scripts run.
-        for d in ("etc/modules-load.d", "etc/sysctl.d", "etc/apt/sources.list.d", "usr/share/keyrings",
-                  "tmp", "home/ubuntu", "var/log"):
+        for d in (
+            "etc/modules-load.d",
+            "etc/sysctl.d",
+            "etc/apt/sources.list.d",
+            "usr/share/keyrings",
+            "tmp",
+            "home/ubuntu",
+            "var/log",
+        ):
             (self.root / d).mkdir(parents=True)
         self.write("/etc/fstab", FSTAB)
         version, default_config, _ = CONTAINERD[containerd]
@@ -229,9 +257,13 @@ class Sandbox:
             self.write(f["path"], f["content"]).chmod(int(f["permissions"], 8))
         bash_c = doc["runcmd"][0]
         assert bash_c[:2] == ["bash", "-c"] and bootstrap.NODE_SCRIPT_DIR in bash_c[2]
-        self.command = [self.tools / "bash", "-c", bash_c[2]
-                        .replace(bootstrap.NODE_SCRIPT_DIR, f"{self.root}{bootstrap.NODE_SCRIPT_DIR}")
-                        .replace(host_layout.BOOTSTRAP_LOG, f"{self.root}{host_layout.BOOTSTRAP_LOG}")]
+        self.command = [
+            self.tools / "bash",
+            "-c",
+            bash_c[2]
+            .replace(bootstrap.NODE_SCRIPT_DIR, f"{self.root}{bootstrap.NODE_SCRIPT_DIR}")
+            .replace(host_layout.BOOTSTRAP_LOG, f"{self.root}{host_layout.BOOTSTRAP_LOG}"),
+        ]
         # Confinement relies on this: a literal path redirect would write to the host.
         for name in NODE_SCRIPTS:
             assert not redirect_targets_outside_root(bootstrap.script(name)), name
@@ -266,14 +298,23 @@ class Sandbox:
 
     def snapshot(self) -> dict[str, bytes]:
         """Every file under the root but the bootstrap log, which each run appends to by design."""
-        return {str(p.relative_to(self.root)): p.read_bytes() for p in sorted(self.root.rglob("*"))
-                if p.is_file() and p != self.path(host_layout.BOOTSTRAP_LOG)}
+        return {
+            str(p.relative_to(self.root)): p.read_bytes()
+            for p in sorted(self.root.rglob("*"))
+            if p.is_file() and p != self.path(host_layout.BOOTSTRAP_LOG)
+        }
 
     def run(self) -> Run:
         before = len(self.calls_log.read_text().splitlines())
-        env = {"PATH": f"{self.bin}:{self.tools}", "TESTBED_ROOT": str(self.root), "HOME": str(self.base),
-               "LC_ALL": "C", "STUB_CALLS": str(self.calls_log), "STUB_FAILS": str(self.fails),
-               "STUB_STATE": str(self.state)}
+        env = {
+            "PATH": f"{self.bin}:{self.tools}",
+            "TESTBED_ROOT": str(self.root),
+            "HOME": str(self.base),
+            "LC_ALL": "C",
+            "STUB_CALLS": str(self.calls_log),
+            "STUB_FAILS": str(self.fails),
+            "STUB_STATE": str(self.state),
+        }
         done = subprocess.run(self.command, env=env, cwd=self.base, capture_output=True, text=True, timeout=60)
         calls = self.calls_log.read_text().splitlines()[before:]
         return Run(done.returncode, done.stdout + done.stderr, calls)
@@ -302,9 +343,11 @@ def test_control_node_second_run_does_not_initialise_again(tmp_path, containerd)
     assert count(second.calls, "curl ") == 0 and count(second.calls, "gpg ") == 0  # keyring kept
     assert lines(box.read(K8S_LIST)) == [
         f"deb [signed-by=/etc/apt/keyrings/kubernetes-apt-keyring.gpg] "
-        f"https://pkgs.k8s.io/core:/stable:/v{S.kubernetes_minor}/deb/ /"]
+        f"https://pkgs.k8s.io/core:/stable:/v{S.kubernetes_minor}/deb/ /"
+    ]
     assert lines(box.read("/etc/exports.d/testbed.exports")) == [
-        f"{host_layout.SHARE_DIR} {S.subnet_cidr}(rw,sync,no_subtree_check)"]
+        f"{host_layout.SHARE_DIR} {S.subnet_cidr}(rw,sync,no_subtree_check)"
+    ]
     assert box.path(host_layout.SLURM_STATE_DIR).is_dir()
     uid = host_layout.SLURM_UID
     assert f"install -d -m 0750 -o {uid} -g {uid} {box.path(host_layout.SLURM_STATE_DIR)}" in second.calls
@@ -329,17 +372,22 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
     assert count(first.calls, "kubeadm reset") == 0
     driver = f"nvidia-headless-{S.nvidia_driver_branch}-server-open"
     assert sum(driver in c for c in first.calls) == 1 and not any(driver in c for c in second.calls)
-    assert f"apt-get -o DPkg::Lock::Timeout=600 -y install linux-headers-{KERNEL} {driver}" \
-           f" nvidia-utils-{S.nvidia_driver_branch}-server" in first.calls
+    assert (
+        f"apt-get -o DPkg::Lock::Timeout=600 -y install linux-headers-{KERNEL} {driver}"
+        f" nvidia-utils-{S.nvidia_driver_branch}-server" in first.calls
+    )
     assert count(first.calls, "modprobe nvidia") == 1 and count(second.calls, "modprobe nvidia") == 0
     assert count(first.calls, "curl ") == 2 and count(second.calls, "curl ") == 0  # both keyrings kept
     assert lines(box.read(TOOLKIT_LIST)) == [
         "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
-        "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /"]
+        "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /"
+    ]
     assert len(lines(box.read(K8S_LIST))) == 1
     nfs = [line for line in lines(box.read("/etc/fstab")) if " nfs4 " in line]
-    assert nfs == [f"{S.control_private_ip}:{host_layout.SHARE_DIR} {host_layout.SHARE_DIR} nfs4 "
-                   "rw,_netdev,nofail,timeo=600,retrans=5 0 0"]
+    assert nfs == [
+        f"{S.control_private_ip}:{host_layout.SHARE_DIR} {host_layout.SHARE_DIR} nfs4 "
+        "rw,_netdev,nofail,timeo=600,retrans=5 0 0"
+    ]
     assert count(first.calls, "mount ") == 1 and count(second.calls, "mount ") == 0
     # Both runs reconfigure containerd the same way: default config, then nvidia-ctk.
     for run in (first, second):
@@ -348,17 +396,32 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
     assert box.snapshot() == after_first
 
 
-@pytest.mark.parametrize("user_data, failing, named, not_run", [
-    (control_user_data, "kubeadm init", "kubeadm init --config", ("kubectl", "install -d -m 0700")),
-    (control_user_data, "modprobe br_netfilter", "modprobe br_netfilter", ("sysctl", "apt-get", "exportfs")),
-    (control_user_data, "apt-get -o DPkg::Lock::Timeout=600 -y install nfs-kernel-server",
-     "apt-get install nfs-kernel-server", ("install -d -m 1777", "exportfs", "kubeadm init")),
-    (control_user_data, "kubectl apply", "cannot apply Flannel", ("install -d -m 0700",)),
-    (worker_user_data, "modprobe nvidia", "nvidia kernel module does not load", ("nvidia-ctk", "kubeadm join")),
-    (worker_user_data, "nvidia-ctk", "nvidia-ctk runtime configure", ("mount", "kubeadm join")),
-    (worker_user_data, "kubeadm join", "kubeadm join did not succeed", ()),
-], ids=["kubeadm-init", "modprobe-br_netfilter", "apt-nfs-server", "flannel", "modprobe-nvidia", "nvidia-ctk",
-        "kubeadm-join"])
+@pytest.mark.parametrize(
+    "user_data, failing, named, not_run",
+    [
+        (control_user_data, "kubeadm init", "kubeadm init --config", ("kubectl", "install -d -m 0700")),
+        (control_user_data, "modprobe br_netfilter", "modprobe br_netfilter", ("sysctl", "apt-get", "exportfs")),
+        (
+            control_user_data,
+            "apt-get -o DPkg::Lock::Timeout=600 -y install nfs-kernel-server",
+            "apt-get install nfs-kernel-server",
+            ("install -d -m 1777", "exportfs", "kubeadm init"),
+        ),
+        (control_user_data, "kubectl apply", "cannot apply Flannel", ("install -d -m 0700",)),
+        (worker_user_data, "modprobe nvidia", "nvidia kernel module does not load", ("nvidia-ctk", "kubeadm join")),
+        (worker_user_data, "nvidia-ctk", "nvidia-ctk runtime configure", ("mount", "kubeadm join")),
+        (worker_user_data, "kubeadm join", "kubeadm join did not succeed", ()),
+    ],
+    ids=[
+        "kubeadm-init",
+        "modprobe-br_netfilter",
+        "apt-nfs-server",
+        "flannel",
+        "modprobe-nvidia",
+        "nvidia-ctk",
+        "kubeadm-join",
+    ],
+)
 def test_a_failing_step_stops_the_bootstrap_with_a_message_naming_it(tmp_path, user_data, failing, named, not_run):
     box = Sandbox(tmp_path, user_data())
     box.fail(failing)
@@ -367,7 +430,7 @@ def test_a_failing_step_stops_the_bootstrap_with_a_message_naming_it(tmp_path, u
     failed = run.failed_lines()
     assert failed and named in failed[-1], run.output
     last_failure = max(i for i, c in enumerate(run.calls) if c.startswith(failing))
-    after = run.calls[last_failure + 1:]
+    after = run.calls[last_failure + 1 :]
     assert not [c for c in after if c.startswith(not_run)], after
     assert not any(line.endswith(("control-plane done", "gpu-worker done")) for line in lines(run.output))
 
@@ -381,17 +444,22 @@ def test_a_retried_step_that_never_succeeds_is_retried_the_stated_number_of_time
     assert "gave up after 20 attempts: join" in run.output
 
 
-@pytest.mark.parametrize("user_data, missing, script", [
-    (control_user_data, "KUBERNETES_MINOR", "node-common.sh"),
-    (control_user_data, "SLURM_UID", "control-plane.sh"),
-    (worker_user_data, "CONTROL_PLANE_IP", "gpu-worker.sh"),
-])
+@pytest.mark.parametrize(
+    "user_data, missing, script",
+    [
+        (control_user_data, "KUBERNETES_MINOR", "node-common.sh"),
+        (control_user_data, "SLURM_UID", "control-plane.sh"),
+        (worker_user_data, "CONTROL_PLANE_IP", "gpu-worker.sh"),
+    ],
+)
 def test_a_missing_parameter_stops_the_script_before_it_changes_anything(tmp_path, user_data, missing, script):
     box = Sandbox(tmp_path, user_data())
     env = box.read(bootstrap.ENV_FILE)
     assert f"\n{missing}=" in "\n" + env
-    box.write(bootstrap.ENV_FILE, "".join(line for line in env.splitlines(keepends=True)
-                                          if not line.startswith(f"{missing}=")))
+    box.write(
+        bootstrap.ENV_FILE,
+        "".join(line for line in env.splitlines(keepends=True) if not line.startswith(f"{missing}=")),
+    )
     run = box.run()
     assert run.returncode != 0
     assert f"FAILED: parameter {missing} is not set in {box.path(bootstrap.ENV_FILE)}" in run.output
@@ -445,14 +513,20 @@ def test_the_stubbed_commands_cover_every_command_the_node_scripts_run(tmp_path)
 
 
 def test_redirect_check_catches_a_literal_host_path():
-    assert redirect_targets_outside_root('echo x >/etc/exports.d/a\necho y >> /etc/fstab\nfoo 2>/dev/null\n') == [
-        "/etc/exports.d/a", "/etc/fstab"]
+    assert redirect_targets_outside_root("echo x >/etc/exports.d/a\necho y >> /etc/fstab\nfoo 2>/dev/null\n") == [
+        "/etc/exports.d/a",
+        "/etc/fstab",
+    ]
     assert redirect_targets_outside_root('echo x >"/etc/fstab"\n') == ["/etc/fstab"]
     assert redirect_targets_outside_root('echo x >"${ROOT}/etc/fstab"\n') == []
 
 
 def test_without_a_sandbox_root_the_scripts_use_the_real_paths():
     lib = bootstrap.SCRIPTS_DIR / "testbed-lib.sh"
-    result = subprocess.run(["bash", "-c", f'unset TESTBED_ROOT TESTBED_ENV; . "{lib}"; printf "%s|%s" "$ROOT" "$TESTBED_ENV"'],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["bash", "-c", f'unset TESTBED_ROOT TESTBED_ENV; . "{lib}"; printf "%s|%s" "$ROOT" "$TESTBED_ENV"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert result.stdout == f"|{bootstrap.ENV_FILE}"

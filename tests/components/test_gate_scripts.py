@@ -1,5 +1,6 @@
 """The gate scripts run against a stub kubectl (and cloud-init) on PATH: they pass only on
 the evidence they claim to check, and fail with a message that says what is missing."""
+
 import json
 import os
 import stat
@@ -47,14 +48,21 @@ def stub(tmp_path):
 
 def run(stub: Path, script: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{stub / 'bin'}:{os.environ['PATH']}", "STUB": str(stub)}
-    return subprocess.run(["bash", "-s", "--", *args], input=bootstrap.script(script), capture_output=True,
-                          text=True, env=env, timeout=60)
+    return subprocess.run(
+        ["bash", "-s", "--", *args], input=bootstrap.script(script), capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 def cert_manager_gate_args(timeout: int) -> list[str]:
     health = cert_manager.webhook_health()
-    return [str(timeout), json.dumps(cert_manager.webhook_probe()), health.namespace, health.label_selector,
-            str(health.port), health.path]
+    return [
+        str(timeout),
+        json.dumps(cert_manager.webhook_probe()),
+        health.namespace,
+        health.label_selector,
+        str(health.port),
+        health.path,
+    ]
 
 
 def test_webhook_gate_passes_on_an_empty_200_healthz_and_an_admitted_dry_run(stub):

@@ -12,7 +12,9 @@ def test_dashboards_become_configmaps_the_grafana_sidecar_loads(default_run):
     sidecar = stack_values["values"]["grafana"]["sidecar"]["dashboards"]
     assert sidecar["enabled"] is True
     maps = by_type(default_run, "kubernetes:core/v1:ConfigMap")
-    assert {m.inputs["metadata"]["name"] for m in maps} == {f"dashboard-{p.stem}" for p in monitoring.DASHBOARDS_DIR.glob("*.json")}
+    assert {m.inputs["metadata"]["name"] for m in maps} == {
+        f"dashboard-{p.stem}" for p in monitoring.DASHBOARDS_DIR.glob("*.json")
+    }
     for m in maps:
         # the sidecar's default label, in Grafana's own namespace (its default search scope)
         assert m.inputs["metadata"]["labels"] == {"grafana_dashboard": "1"}

@@ -17,15 +17,19 @@ def test_no_ingress_from_anywhere_by_default(default_run):
 def test_only_ssh_and_the_api_server_are_open_and_only_to_the_admin_range(default_run):
     (group,) = by_type(default_run, SECURITY_GROUP)
     external = [r for r in group.inputs["ingress"] if ingress_sources(r)]
-    assert sorted((r["protocol"], r["fromPort"], r["toPort"]) for r in external) == [("tcp", 22, 22), ("tcp", 6443, 6443)]
+    assert sorted((r["protocol"], r["fromPort"], r["toPort"]) for r in external) == [
+        ("tcp", 22, 22),
+        ("tcp", 6443, 6443),
+    ]
     assert all(ingress_sources(r) == [ADMIN_CIDR] for r in external)
 
 
 def test_nodes_reach_each_other_on_every_port_for_vxlan_kubelet_nfs_and_webhooks(default_run):
     (group,) = by_type(default_run, SECURITY_GROUP)
     internal = [r for r in group.inputs["ingress"] if r.get("self")]
-    assert internal == [{"description": "all traffic between testbed nodes", "protocol": "-1",
-                         "fromPort": 0, "toPort": 0, "self": True}]
+    assert internal == [
+        {"description": "all traffic between testbed nodes", "protocol": "-1", "fromPort": 0, "toPort": 0, "self": True}
+    ]
 
 
 def test_open_ingress_only_with_the_explicit_opt_in():
@@ -66,7 +70,9 @@ def test_a_worker_type_the_region_does_not_offer_is_refused_by_name():
                 return {"id": "none", "locations": [], "instanceTypes": [], "locationTypes": []}
             return super().call(args)
 
-    with pytest.raises(pulumi.RunError, match='workerInstanceType: "g5.xlarge" is not offered in any zone of region eu-west-1'):
+    with pytest.raises(
+        pulumi.RunError, match=r'workerInstanceType: "g5.xlarge" is not offered in any zone of region eu-west-1'
+    ):
         offline.run(config(region="eu-west-1", workerInstanceType="g5.xlarge"), mocks=NoOfferings())
 
 
@@ -77,15 +83,20 @@ def test_a_configured_zone_that_does_not_offer_the_worker_type_is_refused():
     from stacks import offline
     from tests.conftest import config
 
-    with pytest.raises(pulumi.RunError, match='availabilityZone: "us-east-1e" does not offer g4dn.xlarge; zones that do: us-east-1a'):
+    with pytest.raises(
+        pulumi.RunError, match=r'availabilityZone: "us-east-1e" does not offer g4dn.xlarge; zones that do: us-east-1a'
+    ):
         offline.run(config(availabilityZone="us-east-1e"))
 
 
 def test_nodes_and_the_elastic_ip_wait_for_the_internet_route_and_go_before_it_on_destroy(default_run):
     (association,) = by_type(default_run, "aws:ec2/routeTableAssociation:RouteTableAssociation")
     (gateway,) = by_type(default_run, "aws:ec2/internetGateway:InternetGateway")
-    waiting = [*by_type(default_run, "aws:ec2/instance:Instance"), *by_type(default_run, "aws:ec2/eip:Eip"),
-               *by_type(default_run, "aws:ec2/eipAssociation:EipAssociation")]
+    waiting = [
+        *by_type(default_run, "aws:ec2/instance:Instance"),
+        *by_type(default_run, "aws:ec2/eip:Eip"),
+        *by_type(default_run, "aws:ec2/eipAssociation:EipAssociation"),
+    ]
     for r in waiting:
         assert depends(default_run, r, association) and depends(default_run, r, gateway), r.name
     # everything reached through the nodes (SSH steps, the Kubernetes provider) goes first on destroy

@@ -64,17 +64,24 @@ def test_gpu_nodeset_one_gpu_per_pod_with_gres_and_autodetect():
 
 def test_shared_directory_is_mounted_in_slurmctld_and_slurmd():
     v = values()
-    for pod, container in ((v["controller"]["podSpec"], v["controller"]["slurmctld"]),
-                           (v["nodesets"]["slinky"]["podSpec"], v["nodesets"]["slinky"]["slurmd"])):
+    for pod, container in (
+        (v["controller"]["podSpec"], v["controller"]["slurmctld"]),
+        (v["nodesets"]["slinky"]["podSpec"], v["nodesets"]["slinky"]["slurmd"]),
+    ):
         (volume,) = [vol for vol in pod["volumes"] if vol["hostPath"]["path"] == host_layout.SHARE_DIR]
         assert {"name": volume["name"], "mountPath": host_layout.SHARE_DIR} in container["volumeMounts"]
 
 
 def test_images_are_pinned_to_the_configured_tag():
     v = values()
-    images = [v["controller"]["slurmctld"]["image"], v["controller"]["reconfigure"]["image"],
-              v["restapi"]["slurmrestd"]["image"], v["nodesets"]["slinky"]["slurmd"]["image"],
-              v["controller"]["logfile"]["image"], v["nodesets"]["slinky"]["logfile"]["image"]]
+    images = [
+        v["controller"]["slurmctld"]["image"],
+        v["controller"]["reconfigure"]["image"],
+        v["restapi"]["slurmrestd"]["image"],
+        v["nodesets"]["slinky"]["slurmd"]["image"],
+        v["controller"]["logfile"]["image"],
+        v["nodesets"]["slinky"]["logfile"]["image"],
+    ]
     assert all(i["tag"] not in ("", "latest") for i in images)
     assert {i["tag"] for i in images[:4]} == {"25.11.6-ubuntu24.04"}
 

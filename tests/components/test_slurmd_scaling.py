@@ -1,4 +1,5 @@
 """The slurmd scaling rule as a table, and the PromQL triggers evaluated against the same table."""
+
 import re
 
 import pytest
@@ -54,9 +55,9 @@ def hpa_and_keda(triggers: list[dict], metrics: M, partition: str, min_r: int, m
     """KEDA + HPA semantics for AverageValue triggers: active if any value > activationThreshold;
     then each trigger wants ceil(value / threshold) replicas and the HPA takes the largest."""
     values = [evaluate(t["metadata"]["query"], metrics, partition) for t in triggers]
-    if not any(v > float(t["metadata"]["activationThreshold"]) for v, t in zip(values, triggers)):
+    if not any(v > float(t["metadata"]["activationThreshold"]) for v, t in zip(values, triggers, strict=True)):
         return 0
-    wishes = [-(-v // int(t["metadata"]["threshold"])) for v, t in zip(values, triggers)]
+    wishes = [-(-v // int(t["metadata"]["threshold"])) for v, t in zip(values, triggers, strict=True)]
     return max(min_r, min(max_r, max(wishes)))
 
 
@@ -69,8 +70,12 @@ def test_keda_triggers_implement_the_rule(case, metrics, wanted):
 
 def test_triggers_cover_the_three_slurm_metrics_of_the_reference_plus_mixed_nodes():
     queries = " ".join(t["metadata"]["query"] for t in scaling.keda_triggers("http://p:9090", "all"))
-    for metric in ("slurm_partition_jobs_pending", "slurm_partition_nodes_alloc",
-                   "slurm_partition_jobs_max_job_nodes_nohold", "slurm_partition_nodes_mixed"):
+    for metric in (
+        "slurm_partition_jobs_pending",
+        "slurm_partition_nodes_alloc",
+        "slurm_partition_jobs_max_job_nodes_nohold",
+        "slurm_partition_nodes_mixed",
+    ):
         assert metric in queries
 
 

@@ -1,5 +1,6 @@
 """Every rendered artifact checked against real references, inside the project's own suite:
 Kubernetes 1.34 strict schemas (kubernetes-validate), shellcheck, cloud-config shape and size."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def test_render_writes_every_kind_of_artifact(rendered):
 
 def test_built_in_kinds_pass_kubernetes_strict_schemas(rendered):
     checked = 0
-    for name, obj in manifests(rendered):
+    for _name, obj in manifests(rendered):
         if (obj["apiVersion"], obj["kind"]) in CUSTOM_RESOURCES:
             continue
         kubernetes_validate.validate(obj, KUBERNETES, strict=True)
@@ -58,8 +59,12 @@ def test_built_in_kinds_pass_kubernetes_strict_schemas(rendered):
 
 
 def test_a_broken_manifest_is_caught_by_the_same_check():
-    bad = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "x"},
-           "spec": {"capacity": {"storage": "1Gi"}, "claimref": {}}}
+    bad = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": "x"},
+        "spec": {"capacity": {"storage": "1Gi"}, "claimref": {}},
+    }
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, KUBERNETES, strict=True)
 
@@ -75,8 +80,12 @@ def test_custom_resources_use_the_served_version_and_required_fields(rendered):
 def test_every_rendered_script_passes_shellcheck(rendered):
     scripts = sorted((rendered / "scripts").iterdir())
     assert len(scripts) >= 8
-    result = subprocess.run([str(SHELLCHECK), "-x", "-f", "gcc", *map(str, scripts)], capture_output=True,
-                            text=True, cwd=rendered / "scripts")
+    result = subprocess.run(
+        [str(SHELLCHECK), "-x", "-f", "gcc", *map(str, scripts)],
+        capture_output=True,
+        text=True,
+        cwd=rendered / "scripts",
+    )
     assert result.returncode == 0, result.stdout
 
 

@@ -1,4 +1,5 @@
 """`python -m stacks plan|render` as a user runs them (DESIGN section 4)."""
+
 import json
 import os
 import subprocess
@@ -15,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stacks", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "stacks", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
 
 
 def test_plan_json_shape_and_secrets_redacted(capsys):
@@ -48,17 +51,29 @@ def test_render_writes_user_data_and_scripts(tmp_path):
     cloud_init = sorted(p.name for p in (tmp_path / "cloud-init").iterdir())
     assert cloud_init == ["testbed-control.yaml"] + [f"testbed-worker-{i}.yaml" for i in range(4)]
     scripts = {p.name for p in (tmp_path / "scripts").iterdir()}
-    assert {"node-common.sh", "control-plane.sh", "gpu-worker.sh", "testbed-lib.sh", "wait-cluster-ready.sh",
-            "wait-webhook.sh", "training-operator.sh"} <= scripts
+    assert {
+        "node-common.sh",
+        "control-plane.sh",
+        "gpu-worker.sh",
+        "testbed-lib.sh",
+        "wait-cluster-ready.sh",
+        "wait-webhook.sh",
+        "training-operator.sh",
+    } <= scripts
     assert yaml.safe_load((tmp_path / "cloud-init" / "testbed-control.yaml").read_text())["runcmd"]
 
 
 def test_two_renders_are_byte_identical(tmp_path):
     # Separate processes with different hash seeds: nothing may depend on dict or set order.
     for out, seed in (("a", "1"), ("b", "2")):
-        result = subprocess.run([sys.executable, "-m", "stacks", "render", "--out", str(tmp_path / out)],
-                                capture_output=True, text=True, cwd=ROOT, timeout=120,
-                                env={**os.environ, "PYTHONHASHSEED": seed})
+        result = subprocess.run(
+            [sys.executable, "-m", "stacks", "render", "--out", str(tmp_path / out)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
         assert result.returncode == 0, result.stderr
     files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
     files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
@@ -68,8 +83,9 @@ def test_two_renders_are_byte_identical(tmp_path):
 
 
 def test_bad_settings_exit_2_with_one_line_each_and_nothing_rendered(tmp_path):
-    result = run_cli("render", "--out", str(tmp_path / "r"), "--config", "workerCount=zero",
-                     "--config", "adminCidr=0.0.0.0/0")
+    result = run_cli(
+        "render", "--out", str(tmp_path / "r"), "--config", "workerCount=zero", "--config", "adminCidr=0.0.0.0/0"
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == ["workerCount", "adminCidr"]
@@ -112,8 +128,8 @@ def test_pulumi_up_with_bad_settings_stops_with_every_problem_and_no_traceback()
     import runpy
 
     import pulumi
-    from pulumi.runtime.sync_await import _sync_await
     from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
 
     from stacks import offline
     from stacks.settings import PROJECT

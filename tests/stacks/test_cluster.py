@@ -23,6 +23,7 @@ def test_gate_runs_the_readiness_script_on_the_control_node_as_ubuntu(default_ru
     assert connection["user"] == host_layout.SSH_USER and connection["dialErrorLimit"] == -1
     assert is_secret(gate.inputs["connection"])  # it carries the private key
     from components import bootstrap
+
     assert reveal(gate.inputs["stdin"]) == bootstrap.script("wait-cluster-ready.sh")
     timeout, region = gate.inputs["create"].split()[4:6]
     assert int(timeout) >= 30 * 60 and region == default_run.settings.region
@@ -59,7 +60,9 @@ def test_secrets_stay_secret(default_run):
 
 
 def test_ssh_command_uses_the_public_ip_and_the_generated_key(default_run):
-    assert default_run.outputs["sshCommand"].endswith(f"ssh -i testbed.pem ubuntu@{default_run.outputs['controlPlanePublicIp']}")
+    assert default_run.outputs["sshCommand"].endswith(
+        f"ssh -i testbed.pem ubuntu@{default_run.outputs['controlPlanePublicIp']}"
+    )
     assert default_run.outputs["sshPrivateKey"].startswith("-----BEGIN")
 
 

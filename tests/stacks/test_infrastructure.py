@@ -39,8 +39,11 @@ def test_every_node_shares_the_one_security_group_and_subnet(default_run):
 
 def test_every_instance_requires_imdsv2_with_hop_limit_1_and_encrypts_its_root_volume(default_run):
     for node in by_type(default_run, INSTANCE):
-        assert node.inputs["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
-                                                  "httpPutResponseHopLimit": 1}
+        assert node.inputs["metadataOptions"] == {
+            "httpEndpoint": "enabled",
+            "httpTokens": "required",
+            "httpPutResponseHopLimit": 1,
+        }
         assert node.inputs["rootBlockDevice"]["encrypted"] is True
         assert node.inputs["rootBlockDevice"]["volumeType"] == "gp3"
 
@@ -91,8 +94,10 @@ def test_unpriced_region_says_so():
 def test_ssh_key_pair_is_generated_and_an_extra_user_key_is_authorized():
     key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample me@laptop"
     rec = run_program(sshPublicKey=key)
-    from stacks.offline import reveal
     import yaml
+
+    from stacks.offline import reveal
+
     for node in by_type(rec, INSTANCE):
         assert yaml.safe_load(reveal(node.inputs["userData"]))["ssh_authorized_keys"] == [key]
     (pair,) = by_type(rec, "aws:ec2/keyPair:KeyPair")

@@ -1,4 +1,5 @@
 """The platform layer as the engine sees it: install order, names that must agree, pins."""
+
 import re
 import shlex
 
@@ -24,8 +25,16 @@ def command(rec, name):
 
 def test_every_release_is_pinned_and_named(default_run):
     releases = {r.inputs["name"]: r.inputs for r in by_type(default_run, RELEASE)}
-    assert set(releases) == {"nvidia-device-plugin", "cert-manager", "monitoring", "dcgm-exporter",
-                             "slurm-operator-crds", "slurm-operator", "slurm", "keda"}
+    assert set(releases) == {
+        "nvidia-device-plugin",
+        "cert-manager",
+        "monitoring",
+        "dcgm-exporter",
+        "slurm-operator-crds",
+        "slurm-operator",
+        "slurm",
+        "keda",
+    }
     for name, inputs in releases.items():
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", inputs["version"]), name
     s = default_run.settings
@@ -66,8 +75,9 @@ def test_install_order(default_run):
 def test_claim_ref_matches_the_pvc_the_slurm_release_creates(default_run):
     pv = by_type(default_run, "kubernetes:core/v1:PersistentVolume")[0]
     slurm = release(default_run, "slurm")
-    names = slurm_names.SlurmNames(release=slurm.inputs["name"], namespace=slurm.inputs["namespace"],
-                                   nodeset=default_run.settings.nodeset_name)
+    names = slurm_names.SlurmNames(
+        release=slurm.inputs["name"], namespace=slurm.inputs["namespace"], nodeset=default_run.settings.nodeset_name
+    )
     claim = pv.inputs["spec"]["claimRef"]
     assert (claim["namespace"], claim["name"]) == (slurm.inputs["namespace"], "statesave-slurm-controller-0")
     assert claim["name"] == names.statesave_claim
@@ -79,8 +89,11 @@ def test_scaled_object_targets_the_nodeset_the_slurm_release_creates(default_run
     nodeset_keys = [k for k, v in slurm.inputs["values"]["nodesets"].items() if v.get("enabled")]
     assert nodeset_keys == [default_run.settings.nodeset_name]
     target = so.inputs["spec"]["scaleTargetRef"]
-    assert target == {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
-                      "name": f"{slurm.inputs['name']}-worker-{nodeset_keys[0]}"}
+    assert target == {
+        "apiVersion": "slinky.slurm.net/v1beta1",
+        "kind": "NodeSet",
+        "name": f"{slurm.inputs['name']}-worker-{nodeset_keys[0]}",
+    }
     assert so.inputs["metadata"]["namespace"] == slurm.inputs["namespace"]
 
 
@@ -124,7 +137,12 @@ def test_keda_settings_flow_into_the_scaled_object():
     rec = run_program(kedaCooldownSeconds=120, kedaPollingSeconds=15, kedaMaxReplicas=3, kedaMinReplicas=2)
     (so,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
     spec = so.inputs["spec"]
-    assert (spec["cooldownPeriod"], spec["pollingInterval"], spec["minReplicaCount"], spec["maxReplicaCount"]) == (120, 15, 2, 3)
+    assert (spec["cooldownPeriod"], spec["pollingInterval"], spec["minReplicaCount"], spec["maxReplicaCount"]) == (
+        120,
+        15,
+        2,
+        3,
+    )
 
 
 def test_nodeset_name_changes_every_place_it_must():
@@ -172,12 +190,19 @@ def test_no_loadbalancer_or_nodeport_services_by_default(default_run):
         assert "LoadBalancer" not in text and "NodePort" not in text, r.inputs["name"]
 
 
-@pytest.mark.parametrize("gate, release_name", [("testbed-cert-manager-webhook-gate", "cert-manager"),
-                                                ("testbed-slinky-operator-webhook-gate", "slurm-operator"),
-                                                ("testbed-keda-metrics-api", "keda")])
+@pytest.mark.parametrize(
+    "gate, release_name",
+    [
+        ("testbed-cert-manager-webhook-gate", "cert-manager"),
+        ("testbed-slinky-operator-webhook-gate", "slurm-operator"),
+        ("testbed-keda-metrics-api", "keda"),
+    ],
+)
 def test_gates_are_proven_again_when_their_release_is_upgraded(gate, release_name):
-    default, upgraded = run_program(), run_program(certManagerVersion="v1.19.3", slinkyVersion="1.0.1",
-                                                   kedaVersion="2.16.2")
+    default, upgraded = (
+        run_program(),
+        run_program(certManagerVersion="v1.19.3", slinkyVersion="1.0.1", kedaVersion="2.16.2"),
+    )
     for rec in (default, upgraded):
         triggers = reveal(rec.named(gate).inputs["triggers"])
         assert triggers[0] == release(rec, release_name).inputs["version"]
@@ -186,9 +211,11 @@ def test_gates_are_proven_again_when_their_release_is_upgraded(gate, release_nam
 
 def test_keda_installs_after_every_other_cluster_step(default_run):
     keda_component = default_run.named("testbed-keda")
-    others = [r for r in default_run.resources
-              if (r.type in (RELEASE, COMMAND) or r.type.startswith("kubernetes:core/"))
-              and r.parent != keda_component.urn]
+    others = [
+        r
+        for r in default_run.resources
+        if (r.type in (RELEASE, COMMAND) or r.type.startswith("kubernetes:core/")) and r.parent != keda_component.urn
+    ]
     assert len(others) >= 10
     for r in others:
         assert depends(default_run, release(default_run, "keda"), r), r.name

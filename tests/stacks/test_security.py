@@ -1,4 +1,5 @@
 """Security invariants over every resource the whole program registers."""
+
 import json
 
 import pytest
@@ -50,19 +51,24 @@ def test_every_aws_resource_uses_the_region_pinned_provider(default_run):
         if r.type.startswith("aws:"):
             assert r.provider.startswith(provider.urn + "::"), r.name
     # lookups too: an AMI id or a zone from another region would be wrong here
-    assert {token for token, _ in default_run.invokes} == {"aws:ec2/getAmi:getAmi",
-                                                          "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"}
+    assert {token for token, _ in default_run.invokes} == {
+        "aws:ec2/getAmi:getAmi",
+        "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings",
+    }
     assert all(ref.startswith(provider.urn + "::") for _, ref in default_run.invokes), default_run.invokes
 
 
 def test_secrets_are_pulumi_secrets_and_never_in_the_clear(default_run, capsys):
     assert {"kubeconfig", "sshPrivateKey", "grafanaAdminPassword"} <= default_run.secret_outputs
     from stacks import __main__ as cli
+
     assert cli.main(["plan", "--json"]) == 0
     plan = capsys.readouterr().out
     plain_outputs = json.dumps({k: v for k, v in default_run.outputs.items() if k not in default_run.secret_outputs})
-    command_lines = " ".join(reveal(c.inputs.get("create", "")) + reveal(c.inputs.get("delete", ""))
-                             for c in by_type(default_run, "command:remote:Command"))
+    command_lines = " ".join(
+        reveal(c.inputs.get("create", "")) + reveal(c.inputs.get("delete", ""))
+        for c in by_type(default_run, "command:remote:Command")
+    )
     for what, value in secret_values(default_run).items():
         assert value and value not in plan, f"{what} in plan output"
         assert value not in plain_outputs, f"{what} in a plain stack output"

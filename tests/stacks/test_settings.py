@@ -33,6 +33,7 @@ def test_settings_attributes_match_the_table():
 
 def test_example_stack_file_loads():
     from stacks import offline
+
     loaded = settings.load(offline.stack_config("dev"), offline=True)
     assert loaded.worker_count == 4 and loaded.region == "us-east-1"
 
@@ -90,7 +91,9 @@ def test_bad_value_is_refused_naming_setting_value_and_what_is_allowed(values, k
 def test_missing_admin_cidr_is_refused():
     with pytest.raises(settings.SettingsError) as error:
         settings.load({}, offline=True)
-    assert error.value.problems == [f"adminCidr: missing; required: {settings.SETTINGS_BY_KEY['adminCidr'].description}"]
+    assert error.value.problems == [
+        f"adminCidr: missing; required: {settings.SETTINGS_BY_KEY['adminCidr'].description}"
+    ]
 
 
 def test_open_ingress_is_accepted_only_with_the_opt_in():

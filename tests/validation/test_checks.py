@@ -1,12 +1,23 @@
 """Each check on a clean timeline, and on one broken in exactly the way that check must catch."""
+
 from dataclasses import replace
 
+from validation_builders import GPU_A, GPU_B, handoff_samples, handoff_timeline, kube_pod, sample, slurmd_pod, smoke
+
 from validation.checks import (
-    Expectations, check_gpu_exclusive, check_gpu_return, check_handoff, check_jobs_succeeded,
-    check_queued_work, check_scale_up, check_uuids_read, evaluate, gpu_return_latency, scale_up_latency,
+    Expectations,
+    check_gpu_exclusive,
+    check_gpu_return,
+    check_handoff,
+    check_jobs_succeeded,
+    check_queued_work,
+    check_scale_up,
+    check_uuids_read,
+    evaluate,
+    gpu_return_latency,
+    scale_up_latency,
 )
 from validation.timeline import KubeJob, Submission
-from validation_builders import GPU_A, GPU_B, handoff_samples, handoff_timeline, kube_pod, sample, slurmd_pod, smoke
 
 ALL = Expectations(slurm=True, queueing=False, handoff=True)
 
@@ -26,7 +37,7 @@ def test_latencies_are_derived_from_the_samples():
 def test_an_overlap_on_one_gpu_fails_exclusivity():
     samples = handoff_samples()
     # The PyTorchJob master shows up on GPU-a while slurmd still holds it.
-    samples[5] = replace(samples[5], gpu_pods=samples[5].gpu_pods + (kube_pod("ddp", "master-0", 0, GPU_A),))
+    samples[5] = replace(samples[5], gpu_pods=(*samples[5].gpu_pods, kube_pod("ddp", "master-0", 0, GPU_A)))
     check = check_gpu_exclusive(handoff_timeline(samples))
     assert not check.passed
     assert "GPU-a: slurm/slurm-worker-slinky-0 [20-340s] and default/ddp-master-0 [340-370s]" in check.detail
@@ -48,8 +59,14 @@ def test_no_holding_at_all_proves_nothing():
 
 def test_a_job_that_never_ran_fails():
     samples = [s for s in handoff_samples()]
-    samples = [replace(s, kube_jobs=tuple(replace(j, phase="pending") for j in s.kube_jobs),
-                       gpu_pods=tuple(p for p in s.gpu_pods if p.holder == "slurmd")) for s in samples]
+    samples = [
+        replace(
+            s,
+            kube_jobs=tuple(replace(j, phase="pending") for j in s.kube_jobs),
+            gpu_pods=tuple(p for p in s.gpu_pods if p.holder == "slurmd"),
+        )
+        for s in samples
+    ]
     check = check_jobs_succeeded(handoff_timeline(samples))
     assert not check.passed and check.detail == "ddp never ran (last seen pending)"
 
@@ -105,8 +122,11 @@ def busy_samples(late_job_starts: bool):
     return [
         sample(0, kube=[KubeJob("PyTorchJob", "ddp", "running"), KubeJob("Job", "late", "pending")], pods=both),
         sample(10, kube=[KubeJob("PyTorchJob", "ddp", "succeeded"), KubeJob("Job", "late", "pending")]),
-        sample(20, kube=[KubeJob("PyTorchJob", "ddp", "succeeded"), KubeJob("Job", "late", late_phase)],
-               pods=[kube_pod("late", "x", 0, GPU_A)] if late_job_starts else []),
+        sample(
+            20,
+            kube=[KubeJob("PyTorchJob", "ddp", "succeeded"), KubeJob("Job", "late", late_phase)],
+            pods=[kube_pod("late", "x", 0, GPU_A)] if late_job_starts else [],
+        ),
     ]
 
 

@@ -1,4 +1,5 @@
 """The pure half of the real cluster layer: what it makes of squeue, nvidia-smi and pod objects."""
+
 from validation.cluster import classify_pod, expand_hostlist, parse_squeue, parse_uuids
 from validation.names import SlurmNames
 from validation.timeline import KUBERNETES, SLURMD, SlurmJob
@@ -26,9 +27,13 @@ def test_parse_uuids_ignores_noise():
 def pod(namespace, name, labels, limits, phase="Running", node="gpu-worker-1"):
     return {
         "metadata": {"namespace": namespace, "name": name, "uid": f"{name}-uid", "labels": labels},
-        "spec": {"nodeName": node, "containers": [
-            {"name": "sidecar"}, {"name": "main", "resources": {"limits": limits}},
-        ]},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "sidecar"},
+                {"name": "main", "resources": {"limits": limits}},
+            ],
+        },
         "status": {"phase": phase},
     }
 
@@ -41,8 +46,12 @@ def test_slurmd_pod_is_owned_by_its_slurm_node():
 
 def test_training_operator_and_batch_pods_are_owned_by_their_job():
     names = SlurmNames()
-    ddp = classify_pod(pod("default", "ddp-worker-0", {"training.kubeflow.org/job-name": "ddp"}, {"nvidia.com/gpu": 1}), names)
-    inference = classify_pod(pod("default", "inf-abcde", {"batch.kubernetes.io/job-name": "inf"}, {"nvidia.com/gpu": 1}), names)
+    ddp = classify_pod(
+        pod("default", "ddp-worker-0", {"training.kubeflow.org/job-name": "ddp"}, {"nvidia.com/gpu": 1}), names
+    )
+    inference = classify_pod(
+        pod("default", "inf-abcde", {"batch.kubernetes.io/job-name": "inf"}, {"nvidia.com/gpu": 1}), names
+    )
     assert (ddp.holder, ddp.owner) == (KUBERNETES, "ddp")
     assert (inference.holder, inference.owner) == (KUBERNETES, "inf")
 

@@ -1,4 +1,5 @@
 """dashboards/gpu-handoff.json: it parses, and every query names metrics and labels the exporters emit."""
+
 import json
 import re
 from pathlib import Path
@@ -16,25 +17,64 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "gpu-handoff.js
 # (internal/pkg/transformation/const.go, kubernetes.go) adds pod, namespace, container.
 # The chart's ServiceMonitor needs honorLabels: true, or Prometheus renames these three
 # to exported_pod/... because the scrape target has its own pod/namespace/container.
-DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
-               "pod", "namespace", "container"}
+DCGM_LABELS = {
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "DCGM_FI_DRIVER_VERSION",
+    "pod",
+    "namespace",
+    "container",
+}
 DCGM_METRICS = [
-    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
-    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
-    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
 ]
 
 # Slurm 25.11 OpenMetrics (SchedMD/slurm@slurm-25-11-0-1:src/plugins/metrics/openmetrics/openmetrics.c):
 # ADD_METRIC_KEYVAL(..., partition_<x>, ..., "partition", name) emits slurm_partition_<x>{partition}.
 # Only the names this project reads are listed; the doc prose's slurm_partition_pending_jobs is wrong.
-SLURM_PARTITION = ["jobs_pending", "jobs_running", "jobs_max_job_nodes", "jobs_max_job_nodes_nohold",
-                   "jobs_min_job_nodes", "jobs_min_job_nodes_nohold", "nodes", "nodes_idle", "nodes_alloc",
-                   "nodes_mixed", "nodes_down", "nodes_drain", "cpus"]
+SLURM_PARTITION = [
+    "jobs_pending",
+    "jobs_running",
+    "jobs_max_job_nodes",
+    "jobs_max_job_nodes_nohold",
+    "jobs_min_job_nodes",
+    "jobs_min_job_nodes_nohold",
+    "nodes",
+    "nodes_idle",
+    "nodes_alloc",
+    "nodes_mixed",
+    "nodes_down",
+    "nodes_drain",
+    "cpus",
+]
 
 ALLOWED: dict[str, set[str]] = {
     **{m: DCGM_LABELS for m in DCGM_METRICS},
@@ -65,8 +105,11 @@ def parse(expr: str) -> tuple[set[str], set[str], dict[str, str]]:
     for body in re.findall(GROUPING, text):
         labels |= set(re.findall(r"[a-zA-Z_]\w*", body))
     text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", re.sub(GROUPING, " ", text))
-    metrics = {m.group(1) for m in re.finditer(r"([a-zA-Z_:][\w:]*)\s*(\()?", text)
-               if not m.group(2) and m.group(1) not in KEYWORDS}
+    metrics = {
+        m.group(1)
+        for m in re.finditer(r"([a-zA-Z_:][\w:]*)\s*(\()?", text)
+        if not m.group(2) and m.group(1) not in KEYWORDS
+    }
     return metrics, labels, matchers
 
 
@@ -96,8 +139,12 @@ def test_the_parser_reads_metrics_labels_and_matchers():
 
 def test_the_check_catches_wrong_names():
     assert problems('sum(slurm_partition_pending_jobs{partition="all"})') == [
-        "unknown metric slurm_partition_pending_jobs", "label partition not on ['slurm_partition_pending_jobs']"]
-    assert problems('max by (exported_pod) (DCGM_FI_DEV_GPU_UTIL)') == ["label exported_pod not on ['DCGM_FI_DEV_GPU_UTIL']"]
+        "unknown metric slurm_partition_pending_jobs",
+        "label partition not on ['slurm_partition_pending_jobs']",
+    ]
+    assert problems("max by (exported_pod) (DCGM_FI_DEV_GPU_UTIL)") == [
+        "label exported_pod not on ['DCGM_FI_DEV_GPU_UTIL']"
+    ]
     assert problems("DCGM_FI_DEV_FB_USED", "{{node}}") == ["label node not on ['DCGM_FI_DEV_FB_USED']"]
     assert problems("vector(1)") == ["no metric"]
 
@@ -136,8 +183,14 @@ def test_the_dashboard_shows_what_the_issue_asks_for():
     used = set()
     for _, target in queries():
         used |= parse(target["expr"])[0]
-    assert {"DCGM_FI_DEV_GPU_UTIL", "slurm_partition_jobs_pending", "slurm_partition_jobs_running",
-            "slurm_partition_nodes_alloc", "kube_horizontalpodautoscaler_status_current_replicas",
-            "kube_pod_container_resource_requests", "kube_pod_status_phase"} <= used
+    assert {
+        "DCGM_FI_DEV_GPU_UTIL",
+        "slurm_partition_jobs_pending",
+        "slurm_partition_jobs_running",
+        "slurm_partition_nodes_alloc",
+        "kube_horizontalpodautoscaler_status_current_replicas",
+        "kube_pod_container_resource_requests",
+        "kube_pod_status_phase",
+    } <= used
     holder = next(t for title, t in queries() if title.startswith("Who holds each GPU"))
     assert {"pod", "UUID", "Hostname"} <= parse(holder["expr"])[1]

@@ -1,4 +1,5 @@
 """The example workloads are runnable as they are: schemas, the webhook's rules, shellcheck."""
+
 import json
 import re
 import shutil
@@ -82,7 +83,9 @@ def test_builtin_kinds_validate_strictly_against_kubernetes_1_34(name, obj):
 def test_every_pod_template_validates_strictly_and_pins_its_images(name, obj):
     for template in pod_templates(obj):
         kubernetes_validate.validate(
-            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template}, "1.34", strict=True
+            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
+            "1.34",
+            strict=True,
         )
         for container in template["spec"]["containers"]:
             assert PINNED_IMAGE.match(container["image"]) and not container["image"].endswith(":latest")
@@ -124,7 +127,9 @@ def test_the_crd_check_rejects_a_misspelt_field():
         jsonschema.validate(obj["spec"], PYTORCHJOB_SPEC)
 
 
-SHARED_CRD = Path(__file__).resolve().parents[2].parent / "shared/reference/crds/kubeflow.org_pytorchjobs-v1.schema.json"
+SHARED_CRD = (
+    Path(__file__).resolve().parents[2].parent / "shared/reference/crds/kubeflow.org_pytorchjobs-v1.schema.json"
+)
 
 
 @pytest.mark.skipif(not SHARED_CRD.is_file(), reason="development aid: ../shared/reference is not here")

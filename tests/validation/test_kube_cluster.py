@@ -1,4 +1,5 @@
 """The real cluster layer with the network cut out: the commands it runs and what it reads back."""
+
 import os
 import subprocess
 from types import SimpleNamespace
@@ -32,7 +33,7 @@ def fake_bin(tmp_path, name, body):
 
 def test_sbatch_gets_the_script_on_stdin_inside_slurmctld(tmp_path):
     cluster, calls = cluster_with({"sh": (0, "4242;slurm_slurm\n", "")})
-    script = '#!/bin/bash\n#SBATCH --nodes=2\necho "$HOME" \'%s\' 100%\n'
+    script = "#!/bin/bash\n#SBATCH --nodes=2\necho \"$HOME\" '%s' 100%\n"
     assert cluster.submit_slurm("mpi-gpu-r1-1", script) == "4242"
     ((namespace, pod, container, command),) = calls
     assert (namespace, pod, container) == ("slurm", "slurm-controller-0", "slurmctld")
@@ -45,7 +46,9 @@ def test_sbatch_gets_the_script_on_stdin_inside_slurmctld(tmp_path):
 
 def test_uuid_query_limits_nvidia_smi_to_the_pods_own_gpus(tmp_path):
     env = fake_bin(tmp_path, "nvidia-smi", 'echo "$*"\n')
-    own = subprocess.run(UUID_QUERY, env={**env, "NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2"}, capture_output=True, text=True)
+    own = subprocess.run(
+        UUID_QUERY, env={**env, "NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2"}, capture_output=True, text=True
+    )
     assert own.stdout == "--query-gpu=uuid --format=csv,noheader -i GPU-1,GPU-2\n"
     every = subprocess.run(UUID_QUERY, env={**env, "NVIDIA_VISIBLE_DEVICES": "all"}, capture_output=True, text=True)
     assert every.stdout == "--query-gpu=uuid --format=csv,noheader\n"
@@ -66,7 +69,9 @@ def test_a_failing_slurmctld_command_raises_with_its_message():
 def test_nodeset_without_replicas_counts_as_zero():
     cluster, _ = cluster_with()
     asked = []
-    cluster.custom = SimpleNamespace(get_namespaced_custom_object=lambda *a: asked.append(a) or {"spec": {}, "status": {}})
+    cluster.custom = SimpleNamespace(
+        get_namespaced_custom_object=lambda *a: asked.append(a) or {"spec": {}, "status": {}}
+    )
     assert cluster.nodeset() == (0, 0)
     assert asked == [("slinky.slurm.net", "v1beta1", "slurm", "nodesets", "slurm-worker-slinky")]
 
@@ -86,8 +91,9 @@ def test_gpu_pods_are_read_from_every_namespace():
     gpu = client.V1Container(name="pytorch", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}))
     pods = [
         client.V1Pod(
-            metadata=client.V1ObjectMeta(name="ddp-master-0", namespace="default", uid="u1",
-                                         labels={"training.kubeflow.org/job-name": "ddp"}),
+            metadata=client.V1ObjectMeta(
+                name="ddp-master-0", namespace="default", uid="u1", labels={"training.kubeflow.org/job-name": "ddp"}
+            ),
             spec=client.V1PodSpec(containers=[gpu], node_name="gpu-worker-2"),
             status=client.V1PodStatus(phase="Running"),
         ),
@@ -99,4 +105,10 @@ def test_gpu_pods_are_read_from_every_namespace():
     cluster.core = SimpleNamespace(list_pod_for_all_namespaces=lambda: client.V1PodList(items=pods))
     (found,) = cluster.gpu_pods()
     assert (found.key, found.uid, found.node, found.phase, found.owner, found.container) == (
-        "default/ddp-master-0", "u1", "gpu-worker-2", "Running", "ddp", "pytorch")
+        "default/ddp-master-0",
+        "u1",
+        "gpu-worker-2",
+        "Running",
+        "ddp",
+        "pytorch",
+    )

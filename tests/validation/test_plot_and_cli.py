@@ -1,13 +1,14 @@
 """The picture, the report files and the command line."""
+
 from pathlib import Path
 
 import pytest
+from validation_builders import GPU_A, handoff_timeline
 
 from validation.cli import main
 from validation.plot import draw, segments
 from validation.scenarios import SCENARIOS
 from validation.timeline import Timeline, gpu_uuids
-from validation_builders import GPU_A, handoff_timeline
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -67,7 +68,19 @@ def test_dry_run_of_heavy_mixed_expects_queueing_and_handoff_expects_the_handoff
 
 
 def test_from_timeline_writes_the_report_and_exits_by_the_checks(tmp_path):
-    assert main(["--scenario", "handoff", "--from-timeline", str(FIXTURES / "handoff-timeline.json"), "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--scenario",
+                "handoff",
+                "--from-timeline",
+                str(FIXTURES / "handoff-timeline.json"),
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert {p.name for p in tmp_path.iterdir()} == {"timeline.json", "summary.txt", "timeline.png"}
     summary = (tmp_path / "summary.txt").read_text()
     assert "7 of 7 checks passed" in summary and "GPU return latency" in summary
@@ -78,19 +91,40 @@ def test_from_timeline_fails_when_a_check_fails(tmp_path):
     broken = Timeline.load(FIXTURES / "handoff-timeline.json")
     broken.outcome = "interrupted"
     broken.save(tmp_path / "broken.json")
-    assert main(["--scenario", "handoff", "--from-timeline", str(tmp_path / "broken.json"), "--out", str(tmp_path / "o")]) == 1
-    assert "run completed                        FAIL    outcome: interrupted" in (tmp_path / "o" / "summary.txt").read_text()
+    assert (
+        main(["--scenario", "handoff", "--from-timeline", str(tmp_path / "broken.json"), "--out", str(tmp_path / "o")])
+        == 1
+    )
+    assert (
+        "run completed                        FAIL    outcome: interrupted"
+        in (tmp_path / "o" / "summary.txt").read_text()
+    )
 
 
 @pytest.mark.parametrize(
     "argv,message",
     [
         ([], "validate: --scenario is required: one of hpc-parallel, mixed, heavy-mixed, handoff"),
-        (["--scenario", "huge"], "validate: --scenario: 'huge' is not one of hpc-parallel, mixed, heavy-mixed, handoff"),
-        (["--scenario", "mixed", "--timeout", "soon"], "validate: argument --timeout: 'soon' is not allowed: give a number of seconds > 0"),
-        (["--scenario", "mixed", "--interval", "0"], "validate: argument --interval: '0' is not allowed: give a number of seconds > 0"),
-        (["--scenario", "mixed", "--kubeconfig", "/nonexistent/kc"], "validate: --kubeconfig: '/nonexistent/kc' is not a file"),
-        (["--scenario", "mixed", "--from-timeline", "/nonexistent.json"], "validate: --from-timeline: '/nonexistent.json' is not a file"),
+        (
+            ["--scenario", "huge"],
+            "validate: --scenario: 'huge' is not one of hpc-parallel, mixed, heavy-mixed, handoff",
+        ),
+        (
+            ["--scenario", "mixed", "--timeout", "soon"],
+            "validate: argument --timeout: 'soon' is not allowed: give a number of seconds > 0",
+        ),
+        (
+            ["--scenario", "mixed", "--interval", "0"],
+            "validate: argument --interval: '0' is not allowed: give a number of seconds > 0",
+        ),
+        (
+            ["--scenario", "mixed", "--kubeconfig", "/nonexistent/kc"],
+            "validate: --kubeconfig: '/nonexistent/kc' is not a file",
+        ),
+        (
+            ["--scenario", "mixed", "--from-timeline", "/nonexistent.json"],
+            "validate: --from-timeline: '/nonexistent.json' is not a file",
+        ),
         (["--scenario", "mixed", "--bogus"], "validate: unrecognized arguments: --bogus"),
     ],
 )

@@ -1,23 +1,31 @@
 """The run loop end to end against the simulated cluster, on a fake clock (no sleeping)."""
+
 import pytest
+from validation_fakes import FakeClock, FakeCluster, Faults
 
 from validation.checks import evaluate, expectations, gpu_return_latency, scale_up_latency
 from validation.runner import run
 from validation.scenarios import SCENARIOS, plan
 from validation.timeline import job_lives
-from validation_fakes import FakeClock, FakeCluster, Faults
 
 DURATIONS = {"mpi-gpu": 120, "pytorchjob": 90, "inference": 60, "gpu-smoke": 15}
 
 
-def replay(name, faults=Faults(), timeout=3000.0, **cluster_args):
+def replay(name, faults=None, timeout=3000.0, **cluster_args):
     clock = FakeClock()
-    cluster = FakeCluster(clock, durations=DURATIONS, faults=faults, **cluster_args)
+    cluster = FakeCluster(clock, durations=DURATIONS, faults=faults or Faults(), **cluster_args)
     planned = plan(SCENARIOS[name], "t1")
     log = []
     timeline = run(
-        planned, cluster, clock, scenario=name, gpus_total=4, interval=5.0, timeout=timeout,
-        started_at="2026-01-01T00:00:00+00:00", log=log.append,
+        planned,
+        cluster,
+        clock,
+        scenario=name,
+        gpus_total=4,
+        interval=5.0,
+        timeout=timeout,
+        started_at="2026-01-01T00:00:00+00:00",
+        log=log.append,
     )
     checks = evaluate(timeline, expectations(SCENARIOS[name], planned, 4))
     return timeline, {c.name: c for c in checks}, cluster, log
@@ -49,7 +57,9 @@ def test_uuids_are_read_once_per_pod():
 def test_handoff_submits_the_pytorchjob_only_after_slurmd_is_gone():
     timeline, checks, _, _ = replay("handoff")
     smoke, ddp = job_lives(timeline)
-    gone = next(s.t for s in timeline.samples if s.t > smoke.finished and s.nodeset_replicas == 0 and not s.slurmd_pods())
+    gone = next(
+        s.t for s in timeline.samples if s.t > smoke.finished and s.nodeset_replicas == 0 and not s.slurmd_pods()
+    )
     assert ddp.submitted == gone
     assert checks["GPU handed from Slurm to Kubernetes"].passed
 
@@ -105,6 +115,15 @@ def test_an_error_from_the_cluster_cleans_up_and_propagates():
 
     cluster.nodeset = nodeset
     with pytest.raises(RuntimeError, match="went away"):
-        run(plan(SCENARIOS["mixed"], "t1"), cluster, clock, scenario="mixed", gpus_total=4, interval=5,
-            timeout=100, started_at="x", log=lambda _: None)
+        run(
+            plan(SCENARIOS["mixed"], "t1"),
+            cluster,
+            clock,
+            scenario="mixed",
+            gpus_total=4,
+            interval=5,
+            timeout=100,
+            started_at="x",
+            log=lambda _: None,
+        )
     assert len(cluster.cancelled) == 1 and len(cluster.deleted) == 1

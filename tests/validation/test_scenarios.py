@@ -2,8 +2,16 @@ import re
 
 import pytest
 
-from validation.scenarios import AFTER_SCALE_DOWN, SCENARIOS, kube_gpus, load_objects, plan, sbatch_options, slurm_gpus
-from validation.scenarios import JOBS_DIR
+from validation.scenarios import (
+    AFTER_SCALE_DOWN,
+    JOBS_DIR,
+    SCENARIOS,
+    kube_gpus,
+    load_objects,
+    plan,
+    sbatch_options,
+    slurm_gpus,
+)
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

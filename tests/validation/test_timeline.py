@@ -1,13 +1,30 @@
-from validation.timeline import (
-    FAILED, PENDING, RUNNING, SUCCEEDED, Timeline, batch_job_phase, gpu_owner, holdings, job_lives,
-    pytorchjob_phase, slurm_phase,
-)
 from validation_builders import GPU_A, handoff_timeline, sample, slurmd_pod, smoke
+
+from validation.timeline import (
+    FAILED,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    Timeline,
+    batch_job_phase,
+    gpu_owner,
+    holdings,
+    job_lives,
+    pytorchjob_phase,
+    slurm_phase,
+)
 
 
 def test_slurm_states_map_to_phases():
-    assert [slurm_phase(s) for s in ("PENDING", "RUNNING", "COMPLETING", "COMPLETED")] == [PENDING, RUNNING, RUNNING, SUCCEEDED]
-    assert {slurm_phase(s) for s in ("FAILED", "CANCELLED", "CANCELLED+", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")} == {FAILED}
+    assert [slurm_phase(s) for s in ("PENDING", "RUNNING", "COMPLETING", "COMPLETED")] == [
+        PENDING,
+        RUNNING,
+        RUNNING,
+        SUCCEEDED,
+    ]
+    assert {slurm_phase(s) for s in ("FAILED", "CANCELLED", "CANCELLED+", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")} == {
+        FAILED
+    }
 
 
 def test_pytorchjob_phase_is_the_strongest_true_condition():
@@ -16,7 +33,10 @@ def test_pytorchjob_phase_is_the_strongest_true_condition():
     assert pytorchjob_phase([]) == PENDING
     assert pytorchjob_phase([created]) == PENDING
     assert pytorchjob_phase([created, running]) == RUNNING
-    assert pytorchjob_phase([created, {"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]) == SUCCEEDED
+    assert (
+        pytorchjob_phase([created, {"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}])
+        == SUCCEEDED
+    )
     assert pytorchjob_phase([created, running, {"type": "Failed", "status": "True"}]) == FAILED
 
 
@@ -49,11 +69,13 @@ def test_holdings_span_first_to_last_sample_per_pod_uid():
 
 
 def test_a_recreated_pod_with_the_same_name_is_a_new_holding():
-    tl = handoff_timeline([
-        sample(0, pods=[slurmd_pod(0, GPU_A, uid="first")]),
-        sample(10),
-        sample(20, pods=[slurmd_pod(0, GPU_A, uid="second")]),
-    ])
+    tl = handoff_timeline(
+        [
+            sample(0, pods=[slurmd_pod(0, GPU_A, uid="first")]),
+            sample(10),
+            sample(20, pods=[slurmd_pod(0, GPU_A, uid="second")]),
+        ]
+    )
     assert [(h.pod_uid, h.start, h.end) for h in holdings(tl)] == [("first", 0, 0), ("second", 20, 20)]
 
 

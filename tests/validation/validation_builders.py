@@ -1,4 +1,5 @@
 """Builders for constructed timelines: each test states only what matters to it."""
+
 from __future__ import annotations
 
 from validation.timeline import KUBERNETES, SLURMD, GpuPod, KubeJob, Sample, SlurmJob, Submission, Timeline
@@ -8,15 +9,29 @@ GPU_A, GPU_B = "GPU-a", "GPU-b"
 
 def slurmd_pod(index: int, uuid: str = "", *, uid: str | None = None, phase: str = "Running") -> GpuPod:
     return GpuPod(
-        "slurm", f"slurm-worker-slinky-{index}", uid or f"slurmd-{index}", f"gpu-worker-{index}", phase,
-        SLURMD, f"slinky-{index}", "slurmd", (uuid,) if uuid else (),
+        "slurm",
+        f"slurm-worker-slinky-{index}",
+        uid or f"slurmd-{index}",
+        f"gpu-worker-{index}",
+        phase,
+        SLURMD,
+        f"slinky-{index}",
+        "slurmd",
+        (uuid,) if uuid else (),
     )
 
 
 def kube_pod(job: str, replica: str, node: int, uuid: str = "", *, phase: str = "Running") -> GpuPod:
     return GpuPod(
-        "default", f"{job}-{replica}", f"{job}-{replica}-uid", f"gpu-worker-{node}", phase,
-        KUBERNETES, job, "pytorch", (uuid,) if uuid else (),
+        "default",
+        f"{job}-{replica}",
+        f"{job}-{replica}-uid",
+        f"gpu-worker-{node}",
+        phase,
+        KUBERNETES,
+        job,
+        "pytorch",
+        (uuid,) if uuid else (),
     )
 
 
@@ -38,9 +53,17 @@ def handoff_samples() -> list[Sample]:
         sample(40, 1, 1, [smoke("COMPLETED")], pods=[slurmd_pod(0, GPU_A)]),
         sample(340, 1, 1, [smoke("COMPLETED")], pods=[slurmd_pod(0, GPU_A)]),
         sample(350, 0, 0, [smoke("COMPLETED")]),
-        sample(360, 0, 0, [], [KubeJob("PyTorchJob", "ddp", "pending")], [kube_pod("ddp", "master-0", 0, phase="Pending")]),
-        sample(370, 0, 0, [], [KubeJob("PyTorchJob", "ddp", "running")],
-               [kube_pod("ddp", "master-0", 0, GPU_A), kube_pod("ddp", "worker-0", 1, GPU_B)]),
+        sample(
+            360, 0, 0, [], [KubeJob("PyTorchJob", "ddp", "pending")], [kube_pod("ddp", "master-0", 0, phase="Pending")]
+        ),
+        sample(
+            370,
+            0,
+            0,
+            [],
+            [KubeJob("PyTorchJob", "ddp", "running")],
+            [kube_pod("ddp", "master-0", 0, GPU_A), kube_pod("ddp", "worker-0", 1, GPU_B)],
+        ),
         sample(400, 0, 0, [], [KubeJob("PyTorchJob", "ddp", "succeeded")]),
     ]
 

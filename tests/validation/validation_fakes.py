@@ -5,6 +5,7 @@ NodeSet while Slurm work waits and scales it to 0 a cooldown after the last job;
 pods register as Slurm nodes some seconds after they start; Slurm runs FIFO-with-backfill;
 PyTorchJobs run once all their pods run. Faults can be switched on to make checks fail.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -85,8 +86,10 @@ class FakeCluster:
     faults: Faults = field(default_factory=Faults)
     names: SlurmNames = field(default_factory=SlurmNames)
     gpus: tuple[str, ...] = (
-        "GPU-3f1c9a52-7d1e-4c0b-9e2a-5b8d0c6f1a01", "GPU-8b2e4d17-0a6c-4f3d-b1e5-2c9f7a3d4b02",
-        "GPU-c47a1e93-5b2d-4e8f-a0c6-9d3b1f2e5c03", "GPU-e05d3b28-9f4a-4c1e-8d7b-6a2c0e9f3d04",
+        "GPU-3f1c9a52-7d1e-4c0b-9e2a-5b8d0c6f1a01",
+        "GPU-8b2e4d17-0a6c-4f3d-b1e5-2c9f7a3d4b02",
+        "GPU-c47a1e93-5b2d-4e8f-a0c6-9d3b1f2e5c03",
+        "GPU-e05d3b28-9f4a-4c1e-8d7b-6a2c0e9f3d04",
     )
     pod_start: float = 8.0  # bind -> Running (image pull, container start)
     slurmd_register: float = 15.0  # slurmd Running -> Slurm node idle
@@ -154,7 +157,9 @@ class FakeCluster:
             index = next(i for i in itertools.count() if f"{self.names.nodeset}-{i}" not in taken)
             name = f"{self.names.nodeset}-{index}"
             taken.add(name)
-            self.pods.append(Pod(self.names.namespace, name, f"uid-{next(self.uids)}", SLURMD, f"slinky-{index}", self.now))
+            self.pods.append(
+                Pod(self.names.namespace, name, f"uid-{next(self.uids)}", SLURMD, f"slinky-{index}", self.now)
+            )
         busy = {n for j in self.slurm if j.state == "RUNNING" for n in j.nodes}
         for pod in sorted(live, key=lambda p: p.name, reverse=True)[: max(0, len(live) - self.replicas)]:
             if pod.owner not in busy:  # scale-in drains first: busy nodes survive
@@ -189,7 +194,7 @@ class FakeCluster:
         idle = [n for n in sorted(ready) if n not in busy]
         for job in self.slurm:
             if job.state == "PENDING" and len(idle) >= job.nodes_wanted:
-                job.nodes, idle = tuple(idle[: job.nodes_wanted]), idle[job.nodes_wanted:]
+                job.nodes, idle = tuple(idle[: job.nodes_wanted]), idle[job.nodes_wanted :]
                 job.state, job.ends_at = "RUNNING", self.now + job.duration
 
     def _kube(self) -> None:
@@ -227,7 +232,11 @@ class FakeCluster:
         name = obj["metadata"]["name"]
         if obj["kind"] == "PyTorchJob":
             specs = obj["spec"]["pytorchReplicaSpecs"]
-            pod_names = [f"{name}-{kind.lower()}-{i}" for kind in ("Master", "Worker") for i in range(specs.get(kind, {}).get("replicas", 0))]
+            pod_names = [
+                f"{name}-{kind.lower()}-{i}"
+                for kind in ("Master", "Worker")
+                for i in range(specs.get(kind, {}).get("replicas", 0))
+            ]
         else:
             pod_names = [f"{name}-x1y2z"]
         assert len(pod_names) == kube_gpus(obj), "every fake pod holds one GPU"
@@ -248,15 +257,22 @@ class FakeCluster:
 
     def nodeset(self) -> tuple[int, int]:
         self._advance()
-        return self.replicas, sum(1 for p in self._live_slurmd() if p.slurm_ready_at is not None and p.slurm_ready_at <= self.now)
+        return self.replicas, sum(
+            1 for p in self._live_slurmd() if p.slurm_ready_at is not None and p.slurm_ready_at <= self.now
+        )
 
     def gpu_pods(self) -> list[GpuPod]:
         self._advance()
         return [
             GpuPod(
-                namespace=p.namespace, name=p.name, uid=p.uid, node=p.node,
+                namespace=p.namespace,
+                name=p.name,
+                uid=p.uid,
+                node=p.node,
                 phase="Running" if self._running(p) else "Pending",
-                holder=p.holder, owner=p.owner, container="c",
+                holder=p.holder,
+                owner=p.owner,
+                container="c",
             )
             for p in self.pods
             if not p.done
