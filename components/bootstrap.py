@@ -18,6 +18,7 @@ from components import host_layout
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 NODE_SCRIPT_DIR = "/opt/testbed"
+LIBRARY = "testbed-lib.sh"  # the shell library every node script and remote step sources
 ENV_FILE = "/etc/testbed/bootstrap.env"
 KUBEADM_CONFIG = "/etc/testbed/kubeadm.yaml"
 CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
@@ -124,7 +125,7 @@ def _file(path: str, content: str, permissions: str) -> dict:
 
 
 def _script_files(*names: str) -> list[dict]:
-    return [_file(f"{NODE_SCRIPT_DIR}/{n}", script(n), "0755") for n in ("testbed-lib.sh", *names)]
+    return [_file(f"{NODE_SCRIPT_DIR}/{n}", script(n), "0755") for n in (LIBRARY, *names)]
 
 
 def _run(*names: str) -> list[list[str]]:

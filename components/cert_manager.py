@@ -9,11 +9,10 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm
+from components.names import CERT_MANAGER_NAMESPACE, CERT_MANAGER_RELEASE
 from components.webhook_gate import HealthCheck, webhook_gate
 
 REPO = "https://charts.jetstack.io"
-NAMESPACE = "cert-manager"
-RELEASE = "cert-manager"
 WEBHOOK_HEALTH_PORT = 6080  # the webhook container's `healthcheck` port (readiness probe /healthz)
 
 
@@ -25,7 +24,7 @@ class CertManagerArgs:
 
 
 def chart(version: str) -> helm.Chart:
-    return helm.Chart(RELEASE, NAMESPACE, "cert-manager", version, REPO)
+    return helm.Chart(CERT_MANAGER_RELEASE, CERT_MANAGER_NAMESPACE, "cert-manager", version, REPO)
 
 
 def webhook_probe() -> dict:
@@ -39,10 +38,8 @@ def webhook_probe() -> dict:
 
 
 def webhook_health() -> HealthCheck:
-    selector = (
-        f"app.kubernetes.io/name=webhook,app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=webhook"
-    )
-    return HealthCheck(NAMESPACE, selector, WEBHOOK_HEALTH_PORT)
+    selector = f"app.kubernetes.io/name=webhook,app.kubernetes.io/instance={CERT_MANAGER_RELEASE},app.kubernetes.io/component=webhook"
+    return HealthCheck(CERT_MANAGER_NAMESPACE, selector, WEBHOOK_HEALTH_PORT)
 
 
 class CertManager(pulumi.ComponentResource):

@@ -1,22 +1,50 @@
-"""The control-plane node: a fixed private IP and an Elastic IP allocated before it boots."""
+"""The control-plane node: a fixed private IP, an Elastic IP allocated before it boots, and the
+user-data it renders for itself (the API certificate must name that public IP)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
-from components import ec2
+from components import bootstrap, ec2
 
 
 @dataclass
 class ControlNodeArgs:
-    node: ec2.NodeSpec  # user_data is filled in here
-    # The API certificate must name the public IP, so user-data is rendered from it.
-    user_data_for_public_ip: Callable[[pulumi.Output[str]], pulumi.Output[str]]
+    node: ec2.NodeSpec  # its user_data is rendered here
+    kubernetes_version: str
+    kubernetes_minor: str
+    flannel_version: str
+    share_export_cidr: str
+    authorized_keys: tuple[str, ...]
+    bootstrap_token: pulumi.Output[str]
+    ca_cert_pem: pulumi.Output[str]
+    ca_key_pem: pulumi.Output[str]
+
+
+def render_user_data(args: ControlNodeArgs, public_ip: pulumi.Output[str]) -> pulumi.Output[str]:
+    def render(v: dict[str, str]) -> str:
+        return bootstrap.control_plane_user_data(
+            bootstrap.ControlPlaneBootstrap(
+                kubernetes_version=args.kubernetes_version,
+                kubernetes_minor=args.kubernetes_minor,
+                flannel_version=args.flannel_version,
+                private_ip=args.node.private_ip,
+                share_export_cidr=args.share_export_cidr,
+                authorized_keys=args.authorized_keys,
+                **v,
+            )
+        )
+
+    return pulumi.Output.all(
+        public_ip=public_ip,
+        bootstrap_token=args.bootstrap_token,
+        ca_cert_pem=args.ca_cert_pem,
+        ca_key_pem=args.ca_key_pem,
+    ).apply(render)
 
 
 class ControlNode(pulumi.ComponentResource):
@@ -34,7 +62,7 @@ class ControlNode(pulumi.ComponentResource):
             tags={"Name": f"{name}-eip"},
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.node.after)),
         )
-        self.user_data = args.user_data_for_public_ip(address.public_ip)
+        self.user_data = render_user_data(args, address.public_ip)
         self.instance = ec2.launch(
             f"{name}-instance", dataclasses.replace(args.node, user_data=self.user_data), parent=self
         )

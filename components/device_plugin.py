@@ -8,6 +8,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import helm
+from components.names import DEVICE_PLUGIN_NAMESPACE
 
 REPO = "https://nvidia.github.io/k8s-device-plugin"
 
@@ -21,7 +22,7 @@ class DevicePluginArgs:
 
 def chart(version: str) -> helm.Chart:
     # The chart refuses namespace `default`.
-    return helm.Chart("nvidia-device-plugin", "nvidia-device-plugin", "nvidia-device-plugin", version, REPO)
+    return helm.Chart("nvidia-device-plugin", DEVICE_PLUGIN_NAMESPACE, "nvidia-device-plugin", version, REPO)
 
 
 def device_plugin_values(version: str, gpu_feature_discovery: bool) -> dict:

@@ -11,11 +11,9 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm, remote_script, slurmd_scaling
-from components.slurm_names import DEFAULT_PARTITION, SlurmNames
+from components.names import DEFAULT_PARTITION, KEDA_NAMESPACE, NODESET_GROUP, NODESET_KIND, NODESET_VERSION, Names
 
 REPO = "https://kedacore.github.io/charts"
-NAMESPACE = "keda"
-SCALED_OBJECT = "slurmd"
 EXTERNAL_METRICS_API = "apiservice/v1beta1.external.metrics.k8s.io"
 APISERVICE_TIMEOUT_SECONDS = 10 * 60
 
@@ -23,12 +21,8 @@ APISERVICE_TIMEOUT_SECONDS = 10 * 60
 @dataclass
 class KedaArgs:
     version: str
-    names: SlurmNames
-    prometheus_url: str
+    names: Names  # the NodeSet, Prometheus, replica bounds, cooldown and polling
     min_replicas: int
-    max_replicas: int
-    cooldown_seconds: int
-    polling_seconds: int
     provider: k8s.Provider
     control_connection: command.remote.ConnectionArgs
     scaled_object_after: Sequence[pulumi.Resource]  # the slurm chart that creates the NodeSet
@@ -38,29 +32,39 @@ class KedaArgs:
 
 
 def chart(version: str) -> helm.Chart:
-    return helm.Chart("keda", NAMESPACE, "keda", version, REPO)
+    return helm.Chart("keda", KEDA_NAMESPACE, "keda", version, REPO)
 
 
 def scaled_object(a: KedaArgs) -> dict:
+    n = a.names
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": {"name": SCALED_OBJECT, "namespace": a.names.namespace},
+        "metadata": {"name": n.scaled_object, "namespace": n.slurm.namespace},
         "spec": {
             # The NodeSet's /scale subresource; same namespace, as KEDA requires.
             "scaleTargetRef": {
-                "apiVersion": "slinky.slurm.net/v1beta1",
-                "kind": "NodeSet",
-                "name": a.names.nodeset_resource,
+                "apiVersion": f"{NODESET_GROUP}/{NODESET_VERSION}",
+                "kind": NODESET_KIND,
+                "name": n.slurm.nodeset_resource,
             },
             "idleReplicaCount": 0,  # GPUs go back to Kubernetes when Slurm is idle
             "minReplicaCount": a.min_replicas,  # must exceed idle, or KEDA rejects the object
-            "maxReplicaCount": a.max_replicas,
-            "cooldownPeriod": a.cooldown_seconds,
-            "pollingInterval": a.polling_seconds,
-            "triggers": slurmd_scaling.keda_triggers(a.prometheus_url, DEFAULT_PARTITION),
+            "maxReplicaCount": n.slurmd_max_replicas,
+            "cooldownPeriod": n.cooldown_seconds,
+            "pollingInterval": n.polling_seconds,
+            "triggers": slurmd_scaling.keda_triggers(n.prometheus_url, DEFAULT_PARTITION),
         },
     }
+
+
+def metrics_api_step(triggers: Sequence[pulumi.Input] = ()) -> remote_script.RemoteStep:
+    args = {
+        "TIMEOUT_SECONDS": str(APISERVICE_TIMEOUT_SECONDS),
+        "RESOURCE": EXTERNAL_METRICS_API,
+        "CONDITION": "Available",
+    }
+    return remote_script.RemoteStep("wait-condition.sh", args, triggers=triggers)
 
 
 class Keda(pulumi.ComponentResource):
@@ -75,14 +79,12 @@ class Keda(pulumi.ComponentResource):
             depends_on=args.release_after,
         )
         # Until KEDA's metrics API is Available, API discovery (and so every apply) fails.
-        metrics_api = remote_script.run_script(
+        metrics_api = remote_script.run(
             f"{name}-metrics-api",
-            "wait-condition.sh",
-            [str(APISERVICE_TIMEOUT_SECONDS), EXTERNAL_METRICS_API, "Available"],
+            metrics_api_step(triggers=helm.upgrade_triggers(self.release)),  # again after an upgrade
             args.control_connection,
             parent=self,
             depends_on=[self.release],
-            triggers=helm.upgrade_triggers(self.release),
         )
         manifest = scaled_object(args)
         self.scaled_object = k8s.apiextensions.CustomResource(
@@ -95,4 +97,4 @@ class Keda(pulumi.ComponentResource):
                 parent=self, provider=args.provider, depends_on=[self.release, metrics_api, *args.scaled_object_after]
             ),
         )
-        self.register_outputs({"scaledObject": SCALED_OBJECT})
+        self.register_outputs({"scaledObject": args.names.scaled_object})

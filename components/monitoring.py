@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from components import helm, host_layout
+from components import dashboard, helm, host_layout
+from components.names import MONITORING_NAMESPACE, MONITORING_RELEASE, Names
 
 PROMETHEUS_REPO = "https://prometheus-community.github.io/helm-charts"
 DCGM_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
-NAMESPACE = "monitoring"
-RELEASE = "monitoring"
-PROMETHEUS_PORT = 9090
-DASHBOARDS_DIR = Path(__file__).resolve().parent.parent / "dashboards"
 DASHBOARD_LABEL = ("grafana_dashboard", "1")  # the Grafana sidecar's default label
 
 
@@ -28,29 +24,25 @@ DASHBOARD_LABEL = ("grafana_dashboard", "1")  # the Grafana sidecar's default la
 class MonitoringArgs:
     kube_prometheus_stack_version: str
     dcgm_exporter_version: str
+    names: Names  # the dashboard's queries name the Slurm and KEDA objects
     provider: k8s.Provider
 
 
 def stack_chart(version: str) -> helm.Chart:
-    return helm.Chart(RELEASE, NAMESPACE, "kube-prometheus-stack", version, PROMETHEUS_REPO)
+    return helm.Chart(MONITORING_RELEASE, MONITORING_NAMESPACE, "kube-prometheus-stack", version, PROMETHEUS_REPO)
 
 
 def dcgm_chart(version: str) -> helm.Chart:
-    return helm.Chart("dcgm-exporter", NAMESPACE, "dcgm-exporter", version, DCGM_REPO)
+    return helm.Chart("dcgm-exporter", MONITORING_NAMESPACE, "dcgm-exporter", version, DCGM_REPO)
 
 
 def service_monitor_labels() -> dict[str, str]:
     """What kube-prometheus-stack's default serviceMonitorSelector matches."""
-    return {"release": RELEASE}
-
-
-def prometheus_url() -> str:
-    """The Prometheus Service `<fullname>-prometheus`; fullnameOverride makes fullname the release."""
-    return f"http://{RELEASE}-prometheus.{NAMESPACE}.svc:{PROMETHEUS_PORT}"
+    return {"release": MONITORING_RELEASE}
 
 
 def stack_values(version: str) -> dict:
-    return helm.merged_values(stack_chart(version), {"fullnameOverride": RELEASE})
+    return helm.merged_values(stack_chart(version), {"fullnameOverride": MONITORING_RELEASE})
 
 
 def dcgm_values(version: str) -> dict:
@@ -64,17 +56,18 @@ def dcgm_values(version: str) -> dict:
     )
 
 
-def dashboard_config_maps() -> list[dict]:
-    """One ConfigMap per dashboard file, labelled for the Grafana sidecar."""
+def dashboard_config_maps(n: Names) -> list[dict]:
+    """The hand-off dashboard as a ConfigMap labelled for the Grafana sidecar."""
     key, value = DASHBOARD_LABEL
+    board = dashboard.handoff_dashboard(n)
+    metadata = {"name": f"dashboard-{dashboard.UID}", "namespace": MONITORING_NAMESPACE, "labels": {key: value}}
     return [
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": f"dashboard-{path.stem}", "namespace": NAMESPACE, "labels": {key: value}},
-            "data": {path.name: json.dumps(json.loads(path.read_text()), indent=1, sort_keys=True)},
+            "metadata": metadata,
+            "data": {f"{dashboard.UID}.json": json.dumps(board, indent=1, sort_keys=True)},
         }
-        for path in sorted(DASHBOARDS_DIR.glob("*.json"))
     ]
 
 
@@ -102,12 +95,11 @@ class Monitoring(pulumi.ComponentResource):
             parent=self,
             depends_on=[self.stack],
         )
-        for manifest in dashboard_config_maps():
+        for manifest in dashboard_config_maps(args.names):
             k8s.core.v1.ConfigMap(
                 f"{name}-{manifest['metadata']['name']}",
                 metadata=manifest["metadata"],
                 data=manifest["data"],
                 opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.stack]),
             )
-        self.prometheus_url = prometheus_url()
-        self.register_outputs({"prometheusUrl": self.prometheus_url})
+        self.register_outputs({"prometheusUrl": args.names.prometheus_url})

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_command as command
 
-from components import remote_script
+from components import host_layout, remote_script
 
 READINESS_SCRIPT = "wait-cluster-ready.sh"
 
@@ -29,15 +29,19 @@ class ReadinessGate(pulumi.ComponentResource):
         named_nodes = [
             pulumi.Output.concat(ip, "=", node.id) for ip, node in zip(args.node_ips, args.nodes, strict=True)
         ]
-        self.command = remote_script.run_script(
-            f"{name}-wait",
+        step = remote_script.RemoteStep(
             READINESS_SCRIPT,
-            [str(args.timeout_seconds), args.region, *named_nodes],
-            args.connection,
-            parent=self,
-            depends_on=[*args.nodes, *args.after],
+            {
+                "TIMEOUT_SECONDS": str(args.timeout_seconds),
+                "REGION": args.region,
+                "NODES": pulumi.Output.all(*named_nodes).apply(" ".join),
+                "BOOTSTRAP_LOG": host_layout.BOOTSTRAP_LOG,
+            },
+            triggers=[n.id for n in args.nodes],  # a replaced node must be waited for again
             # longer than the script's own deadline, so its diagnosis is always printed
-            timeout=f"{args.timeout_seconds // 60 + 10}m",
-            triggers=[n.id for n in args.nodes],
-        )  # a replaced node must be waited for again
+            timeout_seconds=args.timeout_seconds + 10 * 60,
+        )
+        self.command = remote_script.run(
+            f"{name}-wait", step, args.connection, parent=self, depends_on=[*args.nodes, *args.after]
+        )
         self.register_outputs({"stdout": self.command.stdout})

@@ -1,46 +1,81 @@
-"""The one way a script from `scripts/` runs on a node over SSH: sent on stdin, arguments quoted."""
+"""The one way a script from `scripts/` runs on the control node over SSH: a typed `RemoteStep`.
+
+The script travels on stdin; its arguments travel by name, as environment values set on the
+command line (`sudo env NAME=value ... bash -s`), so sshd needs no `AcceptEnv` and every
+script reads its parameters the same way. Each step also gets the admin kubeconfig and the
+shell library that cloud-init wrote beside the node's bootstrap scripts: cloud-init's
+init stage writes files before sshd starts (canonical/cloud-init:systemd/cloud-init.service.tmpl,
+`Before=sshd.service`), so the library is there when the first step connects.
+"""
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap
+from components import bootstrap, host_layout
 
 DELETE_TIMEOUT = "10m"
+STEP_NAME = "TESTBED_STEP"  # which script a command runs: `render` and the tests read it back
 
 
-def sudo_script_command(arguments: Sequence[pulumi.Input[str]]) -> pulumi.Output[str]:
-    return pulumi.Output.all(*arguments).apply(
-        lambda args: " ".join(["sudo", "bash", "-s", "--", *(shlex.quote(str(a)) for a in args)])
+@dataclass(frozen=True)
+class RemoteStep:
+    """One script from components/scripts, run as root on the control node."""
+
+    script: str
+    args: Mapping[str, pulumi.Input[str]]  # the script's parameters, by name
+    delete_args: Mapping[str, str] | None = None  # `pulumi destroy` runs the script again with these
+    triggers: Sequence[pulumi.Input] = field(default_factory=tuple)  # re-run it when these change
+    timeout_seconds: int = 60 * 60  # the step's own limit; scripts keep their deadlines inside it
+
+    def environment(self, args: Mapping[str, pulumi.Input[str]]) -> dict[str, pulumi.Input[str]]:
+        return {
+            STEP_NAME: self.script,
+            "KUBECONFIG": host_layout.ADMIN_KUBECONFIG,
+            "TESTBED_LIB": f"{bootstrap.NODE_SCRIPT_DIR}/{bootstrap.LIBRARY}",
+            **args,
+        }
+
+
+def command_line(environment: Mapping[str, pulumi.Input[str]]) -> pulumi.Output[str]:
+    """`sudo env NAME=value ... bash -s`, every value quoted."""
+    names = sorted(environment)
+    return pulumi.Output.all(*(environment[n] for n in names)).apply(
+        lambda values: " ".join(
+            ["sudo", "env", *(shlex.quote(f"{n}={v}") for n, v in zip(names, values, strict=True)), "bash", "-s"]
+        )
     )
 
 
-def run_script(
+def parse_command_line(line: str) -> dict[str, str]:
+    """The arguments of a command made by `command_line`, by name (for `render` and the tests)."""
+    words = shlex.split(line)
+    if words[:2] != ["sudo", "env"] or words[-2:] != ["bash", "-s"]:
+        raise ValueError(f"not a remote step command line: {line[:80]!r}")
+    return dict(word.split("=", 1) for word in words[2:-2])
+
+
+def run(
     name: str,
-    script_name: str,
-    arguments: Sequence[pulumi.Input[str]],
+    step: RemoteStep,
     connection: command.remote.ConnectionArgs,
     parent: pulumi.Resource,
     depends_on: Sequence[pulumi.Resource] = (),
-    delete_arguments: Sequence[str] | None = None,
-    triggers: Sequence[pulumi.Input] = (),
-    timeout: str = "60m",
 ) -> command.remote.Command:
-    """Run `scripts/<script_name> ARGUMENTS...` as root on the node behind `connection`.
-
-    With `delete_arguments`, `pulumi destroy` runs the same script with those arguments.
-    A changed script or argument re-runs it; `triggers` re-run it when other things change."""
+    """A changed script or argument re-runs the step; so do its triggers."""
+    timeout = f"{-(-step.timeout_seconds // 60)}m"
     return command.remote.Command(
         name,
         connection=connection,
-        create=sudo_script_command(arguments),
-        delete=sudo_script_command(delete_arguments) if delete_arguments is not None else None,
-        stdin=bootstrap.script(script_name),
-        triggers=list(triggers) or None,
+        create=command_line(step.environment(step.args)),
+        delete=command_line(step.environment(step.delete_args)) if step.delete_args is not None else None,
+        stdin=bootstrap.script(step.script),
+        triggers=list(step.triggers) or None,
         opts=pulumi.ResourceOptions(
             parent=parent,
             depends_on=list(depends_on),

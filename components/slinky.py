@@ -11,13 +11,10 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm, host_layout
-from components.slurm_names import SlurmNames
+from components.names import SLINKY_OPERATOR_NAMESPACE, SLURM_CHART, SlurmNames
 from components.webhook_gate import webhook_gate
 
 CHARTS = "oci://ghcr.io/slinkyproject/charts"
-OPERATOR_NAMESPACE = "slinky"
-SLURM_RELEASE = "slurm"  # pinned: the PVC, NodeSet and ClusterName are built from it
-SLURM_NAMESPACE = "slurm"
 IMAGES = "ghcr.io/slinkyproject"
 STATESAVE_SIZE = "4Gi"  # the chart's controller.persistence request
 GPU_GRES = "gpu:tesla:1"  # one Tesla T4 per slurmd pod
@@ -28,7 +25,7 @@ SHARED_VOLUME = "shared"
 class SlinkyArgs:
     version: str
     image_tag: str
-    nodeset: str
+    names: SlurmNames  # release, namespace and NodeSet key: the PVC, NodeSet and ClusterName follow
     service_monitor_labels: dict[str, str]
     provider: k8s.Provider
     control_connection: command.remote.ConnectionArgs
@@ -36,20 +33,19 @@ class SlinkyArgs:
     cluster_after: Sequence[pulumi.Resource]  # the ServiceMonitor CRD (monitoring stack)
 
 
-def names(nodeset: str) -> SlurmNames:
-    return SlurmNames(release=SLURM_RELEASE, namespace=SLURM_NAMESPACE, nodeset=nodeset)
+CHART_DEFAULT_NODESET = "slinky"  # the key of the chart's own entry under `nodesets:`
 
 
 def crds_chart(version: str) -> helm.Chart:
-    return helm.Chart("slurm-operator-crds", OPERATOR_NAMESPACE, f"{CHARTS}/slurm-operator-crds", version)
+    return helm.Chart("slurm-operator-crds", SLINKY_OPERATOR_NAMESPACE, f"{CHARTS}/slurm-operator-crds", version)
 
 
 def operator_chart(version: str) -> helm.Chart:
-    return helm.Chart("slurm-operator", OPERATOR_NAMESPACE, f"{CHARTS}/slurm-operator", version)
+    return helm.Chart("slurm-operator", SLINKY_OPERATOR_NAMESPACE, f"{CHARTS}/slurm-operator", version)
 
 
-def slurm_chart(version: str) -> helm.Chart:
-    return helm.Chart(SLURM_RELEASE, SLURM_NAMESPACE, f"{CHARTS}/slurm", version)
+def slurm_chart(version: str, n: SlurmNames) -> helm.Chart:
+    return helm.Chart(n.release, n.namespace, f"{CHARTS}/{SLURM_CHART}", version)
 
 
 def _image(component: str, tag: str) -> dict:
@@ -63,12 +59,12 @@ def _shared_volume() -> tuple[dict, dict]:
     return volume, mount
 
 
-def slurm_values(version: str, image_tag: str, nodeset: str, service_monitor_labels: dict[str, str]) -> dict:
+def slurm_values(version: str, image_tag: str, n: SlurmNames, service_monitor_labels: dict[str, str]) -> dict:
     volume, mount = _shared_volume()
     gpu_key, gpu_value = host_layout.GPU_NODE_LABEL
-    base = helm.base_values(slurm_chart(version))
+    base = helm.base_values(slurm_chart(version, n))
     gpu_nodeset = helm.deep_merge(
-        base["nodesets"]["slinky"],
+        base["nodesets"][CHART_DEFAULT_NODESET],
         {
             "enabled": True,
             "replicas": 0,  # KEDA owns the count from here on
@@ -81,9 +77,9 @@ def slurm_values(version: str, image_tag: str, nodeset: str, service_monitor_lab
             "podSpec": {"nodeSelector": {gpu_key: gpu_value}, "volumes": [volume]},
         },
     )
-    nodesets = {nodeset: gpu_nodeset}
-    if nodeset != "slinky":
-        nodesets["slinky"] = {"enabled": False}  # the chart's default entry is merged in otherwise
+    nodesets = {n.nodeset: gpu_nodeset}
+    if n.nodeset != CHART_DEFAULT_NODESET:
+        nodesets[CHART_DEFAULT_NODESET] = {"enabled": False}  # the chart's default entry is merged in otherwise
     computed = {
         "controller": {
             "slurmctld": {"image": _image("slurmctld", image_tag), "volumeMounts": [mount]},
@@ -116,7 +112,7 @@ def statesave_volume(n: SlurmNames) -> dict:
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {
-            "name": f"{n.fullname}-statesave",
+            "name": n.statesave_volume,
             # The PVC outlives the release; do not hold `pulumi destroy` on the PV's finalizer.
             "annotations": {"pulumi.com/skipAwait": "true"},
         },
@@ -149,7 +145,7 @@ def operator_webhook_probe(n: SlurmNames) -> dict:
     return {
         "apiVersion": "slinky.slurm.net/v1beta1",
         "kind": "NodeSet",
-        "metadata": {"name": "testbed-webhook-probe", "namespace": OPERATOR_NAMESPACE},
+        "metadata": {"name": "testbed-webhook-probe", "namespace": SLINKY_OPERATOR_NAMESPACE},
         "spec": {
             "controllerRef": {"name": n.fullname, "namespace": n.namespace},
             "replicas": 0,
@@ -161,7 +157,7 @@ def operator_webhook_probe(n: SlurmNames) -> dict:
 class Slinky(pulumi.ComponentResource):
     def __init__(self, name: str, args: SlinkyArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:platform:Slinky", name, None, opts)
-        self.names = names(args.nodeset)
+        self.names = args.names
         child = pulumi.ResourceOptions(parent=self, provider=args.provider)
         crds = helm.release(
             f"{name}-crds",
@@ -193,8 +189,8 @@ class Slinky(pulumi.ComponentResource):
         )
         self.cluster = helm.release(
             f"{name}-cluster",
-            slurm_chart(args.version),
-            slurm_values(args.version, args.image_tag, args.nodeset, args.service_monitor_labels),
+            slurm_chart(args.version, self.names),
+            slurm_values(args.version, args.image_tag, self.names, args.service_monitor_labels),
             args.provider,
             parent=self,
             depends_on=[operator_gate, self.statesave_volume, *args.cluster_after],

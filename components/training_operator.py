@@ -11,9 +11,10 @@ import pulumi
 import pulumi_command as command
 
 from components import remote_script
+from components.names import JOBS_NAMESPACE, TRAINING_NAMESPACE
 
 SCRIPT = "training-operator.sh"
-NAMESPACE = "kubeflow"
+DEPLOYMENT = "training-operator"  # manifests/base/deployment.yaml at the tag
 READY_TIMEOUT_SECONDS = 10 * 60
 PROBE_IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: the probe is only dry-run
 
@@ -35,21 +36,35 @@ def webhook_probe() -> dict:
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": "testbed-webhook-probe", "namespace": "default"},
+        "metadata": {"name": "testbed-webhook-probe", "namespace": JOBS_NAMESPACE},
         "spec": {"pytorchReplicaSpecs": {"Master": replica}},
     }
+
+
+def overlay(version: str) -> str:
+    """The pinned standalone overlay, as `kubectl -k` fetches it."""
+    return f"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref={version}"
+
+
+def install_step(version: str) -> remote_script.RemoteStep:
+    return remote_script.RemoteStep(
+        SCRIPT,
+        {
+            "ACTION": "apply",
+            "OVERLAY": overlay(version),
+            "NAMESPACE": TRAINING_NAMESPACE,
+            "DEPLOYMENT": DEPLOYMENT,
+            "TIMEOUT_SECONDS": str(READY_TIMEOUT_SECONDS),
+            "PROBE_MANIFEST": json.dumps(webhook_probe(), sort_keys=True),
+        },
+        delete_args={"ACTION": "delete", "OVERLAY": overlay(version)},
+    )
 
 
 class TrainingOperator(pulumi.ComponentResource):
     def __init__(self, name: str, args: TrainingOperatorArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:platform:TrainingOperator", name, None, opts)
-        self.install = remote_script.run_script(
-            f"{name}-install",
-            SCRIPT,
-            ["apply", args.version, str(READY_TIMEOUT_SECONDS), json.dumps(webhook_probe(), sort_keys=True)],
-            args.control_connection,
-            parent=self,
-            depends_on=args.after,
-            delete_arguments=["delete", args.version],
+        self.install = remote_script.run(
+            f"{name}-install", install_step(args.version), args.control_connection, parent=self, depends_on=args.after
         )
-        self.register_outputs({"namespace": NAMESPACE})
+        self.register_outputs({"namespace": TRAINING_NAMESPACE})

@@ -1,9 +1,11 @@
 """A webhook gate: a step on the control node that succeeds only once the API server admits a
-server-side dry-run through the webhook (and, optionally, the webhook pod says /healthz ok)."""
+server-side dry-run through the webhook (and, optionally, the webhook pod's health endpoint
+answers 200)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -24,11 +26,18 @@ class HealthCheck:
     path: str = "healthz"
 
 
-def gate_arguments(probe: dict, health: HealthCheck | None) -> list[str]:
-    args = [str(GATE_TIMEOUT_SECONDS), json.dumps(probe, sort_keys=True)]
+def gate_step(
+    probe: dict, health: HealthCheck | None, triggers: Sequence[pulumi.Input] = ()
+) -> remote_script.RemoteStep:
+    args = {"TIMEOUT_SECONDS": str(GATE_TIMEOUT_SECONDS), "PROBE_MANIFEST": json.dumps(probe, sort_keys=True)}
     if health:
-        args += [health.namespace, health.label_selector, str(health.port), health.path]
-    return args
+        args |= {
+            "HEALTH_NAMESPACE": health.namespace,
+            "HEALTH_SELECTOR": health.label_selector,
+            "HEALTH_PORT": str(health.port),
+            "HEALTH_PATH": health.path,
+        }
+    return remote_script.RemoteStep(GATE_SCRIPT, args, triggers=triggers)
 
 
 def webhook_gate(
@@ -40,12 +49,5 @@ def webhook_gate(
     release: k8s.helm.v3.Release,
 ) -> command.remote.Command:
     """Passes once `release`'s webhook serves; proven again whenever the release is upgraded."""
-    return remote_script.run_script(
-        name,
-        GATE_SCRIPT,
-        gate_arguments(probe, health),
-        connection,
-        parent=parent,
-        depends_on=[release],
-        triggers=helm.upgrade_triggers(release),
-    )
+    step = gate_step(probe, health, triggers=helm.upgrade_triggers(release))
+    return remote_script.run(name, step, connection, parent=parent, depends_on=[release])

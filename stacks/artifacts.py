@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from components import bootstrap
+from components import remote_script
 from stacks.offline import RecordedResource, Recording, redact, reveal
 
 INSTANCE = "aws:ec2/instance:Instance"
@@ -73,20 +72,17 @@ def plan_text(rec: Recording, cost_line: str) -> str:
     return "\n".join(lines)
 
 
-def _script_name(text: str) -> str:
-    """The file in components/scripts a remote step sends, found by content."""
-    for path in sorted(bootstrap.SCRIPTS_DIR.glob("*.sh")):
-        if path.read_text() == text:
-            return path.name
-    raise ValueError("a remote step sends a script that is not in components/scripts")
+def step_arguments(cmd: RecordedResource, which: str = "create") -> dict[str, str]:
+    """The arguments, by name, of a remote step's create (or delete) command."""
+    return remote_script.parse_command_line(reveal(cmd.inputs[which]))
 
 
 def embedded_manifests(cmd: RecordedResource) -> list[dict]:
     """Kubernetes objects a remote step carries as JSON arguments (webhook probes)."""
     found = []
-    for arg in shlex.split(reveal(cmd.inputs.get("create", ""))):
-        if arg.startswith("{"):
-            obj = json.loads(arg)
+    for value in step_arguments(cmd).values():
+        if value.startswith("{"):
+            obj = json.loads(value)
             if "apiVersion" in obj and "kind" in obj:
                 found.append(obj)
     return found
@@ -160,8 +156,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
                 add_script(Path(f["path"]).name, f["content"])
     manifests = [reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r)]
     for cmd in rec.of_type(REMOTE_COMMAND):
-        text = reveal(cmd.inputs["stdin"])
-        add_script(_script_name(text), text)
+        add_script(step_arguments(cmd)[remote_script.STEP_NAME], reveal(cmd.inputs["stdin"]))
         manifests += embedded_manifests(cmd)
 
     releases = []

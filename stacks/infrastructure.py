@@ -91,34 +91,25 @@ def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) ->
             after=[network.internet_route],
         )
 
-    def control_user_data(public_ip: pulumi.Output[str]) -> pulumi.Output[str]:
-        return pulumi.Output.all(public_ip, identity.bootstrap_token, identity.ca_cert_pem, identity.ca_key_pem).apply(
-            lambda v: bootstrap.control_plane_user_data(
-                bootstrap.ControlPlaneBootstrap(
-                    kubernetes_version=s.kubernetes_version,
-                    kubernetes_minor=s.kubernetes_minor,
-                    flannel_version=s.flannel_version,
-                    private_ip=s.control_private_ip,
-                    public_ip=v[0],
-                    share_export_cidr=s.subnet_cidr,
-                    bootstrap_token=v[1],
-                    ca_cert_pem=v[2],
-                    ca_key_pem=v[3],
-                    authorized_keys=authorized_keys,
-                )
-            )
-        )
-
     control = ControlNode(
         "testbed-control",
         ControlNodeArgs(
             node=node("control-plane", s.control_instance_type, s.control_private_ip, s.control_root_volume_gb),
-            user_data_for_public_ip=control_user_data,
+            kubernetes_version=s.kubernetes_version,
+            kubernetes_minor=s.kubernetes_minor,
+            flannel_version=s.flannel_version,
+            share_export_cidr=s.subnet_cidr,
+            authorized_keys=authorized_keys,
+            bootstrap_token=identity.bootstrap_token,
+            ca_cert_pem=identity.ca_cert_pem,
+            ca_key_pem=identity.ca_key_pem,
         ),
         opts=opts,
     )
 
-    worker_user_data = pulumi.Output.all(identity.bootstrap_token, identity.ca_cert_hash).apply(
+    worker_user_data = pulumi.Output.all(
+        bootstrap_token=identity.bootstrap_token, ca_cert_hash=identity.ca_cert_hash
+    ).apply(
         lambda v: bootstrap.gpu_worker_user_data(
             bootstrap.WorkerBootstrap(
                 kubernetes_version=s.kubernetes_version,
@@ -126,9 +117,8 @@ def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) ->
                 nvidia_driver_branch=s.nvidia_driver_branch,
                 nvidia_container_toolkit_version=s.nvidia_container_toolkit_version,
                 control_plane_ip=s.control_private_ip,
-                bootstrap_token=v[0],
-                ca_cert_hash=v[1],
                 authorized_keys=authorized_keys,
+                **v,
             )
         )
     )

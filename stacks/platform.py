@@ -13,6 +13,7 @@ from components.cert_manager import CertManager, CertManagerArgs
 from components.device_plugin import DevicePlugin, DevicePluginArgs
 from components.keda import Keda, KedaArgs
 from components.monitoring import Monitoring, MonitoringArgs, service_monitor_labels
+from components.names import Names
 from components.slinky import Slinky, SlinkyArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from stacks.cluster import ClusterAccess
@@ -21,6 +22,7 @@ from stacks.settings import Settings
 
 @dataclass
 class Platform:
+    names: Names
     device_plugin: DevicePlugin
     cert_manager: CertManager
     monitoring: Monitoring
@@ -31,6 +33,7 @@ class Platform:
 
 def build(s: Settings, access: ClusterAccess) -> Platform:
     provider, ssh = access.provider, access.control_connection
+    names = Names.from_settings(s)
     device_plugin = DevicePlugin(
         "testbed-device-plugin",
         DevicePluginArgs(
@@ -46,6 +49,7 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
         MonitoringArgs(
             kube_prometheus_stack_version=s.kube_prometheus_stack_version,
             dcgm_exporter_version=s.dcgm_exporter_version,
+            names=names,
             provider=provider,
         ),
     )
@@ -54,7 +58,7 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
         SlinkyArgs(
             version=s.slinky_version,
             image_tag=s.slurm_image_tag,
-            nodeset=s.nodeset_name,
+            names=names.slurm,
             service_monitor_labels=service_monitor_labels(),
             provider=provider,
             control_connection=ssh,
@@ -70,16 +74,12 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
         "testbed-keda",
         KedaArgs(
             version=s.keda_version,
-            names=slinky.names,
-            prometheus_url=monitoring.prometheus_url,
+            names=names,
             min_replicas=s.keda_min_replicas,
-            max_replicas=s.slurmd_max_replicas,
-            cooldown_seconds=s.keda_cooldown_seconds,
-            polling_seconds=s.keda_polling_seconds,
             provider=provider,
             control_connection=ssh,
             scaled_object_after=[slinky.cluster],
             release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator],
         ),
     )
-    return Platform(device_plugin, cert_manager, monitoring, slinky, keda, training_operator)
+    return Platform(names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator)

@@ -7,7 +7,7 @@ import shlex
 import pulumi
 
 from components import host_layout
-from components.slurm_names import SLURMCTLD_CONTAINER, SlurmNames, label_selector
+from components.names import SLURMCTLD_CONTAINER, SlurmNames, label_selector
 from stacks.cluster import ClusterAccess
 from stacks.infrastructure import Infrastructure
 from stacks.platform import Platform
@@ -42,7 +42,7 @@ def outputs(
             f"ssh -i {SSH_KEY_FILE} {host_layout.SSH_USER}@",
             infra.control.public_ip,
         ),
-        "sbatchCommand": sbatch_command(platform.slinky.names),
+        "sbatchCommand": sbatch_command(platform.names.slurm),
         "grafanaAdminPassword": platform.monitoring.grafana_password,
         "estimatedHourlyCostUsd": cost.hourly_usd,
     }

@@ -53,3 +53,10 @@ def depends(rec: offline.Recording, resource: offline.RecordedResource, on: offl
             seen.add(urn)
             todo.extend(by_urn[urn].depends_on)
     return False
+
+
+def step_args(rec: offline.Recording, name: str, which: str = "create") -> dict[str, str]:
+    """The arguments, by name, that remote step `name` runs its script with (or deletes with)."""
+    from stacks.artifacts import step_arguments
+
+    return step_arguments(rec.named(name), which)

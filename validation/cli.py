@@ -1,29 +1,38 @@
 """`python -m stacks validate`: replay one reference experiment and check it.
 
+Names, the GPU count and the cooldown come from the stack's settings (`--stack`, `--config`,
+as for `plan`); when the deployed stack's outputs can be read they are cross-checked.
 Exit status: 0 when every check passed, 1 when one failed, 2 for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
+from components.names import Names
+from stacks import offline, settings
 from validation.checks import Expectations, describe_checks, evaluate, expectations
-from validation.names import SlurmNames
 from validation.scenarios import SCENARIOS, describe, plan
 from validation.timeline import Timeline
 
-GPUS_TOTAL = 4  # 4 x g4dn.xlarge, one T4 each
-DEFAULT_TIMEOUT = 2700.0  # heavy-mixed queues, then waits out KEDA's 300 s cooldown
+WORK_SECONDS = 2400.0  # heavy-mixed queues for about this long; the default timeout adds the cooldown
 
 
 class UsageError(Exception):
-    """Bad input: reported as one line, exit status 2."""
+    """Bad input: reported one line per problem, exit status 2."""
+
+    def __init__(self, *problems: str):
+        super().__init__("\n".join(problems))
+        self.problems = problems
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,13 +54,80 @@ def _seconds(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m stacks validate", description=__doc__)
     p.add_argument("--scenario", help="one of: " + ", ".join(SCENARIOS))
+    p.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting (with or without the project prefix); repeatable",
+    )
     p.add_argument("--kubeconfig", type=Path, help="default: `pulumi stack output --show-secrets kubeconfig`")
-    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT, help="seconds (default %(default)s)")
+    p.add_argument("--timeout", type=_seconds, help=f"seconds (default {WORK_SECONDS:.0f} + kedaCooldownSeconds)")
     p.add_argument("--interval", type=_seconds, default=5.0, help="seconds between samples (default %(default)s)")
     p.add_argument("--out", type=Path, help="output folder (default out/validate-<scenario>-<time>)")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted and checked; no cluster")
     p.add_argument("--from-timeline", type=Path, help="check and draw a saved timeline.json again; no cluster")
     return p
+
+
+@dataclass(frozen=True)
+class StackFacts:
+    names: Names
+    source: str  # where the names came from, as the output says
+
+
+def read_stack_outputs(stack: str) -> dict | str:
+    """The deployed stack's plain outputs, or why they cannot be read."""
+    try:
+        done = subprocess.run(
+            ["pulumi", "stack", "output", "--json", "--stack", stack],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except FileNotFoundError:
+        return "the pulumi CLI is not on PATH"
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"pulumi stack output failed ({error.__class__.__name__})"
+    if done.returncode != 0:
+        return f"stack {stack} has no outputs (not deployed, or not this backend)"
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        return "pulumi stack output printed no JSON"
+
+
+def cross_check(names: Names, outputs: dict) -> list[str]:
+    """What the deployed stack's outputs contradict in the names derived from the settings."""
+    problems = []
+    workers = outputs.get("workerPrivateIps")
+    if isinstance(workers, list) and len(workers) != names.gpus_total:
+        problems.append(
+            f"the deployed stack has {len(workers)} GPU workers but the settings give {names.gpus_total}; "
+            "pass the deployed stack's own --stack/--config"
+        )
+    sbatch = outputs.get("sbatchCommand")
+    if isinstance(sbatch, str) and f"app.kubernetes.io/instance={names.slurm.fullname}" not in sbatch:
+        problems.append("the deployed stack's sbatchCommand names another Slurm release than the settings")
+    return problems
+
+
+def stack_facts(
+    stack: str, overrides: list[str], read_outputs: Callable[[str], dict | str] | None = None
+) -> StackFacts:
+    try:
+        s = settings.load(offline.stack_config(stack, overrides), stack=stack, offline=True)
+    except settings.SettingsError as error:
+        raise UsageError(*error.problems) from None
+    names = Names.from_settings(s)
+    outputs = (read_outputs or read_stack_outputs)(stack)
+    if isinstance(outputs, str):
+        return StackFacts(names, f"settings of stack {stack}; not cross-checked: {outputs}")
+    problems = cross_check(names, outputs)
+    if problems:
+        raise UsageError(*problems)
+    return StackFacts(names, f"settings of stack {stack}, cross-checked with its deployed outputs")
 
 
 def load_kubeconfig(path: Path | None) -> dict:
@@ -92,7 +168,8 @@ def main(argv: list[str]) -> int:
     try:
         return _main(argv)
     except UsageError as error:
-        print(f"validate: {error}", file=sys.stderr)
+        for problem in error.problems:
+            print(f"validate: {problem}", file=sys.stderr)
         return 2
 
 
@@ -103,17 +180,23 @@ def _main(argv: list[str]) -> int:
     if args.scenario not in SCENARIOS:
         raise UsageError(f"--scenario: {args.scenario!r} is not one of {', '.join(SCENARIOS)}")
     scenario = SCENARIOS[args.scenario]
-    names = SlurmNames()
+    facts = stack_facts(args.stack, args.config)
+    names, slurm = facts.names, facts.names.slurm
+    timeout = args.timeout or WORK_SECONDS + names.cooldown_seconds
     now = datetime.now(UTC)
     run_id = "dryrun" if args.dry_run else now.strftime("r%m%d%H%M%S")
     planned = plan(scenario, run_id)
-    exp = expectations(scenario, planned, GPUS_TOTAL)
+    exp = expectations(scenario, planned, names.gpus_total)
     out = args.out or Path("out") / f"validate-{scenario.name}-{now.strftime('%Y%m%dT%H%M%SZ')}"
 
     if args.dry_run:
-        print("\n".join(describe(scenario, planned, names, GPUS_TOTAL)))
-        print(f"records every {args.interval:.0f} s until done or {args.timeout:.0f} s:")
-        print(f"  NodeSet {names.namespace}/{names.nodeset} replicas; squeue in {names.controller_pod};")
+        print(
+            f"stack {args.stack}: NodeSet {slurm.namespace}/{slurm.nodeset_resource}, {names.gpus_total} GPUs, "
+            f"cooldown {names.cooldown_seconds} s (from {facts.source})"
+        )
+        print("\n".join(describe(scenario, planned, slurm, names.gpus_total)))
+        print(f"records every {args.interval:.0f} s until done or {timeout:.0f} s:")
+        print(f"  NodeSet {slurm.namespace}/{slurm.nodeset_resource} replicas; squeue in {slurm.controller_pod};")
         print("  every pod holding nvidia.com/gpu with its node and GPU UUID (nvidia-smi inside the pod);")
         print("  PyTorchJob and Job states")
         print("checks:")
@@ -130,15 +213,15 @@ def _main(argv: list[str]) -> int:
     from validation.cluster import KubeCluster, WallClock
     from validation.runner import run
 
-    cluster = KubeCluster.from_kubeconfig(load_kubeconfig(args.kubeconfig), names)
+    cluster = KubeCluster.from_kubeconfig(load_kubeconfig(args.kubeconfig), slurm)
     timeline = run(
         planned,
         cluster,
         WallClock(),
         scenario=scenario.name,
-        gpus_total=GPUS_TOTAL,
+        gpus_total=names.gpus_total,
         interval=args.interval,
-        timeout=args.timeout,
+        timeout=timeout,
         started_at=now.isoformat(timespec="seconds"),
     )
     return 0 if write_results(timeline, exp, out) else 1

@@ -11,7 +11,15 @@ import re
 import time
 from typing import Protocol
 
-from validation.names import SlurmNames
+from components.names import (
+    JOBS_NAMESPACE,
+    NODESET_GROUP,
+    NODESET_PLURAL,
+    NODESET_VERSION,
+    SLURMCTLD_CONTAINER,
+    SLURMD_HOSTNAME_LABEL,
+    SlurmNames,
+)
 from validation.scenarios import GPU, sbatch_command
 from validation.timeline import (
     KUBERNETES,
@@ -118,6 +126,10 @@ def pod_gpu_container(pod_spec: dict) -> str | None:
     return None
 
 
+# Every slurmd pod carries it, whichever NodeSet made it (internal/builder/labels/labels.go).
+SLURMD_APP_LABEL = ("app.kubernetes.io/name", "slurmd")
+
+
 def classify_pod(pod: dict, names: SlurmNames) -> GpuPod | None:
     """A pod (API dict, camelCase) as a GpuPod, or None if it asks for no GPU."""
     container = pod_gpu_container(pod["spec"])
@@ -125,9 +137,9 @@ def classify_pod(pod: dict, names: SlurmNames) -> GpuPod | None:
         return None
     meta = pod["metadata"]
     labels = meta.get("labels") or {}
-    slurmd_key, _, slurmd_value = names.slurmd_labels.partition("=")
+    slurmd_key, slurmd_value = SLURMD_APP_LABEL
     if meta["namespace"] == names.namespace and labels.get(slurmd_key) == slurmd_value:
-        holder, owner = SLURMD, labels.get(names.slurmd_hostname_label) or pod["spec"].get("hostname") or meta["name"]
+        holder, owner = SLURMD, labels.get(SLURMD_HOSTNAME_LABEL) or pod["spec"].get("hostname") or meta["name"]
     else:
         holder = KUBERNETES
         owner = (
@@ -196,7 +208,7 @@ class KubeCluster:
 
     def _slurmctld(self, command: list[str]) -> str:
         n = self.names
-        code, out, err = self._exec(n.namespace, n.controller_pod, n.controller_container, command)
+        code, out, err = self._exec(n.namespace, n.controller_pod, SLURMCTLD_CONTAINER, command)
         if code != 0:
             raise RuntimeError(f"{' '.join(command[:2])} in {n.controller_pod} exited {code}: {err.strip()}")
         return out
@@ -215,7 +227,7 @@ class KubeCluster:
         return parse_squeue(self._slurmctld(SQUEUE))
 
     def create(self, obj: dict) -> None:
-        namespace = obj["metadata"].get("namespace", "default")
+        namespace = obj["metadata"].get("namespace", JOBS_NAMESPACE)
         if obj["kind"] == "PyTorchJob":
             self.custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", obj)
         else:
@@ -224,7 +236,7 @@ class KubeCluster:
     def delete(self, obj: dict) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        namespace, name = obj["metadata"].get("namespace", "default"), obj["metadata"]["name"]
+        namespace, name = obj["metadata"].get("namespace", JOBS_NAMESPACE), obj["metadata"]["name"]
         try:
             if obj["kind"] == "PyTorchJob":
                 self.custom.delete_namespaced_custom_object(
@@ -237,7 +249,7 @@ class KubeCluster:
                 raise
 
     def kube_job_phase(self, obj: dict) -> str:
-        namespace, name = obj["metadata"].get("namespace", "default"), obj["metadata"]["name"]
+        namespace, name = obj["metadata"].get("namespace", JOBS_NAMESPACE), obj["metadata"]["name"]
         if obj["kind"] == "PyTorchJob":
             found = self.custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", name)
             return pytorchjob_phase((found.get("status") or {}).get("conditions") or [])
@@ -247,7 +259,7 @@ class KubeCluster:
     def nodeset(self) -> tuple[int, int]:
         n = self.names
         found = self.custom.get_namespaced_custom_object(
-            n.nodeset_group, n.nodeset_version, n.namespace, n.nodeset_plural, n.nodeset
+            NODESET_GROUP, NODESET_VERSION, n.namespace, NODESET_PLURAL, n.nodeset_resource
         )
         # No .spec.replicas means 0 (the 1.0.0 CRD has no default).
         return int(found.get("spec", {}).get("replicas") or 0), int(found.get("status", {}).get("readyReplicas") or 0)

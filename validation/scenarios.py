@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from validation.names import SlurmNames
+from components.names import JOBS_NAMESPACE, SlurmNames
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
 GPU = "nvidia.com/gpu"
@@ -95,7 +95,7 @@ class Planned:
 
     @property
     def namespace(self) -> str:
-        return (self.obj or {}).get("metadata", {}).get("namespace", "default")
+        return (self.obj or {}).get("metadata", {}).get("namespace", JOBS_NAMESPACE)
 
 
 # ------------------------------------------------------------------ GPU demand

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Helpers shared by the node bootstrap scripts. Sourced, never run.
-# Parameters arrive in /etc/testbed/bootstrap.env, written by cloud-init.
+# Helpers shared by every script the program runs on a node: the bootstrap scripts (their
+# parameters arrive in /etc/testbed/bootstrap.env, written by cloud-init) and the remote steps
+# (their parameters arrive as environment values on the SSH command line). Sourced, never run.
 
 # Every host path the scripts touch is "${ROOT}/...": empty on a node (the real root), a
 # sandbox directory in the tests that run the scripts against stub commands.
@@ -35,19 +36,31 @@ retry() {
   done
 }
 
+# wait_until SECONDS COMMAND...: run COMMAND every POLL_SECONDS (default 10) until it succeeds;
+# fail once SECONDS have passed. The one deadline loop of the remote steps.
+wait_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep "${POLL_SECONDS:-10}"
+  done
+}
+
 load_env() {
   [ -r "$TESTBED_ENV" ] || die "parameter file $TESTBED_ENV is missing"
   set -a
   # shellcheck source=/dev/null
   . "$TESTBED_ENV"
   set +a
+  PARAMETER_SOURCE=$TESTBED_ENV
 }
 
 # require NAME...: every named parameter must be set and non-empty.
 require() {
   local name
   for name in "$@"; do
-    [ -n "${!name:-}" ] || die "parameter $name is not set in $TESTBED_ENV"
+    [ -n "${!name:-}" ] || die "parameter $name is not set in ${PARAMETER_SOURCE:-the environment of the step}"
   done
 }
 

@@ -1,27 +1,25 @@
 #!/usr/bin/env bash
-# Readiness gate, run over SSH on the control node: cloud-init finished there, then every
+# Readiness gate, a remote step on the control node: cloud-init finished there, then every
 # expected node is Ready. Nodes are named by private IP and EC2 instance id.
-# Usage: wait-cluster-ready.sh TIMEOUT_SECONDS REGION IP=INSTANCE_ID...
-set -euo pipefail
-timeout_seconds=$1
-region=$2
-shift 2
-expected=("$@")
-bootstrap_log=/var/log/testbed-bootstrap.log
-export KUBECONFIG=/etc/kubernetes/admin.conf
+# Parameters (environment): TIMEOUT_SECONDS, REGION, NODES ("IP=INSTANCE_ID ..."),
+# BOOTSTRAP_LOG; KUBECONFIG, TESTBED_LIB.
+set -Eeuo pipefail
+# shellcheck source=testbed-lib.sh
+. "$TESTBED_LIB"
+require TIMEOUT_SECONDS REGION NODES BOOTSTRAP_LOG KUBECONFIG
+read -r -a expected <<<"$NODES"
 
 report_failure() {
-  echo "readiness gate FAILED: $1" >&2
   if [ -r "$KUBECONFIG" ]; then kubectl get nodes -o wide >&2 || true; fi
-  echo "--- last lines of ${bootstrap_log} on the control node:" >&2
-  tail -n 40 "$bootstrap_log" >&2 || true
-  exit 1
+  echo "--- last lines of ${BOOTSTRAP_LOG} on the control node:" >&2
+  tail -n 40 "$BOOTSTRAP_LOG" >&2 || true
+  die "readiness gate: $1"
 }
 
 # One deadline for the whole gate, cloud-init included.
-deadline=$((SECONDS + timeout_seconds))
+deadline=$((SECONDS + TIMEOUT_SECONDS))
 status=0
-timeout "$timeout_seconds" cloud-init status --wait >/dev/null || status=$?
+timeout "$TIMEOUT_SECONDS" cloud-init status --wait >/dev/null || status=$?
 # 2 means finished with recoverable ("degraded") errors: the bootstrap itself succeeded.
 [ "$status" -eq 0 ] || [ "$status" -eq 2 ] || report_failure "cloud-init on the control node ended with status ${status}"
 
@@ -30,23 +28,23 @@ node_states() {
   kubectl get nodes -o jsonpath='{range .items[*]}{.status.addresses[?(@.type=="InternalIP")].address}{" "}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}'
 }
 
-while :; do
-  missing=()
+missing=("${expected[@]}")
+all_ready() {
+  local states node
   states=$(node_states 2>/dev/null || true)
+  missing=()
   for node in "${expected[@]}"; do
     grep -qxF "${node%%=*} True" <<<"$states" || missing+=("$node")
   done
-  if [ "${#missing[@]}" -eq 0 ]; then
-    echo "all ${#expected[@]} nodes Ready"
-    exit 0
-  fi
-  if [ "$SECONDS" -ge "$deadline" ]; then
-    for node in "${missing[@]}"; do
-      # cloud-init copies the bootstrap output to the instance console.
-      echo "node ${node%%=*} (instance ${node#*=}) is not Ready; its bootstrap log:" \
-        "aws ec2 get-console-output --region ${region} --instance-id ${node#*=} --latest --output text | tail -n 60" >&2
-    done
-    report_failure "not Ready after ${timeout_seconds}s: ${missing[*]%%=*}"
-  fi
-  sleep 15
-done
+  [ "${#missing[@]}" -eq 0 ]
+}
+
+if ! wait_until $((deadline - SECONDS)) all_ready; then
+  for node in "${missing[@]}"; do
+    # cloud-init copies the bootstrap output to the instance console.
+    echo "node ${node%%=*} (instance ${node#*=}) is not Ready; its bootstrap log:" \
+      "aws ec2 get-console-output --region ${REGION} --instance-id ${node#*=} --latest --output text | tail -n 60" >&2
+  done
+  report_failure "not Ready after ${TIMEOUT_SECONDS}s: ${missing[*]%%=*}"
+fi
+log "all ${#expected[@]} nodes Ready"

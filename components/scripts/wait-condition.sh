@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# Wait, on the control node, until a cluster object reports a condition.
-# Usage: wait-condition.sh TIMEOUT_SECONDS RESOURCE CONDITION   (e.g. apiservice/v1beta1.external.metrics.k8s.io Available)
-set -euo pipefail
-timeout_seconds=$1
-resource=$2
-condition=$3
-export KUBECONFIG=/etc/kubernetes/admin.conf
-deadline=$((SECONDS + timeout_seconds))
+# Remote step on the control node: wait until a cluster object reports a condition.
+# Parameters (environment): TIMEOUT_SECONDS, RESOURCE (e.g. apiservice/v1beta1.external.metrics.k8s.io),
+# CONDITION (e.g. Available), KUBECONFIG, TESTBED_LIB.
+set -Eeuo pipefail
+# shellcheck source=testbed-lib.sh
+. "$TESTBED_LIB"
+require TIMEOUT_SECONDS RESOURCE CONDITION KUBECONFIG
+
 # `kubectl wait` fails at once while the object does not exist yet: retry until the deadline.
-until kubectl wait --for="condition=${condition}" --timeout=30s "$resource"; do
-  if [ "$SECONDS" -ge "$deadline" ]; then
-    echo "${resource} not ${condition} after ${timeout_seconds}s" >&2
-    kubectl get "$resource" -o yaml >&2 || true
-    exit 1
-  fi
-  sleep 10
-done
+condition_met() { kubectl wait --for="condition=${CONDITION}" --timeout=30s "$RESOURCE"; }
+
+if ! wait_until "$TIMEOUT_SECONDS" condition_met; then
+  kubectl get "$RESOURCE" -o yaml >&2 || true
+  die "${RESOURCE} not ${CONDITION} after ${TIMEOUT_SECONDS}s"
+fi
+log "${RESOURCE} ${CONDITION}"

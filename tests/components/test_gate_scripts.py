@@ -5,11 +5,13 @@ import json
 import os
 import stat
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from components import bootstrap, cert_manager
+from components import bootstrap, cert_manager, keda, remote_script, training_operator, webhook_gate
+from components import readiness_gate as readiness
 
 STUB_KUBECTL = r"""#!/usr/bin/env bash
 # Behaviour from files in $STUB: health_exit, dry_run_failures (count down), nodes.
@@ -23,6 +25,8 @@ case "$*" in
     if [ "$left" -gt 0 ]; then echo $((left - 1)) >"$STUB/dry_run_failures"; echo "failed calling webhook" >&2; exit 1; fi
     echo clusterissuer.cert-manager.io/testbed-webhook-probe ;;
   *"get nodes -o jsonpath"*) cat "$STUB/nodes" ;;
+  *"wait --for=condition=Available"*) exit "$(cat "$STUB/wait_exit")" ;;
+  *"apply --server-side"*) exit "$(cat "$STUB/apply_exit")" ;;
   *) ;;
 esac
 """
@@ -40,34 +44,46 @@ def stub(tmp_path):
         path = bin_dir / name
         path.write_text(text)
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    state = {"health_exit": "0", "dry_run_failures": "0", "nodes": "", "cloud_init_exit": "0"}
+    state = {
+        "health_exit": "0",
+        "dry_run_failures": "0",
+        "nodes": "",
+        "cloud_init_exit": "0",
+        "wait_exit": "0",
+        "apply_exit": "0",
+    }
     for name, value in state.items():
         (tmp_path / name).write_text(value)
     return tmp_path
 
 
-def run(stub: Path, script: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{stub / 'bin'}:{os.environ['PATH']}", "STUB": str(stub)}
+def run(stub: Path, step: remote_script.RemoteStep, **overrides: str) -> subprocess.CompletedProcess:
+    """Run a step's script as the control node would: its arguments as environment values, the
+    library from this checkout, the stubs first on PATH."""
+    environment = {k: str(v) for k, v in step.environment(step.args).items()}
+    environment |= {
+        "TESTBED_LIB": str(bootstrap.SCRIPTS_DIR / bootstrap.LIBRARY),
+        "KUBECONFIG": str(stub / "kubeconfig"),
+    }
+    env = {**os.environ, **environment, **overrides, "PATH": f"{stub / 'bin'}:{os.environ['PATH']}", "STUB": str(stub)}
     return subprocess.run(
-        ["bash", "-s", "--", *args], input=bootstrap.script(script), capture_output=True, text=True, env=env, timeout=60
+        ["bash", "-s"], input=bootstrap.script(step.script), capture_output=True, text=True, env=env, timeout=60
     )
 
 
-def cert_manager_gate_args(timeout: int) -> list[str]:
-    health = cert_manager.webhook_health()
-    return [
-        str(timeout),
-        json.dumps(cert_manager.webhook_probe()),
-        health.namespace,
-        health.label_selector,
-        str(health.port),
-        health.path,
-    ]
+def cert_manager_gate(timeout: int) -> remote_script.RemoteStep:
+    step = webhook_gate.gate_step(cert_manager.webhook_probe(), cert_manager.webhook_health())
+    return replace(step, args={**step.args, "TIMEOUT_SECONDS": str(timeout)})
+
+
+def readiness_gate(timeout: int, region: str, *nodes: str) -> remote_script.RemoteStep:
+    args = {"TIMEOUT_SECONDS": str(timeout), "REGION": region, "NODES": " ".join(nodes), "BOOTSTRAP_LOG": "/dev/null"}
+    return remote_script.RemoteStep(readiness.READINESS_SCRIPT, args)
 
 
 def test_webhook_gate_passes_on_an_empty_200_healthz_and_an_admitted_dry_run(stub):
     (stub / "dry_run_failures").write_text("2")  # the webhook needs a moment after Ready
-    result = run(stub, "wait-webhook.sh", *cert_manager_gate_args(600))
+    result = run(stub, cert_manager_gate(600))
     assert result.returncode == 0, result.stderr
     assert "webhook gate passed" in result.stdout
     assert json.loads((stub / "last_manifest").read_text()) == cert_manager.webhook_probe()
@@ -78,29 +94,29 @@ def test_webhook_gate_passes_on_an_empty_200_healthz_and_an_admitted_dry_run(stu
 
 def test_webhook_gate_fails_when_healthz_never_answers(stub):
     (stub / "health_exit").write_text("1")
-    result = run(stub, "wait-webhook.sh", *cert_manager_gate_args(0))
+    result = run(stub, cert_manager_gate(0))
     assert result.returncode == 1
-    assert "webhook gate FAILED" in result.stderr and "did not answer 200" in result.stderr
+    assert "FAILED: webhook gate after 0s" in result.stderr and "did not answer 200" in result.stderr
     assert "create --dry-run" not in (stub / "calls").read_text()
 
 
 def test_webhook_gate_fails_when_the_dry_run_is_never_admitted(stub):
     (stub / "dry_run_failures").write_text("99")
-    result = run(stub, "wait-webhook.sh", *cert_manager_gate_args(0))
+    result = run(stub, cert_manager_gate(0))
     assert result.returncode == 1 and "failed calling webhook" in result.stderr
 
 
 def test_readiness_gate_passes_when_every_node_is_ready_and_cloud_init_degraded_counts(stub):
     (stub / "cloud_init_exit").write_text("2")
     (stub / "nodes").write_text("10.0.0.10 True\n10.0.0.20 True\n")
-    result = run(stub, "wait-cluster-ready.sh", "600", "us-east-1", "10.0.0.10=i-0c", "10.0.0.20=i-0w")
+    result = run(stub, readiness_gate(600, "us-east-1", "10.0.0.10=i-0c", "10.0.0.20=i-0w"))
     assert result.returncode == 0, result.stderr
     assert "all 2 nodes Ready" in result.stdout
 
 
 def test_readiness_gate_names_the_missing_node_and_how_to_read_its_log(stub):
     (stub / "nodes").write_text("10.0.0.10 True\n10.0.0.20 False\n")
-    result = run(stub, "wait-cluster-ready.sh", "0", "eu-west-1", "10.0.0.10=i-0c", "10.0.0.20=i-0w", "10.0.0.21=i-0x")
+    result = run(stub, readiness_gate(0, "eu-west-1", "10.0.0.10=i-0c", "10.0.0.20=i-0w", "10.0.0.21=i-0x"))
     assert result.returncode == 1
     assert "not Ready after 0s: 10.0.0.20 10.0.0.21" in result.stderr
     assert "aws ec2 get-console-output --region eu-west-1 --instance-id i-0w" in result.stderr
@@ -109,5 +125,54 @@ def test_readiness_gate_names_the_missing_node_and_how_to_read_its_log(stub):
 
 def test_readiness_gate_fails_when_the_control_node_bootstrap_failed(stub):
     (stub / "cloud_init_exit").write_text("1")
-    result = run(stub, "wait-cluster-ready.sh", "600", "us-east-1", "10.0.0.10=i-0c")
+    result = run(stub, readiness_gate(600, "us-east-1", "10.0.0.10=i-0c"))
     assert result.returncode == 1 and "cloud-init on the control node ended with status 1" in result.stderr
+
+
+def test_metrics_api_wait_passes_once_the_apiservice_is_available_and_names_it_when_not(stub):
+    step = keda.metrics_api_step()
+    assert run(stub, step).returncode == 0
+    assert (
+        "wait --for=condition=Available --timeout=30s apiservice/v1beta1.external.metrics.k8s.io"
+        in (stub / "calls").read_text()
+    )
+    (stub / "wait_exit").write_text("1")
+    result = run(stub, replace(step, args={**step.args, "TIMEOUT_SECONDS": "0"}))
+    assert result.returncode == 1
+    assert "FAILED: apiservice/v1beta1.external.metrics.k8s.io not Available after 0s" in result.stderr
+
+
+def test_training_operator_applies_the_pinned_overlay_and_waits_for_its_webhook(stub):
+    step = training_operator.install_step("v1.8.1")
+    (stub / "dry_run_failures").write_text("1")
+    result = run(stub, step)
+    assert result.returncode == 0, result.stderr
+    calls = (stub / "calls").read_text()
+    assert f"apply --server-side --force-conflicts -k {training_operator.overlay('v1.8.1')}" in calls
+    assert "-n kubeflow rollout status deployment/training-operator --timeout=600s" in calls
+    assert json.loads((stub / "last_manifest").read_text()) == training_operator.webhook_probe()
+
+
+def test_training_operator_apply_gives_up_with_the_overlay_named(stub):
+    (stub / "apply_exit").write_text("1")
+    result = run(stub, training_operator.install_step("v1.8.1"))
+    assert result.returncode == 1
+    assert "FAILED: apply of github.com/kubeflow/training-operator.git" in result.stderr
+    assert (stub / "calls").read_text().count("apply --server-side") == 5
+
+
+def test_training_operator_delete_is_best_effort(stub):
+    step = training_operator.install_step("v1.8.1")
+    (stub / "apply_exit").write_text("1")
+    result = run(stub, replace(step, args=step.delete_args))
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"delete -k {training_operator.overlay('v1.8.1')} --ignore-not-found --wait=false"
+        in (stub / "calls").read_text()
+    )
+
+
+def test_a_step_without_its_arguments_stops_naming_the_missing_one(stub):
+    step = keda.metrics_api_step()
+    result = run(stub, replace(step, args={k: v for k, v in step.args.items() if k != "RESOURCE"}))
+    assert result.returncode == 1 and "parameter RESOURCE is not set" in result.stderr

@@ -1,6 +1,6 @@
 import json
 
-from components import cert_manager, device_plugin, helm, monitoring
+from components import cert_manager, dashboard, device_plugin, helm, monitoring, names
 from stacks.offline import is_secret, reveal
 from tests.conftest import by_type, run_program
 
@@ -12,9 +12,7 @@ def test_dashboards_become_configmaps_the_grafana_sidecar_loads(default_run):
     sidecar = stack_values["values"]["grafana"]["sidecar"]["dashboards"]
     assert sidecar["enabled"] is True
     maps = by_type(default_run, "kubernetes:core/v1:ConfigMap")
-    assert {m.inputs["metadata"]["name"] for m in maps} == {
-        f"dashboard-{p.stem}" for p in monitoring.DASHBOARDS_DIR.glob("*.json")
-    }
+    assert [m.inputs["metadata"]["name"] for m in maps] == [f"dashboard-{dashboard.UID}"]
     for m in maps:
         # the sidecar's default label, in Grafana's own namespace (its default search scope)
         assert m.inputs["metadata"]["labels"] == {"grafana_dashboard": "1"}
@@ -43,9 +41,8 @@ def test_dcgm_exporter_runs_on_gpu_workers_and_keeps_the_holder_labels():
 def test_prometheus_stack_is_light_and_selects_by_release_label():
     values = monitoring.stack_values("80.9.2")
     assert values["alertmanager"]["enabled"] is False and values["grafana"]["enabled"] is True
-    assert values["fullnameOverride"] == monitoring.RELEASE
-    assert monitoring.service_monitor_labels() == {"release": monitoring.RELEASE}
-    assert monitoring.prometheus_url() == "http://monitoring-prometheus.monitoring.svc:9090"
+    assert values["fullnameOverride"] == names.MONITORING_RELEASE
+    assert monitoring.service_monitor_labels() == {"release": names.MONITORING_RELEASE}
 
 
 def test_device_plugin_never_sets_fail_on_init_error_and_toggles_feature_discovery():

@@ -1,13 +1,13 @@
 import pytest
 
 from components import host_layout, slinky
-from components.slurm_names import SlurmNames, helm_fullname
+from components.names import SLURM_NAMESPACE, SlurmNames, helm_fullname, slurm_names
 
 VERSION = "1.0.0"
 
 
 def values(nodeset="slinky"):
-    return slinky.slurm_values(VERSION, "25.11.6-ubuntu24.04", nodeset, {"release": "monitoring"})
+    return slinky.slurm_values(VERSION, "25.11.6-ubuntu24.04", slurm_names(nodeset), {"release": "monitoring"})
 
 
 @pytest.mark.parametrize("release, fullname", [("slurm", "slurm"), ("hpc", "hpc-slurm"), ("my-slurm-2", "my-slurm-2")])
@@ -23,10 +23,10 @@ def test_names_derive_from_release_and_nodeset():
 
 
 def test_statesave_volume_is_prebound_to_the_charts_claim_on_the_control_node():
-    n = slinky.names("slinky")
+    n = slurm_names("slinky")
     pv = slinky.statesave_volume(n)["spec"]
     assert pv["claimRef"]["name"] == "statesave-slurm-controller-0" == n.statesave_claim
-    assert pv["claimRef"]["namespace"] == slinky.SLURM_NAMESPACE
+    assert pv["claimRef"]["namespace"] == SLURM_NAMESPACE
     assert "storageClassName" not in pv
     assert pv["persistentVolumeReclaimPolicy"] == "Retain"
     assert pv["hostPath"]["path"] == host_layout.SLURM_STATE_DIR
@@ -36,7 +36,7 @@ def test_statesave_volume_is_prebound_to_the_charts_claim_on_the_control_node():
 
 def test_statesave_volume_holds_what_the_chart_requests():
     requested = values()["controller"]["persistence"]["resources"]["requests"]["storage"]
-    assert slinky.statesave_volume(slinky.names("slinky"))["spec"]["capacity"]["storage"] == requested
+    assert slinky.statesave_volume(slurm_names("slinky"))["spec"]["capacity"]["storage"] == requested
 
 
 def test_the_100_template_traps_are_avoided():
@@ -108,6 +108,6 @@ def test_a_renamed_nodeset_disables_the_charts_default_entry_and_keeps_a_complet
 
 
 def test_operator_webhook_probe_points_at_the_slurm_controller():
-    n = slinky.names("slinky")
+    n = slurm_names("slinky")
     probe = slinky.operator_webhook_probe(n)
     assert probe["spec"]["controllerRef"] == {"name": n.fullname, "namespace": n.namespace}

@@ -4,7 +4,7 @@ import yaml
 
 from components import cluster_identity, host_layout
 from stacks.offline import is_secret, reveal
-from tests.conftest import by_type
+from tests.conftest import by_type, step_args
 
 COMMAND = "command:remote:Command"
 
@@ -25,8 +25,9 @@ def test_gate_runs_the_readiness_script_on_the_control_node_as_ubuntu(default_ru
     from components import bootstrap
 
     assert reveal(gate.inputs["stdin"]) == bootstrap.script("wait-cluster-ready.sh")
-    timeout, region = gate.inputs["create"].split()[4:6]
-    assert int(timeout) >= 30 * 60 and region == default_run.settings.region
+    args = step_args(default_run, gate.name)
+    assert int(args["TIMEOUT_SECONDS"]) >= 30 * 60 and args["REGION"] == default_run.settings.region
+    assert args["BOOTSTRAP_LOG"] == host_layout.BOOTSTRAP_LOG and args["KUBECONFIG"] == host_layout.ADMIN_KUBECONFIG
 
 
 def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_client_cert(default_run):
@@ -78,7 +79,7 @@ def minutes(duration: str) -> int:
 
 def test_gate_step_outlasts_the_scripts_own_deadline_so_the_diagnosis_is_printed(default_run):
     gate = default_run.named("testbed-readiness-wait")
-    script_seconds = int(gate.inputs["create"].split()[4])
+    script_seconds = int(step_args(default_run, gate.name)["TIMEOUT_SECONDS"])
     assert minutes(gate.custom_timeouts["create"]) * 60 > script_seconds
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from stacks import pricing
-from tests.conftest import by_type, run_program
+from tests.conftest import by_type, run_program, step_args
 
 INSTANCE = "aws:ec2/instance:Instance"
 
@@ -23,7 +23,7 @@ def test_worker_count_changes_instances_gate_and_outputs(count):
     worker_ips = sorted(w.inputs["privateIp"] for w in workers)
     assert sorted(rec.outputs["workerPrivateIps"]) == worker_ips
     gate = rec.named("testbed-readiness-wait")
-    waited_for = gate.inputs["create"].split()[6:]  # sudo bash -s -- TIMEOUT REGION IP=INSTANCE...
+    waited_for = step_args(rec, gate.name)["NODES"].split()
     nodes = [*instances(rec, "control-plane"), *workers]
     assert sorted(waited_for) == sorted(f"{n.inputs['privateIp']}={n.name}-placeholder" for n in nodes)
     assert {w.urn for w in workers} <= set(gate.depends_on)

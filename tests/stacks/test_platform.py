@@ -6,9 +6,9 @@ import shlex
 import pytest
 import yaml
 
-from components import monitoring, slurm_names
+from components import names, training_operator
 from stacks.offline import reveal
-from tests.conftest import by_type, depends, run_program
+from tests.conftest import by_type, depends, run_program, step_args
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 COMMAND = "command:remote:Command"
@@ -75,12 +75,12 @@ def test_install_order(default_run):
 def test_claim_ref_matches_the_pvc_the_slurm_release_creates(default_run):
     pv = by_type(default_run, "kubernetes:core/v1:PersistentVolume")[0]
     slurm = release(default_run, "slurm")
-    names = slurm_names.SlurmNames(
+    derived = names.SlurmNames(
         release=slurm.inputs["name"], namespace=slurm.inputs["namespace"], nodeset=default_run.settings.nodeset_name
     )
     claim = pv.inputs["spec"]["claimRef"]
     assert (claim["namespace"], claim["name"]) == (slurm.inputs["namespace"], "statesave-slurm-controller-0")
-    assert claim["name"] == names.statesave_claim
+    assert claim["name"] == derived.statesave_claim
 
 
 def test_scaled_object_targets_the_nodeset_the_slurm_release_creates(default_run):
@@ -101,7 +101,7 @@ def test_scaled_object_reads_the_prometheus_of_the_monitoring_release(default_ru
     (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
     stack = reveal(release(default_run, "monitoring").inputs)
     fullname = stack["values"]["fullnameOverride"]
-    expected = f"http://{fullname}-prometheus.{stack['namespace']}.svc:{monitoring.PROMETHEUS_PORT}"
+    expected = f"http://{fullname}-prometheus.{stack['namespace']}.svc:{names.PROMETHEUS_PORT}"
     assert {t["metadata"]["serverAddress"] for t in so.inputs["spec"]["triggers"]} == {expected}
 
 
@@ -166,22 +166,26 @@ def test_sbatch_command_selects_the_slurmctld_pod_by_its_labels(default_run):
 
 def test_training_operator_is_applied_server_side_at_the_pinned_tag_and_removed_on_destroy(default_run):
     step = command(default_run, "testbed-training-operator-install")
-    create, delete = shlex.split(step.inputs["create"]), shlex.split(step.inputs["delete"])
-    assert create[4:6] == ["apply", "v1.8.1"] and delete[4:] == ["delete", "v1.8.1"]
+    create = step_args(default_run, step.name)
+    delete = step_args(default_run, step.name, "delete")
+    overlay = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1"
+    assert (create["ACTION"], create["OVERLAY"]) == ("apply", overlay)
+    assert (delete["ACTION"], delete["OVERLAY"]) == ("delete", overlay)
+    assert (create["NAMESPACE"], create["DEPLOYMENT"]) == (names.TRAINING_NAMESPACE, training_operator.DEPLOYMENT)
     script = reveal(step.inputs["stdin"])
-    assert "kubectl apply --server-side" in script and "overlays/standalone?ref=${version}" in script
-    probe = yaml.safe_load(create[7])
+    assert 'kubectl apply --server-side --force-conflicts -k "$OVERLAY"' in script
+    probe = yaml.safe_load(create["PROBE_MANIFEST"])
     containers = probe["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
     assert probe["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1 and containers[0]["name"] == "pytorch"
 
 
 def test_cert_manager_gate_checks_healthz_and_a_dry_run(default_run):
-    gate = command(default_run, "testbed-cert-manager-webhook-gate")
-    args = shlex.split(gate.inputs["create"])[4:]
-    probe = yaml.safe_load(args[1])
+    args = step_args(default_run, "testbed-cert-manager-webhook-gate")
+    probe = yaml.safe_load(args["PROBE_MANIFEST"])
     assert probe["apiVersion"].startswith("cert-manager.io/")
-    assert args[2] == release(default_run, "cert-manager").inputs["namespace"]
-    assert "app.kubernetes.io/instance=cert-manager" in args[3] and args[4:] == ["6080", "healthz"]
+    assert args["HEALTH_NAMESPACE"] == release(default_run, "cert-manager").inputs["namespace"]
+    assert "app.kubernetes.io/instance=cert-manager" in args["HEALTH_SELECTOR"]
+    assert (args["HEALTH_PORT"], args["HEALTH_PATH"]) == ("6080", "healthz")
 
 
 def test_no_loadbalancer_or_nodeport_services_by_default(default_run):

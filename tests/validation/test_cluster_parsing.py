@@ -1,7 +1,7 @@
 """The pure half of the real cluster layer: what it makes of squeue, nvidia-smi and pod objects."""
 
+from components.names import slurm_names
 from validation.cluster import classify_pod, expand_hostlist, parse_squeue, parse_uuids
-from validation.names import SlurmNames
 from validation.timeline import KUBERNETES, SLURMD, SlurmJob
 
 
@@ -40,12 +40,12 @@ def pod(namespace, name, labels, limits, phase="Running", node="gpu-worker-1"):
 
 def test_slurmd_pod_is_owned_by_its_slurm_node():
     labels = {"app.kubernetes.io/name": "slurmd", "nodeset.slinky.slurm.net/pod-hostname": "slinky-3"}
-    found = classify_pod(pod("slurm", "slurm-worker-slinky-3", labels, {"nvidia.com/gpu": "1"}), SlurmNames())
+    found = classify_pod(pod("slurm", "slurm-worker-slinky-3", labels, {"nvidia.com/gpu": "1"}), slurm_names("slinky"))
     assert (found.holder, found.owner, found.container, found.node) == (SLURMD, "slinky-3", "main", "gpu-worker-1")
 
 
 def test_training_operator_and_batch_pods_are_owned_by_their_job():
-    names = SlurmNames()
+    names = slurm_names("slinky")
     ddp = classify_pod(
         pod("default", "ddp-worker-0", {"training.kubeflow.org/job-name": "ddp"}, {"nvidia.com/gpu": 1}), names
     )
@@ -57,9 +57,11 @@ def test_training_operator_and_batch_pods_are_owned_by_their_job():
 
 
 def test_a_slurmd_labelled_pod_elsewhere_is_not_slurm():
-    found = classify_pod(pod("default", "x", {"app.kubernetes.io/name": "slurmd"}, {"nvidia.com/gpu": 1}), SlurmNames())
+    found = classify_pod(
+        pod("default", "x", {"app.kubernetes.io/name": "slurmd"}, {"nvidia.com/gpu": 1}), slurm_names("slinky")
+    )
     assert found.holder == KUBERNETES
 
 
 def test_pods_without_gpus_are_ignored():
-    assert classify_pod(pod("default", "web", {}, {"cpu": "1"}), SlurmNames()) is None
+    assert classify_pod(pod("default", "web", {}, {"cpu": "1"}), slurm_names("slinky")) is None

@@ -1,14 +1,17 @@
-"""dashboards/gpu-handoff.json: it parses, and every query names metrics and labels the exporters emit."""
+"""The hand-off dashboard (components/dashboard.py): it is what the program deploys, every query
+names metrics and labels the exporters emit, and every object name comes from the stack."""
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
-from validation.names import SlurmNames
+from components import dashboard
+from components.names import DEFAULT_PARTITION, Names
+from stacks import settings
+from tests.conftest import by_type, config
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "gpu-handoff.json"
+DEFAULT_NAMES = Names.from_settings(settings.load(config(), offline=True))
 
 # dcgm-exporter 4.4.2-4.7.1 (the chart 4.7.1 pin). Metric names: etc/default-counters.csv at
 # tag 4.4.2-4.7.1 (every non-comment row; DCGM_FI_DRIVER_VERSION is a label there, not a
@@ -113,9 +116,9 @@ def parse(expr: str) -> tuple[set[str], set[str], dict[str, str]]:
     return metrics, labels, matchers
 
 
-def queries():
-    dashboard = json.loads(DASHBOARD.read_text())
-    return [(p["title"], t) for p in dashboard["panels"] for t in p["targets"]]
+def queries(names: Names = DEFAULT_NAMES):
+    board = dashboard.handoff_dashboard(names)
+    return [(p["title"], t) for p in board["panels"] for t in p["targets"]]
 
 
 def problems(expr: str, legend: str = "") -> list[str]:
@@ -149,13 +152,19 @@ def test_the_check_catches_wrong_names():
     assert problems("vector(1)") == ["no metric"]
 
 
+def test_the_program_deploys_the_dashboard_as_a_sidecar_config_map(default_run):
+    (config_map,) = by_type(default_run, "kubernetes:core/v1:ConfigMap")
+    (text,) = config_map.inputs["data"].values()
+    assert json.loads(text) == dashboard.handoff_dashboard(DEFAULT_NAMES)
+
+
 def test_the_dashboard_parses_and_is_loadable():
-    dashboard = json.loads(DASHBOARD.read_text())
-    assert dashboard["uid"] == "gpu-handoff" and dashboard["title"]
-    ids = [p["id"] for p in dashboard["panels"]]
+    board = json.loads(json.dumps(dashboard.handoff_dashboard(DEFAULT_NAMES)))
+    assert board["uid"] == "gpu-handoff" and board["title"]
+    ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids)) == 6
-    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource"]
-    for p in dashboard["panels"]:
+    assert [v["name"] for v in board["templating"]["list"]] == ["datasource"]
+    for p in board["panels"]:
         assert p["datasource"]["uid"] == "${datasource}" and p["targets"]
         assert all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
 
@@ -165,17 +174,21 @@ def test_every_query_names_real_metrics_and_labels(title, target):
     assert problems(target["expr"], target.get("legendFormat", "")) == []
 
 
-def test_queries_name_the_objects_the_platform_creates():
-    names = SlurmNames()
+def test_queries_name_the_objects_the_platform_creates(default_run):
     values = {}
     for _, target in queries():
         for label, value in parse(target["expr"])[2].items():
             values.setdefault(label, set()).add(value)
-    assert values["partition"] == {names.partition}
+    (scaled_object,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    so_name, namespace = scaled_object.inputs["metadata"]["name"], scaled_object.inputs["metadata"]["namespace"]
+    # The partition plain `sbatch` lands in: the chart's default (values/slurm.yaml partitions.all).
+    assert values["partition"] == {DEFAULT_PARTITION}
     # KEDA names its HPA keda-hpa-<ScaledObject> (kedacore/keda@v2.16.1:controllers/keda/hpa.go).
-    assert values["horizontalpodautoscaler"] == {f"keda-hpa-{names.scaledobject}"}
-    assert values["scaledObject"] == {names.scaledobject}
-    assert f"{names.nodeset}-.*" in values["pod"]
+    assert values["horizontalpodautoscaler"] == {f"keda-hpa-{so_name}"}
+    assert values["scaledObject"] == {so_name}
+    assert namespace in values["namespace"]
+    # NodeSet pods are <NodeSet>-<ordinal> (slurm-operator@v1.0.0 internal/controller/nodeset/utils/utils.go).
+    assert f"{scaled_object.inputs['spec']['scaleTargetRef']['name']}-.*" in values["pod"]
     assert values["resource"] == {"nvidia_com_gpu"}
 
 

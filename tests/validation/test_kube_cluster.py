@@ -7,13 +7,13 @@ from types import SimpleNamespace
 import pytest
 from kubernetes import client
 
+from components.names import slurm_names
 from validation.cluster import SQUEUE, UUID_QUERY, KubeCluster
-from validation.names import SlurmNames
 from validation.timeline import RUNNING, SUCCEEDED
 
 
 def cluster_with(exec_results=None):
-    cluster = KubeCluster(client.ApiClient(), SlurmNames())
+    cluster = KubeCluster(client.ApiClient(), slurm_names("slinky"))
     calls = []
 
     def fake_exec(namespace, pod, container, command):

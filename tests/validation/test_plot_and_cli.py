@@ -40,7 +40,9 @@ def test_the_plot_is_a_png_with_a_lane_per_gpu(fixture, tmp_path):
 def test_dry_run_prints_submissions_and_checks_without_a_cluster(name, capsys, tmp_path):
     assert main(["--scenario", name, "--dry-run", "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"scenario {name}: ")
+    first, second, *_ = out.splitlines()
+    assert first.startswith("stack dev: NodeSet slurm/slurm-worker-slinky, 4 GPUs, cooldown 300 s (from settings")
+    assert second.startswith(f"scenario {name}: ")
     assert "no GPU UUID held by two pods at overlapping times" in out
     assert f"writes {tmp_path / 'o'}/timeline.json" in out
     assert not (tmp_path / "o").exists()  # a dry run writes nothing

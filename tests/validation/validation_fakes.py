@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from validation.names import SlurmNames
+from components.names import SlurmNames, slurm_names
 from validation.scenarios import kube_gpus, sbatch_options
 from validation.timeline import (
     FAILED,
@@ -84,7 +84,7 @@ class FakeCluster:
     clock: FakeClock
     durations: dict[str, float] = field(default_factory=dict)  # by job name prefix
     faults: Faults = field(default_factory=Faults)
-    names: SlurmNames = field(default_factory=SlurmNames)
+    names: SlurmNames = field(default_factory=lambda: slurm_names("slinky"))
     gpus: tuple[str, ...] = (
         "GPU-3f1c9a52-7d1e-4c0b-9e2a-5b8d0c6f1a01",
         "GPU-8b2e4d17-0a6c-4f3d-b1e5-2c9f7a3d4b02",
@@ -154,11 +154,18 @@ class FakeCluster:
         live = self._live_slurmd()
         taken = {p.name for p in live}
         for _ in range(self.replicas - len(live)):
-            index = next(i for i in itertools.count() if f"{self.names.nodeset}-{i}" not in taken)
-            name = f"{self.names.nodeset}-{index}"
+            index = next(i for i in itertools.count() if f"{self.names.slurmd_pod_prefix}{i}" not in taken)
+            name = f"{self.names.slurmd_pod_prefix}{index}"
             taken.add(name)
             self.pods.append(
-                Pod(self.names.namespace, name, f"uid-{next(self.uids)}", SLURMD, f"slinky-{index}", self.now)
+                Pod(
+                    self.names.namespace,
+                    name,
+                    f"uid-{next(self.uids)}",
+                    SLURMD,
+                    f"{self.names.nodeset}-{index}",
+                    self.now,
+                )
             )
         busy = {n for j in self.slurm if j.state == "RUNNING" for n in j.nodes}
         for pod in sorted(live, key=lambda p: p.name, reverse=True)[: max(0, len(live) - self.replicas)]:

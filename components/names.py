@@ -1,0 +1,179 @@
+"""The names contract: every name another part relies on, derived once from `Settings`.
+
+The program, the Grafana dashboard, the commands the stack prints, the validation runner and
+the tools that read a deployed stack all take their names from here, so a setting such as
+`nodesetName` changes every place at once. No Pulumi imports: reading names costs nothing.
+
+Evidence for the derived names (SlinkyProject/slurm-operator@v1.0.0): helm/slurm/templates/
+_helpers.tpl (`slurm.fullname`), nodeset/nodeset-cr.yaml (`<fullname>-worker-<key>`),
+api/v1beta1/controller_keys.go and restapi_keys.go (Services `<fullname>-controller` and
+`<fullname>-restapi`), internal/builder/controller_app.go (StatefulSet `<controller>`,
+volumeClaimTemplate `statesave`, port 6817, mount /var/spool/slurmctld/<ClusterName>),
+restapi_app.go (port 6820), internal/controller/nodeset/utils/utils.go (pods
+`<nodeset>-<ordinal>`), api/v1beta1/well_known.go and internal/builder/labels/labels.go (labels).
+KEDA's HPA is `keda-hpa-<ScaledObject>` (kedacore/keda@v2.16.1:controllers/keda/hpa.go).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stacks.settings import Settings
+
+# Slinky: the release name is built into every object name, so it is pinned.
+SLURM_RELEASE = "slurm"
+SLURM_NAMESPACE = "slurm"
+SLURM_CHART = "slurm"
+SLINKY_OPERATOR_NAMESPACE = "slinky"
+DEFAULT_PARTITION = "all"  # the chart's partitions.all has Default=YES: plain `sbatch` lands there
+SLURMCTLD_CONTAINER = "slurmctld"
+SLURMD_CONTAINER = "slurmd"
+STATESAVE_VOLUME = "statesave"
+SLURMCTLD_PORT = 6817
+SLURMRESTD_PORT = 6820
+NODESET_GROUP = "slinky.slurm.net"
+NODESET_VERSION = "v1beta1"
+NODESET_PLURAL = "nodesets"
+NODESET_KIND = "NodeSet"
+# The pod's hostname, which is also its Slurm node name (well_known.go LabelNodeSetPodHostname).
+SLURMD_HOSTNAME_LABEL = "nodeset.slinky.slurm.net/pod-hostname"
+
+KEDA_NAMESPACE = "keda"
+SCALED_OBJECT = "slurmd"
+
+MONITORING_NAMESPACE = "monitoring"
+MONITORING_RELEASE = "monitoring"  # also kube-prometheus-stack's fullnameOverride
+PROMETHEUS_PORT = 9090
+GRAFANA_PORT = 80
+
+CERT_MANAGER_NAMESPACE = "cert-manager"
+CERT_MANAGER_RELEASE = "cert-manager"
+DEVICE_PLUGIN_NAMESPACE = "nvidia-device-plugin"  # the chart refuses `default`
+TRAINING_NAMESPACE = "kubeflow"  # the Training Operator's standalone overlay
+JOBS_NAMESPACE = "default"  # where the example Kubernetes jobs run
+
+GPUS_PER_WORKER = 1  # settings accept only single-GPU worker types
+
+
+def helm_fullname(release: str, chart: str = SLURM_CHART) -> str:
+    """`slurm.fullname`: the release name if it contains the chart name, else `<release>-<chart>`."""
+    name = release if chart in release else f"{release}-{chart}"
+    return name[:63].rstrip("-")
+
+
+def label_selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+@dataclass(frozen=True)
+class SlurmNames:
+    """What the Slinky chart and operator name after the release and the NodeSet key."""
+
+    release: str
+    namespace: str
+    nodeset: str  # the key under `nodesets:`; also the NodeSet's own Slurm partition
+
+    @property
+    def fullname(self) -> str:
+        return helm_fullname(self.release)
+
+    @property
+    def controller_statefulset(self) -> str:
+        return f"{self.fullname}-controller"
+
+    @property
+    def controller_pod(self) -> str:
+        return f"{self.controller_statefulset}-0"
+
+    @property
+    def controller_service(self) -> str:
+        return f"{self.fullname}-controller"
+
+    @property
+    def restapi_service(self) -> str:
+        return f"{self.fullname}-restapi"
+
+    @property
+    def statesave_claim(self) -> str:
+        """The PVC the StatefulSet's volumeClaimTemplate creates for pod 0."""
+        return f"{STATESAVE_VOLUME}-{self.controller_pod}"
+
+    @property
+    def statesave_volume(self) -> str:
+        return f"{self.fullname}-statesave"
+
+    @property
+    def nodeset_resource(self) -> str:
+        return f"{self.fullname}-worker-{self.nodeset}"
+
+    @property
+    def slurmd_pod_prefix(self) -> str:
+        """slurmd pods are `<NodeSet>-<ordinal>`."""
+        return f"{self.nodeset_resource}-"
+
+    @property
+    def cluster_name(self) -> str:
+        return f"{self.namespace}_{self.fullname}"
+
+    @property
+    def partitions(self) -> tuple[str, str]:
+        """The partitions the NodeSet serves: the chart's default one and its own."""
+        return (DEFAULT_PARTITION, self.nodeset)
+
+    @property
+    def slurmctld_selector(self) -> dict[str, str]:
+        return {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": self.fullname}
+
+    @property
+    def slurmd_selector(self) -> dict[str, str]:
+        return {"app.kubernetes.io/name": "slurmd", "app.kubernetes.io/instance": self.nodeset_resource}
+
+    def exec_prefix(self) -> str:
+        """The `kubectl exec` that users type to reach slurmctld."""
+        return f"kubectl exec -i -n {self.namespace} {self.controller_pod} -c {SLURMCTLD_CONTAINER} --"
+
+
+def slurm_names(nodeset: str) -> SlurmNames:
+    return SlurmNames(release=SLURM_RELEASE, namespace=SLURM_NAMESPACE, nodeset=nodeset)
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every cross-component name and count of one stack."""
+
+    slurm: SlurmNames
+    gpus_total: int  # GPUs the workers offer, and so the most slurmd pods
+    slurmd_max_replicas: int
+    cooldown_seconds: int
+    polling_seconds: int
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Names:
+        return cls(
+            slurm=slurm_names(s.nodeset_name),
+            gpus_total=s.worker_count * GPUS_PER_WORKER,
+            slurmd_max_replicas=s.slurmd_max_replicas,
+            cooldown_seconds=s.keda_cooldown_seconds,
+            polling_seconds=s.keda_polling_seconds,
+        )
+
+    @property
+    def scaled_object(self) -> str:
+        return SCALED_OBJECT
+
+    @property
+    def keda_hpa(self) -> str:
+        return f"keda-hpa-{SCALED_OBJECT}"
+
+    @property
+    def prometheus_service(self) -> str:
+        """`<fullname>-prometheus`; fullnameOverride makes fullname the release."""
+        return f"{MONITORING_RELEASE}-prometheus"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://{self.prometheus_service}.{MONITORING_NAMESPACE}.svc:{PROMETHEUS_PORT}"
+
+    @property
+    def grafana_service(self) -> str:
+        return f"{MONITORING_RELEASE}-grafana"
