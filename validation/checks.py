@@ -93,7 +93,7 @@ def last_slurm_done(timeline: Timeline) -> float | None:
     lives = [life for life in job_lives(timeline) if life.kind == SLURM]
     if not lives or any(life.finished is None for life in lives):
         return None
-    return max(life.finished for life in lives)
+    return max(life.finished for life in lives if life.finished is not None)
 
 
 def gpu_return_latency(timeline: Timeline) -> float | None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from validation.cluster import Clock, Cluster
-from validation.scenarios import AFTER_SCALE_DOWN, AT_START, SLURM, Planned
+from validation.scenarios import AFTER_SCALE_DOWN, AT_START, SLURM, Planned, PlannedKube, PlannedSlurm
 from validation.timeline import (
     FINISHED,
     KubeJob,
@@ -45,7 +45,7 @@ def observe(cluster: Cluster, t: float, state: RunState) -> Sample:
     kube_jobs = tuple(
         KubeJob(plan.kind, plan.name, cluster.kube_job_phase(plan.obj))
         for plan, _ in state.submitted
-        if plan.kind != SLURM
+        if isinstance(plan, PlannedKube)
     )
     return Sample(
         t=t,
@@ -88,19 +88,19 @@ def finished(timeline: Timeline, waiting: list[Planned]) -> bool:
 
 
 def submit(cluster: Cluster, plan: Planned) -> str:
-    if plan.kind == SLURM:
+    if isinstance(plan, PlannedSlurm):
         return cluster.submit_slurm(plan.name, plan.script)
     cluster.create(plan.obj)
     return plan.name
 
 
 def cleanup(cluster: Cluster, state: RunState, log: Callable[[str], None]) -> None:
-    slurm_ids = [ref for plan, ref in state.submitted if plan.kind == SLURM]
+    slurm_ids = [ref for plan, ref in state.submitted if isinstance(plan, PlannedSlurm)]
     if slurm_ids:
         log(f"cancelling Slurm jobs {', '.join(slurm_ids)}")
         cluster.cancel_slurm(slurm_ids)
     for plan, _ in state.submitted:
-        if plan.kind != SLURM:
+        if isinstance(plan, PlannedKube):
             log(f"deleting {plan.kind} {plan.namespace}/{plan.name}")
             cluster.delete(plan.obj)
 

@@ -82,20 +82,37 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 @dataclass(frozen=True)
-class Planned:
-    """One submission, ready to send."""
+class PlannedSlurm:
+    """One sbatch submission, ready to send."""
 
     name: str
-    kind: str  # slurm, PyTorchJob or Job
     source: str
     gpus: int
     after: str
-    script: str = ""  # the sbatch script, for Slurm
-    obj: dict | None = None  # the Kubernetes object, for the rest
+    script: str  # the sbatch script, sent on sbatch's stdin
+
+    @property
+    def kind(self) -> str:
+        return SLURM
+
+
+@dataclass(frozen=True)
+class PlannedKube:
+    """One Kubernetes object (PyTorchJob or Job), ready to create."""
+
+    name: str
+    kind: str  # PyTorchJob or Job
+    source: str
+    gpus: int
+    after: str
+    obj: dict
 
     @property
     def namespace(self) -> str:
-        return (self.obj or {}).get("metadata", {}).get("namespace", JOBS_NAMESPACE)
+        return self.obj.get("metadata", {}).get("namespace", JOBS_NAMESPACE)
+
+
+Planned = PlannedSlurm | PlannedKube
 
 
 # ------------------------------------------------------------------ GPU demand
@@ -160,19 +177,19 @@ def unique_name(source: str, run_id: str, index: int) -> str:
 
 
 def plan(scenario: Scenario, run_id: str, jobs_dir: Path = JOBS_DIR) -> list[Planned]:
-    planned = []
+    planned: list[Planned] = []
     for index, workload in enumerate(scenario.workloads, start=1):
         path = jobs_dir / workload.source
         name = unique_name(workload.source, run_id, index)
         if path.suffix == ".sbatch":
             script = path.read_text()
-            planned.append(Planned(name, SLURM, workload.source, slurm_gpus(script), workload.after, script=script))
+            planned.append(PlannedSlurm(name, workload.source, slurm_gpus(script), workload.after, script))
             continue
         (obj,) = load_objects(path)
         obj["metadata"]["name"] = name
         if workload.workers is not None:
             obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = workload.workers
-        planned.append(Planned(name, obj["kind"], workload.source, kube_gpus(obj), workload.after, obj=obj))
+        planned.append(PlannedKube(name, obj["kind"], workload.source, kube_gpus(obj), workload.after, obj))
     return planned
 
 
@@ -192,7 +209,7 @@ def describe(scenario: Scenario, planned: list[Planned], names: SlurmNames, gpus
     lines = [f"scenario {scenario.name}: {scenario.description}", f"{demand}; the testbed has {gpus_total} GPUs"]
     for p in planned:
         when = "at start" if p.after == AT_START else "once slurmd is scaled to 0"
-        if p.kind == SLURM:
+        if isinstance(p, PlannedSlurm):
             command = " ".join([names.exec_prefix(), *sbatch_command(p.name), "<", f"jobs/{p.source}"])
         else:
             command = f"create {p.kind} {p.namespace}/{p.name} from jobs/{p.source} (kubectl apply -f)"

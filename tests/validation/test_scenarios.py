@@ -6,6 +6,7 @@ from validation.scenarios import (
     AFTER_SCALE_DOWN,
     JOBS_DIR,
     SCENARIOS,
+    PlannedKube,
     kube_gpus,
     load_objects,
     plan,
@@ -44,7 +45,7 @@ def test_planned_names_are_unique_and_valid_everywhere(name):
     assert len(set(names)) == len(names)
     assert all(DNS_1035.match(n) and len(n) <= 63 for n in names)
     for p in planned:
-        if p.obj is not None:
+        if isinstance(p, PlannedKube):
             assert p.obj["metadata"]["name"] == p.name
 
 
