@@ -188,6 +188,8 @@ def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
         p.kubernetes_version,
         p.kubernetes_minor,
         {
+            "ADMIN_KUBECONFIG": host_layout.ADMIN_KUBECONFIG,
+            "SSH_USER": host_layout.SSH_USER,
             "FLANNEL_VERSION": p.flannel_version,
             "SHARE_EXPORT_CIDR": p.share_export_cidr,
             "SLURM_STATE_DIR": host_layout.SLURM_STATE_DIR,
@@ -213,6 +215,7 @@ def gpu_worker_user_data(p: WorkerBootstrap) -> str:
             "NVIDIA_DRIVER_BRANCH": p.nvidia_driver_branch,
             "NVIDIA_CONTAINER_TOOLKIT_VERSION": p.nvidia_container_toolkit_version,
             "CONTROL_PLANE_IP": p.control_plane_ip,
+            "API_SERVER_PORT": str(host_layout.API_SERVER_PORT),
         },
         kubeadm_join_config(p),
         [],

@@ -5,7 +5,7 @@ set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$(dirname "$0")/testbed-lib.sh"
 load_env
-require SHARE_DIR SHARE_EXPORT_CIDR SLURM_STATE_DIR SLURM_UID FLANNEL_VERSION KUBEADM_CONFIG
+require SHARE_DIR SHARE_EXPORT_CIDR SLURM_STATE_DIR SLURM_UID FLANNEL_VERSION KUBEADM_CONFIG ADMIN_KUBECONFIG SSH_USER
 
 log "NFS server exporting ${SHARE_DIR} to ${SHARE_EXPORT_CIDR}"
 apt_get install nfs-kernel-server git  # git: kubectl kustomize fetches remote overlays
@@ -18,7 +18,7 @@ exportfs -ra
 log "Slurm state directory ${SLURM_STATE_DIR} owned by ${SLURM_UID} (hostPath ignores fsGroup)"
 install -d -m 0750 -o "$SLURM_UID" -g "$SLURM_UID" "${ROOT}${SLURM_STATE_DIR}"
 
-export KUBECONFIG=${ROOT}/etc/kubernetes/admin.conf
+export KUBECONFIG=${ROOT}${ADMIN_KUBECONFIG}
 if [ -f "$KUBECONFIG" ]; then
   log "kubeadm init already done"
 else
@@ -34,6 +34,6 @@ retry 10 15 kubectl apply -f \
   "https://raw.githubusercontent.com/flannel-io/flannel/${FLANNEL_VERSION}/Documentation/kube-flannel.yml" \
   || die "cannot apply Flannel ${FLANNEL_VERSION}"
 
-install -d -m 0700 -o ubuntu -g ubuntu "${ROOT}/home/ubuntu/.kube"
-install -m 0600 -o ubuntu -g ubuntu "$KUBECONFIG" "${ROOT}/home/ubuntu/.kube/config"
+install -d -m 0700 -o "$SSH_USER" -g "$SSH_USER" "${ROOT}/home/${SSH_USER}/.kube"
+install -m 0600 -o "$SSH_USER" -g "$SSH_USER" "$KUBECONFIG" "${ROOT}/home/${SSH_USER}/.kube/config"
 log "control-plane done"

@@ -5,7 +5,7 @@ set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$(dirname "$0")/testbed-lib.sh"
 load_env
-require NVIDIA_DRIVER_BRANCH NVIDIA_CONTAINER_TOOLKIT_VERSION CONTROL_PLANE_IP SHARE_DIR KUBEADM_CONFIG
+require NVIDIA_DRIVER_BRANCH NVIDIA_CONTAINER_TOOLKIT_VERSION CONTROL_PLANE_IP API_SERVER_PORT SHARE_DIR KUBEADM_CONFIG
 
 log "NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver"
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -42,7 +42,7 @@ mountpoint -q "${ROOT}${SHARE_DIR}" || retry 60 20 mount "${ROOT}${SHARE_DIR}" |
 if [ -f "${ROOT}/etc/kubernetes/kubelet.conf" ]; then
   log "already joined"
 else
-  log "kubeadm join ${CONTROL_PLANE_IP}:6443 (retried until the control plane answers)"
+  log "kubeadm join ${CONTROL_PLANE_IP}:${API_SERVER_PORT} (retried until the control plane answers)"
   join() { kubeadm join --config "${ROOT}${KUBEADM_CONFIG}" || { kubeadm reset -f >/dev/null 2>&1; false; }; }
   retry 20 30 join || die "kubeadm join did not succeed"
 fi

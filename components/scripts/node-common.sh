@@ -5,7 +5,7 @@ set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$(dirname "$0")/testbed-lib.sh"
 load_env
-require KUBERNETES_VERSION KUBERNETES_MINOR
+require KUBERNETES_VERSION KUBERNETES_MINOR SHARE_DIR
 
 log "kernel modules and sysctls for the pod network"
 printf 'overlay\nbr_netfilter\n' >"${ROOT}/etc/modules-load.d/testbed-k8s.conf"
@@ -63,5 +63,5 @@ systemctl enable containerd >/dev/null
 systemctl restart containerd
 systemctl enable kubelet >/dev/null
 
-install -d -m 0755 "${ROOT}${SHARE_DIR:-/mnt/share}"
+install -d -m 0755 "${ROOT}${SHARE_DIR}"
 log "node-common done (containerd ${containerd_major}.x, pause ${pause_image})"
