@@ -30,14 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         ("render", "write every deployed artifact to a directory"),
     ):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
-        p.add_argument(
-            "--config",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a setting (with or without the project prefix); repeatable",
-        )
+        offline.add_stack_arguments(p)
         if name == "plan":
             p.add_argument("--json", action="store_true", help="one JSON array of resources")
         else:

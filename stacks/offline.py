@@ -7,6 +7,7 @@ IPs come from the documentation ranges (RFC 5737) and IDs end in `-placeholder`.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 from collections.abc import Callable
@@ -222,6 +223,18 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
 
 # ---------------------------------------------------------------------- running
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--stack` and `--config`, the same for every command that reads a stack's settings."""
+    parser.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting (with or without the project prefix); repeatable",
+    )
 
 
 def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: Path = ROOT) -> dict[str, str]:

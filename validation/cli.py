@@ -55,14 +55,7 @@ def _seconds(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m stacks validate", description=__doc__)
     p.add_argument("--scenario", help="one of: " + ", ".join(SCENARIOS))
-    p.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
-    p.add_argument(
-        "--config",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a setting (with or without the project prefix); repeatable",
-    )
+    offline.add_stack_arguments(p)
     p.add_argument("--kubeconfig", type=Path, help="default: `pulumi stack output --show-secrets kubeconfig`")
     p.add_argument("--timeout", type=_seconds, help=f"seconds (default {WORK_SECONDS:.0f} + kedaCooldownSeconds)")
     p.add_argument("--interval", type=_seconds, default=5.0, help="seconds between samples (default %(default)s)")
