@@ -14,10 +14,12 @@ import json
 import sys
 from pathlib import Path
 
-from stacks import artifacts, offline, pricing
-from stacks.settings import SettingsError
+import pulumi
 
-EXIT_BAD_SETTINGS = 2
+from stacks import artifacts, offline, pricing
+from stacks.settings import SettingsError, show
+
+EXIT_BAD_INPUT = 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,19 +58,30 @@ def main(argv: list[str] | None = None) -> int:
 
         return validate_main(argv[1:])
     args = _parser().parse_args(argv)
+    problems = []
+    if args.command == "render" and (problem := artifacts.out_dir_problem(args.out)):
+        problems.append(problem)
     try:
         rec = offline.run(offline.stack_config(args.stack, args.config), stack=args.stack)
     except SettingsError as error:
-        for problem in error.problems:
+        problems += error.problems
+    except pulumi.RunError as error:  # the program's own refusals at run time (zone offerings)
+        problems += str(error).splitlines()
+    if problems:
+        for problem in problems:
             print(problem, file=sys.stderr)
-        return EXIT_BAD_SETTINGS
+        return EXIT_BAD_INPUT
     if args.command == "plan":
         if args.json:
             print(json.dumps(artifacts.plan_elements(rec), indent=2, sort_keys=True))
         else:
             print(artifacts.plan_text(rec, _cost_line(rec)))
         return 0
-    written = artifacts.render(rec, args.out)
+    try:
+        written = artifacts.render_replacing(rec, args.out)
+    except OSError as error:
+        print(f"--out: {show(str(args.out))} cannot be written: {error.strerror or error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(f"wrote {len(written)} files under {args.out}")
     return 0
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ import yaml
 
 from components import remote_script
 from stacks.offline import RecordedResource, Recording, redact, reveal
+from stacks.settings import show
 
 INSTANCE = "aws:ec2/instance:Instance"
 REMOTE_COMMAND = "command:remote:Command"
@@ -196,3 +199,48 @@ def render(rec: Recording, out: Path) -> list[Path]:
         _write(path, text)
         written.append(path)
     return written
+
+
+# `render --out DIR` writes a fresh tree and swaps it in, so a directory holds exactly one
+# render (no testbed-worker-3.yaml left from a larger workerCount). The mark tells a previous
+# render, which may be replaced, from any other directory, which is never touched.
+RENDER_MARK = ".testbed-render"
+MARK_TEXT = "written by `python -m stacks render`; the next render replaces this directory whole\n"
+
+
+def out_dir_problem(out: Path) -> str | None:
+    """Why `out` cannot take a render, or None: it must be new, empty, or a previous render."""
+    if out.is_symlink():
+        return f"--out: {show(str(out))} is a symbolic link; expected a directory path"
+    if out.exists() and not out.is_dir():
+        return f"--out: {show(str(out))} is a file; expected a directory (new, empty, or a previous render)"
+    if out.is_dir() and any(out.iterdir()) and not (out / RENDER_MARK).is_file():
+        return (
+            f"--out: {show(str(out))} is not empty and holds no previous render (no {RENDER_MARK}); "
+            "expected a new or empty directory, or one that render wrote"
+        )
+    return None
+
+
+def render_replacing(rec: Recording, out: Path) -> list[Path]:
+    """Render into a new directory beside `out`, then put it in place of `out` whole."""
+    problem = out_dir_problem(out)
+    if problem:
+        raise ValueError(problem)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # mkdtemp makes it 0700, and so the render: user-data holds the cluster CA key and join token
+    fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        written = [fresh / RENDER_MARK, *render(rec, fresh)]
+        (fresh / RENDER_MARK).write_text(MARK_TEXT)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            out.rename(old / out.name)
+            fresh.rename(out)
+            shutil.rmtree(old)
+        else:
+            fresh.rename(out)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    return [out / p.relative_to(fresh) for p in written]

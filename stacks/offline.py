@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,20 +239,51 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: Path = ROOT) -> dict[str, str]:
-    """Project-prefixed config from Pulumi.<stack>.yaml plus KEY=VALUE overrides (prefix optional).
+STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # Pulumi's stack name characters; no path separators
 
-    Defaults are not copied from Pulumi.yaml: `settings.load` applies the same defaults."""
-    prefix = settings_mod.PROJECT + ":"
-    config: dict[str, str] = {}
+
+def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: Path = ROOT) -> dict[str, Any]:
+    """Namespaced config from Pulumi.<stack>.yaml plus KEY=VALUE overrides (prefix optional).
+
+    Scalars are read as their text, as Pulumi passes them to the program, so `workerCount: 2`
+    and `workerCount: "2"` are the same; an encrypted (secure) value stays a mapping, which
+    `settings.load` refuses without echoing it. Defaults are not copied from Pulumi.yaml:
+    `settings.load` applies the same defaults."""
+    if not STACK_NAME.fullmatch(stack) or stack.strip(".") == "":
+        raise settings_mod.SettingsError(
+            [f"--stack: {settings_mod.show(stack)} is not allowed; expected a stack name (letters, digits, _ . -)"]
+        )
     stack_file = root / f"Pulumi.{stack}.yaml"
-    if stack_file.exists():
-        for key, value in ((yaml.safe_load(stack_file.read_text()) or {}).get("config") or {}).items():
-            config[key] = value if isinstance(value, str) else yaml.safe_dump(value).strip()
+    if not stack_file.is_file():
+        present = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
+        raise settings_mod.SettingsError(
+            [
+                f"--stack: {settings_mod.show(stack)} has no stack file {stack_file.name} in {root}; "
+                f"stacks here: {', '.join(present) or 'none'}"
+            ]
+        )
+    try:
+        # BaseLoader: every scalar as its text (no YAML 1.1 yes/no booleans, octals or sexagesimals)
+        document = yaml.load(stack_file.read_text(encoding="utf-8"), Loader=yaml.BaseLoader) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        reason = settings_mod.show(str(error).splitlines()[0])
+        raise settings_mod.SettingsError([f"{stack_file.name}: not readable YAML: {reason}"]) from None
+    section = document.get("config") if isinstance(document, dict) else None
+    if not isinstance(section, dict):
+        section = {} if section in (None, "") else None
+    if section is None:
+        raise settings_mod.SettingsError([f"{stack_file.name}: config: is not allowed; expected a mapping of keys"])
+    config: dict[str, Any] = {}
+    for key, value in section.items():
+        encrypted = isinstance(value, dict) and "secure" in value
+        config[key] = value if isinstance(value, str) or encrypted else json.dumps(value)
+    prefix = settings_mod.PROJECT + ":"
     for item in overrides or []:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise settings_mod.SettingsError([f'--config: "{item}" is not allowed; expected KEY=VALUE'])
+        if not sep or not key:
+            raise settings_mod.SettingsError(
+                [f"--config: {settings_mod.show(item)} is not allowed; expected KEY=VALUE, e.g. workerCount=2"]
+            )
         config[key if ":" in key else prefix + key] = value
     return config
 

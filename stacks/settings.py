@@ -1,8 +1,9 @@
 """The one reader of Pulumi config: a typed, validated `Settings` object.
 
-Every setting is declared once in `SETTINGS` (key, type, default, description, rule) and
-again in `Pulumi.yaml` (a test keeps the two in step). Every problem is collected and
-reported at once, before any resource exists.
+Every setting is declared once in `SETTINGS` (key, type, default, description, what is
+accepted, rule) and again in `Pulumi.yaml` (a test keeps the two in step). Every problem is
+collected and reported at once, one line each, before any resource exists. A value echoed in
+a problem is escaped and truncated, and one that looks like a secret is not echoed at all.
 """
 
 from __future__ import annotations
@@ -12,20 +13,97 @@ import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-PROJECT = "gpu-testbed"
+import yaml
+
+from components import host_layout
+from components.slurm_names import DEFAULT_PARTITION
+from stacks import instance_types
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT: str = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["name"]  # config keys are "<PROJECT>:<key>"
 
 # Subnet layout: AWS reserves the first four and the last address of a subnet.
 CONTROL_HOST_INDEX = 10
 FIRST_WORKER_HOST_INDEX = 20
 SUBNET_PREFIX = 24
 
-# On-demand GPU types with NVIDIA GPUs the bootstrap supports (driver + toolkit path).
-NVIDIA_GPU_INSTANCE_FAMILIES = ("g4dn", "g5", "g6", "g6e", "gr6", "p3", "p4d", "p5")
-SLINKY_MIN_KUBERNETES = (1, 29)  # slurm-operator 1.0.0 Chart.yaml kubeVersion ">= 1.29.0-0"
 MIN_WORKER_ROOT_GB = 60  # driver (~2 GiB), CUDA images (~10 GiB each), Slurm images
 MIN_CONTROL_ROOT_GB = 20
+ADMIN_MIN_PREFIX = 16  # an adminCidr wider than this needs allowOpenIngress
+MAX_INT_DIGITS = 9  # longer numbers are out of every range; int() refuses past 4300 digits anyway
+SHOWN_CHARS = 60  # longest value echoed in a problem
+SSH_KEY_MAX_CHARS = 2048  # an 8192-bit RSA key line is about 1400
+
+# Commercial AWS partition only: the AMI lookup trusts Canonical's owner id there, which differs
+# in aws-cn and aws-us-gov. boto/botocore@1.44.8:botocore/data/endpoints.json, partition "aws".
+AWS_REGIONS = [
+    "af-south-1",
+    "ap-east-1",
+    "ap-east-2",
+    "ap-northeast-1",
+    "ap-northeast-2",
+    "ap-northeast-3",
+    "ap-south-1",
+    "ap-south-2",
+    "ap-southeast-1",
+    "ap-southeast-2",
+    "ap-southeast-3",
+    "ap-southeast-4",
+    "ap-southeast-5",
+    "ap-southeast-6",
+    "ap-southeast-7",
+    "ca-central-1",
+    "ca-west-1",
+    "eu-central-1",
+    "eu-central-2",
+    "eu-north-1",
+    "eu-south-1",
+    "eu-south-2",
+    "eu-west-1",
+    "eu-west-2",
+    "eu-west-3",
+    "il-central-1",
+    "me-central-1",
+    "me-south-1",
+    "mx-central-1",
+    "sa-east-1",
+    "us-east-1",
+    "us-east-2",
+    "us-west-1",
+    "us-west-2",
+]
+# Zone letters of the regions the price table covers (AWS "Regions and Zones", read 2026-12);
+# elsewhere a zone is checked for its form here and against the offerings at run time.
+REGION_ZONE_LETTERS = {
+    "us-east-1": "abcdef",
+    "us-east-2": "abc",
+    "us-west-2": "abcd",
+    "eu-west-1": "abc",
+    "eu-central-1": "abc",
+}
+OTHER_REGION_ZONE_LETTERS = "abcdef"
+
+# kubeadm's default service network, which the program keeps (kubernetes/kubernetes@v1.34.0:
+# cmd/kubeadm/app/apis/kubeadm/v1beta4/defaults.go DefaultServicesSubnet).
+SERVICE_CIDR = "10.96.0.0/12"
+RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+# RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
+# plan runs as shipped, but nobody can connect from one, so a deployment refuses them.
+DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+
+# Slurm reads PartitionName=DEFAULT as defaults for the partitions after it (SchedMD/slurm
+# slurm.conf.5), and the Slinky chart already defines the partition `all`.
+RESERVED_NODESET_NAMES = (DEFAULT_PARTITION, "default")
+
+# Namespaces of config keys the program does not read although a user may expect it to.
+EXPLICIT_PROVIDER_NAMESPACES = {
+    "aws": "the program's AWS provider is explicit: its region is the setting region and its credentials "
+    "come from the environment (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
+    "kubernetes": "the program's Kubernetes provider is explicit and uses the kubeconfig the program mints",
+}
 
 
 class SettingsError(Exception):
@@ -36,25 +114,99 @@ class SettingsError(Exception):
         self.problems = problems
 
 
+# --------------------------------------------------------------------------- showing values
+
+_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY|PuTTY-User-Key-File|-----BEGIN PGP PRIVATE")
+_AWS_ACCESS_KEY = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", '"': '\\"', "\\": "\\\\"}
+
+
+def secret_kind(text: str) -> str | None:
+    if _PRIVATE_KEY.search(text):
+        return "looks like a private key"
+    if _AWS_ACCESS_KEY.search(text):
+        return "looks like an AWS access key"
+    return None
+
+
+def _escaped(text: str) -> str:
+    """Control and non-ASCII characters escaped (so no newline or terminal escape reaches a log
+    raw) and truncated to SHOWN_CHARS."""
+    out, length = [], 0
+    for ch in text:
+        piece = _ESCAPES.get(ch) or (ch if " " <= ch <= "~" else ascii(ch)[1:-1])
+        if length + len(piece) > SHOWN_CHARS:
+            return "".join(out) + f"… ({len(text)} characters)"
+        out.append(piece)
+        length += len(piece)
+    return "".join(out)
+
+
+def show(raw: Any) -> str:
+    """A value as a problem line echoes it: quoted and escaped, or hidden if it looks secret."""
+    if isinstance(raw, Mapping) and "secure" in raw:
+        return "(value hidden: encrypted with secure:)"
+    text = raw if isinstance(raw, str) else str(raw)
+    kind = secret_kind(text)
+    return f"(value hidden: {kind})" if kind else f'"{_escaped(text)}"'
+
+
+def show_key(key: str) -> str:
+    """A config key as a problem line names it (keys are never secret, but may hold anything)."""
+    return _escaped(key)
+
+
 # --------------------------------------------------------------------------- rules
-# A rule takes the parsed value and returns None, or the phrase "what is allowed".
+# A rule takes the parsed value and returns None, or the phrase "what is allowed", or a pair
+# (what is wrong, what is allowed).
+
+Rule = Callable[[Any], "str | tuple[str, str] | None"]
 
 
-def _int_range(lo: int, hi: int) -> Callable[[Any], str | None]:
+def _int_range(lo: int, hi: int) -> Rule:
     return lambda v: None if lo <= v <= hi else f"an integer from {lo} to {hi}"
 
 
-def _matches(pattern: str, what: str) -> Callable[[Any], str | None]:
+def _matches(pattern: str, what: str) -> Rule:
     rx = re.compile(pattern)
     return lambda v: None if rx.fullmatch(v) else what
 
 
-def _optional(rule: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+def _optional(rule: Rule) -> Rule:
     return lambda v: None if v == "" else rule(v)
+
+
+_NUMBER = r"(0|[1-9][0-9]{0,3})"  # ASCII digits only: `\d` and str.isdigit() accept any script's digits
+
+
+def _release(series: str, tested: str, why: str, *, first_patch: int = 0, leading_v: bool = False) -> Rule:
+    """A release in the tested series: `series` fixes MAJOR (e.g. "80") or MAJOR.MINOR ("1.34")."""
+    v = "v" if leading_v else ""
+    fixed = tuple(int(p) for p in series.split("."))
+    rx = re.compile(re.escape(v) + r"\.".join([_NUMBER] * 3))
+    free = ".N" * (3 - len(fixed))
+    floor = f", N from {first_patch}" if first_patch else ""
+    what = (
+        f"a release {v}{series}{free} ({v}MAJOR.MINOR.PATCH in ASCII digits"
+        f"{', with its leading v' if leading_v else ''}{floor}): {why}; e.g. {tested}"
+    )
+
+    def rule(value: str) -> str | None:
+        m = rx.fullmatch(value)
+        if not m:
+            return what
+        parts = tuple(int(p) for p in m.groups())
+        if parts[: len(fixed)] != fixed or parts[2] < first_patch:
+            return what
+        return None
+
+    return rule
 
 
 def _ipv4_cidr(v: str) -> str | None:
     """The VPC, the Elastic IP and so SSH and the API server are IPv4 only."""
+    if not re.fullmatch(r"[0-9./]+", v):
+        return "an IPv4 network in CIDR form with no host bits set, e.g. 203.0.113.7/32 (the testbed is IPv4 only)"
     try:
         if "/" not in v or ipaddress.ip_network(v, strict=True).version != 4:
             raise ValueError(v)
@@ -63,39 +215,81 @@ def _ipv4_cidr(v: str) -> str | None:
     return None
 
 
-def _private_vpc_cidr(v: str) -> str | None:
-    try:
-        net = ipaddress.ip_network(v, strict=True)
-    except ValueError:
-        return "a private IPv4 network in CIDR form, e.g. 10.0.0.0/16"
-    if net.version != 4 or not net.is_private or not 16 <= net.prefixlen <= SUBNET_PREFIX:
-        return f"a private IPv4 network from /16 to /{SUBNET_PREFIX}, e.g. 10.0.0.0/16"
+def _vpc_cidr(v: str) -> str | tuple[str, str] | None:
+    allowed = (
+        f"an RFC 1918 IPv4 network from /16 to /{SUBNET_PREFIX} outside the pod network "
+        f"{host_layout.POD_CIDR} and the service network {SERVICE_CIDR}, e.g. 10.0.0.0/16"
+    )
+    if _ipv4_cidr(v):
+        return allowed
+    net = ipaddress.ip_network(v)
+    if not any(net.subnet_of(r) for r in RFC1918) or not 16 <= net.prefixlen <= SUBNET_PREFIX:
+        return allowed
+    for other, what in ((host_layout.POD_CIDR, "the pod network (Flannel)"), (SERVICE_CIDR, "the service network")):
+        if net.overlaps(ipaddress.ip_network(other)):
+            return f"overlaps {what} {other}: node and cluster addresses would collide", allowed
     return None
 
 
-def _gpu_instance_type(v: str) -> str | None:
-    family = v.split(".", 1)[0]
-    if "." in v and family in NVIDIA_GPU_INSTANCE_FAMILIES:
+def _region(v: str) -> str | None:
+    if v in AWS_REGIONS:
         return None
-    return "an EC2 type with an NVIDIA GPU, from the families " + ", ".join(NVIDIA_GPU_INSTANCE_FAMILIES)
+    close = difflib.get_close_matches(v, AWS_REGIONS, n=1, cutoff=0.8)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"a region of the commercial AWS partition, e.g. us-east-1{hint}"
 
 
-def _kubernetes_version(v: str) -> str | None:
-    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", v)
+def _catalogue_type(role: str, problem: Callable[[str], str | None], accepted: Callable[[], list[str]]) -> Rule:
+    def rule(v: str) -> str | tuple[str, str] | None:
+        listed = f"a {role} type from stacks/instance_types.py: {', '.join(accepted())}"
+        if v not in instance_types.CATALOGUE:
+            close = difflib.get_close_matches(v, accepted(), n=1, cutoff=0.8)
+            unknown = "is not in the instance catalogue" + (f" (did you mean {close[0]}?)" if close else "")
+            return unknown, listed
+        wrong = problem(v)
+        return (wrong, listed) if wrong else None
+
+    return rule
+
+
+def _ssh_public_key(v: str) -> str | tuple[str, str] | None:
+    """One OpenSSH public key line; RSA keys of 2048 bits or more (NIST SP 800-131A)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    allowed = (
+        "one OpenSSH public key line (ssh-ed25519, ecdsa-sha2-nistp256/384/521, or ssh-rsa of 2048 bits or more), "
+        f"at most {SSH_KEY_MAX_CHARS} characters"
+    )
+    if len(v) > SSH_KEY_MAX_CHARS:
+        return f"is {len(v)} characters long (every node's user-data carries it, within 16 KiB)", allowed
+    m = re.fullmatch(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(?:256|384|521)) ([A-Za-z0-9+/]+={0,2})( [ -~]*)?", v)
     if not m:
-        return "a full Kubernetes release MAJOR.MINOR.PATCH, e.g. 1.34.7"
-    if (int(m[1]), int(m[2])) < SLINKY_MIN_KUBERNETES:
-        return "1.29.0 or later (Slinky 1.0.0 requires it), e.g. 1.34.7"
+        return allowed + ", e.g. ssh-ed25519 AAAA... me@host"
+    try:
+        key = serialization.load_ssh_public_key(f"{m[1]} {m[2]}".encode())
+    except (ValueError, TypeError):  # cryptography's errors for a damaged or mislabelled key
+        return "is not a readable key (damaged base64 or a type that does not match its label)", allowed
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size < 2048:
+        return f"is an RSA key of {key.key_size} bits", allowed
     return None
 
 
-_SEMVER = r"\d+\.\d+\.\d+"
-_VERSION = _matches(_SEMVER, "a version MAJOR.MINOR.PATCH, e.g. 1.2.3")
-_V_VERSION = _matches("v" + _SEMVER, "a version vMAJOR.MINOR.PATCH with its leading v, e.g. v1.2.3")
-_DNS_LABEL = _matches(
-    r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?",
-    "a DNS label: lower-case letters, digits and '-', 1-32 characters, starting and ending with a letter or digit",
-)
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?")
+
+
+def _nodeset_name(v: str) -> str | tuple[str, str] | None:
+    allowed = (
+        "a DNS label: lower-case letters, digits and '-', 1-32 characters, starting and ending with a letter "
+        f"or digit, and none of {', '.join(RESERVED_NODESET_NAMES)}"
+    )
+    if not _DNS_LABEL.fullmatch(v):
+        return allowed
+    if v == DEFAULT_PARTITION:
+        return "clashes with the Slurm partition `all` the Slinky chart defines", allowed
+    if v in RESERVED_NODESET_NAMES:
+        return "is Slurm's keyword for partition defaults (PartitionName=DEFAULT)", allowed
+    return None
 
 
 # --------------------------------------------------------------------------- table
@@ -107,78 +301,102 @@ class Setting:
     kind: type  # str, int or bool: how the config string is parsed
     default: Any  # None: the setting is required
     description: str
-    rule: Callable[[Any], str | None] | None = None
+    accepted: str  # what the README's Settings table says is accepted
+    rule: Rule | None = None
 
     @property
     def attribute(self) -> str:
         return re.sub(r"(?<!^)(?=[A-Z])", "_", self.key).lower()
 
 
+def _version(
+    key: str, default: str, description: str, series: str, why: str, *, first_patch: int = 0, leading_v: bool = False
+) -> Setting:
+    v = "v" if leading_v else ""
+    free = ".N" * (3 - len(series.split(".")))
+    accepted = f"{v}{series}{free}" + (f", N from {first_patch}" if first_patch else "")
+    rule = _release(series, default, why, first_patch=first_patch, leading_v=leading_v)
+    return Setting(key, str, default, description, accepted, rule)
+
+
 SETTINGS: tuple[Setting, ...] = (
     # AWS
-    Setting(
-        "region",
-        str,
-        "us-east-1",
-        "AWS region to build in.",
-        _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d", "an AWS region name, e.g. us-east-1"),
-    ),
+    Setting("region", str, "us-east-1", "AWS region to build in.", "a commercial AWS region", _region),
     Setting(
         "availabilityZone",
         str,
         "",
         "Availability zone for the subnet; empty picks the first zone that offers the worker type.",
-        _optional(
-            _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]", "an availability zone name in the region, e.g. us-east-1a")
-        ),
+        "empty, or a zone name of the region",
     ),
     Setting(
         "adminCidr",
         str,
         None,
         "Who may reach SSH (22) and the API server (6443), e.g. your address as a.b.c.d/32. Required.",
+        f"a public IPv4 CIDR, /{ADMIN_MIN_PREFIX} or narrower unless allowOpenIngress",
         _ipv4_cidr,
     ),
     Setting(
-        "allowOpenIngress", bool, False, "Opt in to adminCidr 0.0.0.0/0 (SSH and the API server open to the internet)."
+        "allowOpenIngress",
+        bool,
+        False,
+        "Opt in to adminCidr 0.0.0.0/0 (SSH and the API server open to the internet).",
+        "true or false",
     ),
     Setting(
         "vpcCidr",
         str,
         "10.0.0.0/16",
         "The testbed VPC's address range; the node subnet is its first /24.",
-        _private_vpc_cidr,
+        f"RFC 1918, /16 to /24, outside {host_layout.POD_CIDR} and {SERVICE_CIDR}",
+        _vpc_cidr,
     ),
     Setting(
         "amiId",
         str,
         "",
         "Pin an AMI; empty looks up the newest Canonical Ubuntu 24.04 amd64 image at first create.",
-        _optional(_matches(r"ami-[0-9a-f]{8,17}", "an AMI id, e.g. ami-0123456789abcdef0")),
+        "empty, or ami- and 8 or 17 hex digits",
+        _optional(_matches(r"ami-([0-9a-f]{8}|[0-9a-f]{17})", "an AMI id, e.g. ami-0123456789abcdef0")),
     ),
     Setting(
         "controlInstanceType",
         str,
         "t3.medium",
         "Control-plane instance type (2 vCPU, 4 GiB at least).",
-        _matches(r"[a-z][a-z0-9-]*\.[a-z0-9]+", "an EC2 instance type, e.g. t3.medium"),
+        "an x86_64 type of the catalogue with 2 vCPU and 4 GiB or more",
+        _catalogue_type("control-plane", instance_types.control_problem, instance_types.accepted_controls),
     ),
     Setting(
-        "workerInstanceType", str, "g4dn.xlarge", "GPU worker instance type (one NVIDIA GPU each).", _gpu_instance_type
+        "workerInstanceType",
+        str,
+        "g4dn.xlarge",
+        "GPU worker instance type (one NVIDIA GPU each).",
+        "a catalogue type with exactly one NVIDIA GPU, Turing or later",
+        _catalogue_type("GPU worker", instance_types.worker_problem, instance_types.accepted_workers),
     ),
-    Setting("workerCount", int, 4, "Number of GPU workers (and the most slurmd pods KEDA may run)."),
+    Setting(
+        "workerCount",
+        int,
+        4,
+        "Number of GPU workers (and the most slurmd pods KEDA may run).",
+        f"1 to {2 ** (32 - SUBNET_PREFIX) - 1 - FIRST_WORKER_HOST_INDEX}",
+    ),
     Setting(
         "spotWorkers",
         bool,
         False,
         "Request the GPU workers as one-time spot instances; an interrupted worker is terminated "
         "and the next `pulumi up` replaces it.",
+        "true or false",
     ),
     Setting(
         "controlRootVolumeGb",
         int,
         40,
         "Control node root volume (gp3, encrypted), GiB.",
+        f"{MIN_CONTROL_ROOT_GB} to 16384",
         _int_range(MIN_CONTROL_ROOT_GB, 16384),
     ),
     Setting(
@@ -186,6 +404,7 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         100,
         "GPU worker root volume (gp3, encrypted), GiB.",
+        f"{MIN_WORKER_ROOT_GB} to 16384",
         _int_range(MIN_WORKER_ROOT_GB, 16384),
     ),
     Setting(
@@ -193,58 +412,135 @@ SETTINGS: tuple[Setting, ...] = (
         str,
         "",
         "OpenSSH public key for user ubuntu; empty generates a key pair (output sshPrivateKey).",
-        _optional(
-            _matches(
-                r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( .*)?",
-                "an OpenSSH public key line, e.g. ssh-ed25519 AAAA... me@host",
-            )
-        ),
+        "empty, or one ed25519, ECDSA or RSA (2048 bits or more) public key line",
+        _optional(_ssh_public_key),
     ),
     # Kubernetes and node software
-    Setting(
-        "kubernetesVersion", str, "1.34.7", "kubelet/kubeadm/kubectl release (apt packages held).", _kubernetes_version
+    _version(
+        "kubernetesVersion",
+        "1.34.7",
+        "kubelet/kubeadm/kubectl release (apt packages held).",
+        "1.34",
+        "the tested minor: the kubeadm v1beta4 config, the charts and the offline schemas are pinned for it",
     ),
-    Setting("flannelVersion", str, "v0.27.4", "Flannel CNI release applied by kubeadm init.", _V_VERSION),
+    _version(
+        "flannelVersion",
+        "v0.27.4",
+        "Flannel CNI release applied by kubeadm init.",
+        "0.27",
+        "the tested minor",
+        leading_v=True,
+    ),
     Setting(
         "nvidiaDriverBranch",
         str,
         "580",
         "NVIDIA server driver branch on the GPU workers.",
-        _matches(r"\d{3}", "a three-digit NVIDIA driver branch, e.g. 580"),
+        "580",
+        _matches("580", "the tested branch 580 (its -server-open packages on Ubuntu 24.04)"),
     ),
-    Setting("nvidiaContainerToolkitVersion", str, "1.18.1", "nvidia-container-toolkit release.", _VERSION),
+    _version(
+        "nvidiaContainerToolkitVersion",
+        "1.18.1",
+        "nvidia-container-toolkit release.",
+        "1.18",
+        "1.18.0 wrote its containerd drop-in to the wrong directory",
+        first_patch=1,
+    ),
     # Platform
-    Setting("devicePluginVersion", str, "0.17.0", "NVIDIA device plugin Helm chart version.", _VERSION),
-    Setting(
-        "gpuFeatureDiscovery", bool, False, "Also deploy GPU feature discovery (with NFD) from the device plugin chart."
+    _version(
+        "devicePluginVersion", "0.17.0", "NVIDIA device plugin Helm chart version.", "0.17", "the tested chart minor"
     ),
-    Setting("certManagerVersion", str, "v1.19.2", "cert-manager Helm chart version (keeps its leading v).", _V_VERSION),
-    Setting("slinkyVersion", str, "1.0.0", "Slinky slurm-operator, CRD and slurm chart version.", _VERSION),
+    Setting(
+        "gpuFeatureDiscovery",
+        bool,
+        False,
+        "Also deploy GPU feature discovery (with NFD) from the device plugin chart.",
+        "true or false",
+    ),
+    _version(
+        "certManagerVersion",
+        "v1.19.2",
+        "cert-manager Helm chart version (keeps its leading v).",
+        "1.19",
+        "the tested chart minor",
+        leading_v=True,
+    ),
+    _version(
+        "slinkyVersion",
+        "1.0.0",
+        "Slinky slurm-operator, CRD and slurm chart version.",
+        "1.0",
+        "the chart values and CRDs the program writes are those of 1.0",
+    ),
     Setting(
         "slurmImageTag",
         str,
         "25.11.6-ubuntu24.04",
         "Tag of the Slinky slurmctld/slurmd/slurmrestd images.",
-        _matches(r"\d+\.\d+(\.\d+)?-ubuntu\d+\.\d+", "a Slinky image tag, e.g. 25.11.6-ubuntu24.04"),
+        "25.11.N-ubuntu24.04",
+        _matches(
+            r"25\.11\.(0|[1-9][0-9]{0,3})-ubuntu24\.04",
+            "a Slinky image tag 25.11.N-ubuntu24.04 (the Slurm release Slinky 1.0 runs, on the tested image), "
+            "e.g. 25.11.6-ubuntu24.04",
+        ),
     ),
-    Setting("nodesetName", str, "slinky", "Name of the GPU NodeSet (and its Slurm partition).", _DNS_LABEL),
-    Setting("kubePrometheusStackVersion", str, "80.9.2", "kube-prometheus-stack Helm chart version.", _VERSION),
-    Setting("dcgmExporterVersion", str, "4.7.1", "NVIDIA dcgm-exporter Helm chart version.", _VERSION),
-    Setting("kedaVersion", str, "2.16.1", "KEDA Helm chart version.", _VERSION),
-    Setting("kedaMinReplicas", int, 1, "slurmd replicas while Slurm has work (KEDA minReplicaCount)."),
-    Setting("kedaMaxReplicas", int, 0, "Most slurmd replicas (KEDA maxReplicaCount); 0 means workerCount."),
+    Setting(
+        "nodesetName",
+        str,
+        "slinky",
+        "Name of the GPU NodeSet (and its Slurm partition).",
+        "a DNS label of 1-32 characters, not all or default",
+        _nodeset_name,
+    ),
+    _version(
+        "kubePrometheusStackVersion",
+        "80.9.2",
+        "kube-prometheus-stack Helm chart version.",
+        "80",
+        "the tested chart major (a new major changes CRDs and values)",
+    ),
+    _version(
+        "dcgmExporterVersion", "4.7.1", "NVIDIA dcgm-exporter Helm chart version.", "4.7", "the tested chart minor"
+    ),
+    _version("kedaVersion", "2.16.1", "KEDA Helm chart version.", "2.16", "the tested chart minor"),
+    Setting(
+        "kedaMinReplicas",
+        int,
+        1,
+        "slurmd replicas while Slurm has work (KEDA minReplicaCount).",
+        "1 to the most slurmd replicas",
+    ),
+    Setting(
+        "kedaMaxReplicas",
+        int,
+        0,
+        "Most slurmd replicas (KEDA maxReplicaCount); 0 means workerCount.",
+        "0 to workerCount",
+    ),
     Setting(
         "kedaCooldownSeconds",
         int,
         300,
         "Idle seconds before slurmd scales to 0 (KEDA cooldownPeriod).",
+        "1 to 86400",
         _int_range(1, 86400),
     ),
     Setting(
-        "kedaPollingSeconds", int, 30, "How often KEDA reads the Slurm metrics (pollingInterval).", _int_range(1, 3600)
+        "kedaPollingSeconds",
+        int,
+        30,
+        "How often KEDA reads the Slurm metrics (pollingInterval).",
+        "1 to 3600",
+        _int_range(1, 3600),
     ),
-    Setting(
-        "trainingOperatorVersion", str, "v1.8.1", "Kubeflow Training Operator release (standalone overlay).", _V_VERSION
+    _version(
+        "trainingOperatorVersion",
+        "v1.8.1",
+        "Kubeflow Training Operator release (standalone overlay).",
+        "1.8",
+        "the tested minor",
+        leading_v=True,
     ),
 )
 
@@ -315,40 +611,69 @@ def max_workers_for_subnet() -> int:
 
 
 def _parse(setting: Setting, raw: Any) -> tuple[Any, str | None]:
-    """Config values arrive as strings (or JSON-decoded values from Pulumi.<stack>.yaml)."""
-    text = str(raw).strip() if not isinstance(raw, bool) else str(raw).lower()
+    """Config values arrive as strings (Pulumi passes every scalar as its text)."""
+    if not isinstance(raw, str):
+        return None, "a plain value (not encrypted, not a list or mapping)"
+    text = raw.strip()
     if setting.kind is bool:
         if text.lower() in ("true", "false"):
             return text.lower() == "true", None
         return None, "true or false"
     if setting.kind is int:
-        if re.fullmatch(r"-?\d+", text):
-            return int(text), None
-        return None, "a whole number"
+        m = re.fullmatch(r"(-?)([0-9]+)", text)
+        if not m:
+            return None, "a whole number in ASCII digits"
+        if len(m[2].lstrip("0")) > MAX_INT_DIGITS:  # out of every range: let the range say so
+            return (-1 if m[1] else 1) * 10**MAX_INT_DIGITS, None
+        return int(text), None
     return text, None
 
 
-def _quote(raw: Any) -> str:
-    return f'"{raw}"'
+def _refusal(key: str, raw: Any, allowed: str | tuple[str, str]) -> str:
+    what, expected = allowed if isinstance(allowed, tuple) else ("is not allowed", allowed)
+    return f"{key}: {show(raw)} {what}; expected {expected}"
 
 
-# RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
-# plan runs as shipped, but nobody can connect from one, so a deployment refuses them.
-DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+def _foreign_key(key: str, raw: Any) -> str | None:
+    """A key outside the project's namespace that the user probably meant for the program."""
+    namespace, sep, name = key.partition(":")
+    shown_key = show_key(key)
+    if not sep:
+        return f"{shown_key}: a key without a namespace is not read; write {PROJECT}:{shown_key}"
+    if namespace in EXPLICIT_PROVIDER_NAMESPACES:
+        if key == "aws:region":
+            return (
+                f"aws:region: {show(raw)} is not read: {EXPLICIT_PROVIDER_NAMESPACES['aws']}; "
+                f"expected the setting region instead, e.g. pulumi config set region {show(raw)}"
+            )
+        return f"{shown_key}: not read: {EXPLICIT_PROVIDER_NAMESPACES[namespace]}"
+    squashed = re.sub(r"[^a-z0-9]", "", namespace.lower())
+    near = squashed == re.sub(r"[^a-z0-9]", "", PROJECT) or (
+        difflib.SequenceMatcher(None, namespace.lower(), PROJECT).ratio() >= 0.8
+    )
+    if not near:
+        return None  # another tool's configuration
+    close = difflib.get_close_matches(name, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
+    suggestion = f"; did you mean {PROJECT}:{close[0]}?" if close else ""
+    return f"{shown_key}: not read: the project is {PROJECT}, so its keys start with {PROJECT}:{suggestion}"
 
 
 def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -> Settings:
-    """Build Settings from project-prefixed config (`gpu-testbed:key` -> value), or raise
+    """Build Settings from namespaced config (`gpu-testbed:key` -> value), or raise
     SettingsError listing every problem. `offline` (plan, render, tests) accepts the example
     adminCidr from a documentation range; a deployment does not."""
     problems: list[str] = []
     prefix = PROJECT + ":"
     given = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
 
+    for key in sorted(k for k in config if not k.startswith(prefix)):
+        problem = _foreign_key(key, config[key])
+        if problem:
+            problems.append(problem)
     for key in sorted(set(given) - set(SETTINGS_BY_KEY)):
         close = difflib.get_close_matches(key, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""
-        problems.append(f"{key}: {_quote(given[key])} is not a setting of {PROJECT}{hint}")
+        problems.append(f"{show_key(key)}: {show(given[key])} is not a setting of {PROJECT}{hint}")
 
     values: dict[str, Any] = {}
     for s in SETTINGS:
@@ -359,27 +684,25 @@ def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -
             continue
         value, parse_problem = _parse(s, given[s.key])
         allowed = parse_problem or (s.rule(value) if s.rule else None)
+        if not allowed and isinstance(given[s.key], str) and secret_kind(given[s.key]):
+            allowed = f"no secret in any setting: {s.accepted}"  # it would land in user-data and state
         if allowed:
-            problems.append(f"{s.key}: {_quote(given[s.key])} is not allowed; expected {allowed}")
+            problems.append(_refusal(s.key, given[s.key], allowed))
         values[s.attribute] = value
 
-    problems += _cross_checks(values, problems)
-    if not offline and "adminCidr" in given and not any(p.startswith("adminCidr:") for p in problems):
-        network = ipaddress.ip_network(values["admin_cidr"])
-        if any(network.subnet_of(d) for d in DOCUMENTATION_NETWORKS if d.version == network.version):
-            problems.append(
-                f'adminCidr: "{values["admin_cidr"]}" is a documentation example address nobody '
-                "connects from; expected your own, e.g. pulumi config set adminCidr "
-                '"$(curl -s https://checkip.amazonaws.com)/32"'
-            )
+    problems += _cross_checks(values, given, problems, offline)
     if problems:
         raise SettingsError(problems)
     return Settings(**values, stack=stack)
 
 
-def _cross_checks(v: dict[str, Any], earlier: list[str]) -> list[str]:
-    """Rules between settings; a setting already reported is not reported again."""
+def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str], offline: bool) -> list[str]:
+    """Rules between settings; a setting already reported is not reported again. Values are
+    echoed as given (a number too long to parse stands in as one out of every range)."""
     out: list[str] = []
+
+    def raw(key: str) -> str:
+        return show(given.get(key, v[SETTINGS_BY_KEY[key].attribute]))
 
     def ok(*keys: str) -> bool:
         bad = {p.split(":", 1)[0] for p in earlier + out}
@@ -388,41 +711,60 @@ def _cross_checks(v: dict[str, Any], earlier: list[str]) -> list[str]:
     cap = max_workers_for_subnet()
     if ok("workerCount") and not 1 <= v["worker_count"] <= cap:
         out.append(
-            f'workerCount: "{v["worker_count"]}" is not allowed; expected an integer from 1 to {cap} '
+            f"workerCount: {raw('workerCount')} is not allowed; expected an integer from 1 to {cap} "
             f"(the /{SUBNET_PREFIX} node subnet's capacity)"
         )
-    if (
-        ok("adminCidr", "allowOpenIngress")
-        and v["admin_cidr"] is not None
-        and ipaddress.ip_network(v["admin_cidr"]).prefixlen == 0
-        and not v["allow_open_ingress"]
-    ):
-        out.append(
-            f'adminCidr: "{v["admin_cidr"]}" opens SSH and the API server to the whole internet; '
-            "expected your own address range, or set allowOpenIngress true to accept that"
-        )
-    if (
-        ok("availabilityZone", "region")
-        and v["availability_zone"]
-        and not v["availability_zone"].startswith(v["region"])
-    ):
-        out.append(
-            f'availabilityZone: "{v["availability_zone"]}" is not allowed; expected a zone of region '
-            f"{v['region']}, e.g. {v['region']}a"
-        )
+    if ok("adminCidr", "allowOpenIngress") and v["admin_cidr"] is not None:
+        out += _admin_cidr_checks(v["admin_cidr"], raw("adminCidr"), v["allow_open_ingress"], offline)
+    if ok("availabilityZone", "region") and v["availability_zone"]:
+        zone, region = v["availability_zone"], v["region"]
+        letters = REGION_ZONE_LETTERS.get(region, OTHER_REGION_ZONE_LETTERS)
+        if not re.fullmatch(re.escape(region) + f"[{letters}]", zone):
+            listed = ", ".join(region + letter for letter in letters)
+            known = "" if region in REGION_ZONE_LETTERS else " (the offerings are checked again at run time)"
+            out.append(
+                f"availabilityZone: {raw('availabilityZone')} is not allowed; expected a zone of region {region}: "
+                f"{listed}{known}, or empty to pick one that offers the worker type"
+            )
     if ok("kedaMinReplicas", "kedaMaxReplicas", "workerCount"):
         max_replicas = v["keda_max_replicas"] or v["worker_count"]
         if not 0 <= v["keda_max_replicas"] <= v["worker_count"]:
             out.append(
-                f'kedaMaxReplicas: "{v["keda_max_replicas"]}" is not allowed; expected 0 (= workerCount) '
+                f"kedaMaxReplicas: {raw('kedaMaxReplicas')} is not allowed; expected 0 (= workerCount) "
                 f"or an integer from 1 to workerCount ({v['worker_count']}): each slurmd pod holds one worker's GPU"
             )
         elif not 1 <= v["keda_min_replicas"] <= max_replicas:
             out.append(
-                f'kedaMinReplicas: "{v["keda_min_replicas"]}" is not allowed; expected an integer from 1 to '
+                f"kedaMinReplicas: {raw('kedaMinReplicas')} is not allowed; expected an integer from 1 to "
                 f"maxReplicaCount ({max_replicas}); KEDA scales to 0 through idleReplicaCount, which must be below it"
             )
     return out
+
+
+def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline: bool) -> list[str]:
+    network = ipaddress.ip_network(cidr)
+    if network.prefixlen < ADMIN_MIN_PREFIX:
+        if allow_open_ingress:
+            return []
+        return [
+            f"adminCidr: {shown} opens SSH and the API server to {network.num_addresses:,} addresses "
+            f"(wider than /{ADMIN_MIN_PREFIX}); expected your own address range, or set allowOpenIngress true "
+            "to accept that"
+        ]
+    if any(network.subnet_of(d) for d in DOCUMENTATION_NETWORKS):
+        if offline:
+            return []
+        return [
+            f"adminCidr: {shown} is a documentation example address nobody connects from; expected your "
+            'own, e.g. pulumi config set adminCidr "$(curl -s https://checkip.amazonaws.com)/32"'
+        ]
+    if not network.is_global or network.is_multicast:  # ipaddress counts 224.0.0.0/4 as global
+        return [
+            f"adminCidr: {shown} is not an internet address range (private, shared, loopback, multicast or reserved), "
+            "and SSH and the API server are reached at the control node's public address; expected the "
+            "address you connect from, e.g. the output of curl -s https://checkip.amazonaws.com, as a.b.c.d/32"
+        ]
+    return []
 
 
 def from_pulumi(offline: bool = False) -> Settings:

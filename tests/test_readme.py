@@ -20,6 +20,11 @@ def test_every_setting_is_in_the_readme_table_with_its_default():
             assert rows[s.key].strip() == f"`{shown}`", s.key
 
 
+def test_the_readme_says_what_each_setting_accepts():
+    rows = {m[1]: m[2].strip() for m in re.finditer(r"^\| `(\w+)` \| \w+ \| [^|]+ \| ([^|]+) \|", README, re.M)}
+    assert rows == {s.key: s.accepted for s in SETTINGS}
+
+
 def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
     ci = (ROOT / ".ci" / "run").read_text()
     for command in ("python3 -m venv venv", "venv/bin/pip install", "-r requirements.txt", "venv/bin/python -m pytest"):

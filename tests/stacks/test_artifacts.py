@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from components import bootstrap
-from stacks import artifacts
+from stacks import artifacts, settings
 from tests.conftest import run_program
+from tests.stacks.test_settings_refusals import _rsa_line
 
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 KUBERNETES = "1.34"
@@ -104,7 +105,8 @@ def test_every_user_data_is_a_small_valid_cloud_config(rendered):
 
 
 def test_the_largest_supported_stack_still_fits_user_data(tmp_path):
-    key = "ssh-ed25519 " + "A" * 400 + " someone@somewhere"
+    key = _rsa_line(8192) + " "
+    key += "x" * (settings.SSH_KEY_MAX_CHARS - len(key))  # the longest key line settings accept
     artifacts.render(run_program(sshPublicKey=key, workerCount=8), tmp_path)
     assert max(p.stat().st_size for p in (tmp_path / "cloud-init").iterdir()) <= bootstrap.USER_DATA_LIMIT
 

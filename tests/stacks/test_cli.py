@@ -6,11 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from stacks import __main__ as cli
-from tests.stacks.test_settings import BAD_VALUES
+from stacks import artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,37 +108,28 @@ def test_plan_lists_the_cluster_install_order(capsys):
     assert position("helm monitoring") < position("helm slurm 1")
 
 
-@pytest.mark.parametrize("values, key, allowed", BAD_VALUES)
-def test_every_bad_value_exits_2_before_any_resource(values, key, allowed, capsys, monkeypatch):
-    import pulumi
+def test_render_onto_a_file_or_a_foreign_directory_is_refused_in_one_line(tmp_path, capsys):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    foreign = tmp_path / "project"
+    (foreign / "src").mkdir(parents=True)
+    for out, fragment in ((target, "is a file"), (foreign, "holds no previous render")):
+        assert cli.main(["render", "--out", str(out), "--config", "workerCount=x"]) == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert lines[0].startswith("--out: ") and fragment in lines[0], lines
+        assert lines[1].startswith("workerCount: "), lines  # reported together with the settings
+    assert target.read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["src"]
 
-    def no_engine(*args, **kwargs):
-        raise AssertionError("the mock engine started: a resource could have been created")
 
-    monkeypatch.setattr(pulumi.runtime, "set_mocks", no_engine)
-    args = ["plan"] + [a for k, v in values.items() for a in ("--config", f"{k}={v}")]
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert any(line.startswith(f"{key}: ") and allowed in line for line in err), err
-
-
-def test_pulumi_up_with_bad_settings_stops_with_every_problem_and_no_traceback():
-    """The program itself (as `pulumi up` runs it) raises RunError, which Pulumi prints without a stack trace."""
-    import runpy
-
-    import pulumi
-    from pulumi.runtime.stack import run_pulumi_func
-    from pulumi.runtime.sync_await import _sync_await
-
-    from stacks import offline
-    from stacks.settings import PROJECT
-
-    monitor = offline.RecordingMonitor(offline.TestbedMocks())
-    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack="dev", preview=False, monitor=monitor)
-    pulumi.runtime.set_all_config({f"{PROJECT}:workerCount": "0", f"{PROJECT}:adminCidr": "bad"})
-    with pytest.raises(pulumi.RunError) as error:
-        _sync_await(run_pulumi_func(lambda: runpy.run_path(str(ROOT / "__main__.py"))))
-    lines = str(error.value).splitlines()
-    assert lines[0] == "invalid settings:"
-    assert sorted(line.split(":")[0] for line in lines[1:]) == ["adminCidr", "workerCount"]
-    assert monitor.recorded == []
+def test_render_replaces_a_previous_render_whole(tmp_path, capsys):
+    out = tmp_path / "render"
+    assert cli.main(["render", "--out", str(out)]) == 0
+    assert (out / artifacts.RENDER_MARK).is_file() and (out / "cloud-init" / "testbed-worker-3.yaml").is_file()
+    (out / "scripts" / "stale.sh").write_text("left from an older render\n")
+    assert cli.main(["render", "--out", str(out), "--config", "workerCount=2"]) == 0
+    cloud_init = sorted(p.name for p in (out / "cloud-init").iterdir())
+    assert cloud_init == ["testbed-control.yaml", "testbed-worker-0.yaml", "testbed-worker-1.yaml"]
+    assert not (out / "scripts" / "stale.sh").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["render"]  # no temporary directory left
+    assert out.stat().st_mode & 0o077 == 0  # user-data holds the CA key and the join token
+    capsys.readouterr()

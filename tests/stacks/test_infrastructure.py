@@ -92,7 +92,7 @@ def test_unpriced_region_says_so():
 
 
 def test_ssh_key_pair_is_generated_and_an_extra_user_key_is_authorized():
-    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample me@laptop"
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIqI4910CfGV/VLbLTy6XXLKZwm/HZQSG/N0iAG0D29c me@laptop"  # parses
     rec = run_program(sshPublicKey=key)
     import yaml
 

