@@ -231,8 +231,9 @@ def render_replacing(rec: Recording, out: Path) -> list[Path]:
     # mkdtemp makes it 0700, and so the render: user-data holds the cluster CA key and join token
     fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        written = [fresh / RENDER_MARK, *render(rec, fresh)]
+        written = [fresh / RENDER_MARK, fresh / ".gitignore", *render(rec, fresh)]
         (fresh / RENDER_MARK).write_text(MARK_TEXT)
+        (fresh / ".gitignore").write_text("*\n")  # user-data holds secrets: never committed by accident
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
             out.rename(old / out.name)

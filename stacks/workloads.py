@@ -37,9 +37,10 @@ def outputs(
         "controlPlanePublicIp": infra.control.public_ip,
         "workerPrivateIps": [w.private_ip for w in infra.workers],
         "sshPrivateKey": infra.ssh.private_key,
+        # umask 077: the key file is 0600 from its first byte; chmod: also when it existed before
         "sshCommand": pulumi.Output.concat(
-            f"pulumi stack output --show-secrets sshPrivateKey > {SSH_KEY_FILE} && chmod 600 {SSH_KEY_FILE} && "
-            f"ssh -i {SSH_KEY_FILE} {host_layout.SSH_USER}@",
+            f"(umask 077 && pulumi stack output --show-secrets sshPrivateKey > {SSH_KEY_FILE}) && "
+            f"chmod 600 {SSH_KEY_FILE} && ssh -i {SSH_KEY_FILE} {host_layout.SSH_USER}@",
             infra.control.public_ip,
         ),
         "sbatchCommand": sbatch_command(platform.names.slurm),
