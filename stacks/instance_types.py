@@ -153,7 +153,7 @@ def worker_problem(name: str) -> str | None:
             f"has a {spec.gpu_model} ({spec.gpu_generation}); the open NVIDIA kernel modules the workers "
             f"install support {OPEN_MODULE_FIRST_GENERATION} and later only"
         )
-    if spec.gpu_count != 1:
+    if spec.gpu_count != 1:  # names.GPUS_PER_WORKER (a test keeps the two in step)
         return (
             f"has {spec.gpu_count} GPUs; each worker must have exactly one (one slurmd pod and one GRES "
             "gpu per worker, KEDA counts workers as GPUs)"

@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 
 from components import host_layout
-from components.slurm_names import DEFAULT_PARTITION
 from stacks import instance_types
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,8 +94,9 @@ RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12",
 DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
 # Slurm reads PartitionName=DEFAULT as defaults for the partitions after it (SchedMD/slurm
-# slurm.conf.5), and the Slinky chart already defines the partition `all`.
-RESERVED_NODESET_NAMES = (DEFAULT_PARTITION, "default")
+# slurm.conf.5), and the Slinky chart already defines the partition `all` (names.DEFAULT_PARTITION;
+# a test keeps the two in step: names imports this module, so it cannot be imported here).
+RESERVED_NODESET_NAMES = ("all", "default")
 
 # Namespaces of config keys the program does not read although a user may expect it to.
 EXPLICIT_PROVIDER_NAMESPACES = {
@@ -285,7 +285,7 @@ def _nodeset_name(v: str) -> str | tuple[str, str] | None:
     )
     if not _DNS_LABEL.fullmatch(v):
         return allowed
-    if v == DEFAULT_PARTITION:
+    if v == RESERVED_NODESET_NAMES[0]:
         return "clashes with the Slurm partition `all` the Slinky chart defines", allowed
     if v in RESERVED_NODESET_NAMES:
         return "is Slurm's keyword for partition defaults (PartitionName=DEFAULT)", allowed

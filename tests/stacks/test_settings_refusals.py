@@ -315,6 +315,15 @@ def test_the_table_has_at_least_150_rows():
     assert len(ROWS) >= 150
 
 
+def test_the_rules_agree_with_the_names_contract():
+    from components import names
+    from stacks import instance_types
+
+    assert settings.RESERVED_NODESET_NAMES[0] == names.DEFAULT_PARTITION
+    accepted = instance_types.accepted_workers()
+    assert accepted and {instance_types.CATALOGUE[t].gpu_count for t in accepted} == {names.GPUS_PER_WORKER}
+
+
 @pytest.mark.parametrize("values, key, fragment", ROWS, ids=[f"{i}-{r[1]}" for i, r in enumerate(ROWS)])
 def test_a_bad_setting_is_refused_in_one_clear_line(values, key, fragment):
     problems = _problems(values)
