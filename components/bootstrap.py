@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from components import host_layout
+from components import api_hardening, host_layout
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 NODE_SCRIPT_DIR = "/opt/testbed"
@@ -88,14 +88,16 @@ def kubeadm_init_config(p: ControlPlaneBootstrap) -> str:
         "localAPIEndpoint": {"advertiseAddress": p.private_ip, "bindPort": host_layout.API_SERVER_PORT},
         "nodeRegistration": {"criSocket": CRI_SOCKET},
     }
+    hardening = api_hardening.cluster_configuration_fields()
     cluster = {
         "apiVersion": KUBEADM_API,
         "kind": "ClusterConfiguration",
         "kubernetesVersion": f"v{p.kubernetes_version}",
         "controlPlaneEndpoint": f"{p.private_ip}:{host_layout.API_SERVER_PORT}",
+        "networking": {"podSubnet": host_layout.POD_CIDR, "serviceSubnet": host_layout.SERVICE_CIDR},
+        **hardening,
         # The Elastic IP is not on the NIC: name it so the API certificate covers it.
-        "apiServer": {"certSANs": [p.public_ip, p.private_ip]},
-        "networking": {"podSubnet": host_layout.POD_CIDR},
+        "apiServer": {**hardening["apiServer"], "certSANs": [p.public_ip, p.private_ip]},
     }
     return _yaml_documents(init, cluster)
 
@@ -201,6 +203,7 @@ def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
         [
             _file("/etc/kubernetes/pki/ca.crt", p.ca_cert_pem, "0644"),
             _file("/etc/kubernetes/pki/ca.key", p.ca_key_pem, "0600"),
+            *(_file(path, text, "0600") for path, text in api_hardening.control_plane_files(p.kubernetes_minor)),
         ],
         p.authorized_keys,
     )

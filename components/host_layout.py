@@ -4,6 +4,9 @@ SHARE_DIR = "/mnt/share"  # NFS from the control node, mounted on every worker
 SLURM_STATE_DIR = "/var/spool/slurmctld"  # on the control node, owned by SLURM_UID
 SLURM_UID = 401  # the slurm user in the Slinky 25.11 images
 POD_CIDR = "10.244.0.0/16"  # Flannel's default Network
+# kubeadm's default service network, set explicitly (kubernetes/kubernetes@v1.34.0:
+# cmd/kubeadm/app/apis/kubeadm/v1beta4/types.go Networking.ServiceSubnet)
+SERVICE_CIDR = "10.96.0.0/12"
 API_SERVER_PORT = 6443
 GPU_NODE_LABEL = ("nvidia.com/gpu.present", "true")  # device plugin 0.17.0 schedules only here
 CONTROL_PLANE_NODE_LABEL = "node-role.kubernetes.io/control-plane"  # set by kubeadm init

@@ -34,7 +34,7 @@ MIN_CONTROL_ROOT_GB = 20
 ADMIN_MIN_PREFIX = 16  # an adminCidr wider than this needs allowOpenIngress
 MAX_INT_DIGITS = 9  # longer numbers are out of every range; int() refuses past 4300 digits anyway
 SHOWN_CHARS = 60  # longest value echoed in a problem
-SSH_KEY_MAX_CHARS = 2048  # an 8192-bit RSA key line is about 1400
+SSH_KEY_MAX_CHARS = 1600  # an 8192-bit RSA key line is about 1400; every user-data carries it
 
 # Commercial AWS partition only: the AMI lookup trusts Canonical's owner id there, which differs
 # in aws-cn and aws-us-gov. boto/botocore@1.44.8:botocore/data/endpoints.json, partition "aws".
@@ -85,9 +85,6 @@ REGION_ZONE_LETTERS = {
 }
 OTHER_REGION_ZONE_LETTERS = "abcdef"
 
-# kubeadm's default service network, which the program keeps (kubernetes/kubernetes@v1.34.0:
-# cmd/kubeadm/app/apis/kubeadm/v1beta4/defaults.go DefaultServicesSubnet).
-SERVICE_CIDR = "10.96.0.0/12"
 RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 # RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
 # plan runs as shipped, but nobody can connect from one, so a deployment refuses them.
@@ -218,14 +215,17 @@ def _ipv4_cidr(v: str) -> str | None:
 def _vpc_cidr(v: str) -> str | tuple[str, str] | None:
     allowed = (
         f"an RFC 1918 IPv4 network from /16 to /{SUBNET_PREFIX} outside the pod network "
-        f"{host_layout.POD_CIDR} and the service network {SERVICE_CIDR}, e.g. 10.0.0.0/16"
+        f"{host_layout.POD_CIDR} and the service network {host_layout.SERVICE_CIDR}, e.g. 10.0.0.0/16"
     )
     if _ipv4_cidr(v):
         return allowed
     net = ipaddress.ip_network(v)
     if not any(net.subnet_of(r) for r in RFC1918) or not 16 <= net.prefixlen <= SUBNET_PREFIX:
         return allowed
-    for other, what in ((host_layout.POD_CIDR, "the pod network (Flannel)"), (SERVICE_CIDR, "the service network")):
+    for other, what in (
+        (host_layout.POD_CIDR, "the pod network (Flannel)"),
+        (host_layout.SERVICE_CIDR, "the service network"),
+    ):
         if net.overlaps(ipaddress.ip_network(other)):
             return f"overlaps {what} {other}: node and cluster addresses would collide", allowed
     return None
@@ -349,7 +349,7 @@ SETTINGS: tuple[Setting, ...] = (
         str,
         "10.0.0.0/16",
         "The testbed VPC's address range; the node subnet is its first /24.",
-        f"RFC 1918, /16 to /24, outside {host_layout.POD_CIDR} and {SERVICE_CIDR}",
+        f"RFC 1918, /16 to /24, outside {host_layout.POD_CIDR} and {host_layout.SERVICE_CIDR}",
         _vpc_cidr,
     ),
     Setting(

