@@ -17,13 +17,20 @@ from pathlib import Path
 import pulumi
 
 from stacks import artifacts, offline, pricing
-from stacks.settings import SettingsError, show
+from stacks.settings import SettingsError, escaped, show
 
 EXIT_BAD_INPUT = 2
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A usage mistake exits 2 with one line (argparse would print the usage block too)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {escaped(message, limit=300)}; see {self.prog} --help\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="python -m stacks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)

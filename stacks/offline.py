@@ -268,10 +268,8 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         reason = settings_mod.show(str(error).splitlines()[0])
         raise settings_mod.SettingsError([f"{stack_file.name}: not readable YAML: {reason}"]) from None
-    section = document.get("config") if isinstance(document, dict) else None
+    section = document.get("config") or {} if isinstance(document, dict) else None
     if not isinstance(section, dict):
-        section = {} if section in (None, "") else None
-    if section is None:
         raise settings_mod.SettingsError([f"{stack_file.name}: config: is not allowed; expected a mapping of keys"])
     config: dict[str, Any] = {}
     for key, value in section.items():

@@ -126,13 +126,14 @@ def secret_kind(text: str) -> str | None:
     return None
 
 
-def _escaped(text: str) -> str:
-    """Control and non-ASCII characters escaped (so no newline or terminal escape reaches a log
-    raw) and truncated to SHOWN_CHARS."""
+def escaped(text: str, limit: int = SHOWN_CHARS) -> str:
+    """Text as a problem line shows it (a value, a config key, a command-line token): control
+    and non-ASCII characters escaped, so no newline or terminal escape reaches a log raw, and
+    cut at `limit` characters."""
     out, length = [], 0
     for ch in text:
         piece = _ESCAPES.get(ch) or (ch if " " <= ch <= "~" else ascii(ch)[1:-1])
-        if length + len(piece) > SHOWN_CHARS:
+        if length + len(piece) > limit:
             return "".join(out) + f"… ({len(text)} characters)"
         out.append(piece)
         length += len(piece)
@@ -145,12 +146,7 @@ def show(raw: Any) -> str:
         return "(value hidden: encrypted with secure:)"
     text = raw if isinstance(raw, str) else str(raw)
     kind = secret_kind(text)
-    return f"(value hidden: {kind})" if kind else f'"{_escaped(text)}"'
-
-
-def show_key(key: str) -> str:
-    """A config key as a problem line names it (keys are never secret, but may hold anything)."""
-    return _escaped(key)
+    return f"(value hidden: {kind})" if kind else f'"{escaped(text)}"'
 
 
 # --------------------------------------------------------------------------- rules
@@ -637,7 +633,7 @@ def _refusal(key: str, raw: Any, allowed: str | tuple[str, str]) -> str:
 def _foreign_key(key: str, raw: Any) -> str | None:
     """A key outside the project's namespace that the user probably meant for the program."""
     namespace, sep, name = key.partition(":")
-    shown_key = show_key(key)
+    shown_key = escaped(key)
     if not sep:
         return f"{shown_key}: a key without a namespace is not read; write {PROJECT}:{shown_key}"
     if namespace in EXPLICIT_PROVIDER_NAMESPACES:
@@ -673,7 +669,7 @@ def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -
     for key in sorted(set(given) - set(SETTINGS_BY_KEY)):
         close = difflib.get_close_matches(key, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""
-        problems.append(f"{show_key(key)}: {show(given[key])} is not a setting of {PROJECT}{hint}")
+        problems.append(f"{escaped(key)}: {show(given[key])} is not a setting of {PROJECT}{hint}")
 
     values: dict[str, Any] = {}
     for s in SETTINGS:

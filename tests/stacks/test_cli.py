@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from stacks import __main__ as cli
@@ -133,3 +134,28 @@ def test_render_replaces_a_previous_render_whole(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["render"]  # no temporary directory left
     assert out.stat().st_mode & 0o077 == 0  # user-data holds the CA key and the join token
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        ([], "arguments are required: command"),
+        (["plann"], "invalid choice: 'plann'"),
+        (["plan", "--bogus", "\x1b[2J"], "unrecognized arguments: --bogus \\x1b[2J"),
+        (["render"], "arguments are required: --out"),
+        (["plan", "--stack"], "expected one argument"),
+    ],
+)
+def test_a_usage_mistake_exits_2_with_one_escaped_line(args, fragment, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(args)
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert fragment in line and "--help" in line
+
+
+def test_a_zone_that_does_not_offer_the_worker_type_exits_2_in_one_line(capsys):
+    """The run-time offerings check (the mock offers zones a-d): the last line of defence."""
+    assert cli.main(["plan", "--config", "availabilityZone=us-east-1f"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith('availabilityZone: "us-east-1f" does not offer g4dn.xlarge; zones that do: us-east-1a')

@@ -461,12 +461,16 @@ def test_the_cli_prints_the_lines_and_no_traceback_for_a_pasted_private_key(tmp_
 
 def test_the_pulumi_program_registers_nothing_for_a_bad_config():
     """`__main__.py` as `pulumi up` runs it: RunError (printed without a stack trace), no resource."""
+    import asyncio
     import runpy
 
     import pulumi
+    from pulumi.runtime.settings import reset_options
     from pulumi.runtime.stack import run_pulumi_func
     from pulumi.runtime.sync_await import _sync_await
 
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    reset_options(project=PROJECT, stack="dev", preview=False)  # nothing left from an earlier run
     monitor = offline.RecordingMonitor(offline.TestbedMocks())
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack="dev", preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(
@@ -488,3 +492,19 @@ def test_the_pulumi_program_registers_nothing_for_a_bad_config():
     ]
     assert PRIVATE_BODY not in str(error.value)
     assert monitor.recorded == []
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("config: [a, b]\n", "config: is not allowed; expected a mapping"),
+        ("config:\n  gpu-testbed:adminCidr: [\n", "not readable YAML"),
+        ("- just\n- a list\n", "config: is not allowed; expected a mapping"),
+    ],
+)
+def test_a_broken_stack_file_is_one_line_naming_the_file(tmp_path, text, fragment):
+    (tmp_path / "Pulumi.odd.yaml").write_text(text)
+    with pytest.raises(settings.SettingsError) as error:
+        offline.stack_config("odd", root=tmp_path)
+    (line,) = error.value.problems
+    assert line.startswith("Pulumi.odd.yaml: ") and fragment in line
