@@ -239,6 +239,20 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _StackFileLoader(yaml.BaseLoader):
+    """Every scalar as its text (no YAML 1.1 yes/no booleans, octals or sexagesimals), and a key
+    given twice refused, as Pulumi's own YAML reader refuses it, instead of the last one winning."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key} appears twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # Pulumi's stack name characters; no path separators
 
 
@@ -263,10 +277,9 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
             ]
         )
     try:
-        # BaseLoader: every scalar as its text (no YAML 1.1 yes/no booleans, octals or sexagesimals)
-        document = yaml.load(stack_file.read_text(encoding="utf-8"), Loader=yaml.BaseLoader) or {}
+        document = yaml.load(stack_file.read_text(encoding="utf-8"), Loader=_StackFileLoader) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as error:
-        reason = settings_mod.show(str(error).splitlines()[0])
+        reason = settings_mod.escaped(" ".join(str(error).split()), limit=200)
         raise settings_mod.SettingsError([f"{stack_file.name}: not readable YAML: {reason}"]) from None
     section = document.get("config") or {} if isinstance(document, dict) else None
     if not isinstance(section, dict):

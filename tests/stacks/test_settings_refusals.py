@@ -500,6 +500,7 @@ def test_the_pulumi_program_registers_nothing_for_a_bad_config():
         ("config: [a, b]\n", "config: is not allowed; expected a mapping"),
         ("config:\n  gpu-testbed:adminCidr: [\n", "not readable YAML"),
         ("- just\n- a list\n", "config: is not allowed; expected a mapping"),
+        ("config:\n  gpu-testbed:workerCount: 2\n  gpu-testbed:workerCount: 3\n", "workerCount appears twice"),
     ],
 )
 def test_a_broken_stack_file_is_one_line_naming_the_file(tmp_path, text, fragment):
