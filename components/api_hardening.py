@@ -4,7 +4,9 @@ What is applied and what is left, with the reasons, is listed in the README's "S
 section; a test keeps that list and `APPLIED` here in step. kubeadm v1beta4 takes component
 flags as lists of {name, value} and host mounts as extraVolumes {name, hostPath, mountPath,
 readOnly, pathType} (kubernetes/kubernetes@v1.34.0:cmd/kubeadm/app/apis/kubeadm/v1beta4/types.go
-ControlPlaneComponent, HostPathMount).
+ControlPlaneComponent, HostPathMount). CIS numbers are the CIS Kubernetes Benchmark v1.9's, as
+kube-bench encodes them (aquasecurity/kube-bench@a73ce378:cfg/cis-1.9/master.yaml); the audit
+log keeps less than its suggested 30 days / 10 files ("or as appropriate"): a small disk.
 """
 
 from __future__ import annotations
