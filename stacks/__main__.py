@@ -19,14 +19,14 @@ import pulumi
 from stacks import artifacts, offline, pricing
 from stacks.settings import SettingsError, escaped, show
 
-EXIT_BAD_INPUT = 2
+EXIT_BAD_SETTINGS = 2  # any bad input: settings, stack file, --out, usage
 
 
 class _OneLineParser(argparse.ArgumentParser):
     """A usage mistake exits 2 with one line (argparse would print the usage block too)."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {escaped(message, limit=300)}; see {self.prog} --help\n")
+        self.exit(EXIT_BAD_SETTINGS, f"{self.prog}: {escaped(message, limit=300)}; see {self.prog} --help\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_SETTINGS
     if args.command == "plan":
         if args.json:
             print(json.dumps(artifacts.plan_elements(rec), indent=2, sort_keys=True))
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         written = artifacts.render_replacing(rec, args.out)
     except OSError as error:
         print(f"--out: {show(str(args.out))} cannot be written: {error.strerror or error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_SETTINGS
     print(f"wrote {len(written)} files under {args.out}")
     return 0
 
