@@ -289,13 +289,16 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
         encrypted = isinstance(value, dict) and "secure" in value
         config[key] = value if isinstance(value, str) or encrypted else json.dumps(value)
     prefix = settings_mod.PROJECT + ":"
+    malformed = []
     for item in overrides or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise settings_mod.SettingsError(
-                [f"--config: {settings_mod.show(item)} is not allowed; expected KEY=VALUE, e.g. workerCount=2"]
+            malformed.append(
+                f"--config: {settings_mod.show(item)} is not allowed; expected KEY=VALUE, e.g. workerCount=2"
             )
         config[key if ":" in key else prefix + key] = value
+    if malformed:
+        raise settings_mod.SettingsError(malformed)
     return config
 
 

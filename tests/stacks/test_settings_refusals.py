@@ -410,6 +410,16 @@ def test_a_stack_file_is_read_as_pulumi_reads_it(tmp_path):
     assert "c2VjcmV0" not in str(error.value)
 
 
+def test_every_malformed_config_override_is_named_at_once():
+    with pytest.raises(settings.SettingsError) as error:
+        offline.stack_config("dev", ["workerCount", "=3", "region=us-east-2", "\x1b[31m"])
+    assert [p.split(": ", 1)[1].split(" is not")[0] for p in error.value.problems] == [
+        '"workerCount"',
+        '"=3"',
+        '"\\x1b[31m"',
+    ]
+
+
 @pytest.mark.parametrize(
     "stack, fragment",
     [("typo", "no stack file Pulumi.typo.yaml"), ("../dev", "expected a stack name"), ("", "expected a stack name")],
