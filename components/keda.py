@@ -11,7 +11,7 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm, remote_script, slurmd_scaling
-from components.names import DEFAULT_PARTITION, KEDA_NAMESPACE, NODESET_GROUP, NODESET_KIND, NODESET_VERSION, Names
+from components.names import KEDA_NAMESPACE, NODESET_GROUP, NODESET_KIND, NODESET_VERSION, Names, SlurmNames
 
 REPO = "https://kedacore.github.io/charts"
 EXTERNAL_METRICS_API = "apiservice/v1beta1.external.metrics.k8s.io"
@@ -29,10 +29,23 @@ class KedaArgs:
     # While KEDA's external-metrics APIService is registered but not yet serving, API
     # discovery fails for every other client: install KEDA after everything else.
     release_after: Sequence[pulumi.Resource] = ()
+    policy: str = slurmd_scaling.DEFAULT_POLICY  # others only for comparison in the twin
 
 
 def chart(version: str) -> helm.Chart:
     return helm.Chart("keda", KEDA_NAMESPACE, "keda", version, REPO)
+
+
+def scaling_target(names: SlurmNames) -> slurmd_scaling.Target:
+    return slurmd_scaling.Target(
+        partitions=names.partitions,
+        nodeset_partition=names.nodeset,  # the chart's nodesets.<key>.partition, named after the key
+        namespace=names.namespace,
+        nodeset=names.nodeset_resource,
+        # The RestApi's Deployment and Service share one name, Key() = ServiceKey()
+        # (SlinkyProject/slurm-operator@v1.0.0:api/v1beta1/restapi_keys.go).
+        restapi_deployment=names.restapi_service,
+    )
 
 
 def scaled_object(a: KedaArgs) -> dict:
@@ -53,7 +66,7 @@ def scaled_object(a: KedaArgs) -> dict:
             "maxReplicaCount": n.slurmd_max_replicas,
             "cooldownPeriod": n.cooldown_seconds,
             "pollingInterval": n.polling_seconds,
-            "triggers": slurmd_scaling.keda_triggers(n.prometheus_url, DEFAULT_PARTITION),
+            "triggers": slurmd_scaling.keda_triggers(n.prometheus_url, scaling_target(n.slurm), a.policy),
         },
     }
 

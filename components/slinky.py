@@ -11,7 +11,7 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm, host_layout
-from components.names import SLINKY_OPERATOR_NAMESPACE, SLURM_CHART, SlurmNames
+from components.names import DEFAULT_PARTITION, SLINKY_OPERATOR_NAMESPACE, SLURM_CHART, SlurmNames
 from components.webhook_gate import webhook_gate
 
 CHARTS = "oci://ghcr.io/slinkyproject/charts"
@@ -31,6 +31,7 @@ class SlinkyArgs:
     control_connection: command.remote.ConnectionArgs
     operator_after: Sequence[pulumi.Resource]  # the cert-manager webhook gate
     cluster_after: Sequence[pulumi.Resource]  # the ServiceMonitor CRD (monitoring stack)
+    max_nodes: int | None = None  # partition MaxNodes, enforced at submit; None: unlimited
 
 
 CHART_DEFAULT_NODESET = "slinky"  # the key of the chart's own entry under `nodesets:`
@@ -59,7 +60,22 @@ def _shared_volume() -> tuple[dict, dict]:
     return volume, mount
 
 
-def slurm_values(version: str, image_tag: str, n: SlurmNames, service_monitor_labels: dict[str, str]) -> dict:
+def _partition_limits(max_nodes: int) -> dict:
+    """A job that can never fit the NodeSet is refused at submit instead of pending forever:
+    EnforcePartLimits=ALL rejects a job over a partition's MaxNodes (SchedMD/slurm@slurm-25-11-0-1:
+    doc/man/man5/slurm.conf.5). `controller.extraConfMap` and `partitions.<p>.configMap` become
+    slurm.conf lines (SlinkyProject/slurm-operator@v1.0.0:helm/slurm/templates/controller/_helpers.tpl),
+    `nodesets.<k>.partition.configMap` the NodeSet's own partition line (nodeset/nodeset-cr.yaml)."""
+    return {"MaxNodes": max_nodes}
+
+
+def slurm_values(
+    version: str,
+    image_tag: str,
+    n: SlurmNames,
+    service_monitor_labels: dict[str, str],
+    max_nodes: int | None = None,
+) -> dict:
     volume, mount = _shared_volume()
     gpu_key, gpu_value = host_layout.GPU_NODE_LABEL
     base = helm.base_values(slurm_chart(version, n))
@@ -75,6 +91,7 @@ def slurm_values(version: str, image_tag: str, n: SlurmNames, service_monitor_la
             },
             "extraConfMap": {"Gres": [GPU_GRES]},
             "podSpec": {"nodeSelector": {gpu_key: gpu_value}, "volumes": [volume]},
+            **({"partition": {"configMap": _partition_limits(max_nodes)}} if max_nodes else {}),
         },
     )
     nodesets = {n.nodeset: gpu_nodeset}
@@ -102,6 +119,9 @@ def slurm_values(version: str, image_tag: str, n: SlurmNames, service_monitor_la
         "restapi": {"slurmrestd": {"image": _image("slurmrestd", image_tag)}},
         "nodesets": nodesets,
     }
+    if max_nodes:
+        computed["controller"]["extraConfMap"] = {"EnforcePartLimits": "ALL"}
+        computed["partitions"] = {DEFAULT_PARTITION: {"configMap": _partition_limits(max_nodes)}}
     return helm.deep_merge(base, computed)
 
 
@@ -190,7 +210,7 @@ class Slinky(pulumi.ComponentResource):
         self.cluster = helm.release(
             f"{name}-cluster",
             slurm_chart(args.version, self.names),
-            slurm_values(args.version, args.image_tag, self.names, args.service_monitor_labels),
+            slurm_values(args.version, args.image_tag, self.names, args.service_monitor_labels, args.max_nodes),
             args.provider,
             parent=self,
             depends_on=[operator_gate, self.statesave_volume, *args.cluster_after],

@@ -64,6 +64,7 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
             control_connection=ssh,
             operator_after=[cert_manager.webhook_gate],
             cluster_after=[monitoring.stack],
+            max_nodes=names.slurmd_max_replicas,
         ),
     )
     training_operator = TrainingOperator(

@@ -105,12 +105,28 @@ def test_scaled_object_reads_the_prometheus_of_the_monitoring_release(default_ru
     assert {t["metadata"]["serverAddress"] for t in so.inputs["spec"]["triggers"]} == {expected}
 
 
-def test_queries_watch_the_partition_a_plain_sbatch_lands_in(default_run):
+def test_queries_watch_every_partition_the_nodeset_serves(default_run):
+    """The default partition (a plain sbatch) and the NodeSet's own one (`-p <nodeset key>`)."""
     (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
-    partitions = release(default_run, "slurm").inputs["values"]["partitions"]
-    (default,) = [name for name, p in partitions.items() if p["configMap"].get("Default") == "YES"]
-    for trigger in so.inputs["spec"]["triggers"]:
-        assert set(re.findall(r'partition="([^"]+)"', trigger["metadata"]["query"])) == {default}
+    values = release(default_run, "slurm").inputs["values"]
+    (default,) = [name for name, p in values["partitions"].items() if p["configMap"].get("Default") == "YES"]
+    (own,) = [key for key, n in values["nodesets"].items() if n.get("enabled") and n["partition"]["enabled"]]
+    slurm_triggers = [t for t in so.inputs["spec"]["triggers"] if "slurm_" in t["metadata"]["query"]]
+    assert {p for t in slurm_triggers for p in re.findall(r'partition="([^"]+)"', t["metadata"]["query"])} == {
+        default,
+        own,
+    }
+
+
+def test_partitions_refuse_a_job_larger_than_the_nodeset_at_submit(default_run):
+    values = release(default_run, "slurm").inputs["values"]
+    (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    assert values["controller"]["extraConfMap"]["EnforcePartLimits"] == "ALL"
+    limits = {
+        values["partitions"]["all"]["configMap"]["MaxNodes"],
+        values["nodesets"]["slinky"]["partition"]["configMap"]["MaxNodes"],
+    }
+    assert limits == {so.inputs["spec"]["maxReplicaCount"]}
 
 
 def test_service_monitors_carry_the_label_prometheus_selects(default_run):

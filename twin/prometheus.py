@@ -1,0 +1,51 @@
+"""Prometheus scraping slurmctld's /metrics/partitions and kube-state-metrics into the twin's TSDB.
+
+Followed: prometheus/prometheus@v2.42.0:scrape/scrape.go: each target is scraped every interval;
+series that a successful scrape no longer exposes, and every series of a failed scrape, get a
+staleness marker, so instant queries stop returning them at once (not after the 5 m lookback).
+Labels: the target adds `instance` and `job`, so one target scraped twice (a duplicate
+ServiceMonitor or scrape config) gives two series per metric that differ only in `instance`.
+Scrape intervals: 30 s for both (kube-prometheus-stack 80.9.2 `prometheus.prometheusSpec.scrapeInterval`
+default and the slurm chart's ServiceMonitor, SlinkyProject/slurm-operator@v1.0.0:helm/slurm/values.yaml).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from twin.promql import TSDB
+
+SCRAPE_INTERVAL = 30
+
+Sample = tuple[dict[str, str], float]  # labels (with __name__), value
+
+
+@dataclass
+class Target:
+    job: str
+    instance: str
+    collect: Callable[[float], list[Sample]]
+    last: set[frozenset] = field(default_factory=set)
+
+
+@dataclass
+class Prometheus:
+    db: TSDB = field(default_factory=TSDB)
+    targets: list[Target] = field(default_factory=list)
+
+    def scrape(self, now: float, down: Callable[[Target], bool]) -> None:
+        for target in self.targets:
+            mine = {"job": target.job, "instance": target.instance}
+            if down(target):
+                self.db.mark_stale(lambda labels, m=mine: all(labels.get(k) == v for k, v in m.items()), now)
+                target.last = set()
+                continue
+            seen = set()
+            for labels, value in target.collect(now):
+                full = {**labels, **mine}
+                seen.add(frozenset(full.items()))
+                self.db.add(full, now, value)
+            for gone in target.last - seen:
+                self.db.mark_stale(lambda labels, g=gone: frozenset(labels.items()) == g, now)
+            target.last = seen

@@ -1,0 +1,343 @@
+"""A small PromQL evaluator for exactly what the trigger queries use, over the twin's own TSDB.
+
+Supported: selectors with `=` matchers, `sum|max|min|count [by (l, ...)] (e)`, `+ - *`,
+comparisons with and without `bool`, `and`/`or` (optionally `on()`), numbers, `vector(n)`,
+`clamp_min`/`clamp_max`, and `min_over_time`/`max_over_time` of a subquery `(e)[R:S]`.
+Anything else is refused at parse time, so a new query shape fails loudly in the tests,
+which cross-check this evaluator against a real `promtool test rules`.
+
+Semantics followed (prometheus/prometheus@v2.42.0, the Debian build in .ci/run):
+promql/engine.go (instant selectors look back 5 m and stop at a staleness marker; vector
+matching is one-to-one on the label set without `__name__`; `on()` matches on no labels;
+comparisons filter unless `bool`; subquery steps are multiples of the step within [t-R, t]),
+promql/functions.go (vector, clamp_*, *_over_time), promql/aggregations in engine.go.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+LOOKBACK = 300.0  # promql/engine.go defaultLookbackDelta (5m)
+STALE = float("nan")  # a staleness marker (model/value/value.go StaleNaN); any NaN here is one
+
+Labels = frozenset  # of (name, value) pairs, without __name__ once selected
+Vector = dict  # Labels -> float
+
+
+class PromQLError(ValueError):
+    pass
+
+
+@dataclass
+class Series:
+    labels: dict[str, str]
+    times: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+
+class TSDB:
+    """Append-only samples, one Series per full label set (as the scrape writes them)."""
+
+    def __init__(self) -> None:
+        self.series: dict[frozenset, Series] = {}
+        self.by_name: dict[str, list[Series]] = {}
+
+    def add(self, labels: dict[str, str], t: float, value: float) -> None:
+        key = frozenset(labels.items())
+        s = self.series.get(key)
+        if s is None:
+            s = self.series[key] = Series(dict(labels))
+            self.by_name.setdefault(labels["__name__"], []).append(s)
+        s.times.append(t)
+        s.values.append(value)
+
+    def mark_stale(self, predicate: Callable[[dict[str, str]], bool], t: float) -> None:
+        """A scrape that fails, or a target that goes away, ends its series with a staleness marker
+        (scrape/scrape.go: staleness markers on a failed scrape and on target removal)."""
+        for s in self.series.values():
+            if predicate(s.labels) and s.values and not math.isnan(s.values[-1]):
+                s.times.append(t)
+                s.values.append(STALE)
+
+
+# ------------------------------------------------------------------ parser
+
+_TOKEN = re.compile(
+    r"\s*(?:(?P<num>\d+(?:\.\d+)?)|(?P<dur>\[\s*\d+[smh]\s*:\s*\d+[smh]\s*\])|(?P<str>\"[^\"]*\")"
+    r"|(?P<op>>=|<=|==|!=|[-+*/(){},<>=])|(?P<ident>[A-Za-z_:][A-Za-z0-9_:]*))"
+)
+_AGGS = {"sum", "max", "min", "count"}
+_FUNCS = {"vector", "clamp_min", "clamp_max", "min_over_time", "max_over_time"}
+_CMP = {">=", "<=", ">", "<", "==", "!="}
+_PREC = {"or": 1, "and": 2, **dict.fromkeys(_CMP, 3), "+": 4, "-": 4, "*": 5, "/": 5}
+
+
+def _tokens(text: str) -> list[str]:
+    out, pos = [], 0
+    text = text.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise PromQLError(f"unsupported PromQL near {text[pos : pos + 20]!r}")
+        out.append(m.group(m.lastgroup))
+        pos = m.end()
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return out
+
+
+def _seconds(d: str) -> float:
+    return float(d[:-1]) * {"s": 1, "m": 60, "h": 3600}[d[-1]]
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.toks = _tokens(text)
+        self.i = 0
+
+    def peek(self) -> str | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self, want: str | None = None) -> str:
+        tok = self.peek()
+        if tok is None or (want is not None and tok != want):
+            raise PromQLError(f"expected {want or 'more'} at token {self.i}, got {tok!r}")
+        self.i += 1
+        return tok
+
+    def parse(self) -> tuple:
+        node = self.expr(0)
+        if self.peek() is not None:
+            raise PromQLError(f"unexpected {self.peek()!r}")
+        return node
+
+    def expr(self, min_prec: int) -> tuple:
+        left = self.unary()
+        while (op := self.peek()) in _PREC and _PREC[op] > min_prec:
+            self.take()
+            use_bool = on = False
+            if op in _CMP and self.peek() == "bool":
+                self.take()
+                use_bool = True
+            if self.peek() == "on":
+                self.take()
+                self.take("(")
+                self.take(")")  # only on(): match ignoring every label
+                on = True
+            right = self.expr(_PREC[op])
+            left = ("bin", op, left, right, use_bool, on)
+        return left
+
+    def unary(self) -> tuple:
+        node = self.primary()
+        if self.peek() and self.peek().startswith("["):
+            d = self.take().strip("[] ").split(":")
+            node = ("subquery", node, _seconds(d[0].strip()), _seconds(d[1].strip()))
+        return node
+
+    def primary(self) -> tuple:
+        tok = self.take()
+        if tok == "(":
+            node = self.expr(0)
+            self.take(")")
+            return node
+        if re.fullmatch(r"\d+(\.\d+)?", tok):
+            return ("num", float(tok))
+        if tok in _AGGS:
+            by: tuple[str, ...] = ()
+            if self.peek() == "by":
+                self.take()
+                self.take("(")
+                names = []
+                while self.peek() != ")":
+                    names.append(self.take())
+                    if self.peek() == ",":
+                        self.take()
+                self.take(")")
+                by = tuple(names)
+            self.take("(")
+            inner = self.expr(0)
+            self.take(")")
+            return ("agg", tok, by, inner)
+        if tok in _FUNCS:
+            self.take("(")
+            args = [self.expr(0)]
+            while self.peek() == ",":
+                self.take()
+                args.append(self.expr(0))
+            self.take(")")
+            return ("func", tok, args)
+        if re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*", tok):
+            matchers = []
+            if self.peek() == "{":
+                self.take()
+                while self.peek() != "}":
+                    name = self.take()
+                    self.take("=")
+                    value = self.take()
+                    if not value.startswith('"'):
+                        raise PromQLError(f"label value must be quoted: {value!r}")
+                    matchers.append((name, value[1:-1]))
+                    if self.peek() == ",":
+                        self.take()
+                self.take("}")
+            return ("sel", tok, tuple(matchers))
+        raise PromQLError(f"unsupported token {tok!r}")
+
+
+_CACHE: dict[str, tuple] = {}
+
+
+def parse(query: str) -> tuple:
+    if query not in _CACHE:
+        _CACHE[query] = _Parser(query).parse()
+    return _CACHE[query]
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+def _cmp(op: str, a: float, b: float) -> bool:
+    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "==": a == b, "!=": a != b}[op]
+
+
+def _arith(op: str, a: float, b: float) -> float:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    return a / b if b else math.copysign(math.inf, a) if a else math.nan
+
+
+class Evaluator:
+    def __init__(self, db: TSDB):
+        self.db = db
+        # Subquery steps before this time are final (every scrape up to it is written): memoised.
+        self.final_before = -math.inf
+        self._memo: dict[tuple[int, float], Vector] = {}
+
+    def instant(self, query: str, t: float) -> Vector | float:
+        return self._eval(parse(query), t)
+
+    def _select(self, name: str, matchers: tuple, t: float) -> Vector:
+        out: Vector = {}
+        for s in self.db.by_name.get(name, ()):
+            if any(s.labels.get(k) != v for k, v in matchers):
+                continue
+            i = bisect.bisect_right(s.times, t) - 1
+            if i < 0 or s.times[i] <= t - LOOKBACK or math.isnan(s.values[i]):
+                continue
+            out[frozenset((k, v) for k, v in s.labels.items() if k != "__name__")] = s.values[i]
+        return out
+
+    def _eval(self, node: tuple, t: float):
+        kind = node[0]
+        if kind == "num":
+            return node[1]
+        if kind == "sel":
+            return self._select(node[1], node[2], t)
+        if kind == "agg":
+            return self._agg(node[1], node[2], self._vector(self._eval(node[3], t)))
+        if kind == "func":
+            return self._func(node[1], node[2], t)
+        if kind == "bin":
+            return self._bin(node, t)
+        raise PromQLError(f"a subquery must be the argument of *_over_time: {node!r}")
+
+    @staticmethod
+    def _vector(v) -> Vector:
+        if not isinstance(v, dict):
+            raise PromQLError("expected an instant vector")
+        return v
+
+    @staticmethod
+    def _agg(op: str, by: tuple[str, ...], v: Vector) -> Vector:
+        groups: dict[frozenset, list[float]] = {}
+        for labels, value in v.items():
+            groups.setdefault(frozenset((k, x) for k, x in labels if k in by), []).append(value)
+        fn = {"sum": sum, "max": max, "min": min, "count": len}[op]
+        return {k: float(fn(vals)) for k, vals in groups.items()}
+
+    def _func(self, name: str, args: list, t: float):
+        if name == "vector":
+            return {frozenset(): float(self._eval(args[0], t))}
+        if name in ("clamp_min", "clamp_max"):
+            v, bound = self._vector(self._eval(args[0], t)), float(self._eval(args[1], t))
+            pick = max if name == "clamp_min" else min
+            return {k: pick(x, bound) for k, x in v.items()}
+        sub = args[0]
+        if sub[0] != "subquery":
+            raise PromQLError(f"{name} needs a subquery argument")
+        _, inner, rng, step = sub
+        first = math.ceil((t - rng) / step) * step
+        acc: dict[frozenset, float] = {}
+        pick = min if name == "min_over_time" else max
+        steps = round((t - first) / step) + 1
+        for k in range(steps):
+            for labels, value in self._step(inner, first + k * step).items():
+                acc[labels] = pick(acc[labels], value) if labels in acc else value
+        return acc
+
+    def _step(self, inner: tuple, t: float) -> Vector:
+        key = (id(inner), t)
+        if key in self._memo:
+            return self._memo[key]
+        value = self._vector(self._eval(inner, t))
+        if t < self.final_before:
+            self._memo[key] = value
+        return value
+
+    def _bin(self, node: tuple, t: float):
+        _, op, left_node, right_node, use_bool, on = node
+        left, right = self._eval(left_node, t), self._eval(right_node, t)
+        if op in ("and", "or"):
+            left, right = self._vector(left), self._vector(right)
+            key = (lambda labels: frozenset()) if on else (lambda labels: labels)
+            right_keys = {key(k) for k in right}
+            if op == "and":
+                return {k: v for k, v in left.items() if key(k) in right_keys}
+            left_keys = {key(k) for k in left}
+            return {**left, **{k: v for k, v in right.items() if key(k) not in left_keys}}
+        lv, rv = isinstance(left, dict), isinstance(right, dict)
+        if not lv and not rv:
+            return float(_cmp(op, left, right)) if op in _CMP else _arith(op, left, right)
+        pairs: list[tuple[frozenset, float, float]] = []
+        if lv and rv:
+            if on:
+                if len(left) > 1 or len(right) > 1:
+                    raise PromQLError("on() matching needs one series on each side")
+                pairs = [(frozenset(), a, b) for a in left.values() for b in right.values()]
+            else:
+                pairs = [(k, a, right[k]) for k, a in left.items() if k in right]
+        elif lv:
+            pairs = [(k, a, right) for k, a in left.items()]
+        else:
+            pairs = [(k, left, b) for k, b in right.items()]
+        out: Vector = {}
+        for k, a, b in pairs:
+            if op in _CMP:
+                ok = _cmp(op, a, b)
+                if use_bool:
+                    out[k] = float(ok)
+                elif ok:
+                    out[k] = a if lv else b
+            else:
+                out[k] = _arith(op, a, b)
+        return out
+
+
+def scalar_result(v: Vector | float) -> float | None:
+    """What KEDA's Prometheus scaler reads from a query result: None when empty (it is an error with
+    ignoreNullValues "false"); more than one series is an error too
+    (kedacore/keda@v2.16.1:pkg/scalers/prometheus_scaler.go ExecutePromQuery)."""
+    if not isinstance(v, dict):
+        return v
+    if len(v) > 1:
+        raise PromQLError("prometheus query returned multiple elements")
+    return next(iter(v.values())) if v else None

@@ -1,0 +1,222 @@
+"""The scenario file (YAML) of `python -m stacks simulate`, validated with one line per problem."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KINDS = ("slurm", "pytorchjob", "job")
+FAULTS = ("restapi-down", "metrics-outage", "duplicate-scrape")
+IMAGES = ("warm", "cold")
+MAX_DURATION = 7 * 24 * 3600
+NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+class ScenarioError(Exception):
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    kind: str
+    submit: float
+    runtime: float
+    nodes: int | None = None  # Slurm -N; None = not given (min 1, max 0 in Slurm)
+    gpus: int | None = None  # Slurm --gpus, or a batch Job's GPU request
+    hold: bool = False  # sbatch --hold
+    release: float | None = None  # scontrol release at this time
+    after: str | None = None  # --dependency=afterok:<job>
+    begin: float | None = None  # --begin, seconds from the start
+    partition: str | None = None  # -p; None = the default partition
+    replicas: int = 1  # PyTorchJob: Master + Workers, one GPU each
+
+    @property
+    def gpus_wanted(self) -> int:
+        if self.kind == "pytorchjob":
+            return self.replicas
+        if self.kind == "job":
+            return self.gpus or 1
+        # one GPU per slurmd node: a job needs max(nodes, gpus) nodes
+        return max(self.nodes or 1, self.gpus or 0)
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Scenario:
+    duration: float
+    images: str = "warm"
+    workers: int | None = None
+    jobs: tuple[JobSpec, ...] = ()
+    faults: tuple[Fault, ...] = field(default_factory=tuple)
+
+    def fault_active(self, kind: str, t: float) -> bool:
+        return any(f.kind == kind and f.start <= t < f.end for f in self.faults)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Checker:
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def bad(self, where: str, value: Any, allowed: str) -> None:
+        self.problems.append(f"{where}: {_show(value)} is not allowed; expected {allowed}")
+
+    def number(self, where: str, value: Any, lo: float, hi: float, integer: bool = False) -> float | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi
+        if ok and integer and value != int(value):
+            ok = False
+        if not ok:
+            kind = "an integer" if integer else "a number"
+            self.bad(where, value, f"{kind} from {lo:g} to {hi:g}")
+            return None
+        return int(value) if integer else float(value)
+
+
+_JOB_KEYS = {
+    "name",
+    "kind",
+    "submit",
+    "runtime",
+    "nodes",
+    "gpus",
+    "hold",
+    "release",
+    "after",
+    "begin",
+    "partition",
+    "replicas",
+}
+
+
+def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenario:
+    c = _Checker()
+    if not isinstance(data, dict):
+        raise ScenarioError([f"scenario: {_show(data)} is not allowed; expected a mapping"])
+    for key in sorted(set(data) - {"workers", "duration", "images", "jobs", "faults"}):
+        c.bad(f"scenario.{key}", data[key], "one of workers, duration, images, jobs, faults")
+    duration = c.number("duration", data.get("duration"), 1, MAX_DURATION)
+    workers = None if "workers" not in data else c.number("workers", data["workers"], 1, 64, integer=True)
+    images = data.get("images", "warm")
+    if images not in IMAGES:
+        c.bad("images", images, " or ".join(IMAGES))
+    jobs: list[JobSpec] = []
+    raw_jobs = data.get("jobs", [])
+    if not isinstance(raw_jobs, list):
+        c.bad("jobs", raw_jobs, "a list")
+        raw_jobs = []
+    names: set[str] = set()
+    for i, raw in enumerate(raw_jobs):
+        where = f"jobs[{i}]"
+        if not isinstance(raw, dict):
+            c.bad(where, raw, "a mapping")
+            continue
+        where = f"jobs[{i}] ({raw.get('name', '?')})"
+        for key in sorted(set(raw) - _JOB_KEYS):
+            c.bad(f"{where}.{key}", raw[key], "a known job field: " + ", ".join(sorted(_JOB_KEYS)))
+        name = raw.get("name")
+        if not isinstance(name, str) or not name or not set(name) <= NAME_CHARS or len(name) > 40:
+            c.bad(f"{where}.name", name, "lower-case letters, digits and '-', at most 40")
+        elif name in names:
+            c.bad(f"{where}.name", name, "a name used once")
+        else:
+            names.add(name)
+        kind = raw.get("kind")
+        if kind not in KINDS:
+            c.bad(f"{where}.kind", kind, " | ".join(KINDS))
+        submit = c.number(f"{where}.submit", raw.get("submit"), 0, MAX_DURATION)
+        runtime = c.number(f"{where}.runtime", raw.get("runtime"), 1, MAX_DURATION)
+        nodes = None if "nodes" not in raw else c.number(f"{where}.nodes", raw["nodes"], 1, 1024, integer=True)
+        gpus = None if "gpus" not in raw else c.number(f"{where}.gpus", raw["gpus"], 1, 1024, integer=True)
+        replicas = c.number(f"{where}.replicas", raw.get("replicas", 1), 1, 1024, integer=True)
+        hold = raw.get("hold", False)
+        if not isinstance(hold, bool):
+            c.bad(f"{where}.hold", hold, "true or false")
+        release = None if "release" not in raw else c.number(f"{where}.release", raw["release"], 0, MAX_DURATION)
+        begin = None if "begin" not in raw else c.number(f"{where}.begin", raw["begin"], 0, MAX_DURATION)
+        after = raw.get("after")
+        partition = raw.get("partition")
+        if kind != "slurm":
+            for key in ("nodes", "hold", "release", "after", "begin", "partition"):
+                if key in raw:
+                    c.bad(f"{where}.{key}", raw[key], f"no {key} on a {kind} (Slurm jobs only)")
+            if kind == "job" and "replicas" in raw:
+                c.bad(f"{where}.replicas", raw["replicas"], "no replicas on a job (pytorchjob only)")
+        elif "replicas" in raw:
+            c.bad(f"{where}.replicas", raw["replicas"], "no replicas on a slurm job (pytorchjob only)")
+        if partition is not None and partition not in partitions:
+            c.bad(f"{where}.partition", partition, " or ".join(partitions))
+        if release is not None and hold is not True:
+            c.bad(f"{where}.release", release, "release only with hold: true")
+        jobs.append(
+            JobSpec(
+                name=str(name),
+                kind=str(kind),
+                submit=submit or 0.0,
+                runtime=runtime or 1.0,
+                nodes=nodes,
+                gpus=gpus,
+                hold=hold is True,
+                release=release,
+                after=after,
+                begin=begin,
+                partition=partition,
+                replicas=replicas or 1,
+            )
+        )
+    slurm_names = {j.name for j in jobs if j.kind == "slurm"}
+    for i, job in enumerate(jobs):
+        if job.after is not None and (job.after not in slurm_names or job.after == job.name):
+            c.bad(f"jobs[{i}] ({job.name}).after", job.after, "the name of another slurm job")
+    faults: list[Fault] = []
+    raw_faults = data.get("faults", [])
+    if not isinstance(raw_faults, list):
+        c.bad("faults", raw_faults, "a list")
+        raw_faults = []
+    for i, raw in enumerate(raw_faults):
+        where = f"faults[{i}]"
+        if not isinstance(raw, dict):
+            c.bad(where, raw, "a mapping")
+            continue
+        for key in sorted(set(raw) - {"kind", "start", "end"}):
+            c.bad(f"{where}.{key}", raw[key], "kind, start, end")
+        kind = raw.get("kind")
+        if kind not in FAULTS:
+            c.bad(f"{where}.kind", kind, " | ".join(FAULTS))
+        start = c.number(f"{where}.start", raw.get("start"), 0, MAX_DURATION)
+        end = c.number(f"{where}.end", raw.get("end"), 0, MAX_DURATION)
+        if start is not None and end is not None and end <= start:
+            c.bad(f"{where}.end", raw.get("end"), f"a time after start ({start:g})")
+        faults.append(Fault(str(kind), start or 0.0, end or 0.0))
+    if c.problems:
+        raise ScenarioError(c.problems)
+    return Scenario(duration=duration, images=images, workers=workers, jobs=tuple(jobs), faults=tuple(faults))
+
+
+def load(path: Path, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenario:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ScenarioError([f"--scenario: {str(path)!r} cannot be read ({error.strerror})"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ScenarioError([f"--scenario: {str(path)!r} is not valid YAML{where}"]) from None
+    return parse(data, partitions)

@@ -1,0 +1,246 @@
+"""The hand-off twin: one-second ticks of Slurm, Prometheus, KEDA + HPA, the NodeSet controller and
+Kubernetes, driven by the program's own ScaledObject and slurm chart values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from twin import kube as k8s
+from twin.autoscale import HPA_SYNC, Hpa, Keda
+from twin.nodeset import NodeSetController
+from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
+from twin.promql import Evaluator
+from twin.scenario import Scenario
+from twin.slurm import COMPLETED, KILLED, PENDING, REFUSED, RUNNING, SlurmConfig, Slurmctld, SlurmJob
+
+SAMPLE_INTERVAL = 15.0
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the twin takes from the program: its ScaledObject, Slurm config and names."""
+
+    scaled_object: dict
+    slurm: SlurmConfig
+    namespace: str
+    nodeset: str  # NodeSet object name, also the slurmd pod name prefix
+    host_prefix: str  # Slurm node names <host_prefix>-<ordinal>
+    restapi_deployment: str
+    workers: int
+
+
+def gpu_uuid(i: int) -> str:
+    return f"GPU-{i:08x}-0000-4000-8000-twin{i:08x}"
+
+
+@dataclass
+class Run:
+    setup: Setup
+    scenario: Scenario
+    slurm: Slurmctld = field(init=False)
+    kube: k8s.Kubernetes = field(init=False)
+    samples: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        s = self.setup
+        self.slurm = Slurmctld(s.slurm)
+        self.kube = k8s.Kubernetes(gpus=self.scenario.workers or s.workers, cold=self.scenario.images == "cold")
+        self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm)
+        self.keda = Keda.from_scaled_object(s.scaled_object)
+        self.hpa = Hpa(self.keda)
+        self.prom = Prometheus()
+        self.prom.targets = [
+            Target("slurm-controller", "slurm-controller:6817", self._slurm_metrics),
+            Target("slurm-controller", "slurm-controller-dup:6817", self._slurm_metrics),
+            Target("kube-state-metrics", "kube-state-metrics:8080", self._kube_state),
+        ]
+        self.ev = Evaluator(self.prom.db)
+        self.killed: list[str] = []
+        self.kube_jobs: dict[str, k8s.KubeJob] = {}
+        self.slurm_jobs: dict[str, SlurmJob] = {}
+        self.idle_gpu_s = 0.0  # GPU-seconds held by slurmd pods whose Slurm node runs no job
+        self.held_now = 0
+        self.zero_spans: list[list[float]] = []  # [start, end] of times slurmd held no GPU
+
+    # ------------------------------------------------------------ scrape targets
+
+    def _slurm_metrics(self, now: float) -> list[tuple[dict, float]]:
+        return [
+            ({"__name__": name, "partition": p}, value)
+            for p, metrics in self.slurm.partition_metrics(now).items()
+            for name, value in metrics.items()
+        ]
+
+    def _kube_state(self, now: float) -> list[tuple[dict, float]]:
+        s = self.setup
+        restapi = 0.0 if self.scenario.fault_active("restapi-down", now) else 1.0
+        out = [
+            (
+                {"__name__": "kube_deployment_status_replicas_available", "namespace": s.namespace}
+                | {"deployment": s.restapi_deployment},
+                restapi,
+            )
+        ]
+        for pod in self.kube.pods:
+            if pod.holder == k8s.SLURMD and pod.live:
+                labels = {"__name__": "kube_pod_info", "namespace": s.namespace, "pod": pod.name}
+                out.append(({**labels, "created_by_kind": "NodeSet", "created_by_name": s.nodeset}, 1.0))
+        return out
+
+    def _target_down(self, target: Target) -> bool:
+        now = self.now
+        if target.job != "slurm-controller":
+            return False
+        if self.scenario.fault_active("metrics-outage", now):
+            return True
+        return target.instance.startswith("slurm-controller-dup") and not self.scenario.fault_active(
+            "duplicate-scrape", now
+        )
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> dict:
+        events = sorted(self.scenario.jobs, key=lambda j: j.submit)
+        releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
+        polling = int(self.keda.polling)
+        duration = int(self.scenario.duration)
+        for tick in range(duration + 1):
+            now = self.now = float(tick)
+            while events and events[0].submit <= now:
+                spec = events.pop(0)
+                if spec.kind == "slurm":
+                    self.slurm_jobs[spec.name] = self.slurm.submit(spec, now)
+                else:
+                    self.kube_jobs[spec.name] = self.kube.submit(
+                        spec.name, spec.kind, spec.gpus_wanted, spec.runtime, now
+                    )
+            while releases and releases[0][0] <= now:
+                self.slurm.release(releases.pop(0)[1])
+            self.slurm.step(now)
+            if tick % SCRAPE_INTERVAL == 0:
+                self.prom.scrape(now, self._target_down)
+            self.ev.final_before = now
+            if tick % polling == 0:
+                self.nodeset.replicas = self.keda.poll(self.ev, now, self.nodeset.replicas)
+            if tick % HPA_SYNC == 0:
+                self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
+            client = not self.scenario.fault_active("restapi-down", now)
+            self.killed += self.nodeset.reconcile(now, client)
+            self.kube.step(now)
+            self.slurm.step(now)
+            self._account(now)
+            if tick % int(SAMPLE_INTERVAL) == 0:
+                self.samples.append(self._sample(now))
+        return self.result()
+
+    def _account(self, now: float) -> None:
+        busy = self.slurm.busy_nodes()
+        self.idle_gpu_s += sum(
+            1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner not in busy
+        )
+        self.held_now = sum(1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None)
+        if self.held_now == 0:
+            if self.zero_spans and self.zero_spans[-1][1] == now - 1:
+                self.zero_spans[-1][1] = now
+            else:
+                self.zero_spans.append([now, now])
+
+    # ------------------------------------------------------------ results
+
+    def _sample(self, now: float) -> dict:
+        return {
+            "t": now,
+            "nodeset_replicas": self.nodeset.replicas,
+            "slurmd_ready": sum(1 for p in self.nodeset.pods() if p.owner in self.slurm.nodes),
+            "slurm_jobs": [
+                {
+                    "job_id": str(j.job_id),
+                    "name": j.spec.name,
+                    "state": "CANCELLED" if j.state == REFUSED else j.state,
+                    "nodes": list(j.nodes) if j.state == RUNNING else [],
+                }
+                for j in self.slurm.jobs
+            ],
+            "kube_jobs": [{"kind": j.kind, "name": j.name, "phase": _kube_phase(j, now)} for j in self.kube.jobs],
+            "gpu_pods": [
+                {
+                    "namespace": self.setup.namespace if p.holder == k8s.SLURMD else "default",
+                    "name": p.name,
+                    "uid": f"{p.name}@{p.created:g}",
+                    "node": f"gpu-worker-{p.gpu}" if p.gpu is not None else "",
+                    "phase": "Running" if p.running(now) else "Pending",
+                    "holder": p.holder,
+                    "owner": p.owner,
+                    "container": "slurmd" if p.holder == k8s.SLURMD else "pytorch",
+                    "uuids": [gpu_uuid(p.gpu)] if p.gpu is not None and p.running(now) else [],
+                }
+                for p in self.kube.pods
+                if p.live
+            ],
+        }
+
+    def result(self) -> dict:
+        jobs = []
+        for spec in self.scenario.jobs:
+            if spec.kind == "slurm":
+                j = self.slurm_jobs.get(spec.name)
+                outcome = {COMPLETED: "completed", KILLED: "killed", REFUSED: "refused"}.get(
+                    j.state if j else PENDING, "unfinished"
+                )
+                row = {"started": j.started if j else None, "finished": j.finished if j else None}
+                if j and j.state == REFUSED:
+                    row["reason"] = j.reason
+            else:
+                kj = self.kube_jobs.get(spec.name)
+                outcome = "completed" if kj and kj.finished is not None else "unfinished"
+                row = {"started": kj.started if kj else None, "finished": kj.finished if kj else None}
+            jobs.append({"name": spec.name, "kind": spec.kind, "outcome": outcome, "submitted": spec.submit, **row})
+        slurm_done = [j.finished for j in self.slurm.jobs if j.state in (COMPLETED, KILLED)]
+        gpu_return = None
+        if slurm_done:
+            last = max(slurm_done)
+            back = next((max(start, last) for start, end in self.zero_spans if end >= last), None)
+            if back is not None:
+                gpu_return = max(0.0, back - last)
+        waits = [j.started - self._eligible_since(j) for j in self.slurm.jobs if j.started is not None]
+        return {
+            "jobs": jobs,
+            "killed": sorted(set(self.killed)),
+            "double_held": sorted(gpu_uuid(g) for g in self.kube.double_held),
+            "unfinished": [j["name"] for j in jobs if j["outcome"] == "unfinished"],
+            "end": {
+                "slurmd_replicas": self.nodeset.replicas,
+                "gpus_held_by_slurmd": self.held_now,
+            },
+            "latency": {"scale_up_s": max(waits) if waits else None, "gpu_return_s": gpu_return},
+            "slurmd_starts": self.nodeset.starts,
+            "slurmd_idle_gpu_s": self.idle_gpu_s,
+            "trigger_errors": self.keda.errors,
+        }
+
+    def _eligible_since(self, j: SlurmJob) -> float:
+        since = j.spec.submit
+        if j.spec.begin is not None:
+            since = max(since, j.spec.begin)
+        if j.spec.release is not None:
+            since = max(since, j.spec.release)
+        if j.spec.after is not None:
+            parent = self.slurm_jobs.get(j.spec.after)
+            if parent is not None and parent.finished is not None:
+                since = max(since, parent.finished)
+        return since
+
+
+def _kube_phase(j: k8s.KubeJob, now: float) -> str:
+    if j.finished is not None:
+        return "succeeded"
+    return "running" if j.started is not None else "pending"
+
+
+def ok(result: dict) -> bool:
+    """Exit 0: nothing killed or double-held, and every job that was not refused completed."""
+    return (
+        not result["killed"]
+        and not result["double_held"]
+        and all(j["outcome"] in ("completed", "refused") for j in result["jobs"])
+    )

@@ -1,0 +1,182 @@
+"""slurmctld: the job queue, the nodes slurmd pods register, scheduling, and the 25.11 partition metrics.
+
+Followed: SchedMD/slurm@slurm-25-11-0-1
+* src/slurmctld/statistics.c: per-partition counts by the job's own partition; jobs_pending counts
+  held jobs (WAIT_HELD, WAIT_HELD_USER) and every pending array task; jobs_hold counts the held
+  ones; jobs_max_job_nodes_nohold = MAX over pending, not held, jobs of MAX(max_nodes, min_nodes);
+  nodes count as MIXED / ALLOCATED / IDLE, the drain flag on top.
+* src/plugins/metrics/openmetrics/openmetrics.c: every partition metric for every partition, zeros
+  included.
+* src/slurmctld/job_mgr.c: a job without -N has min_nodes 1, max_nodes 0; `--gpus=N` alone does not
+  raise min_nodes (the select plugin spreads the GPUs over nodes when it allocates).
+* doc/man/man5/slurm.conf.5 EnforcePartLimits=ALL: a job over a partition's MaxNodes is rejected at
+  submission ("Node count specification invalid").
+Scheduling is modelled as priority (submit) order with first-fit backfill on every tick: a job
+starts as soon as enough idle, undrained nodes exist (one GPU per node, `gpu:tesla:1`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from twin.scenario import JobSpec
+
+PENDING, RUNNING, COMPLETED, KILLED, REFUSED = "PENDING", "RUNNING", "COMPLETED", "NODE_FAIL", "REFUSED"
+
+
+@dataclass
+class SlurmJob:
+    spec: JobSpec
+    job_id: int
+    partition: str
+    state: str = PENDING
+    nodes: tuple[str, ...] = ()
+    started: float | None = None
+    finished: float | None = None
+    held: bool = False
+    reason: str = ""
+
+    @property
+    def min_nodes(self) -> int:
+        return self.spec.nodes or 1
+
+    @property
+    def max_nodes(self) -> int:
+        return self.spec.nodes or 0  # no -N: max_nodes 0
+
+    @property
+    def nodes_needed(self) -> int:
+        return self.spec.gpus_wanted
+
+
+@dataclass
+class SlurmNode:
+    name: str
+    registered: float
+    drain: bool = False
+    down: bool = False
+
+
+@dataclass
+class SlurmConfig:
+    default_partition: str
+    nodeset_partition: str
+    max_nodes: int | None = None  # partition MaxNodes (both partitions), None = UNLIMITED
+    enforce_part_limits: bool = False  # EnforcePartLimits=ALL
+
+
+@dataclass
+class Slurmctld:
+    config: SlurmConfig
+    jobs: list[SlurmJob] = field(default_factory=list)
+    nodes: dict[str, SlurmNode] = field(default_factory=dict)
+
+    @property
+    def partitions(self) -> tuple[str, str]:
+        return (self.config.default_partition, self.config.nodeset_partition)
+
+    def submit(self, spec: JobSpec, now: float) -> SlurmJob:
+        job = SlurmJob(spec, 100 + len(self.jobs), spec.partition or self.config.default_partition, held=spec.hold)
+        limit = self.config.max_nodes
+        if self.config.enforce_part_limits and limit is not None and job.nodes_needed > limit:
+            job.state, job.finished = REFUSED, now
+            asked = f"--nodes={spec.nodes}" if spec.nodes else f"--gpus={spec.gpus} (one GPU per node)"
+            job.reason = (
+                f"sbatch: error: Batch job submission failed: Node count specification invalid "
+                f"({asked} needs {job.nodes_needed} nodes; partition {job.partition} MaxNodes={limit})"
+            )
+        self.jobs.append(job)
+        return job
+
+    def release(self, name: str) -> None:
+        for job in self.jobs:
+            if job.spec.name == name:
+                job.held = False
+
+    # ------------------------------------------------------------ nodes (slurmd registers / goes)
+
+    def register(self, name: str, now: float) -> None:
+        self.nodes.setdefault(name, SlurmNode(name, now))
+
+    def node_gone(self, name: str, now: float) -> list[SlurmJob]:
+        """slurmd's preStop sets the node down (SlinkyProject/slurm-operator@v1.0.0:
+        internal/builder/worker_app.go) and the pod goes: a job on it ends NODE_FAIL."""
+        self.nodes.pop(name, None)
+        killed = [j for j in self.jobs if j.state == RUNNING and name in j.nodes]
+        for job in killed:
+            job.state, job.finished = KILLED, now
+        return killed
+
+    def set_drain(self, name: str, drain: bool) -> None:
+        if name in self.nodes:
+            self.nodes[name].drain = drain
+
+    def busy_nodes(self) -> set[str]:
+        return {n for j in self.jobs if j.state == RUNNING for n in j.nodes}
+
+    def is_drained(self, name: str) -> bool:
+        """IsNodeDrained: drain flag set and no job on it (not ALLOCATED/MIXED/COMPLETING)."""
+        node = self.nodes.get(name)
+        return node is None or (node.drain and name not in self.busy_nodes())
+
+    def deadline(self, name: str) -> float | None:
+        """GetNodeDeadlines: start + time limit of running jobs on the node (here: their end)."""
+        ends = [j.started + j.spec.runtime for j in self.jobs if j.state == RUNNING and name in j.nodes]
+        return max(ends) if ends else None
+
+    # ------------------------------------------------------------ scheduling
+
+    def eligible(self, job: SlurmJob, now: float) -> bool:
+        if job.state != PENDING or job.held:
+            return False
+        if job.spec.begin is not None and now < job.spec.begin:
+            return False
+        if job.spec.after is not None:
+            parent = next((j for j in self.jobs if j.spec.name == job.spec.after), None)
+            return parent is not None and parent.state == COMPLETED
+        return True
+
+    def step(self, now: float) -> None:
+        for job in self.jobs:
+            if job.state == RUNNING and now >= job.started + job.spec.runtime:
+                job.state, job.finished = COMPLETED, now
+        busy = self.busy_nodes()
+        idle = sorted(
+            (n.name for n in self.nodes.values() if not n.drain and not n.down and n.name not in busy),
+            key=_ordinal,
+        )
+        for job in self.jobs:
+            if self.eligible(job, now) and len(idle) >= job.nodes_needed:
+                job.nodes, idle = tuple(idle[: job.nodes_needed]), idle[job.nodes_needed :]
+                job.state, job.started = RUNNING, now
+
+    # ------------------------------------------------------------ metrics
+
+    def partition_metrics(self, now: float) -> dict[str, dict[str, float]]:
+        busy = self.busy_nodes()
+        alloc = sum(1 for n in self.nodes.values() if n.name in busy)
+        idle = sum(1 for n in self.nodes.values() if n.name not in busy and not n.drain)
+        out = {}
+        for p in self.partitions:
+            pending = [j for j in self.jobs if j.partition == p and j.state == PENDING]
+            nohold = [j for j in pending if not j.held]
+            out[p] = {
+                # A 1-GPU job on a 4-CPU node leaves CPUs free: MIXED, as on the testbed.
+                "slurm_partition_nodes_alloc": 0.0,
+                "slurm_partition_nodes_mixed": float(alloc),
+                "slurm_partition_nodes_idle": float(idle),
+                "slurm_partition_nodes": float(len(self.nodes)),
+                "slurm_partition_jobs_pending": float(len(pending)),
+                "slurm_partition_jobs_hold": float(len(pending) - len(nohold)),
+                "slurm_partition_jobs_running": float(
+                    sum(1 for j in self.jobs if j.partition == p and j.state == RUNNING)
+                ),
+                "slurm_partition_jobs_max_job_nodes_nohold": float(
+                    max((max(j.max_nodes, j.min_nodes) for j in nohold), default=0)
+                ),
+            }
+        return out
+
+
+def _ordinal(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
