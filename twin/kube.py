@@ -96,9 +96,6 @@ class Kubernetes:
         if pod.terminating_at is None and pod.gone_at is None:
             pod.terminating_at = now
 
-    def holders(self, gpu: int) -> list[Pod]:
-        return [p for p in self.pods if p.gpu == gpu and p.live]
-
     def step(self, now: float) -> None:
         for pod in self.pods:
             # an unbound pod goes at once; a bound one after its termination
@@ -118,9 +115,8 @@ class Kubernetes:
             pod.init_started = now + pull
             if pod.wait_for is None:
                 pod.running_at = now + pull + CONTAINER_START
-        for gpu in range(self.gpus):
-            if len(self.holders(gpu)) > 1:
-                self.double_held.add(gpu)
+        bound = [p.gpu for p in self.pods if p.gpu is not None and p.gone_at is None]
+        self.double_held |= {g for g in bound if bound.count(g) > 1}
         self._init_containers(now)
         self._jobs(now)
 

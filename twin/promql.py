@@ -170,7 +170,7 @@ class _Parser:
                 self.take()
                 args.append(self.expr(0))
             self.take(")")
-            return ("func", tok, args)
+            return ("func", tok, tuple(args))
         if re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*", tok):
             matchers = []
             if self.peek() == "{":
@@ -190,11 +190,20 @@ class _Parser:
 
 
 _CACHE: dict[str, tuple] = {}
+_INTERN: dict[tuple, tuple] = {}
+
+
+def _intern(node):
+    """One object per distinct subtree, so a subexpression shared by several queries is memoised once."""
+    if not isinstance(node, tuple):
+        return node
+    node = tuple(_intern(part) for part in node)
+    return _INTERN.setdefault(node, node)
 
 
 def parse(query: str) -> tuple:
     if query not in _CACHE:
-        _CACHE[query] = _Parser(query).parse()
+        _CACHE[query] = _intern(_Parser(query).parse())
     return _CACHE[query]
 
 
@@ -218,9 +227,19 @@ def _arith(op: str, a: float, b: float) -> float:
 class Evaluator:
     def __init__(self, db: TSDB):
         self.db = db
-        # Subquery steps before this time are final (every scrape up to it is written): memoised.
-        self.final_before = -math.inf
-        self._memo: dict[tuple[int, float], Vector] = {}
+        # Results at times before this are final (every scrape up to it is written): memoised.
+        self._final_before = -math.inf
+        self._memo: dict[tuple[int, float], Vector | float] = {}
+        self._now_memo: dict[tuple[int, float], Vector | float] = {}  # until new samples arrive
+
+    @property
+    def final_before(self) -> float:
+        return self._final_before
+
+    @final_before.setter
+    def final_before(self, t: float) -> None:
+        self._final_before = t
+        self._now_memo = {}
 
     def instant(self, query: str, t: float) -> Vector | float:
         return self._eval(parse(query), t)
@@ -237,6 +256,13 @@ class Evaluator:
         return out
 
     def _eval(self, node: tuple, t: float):
+        key = (id(node), t)
+        memo = self._memo if t < self._final_before else self._now_memo
+        if key not in memo:
+            memo[key] = self._eval_node(node, t)
+        return memo[key]
+
+    def _eval_node(self, node: tuple, t: float):
         kind = node[0]
         if kind == "num":
             return node[1]
@@ -285,13 +311,7 @@ class Evaluator:
         return acc
 
     def _step(self, inner: tuple, t: float) -> Vector:
-        key = (id(inner), t)
-        if key in self._memo:
-            return self._memo[key]
-        value = self._vector(self._eval(inner, t))
-        if t < self.final_before:
-            self._memo[key] = value
-        return value
+        return self._vector(self._eval(inner, t))
 
     def _bin(self, node: tuple, t: float):
         _, op, left_node, right_node, use_bool, on = node

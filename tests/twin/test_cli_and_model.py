@@ -1,0 +1,206 @@
+"""`python -m stacks simulate` (DESIGN section 4 contract) and the twin's building blocks against the
+upstream behaviour they cite."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stacks.__main__ import main
+from twin.autoscale import Hpa, Keda, Trigger
+from twin.kube import KUBERNETES, SLURMD, Kubernetes, Pod
+from twin.nodeset import NodeSetController
+from twin.promql import TSDB, Evaluator, PromQLError, parse
+from twin.scenario import JobSpec
+from twin.slurm import RUNNING, SlurmConfig, Slurmctld
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULT_KEYS = {"jobs", "killed", "double_held", "unfinished", "end", "latency", "slurmd_starts"}
+
+
+def test_simulate_json_contract_and_exit_status(capsys, tmp_path):
+    assert (
+        main(["simulate", "--scenario", str(ROOT / "scenarios/restapi-down.yaml"), "--json", "--out", str(tmp_path)])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= RESULT_KEYS
+    assert set(out["end"]) == {"slurmd_replicas", "gpus_held_by_slurmd"}
+    assert set(out["latency"]) == {"scale_up_s", "gpu_return_s"}
+    for job in out["jobs"]:
+        assert {"name", "kind", "outcome", "submitted", "started", "finished"} <= set(job)
+    assert json.loads((tmp_path / "result.json").read_text()) == out
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["simulate", "--scenario", str(ROOT / "scenarios/restapi-down.yaml"), "--policy", "previous"]) == 1
+    assert "killed: b" in capsys.readouterr().out
+
+
+def test_bad_scenario_one_line_per_field_no_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "duration": -5,
+                "images": "lukewarm",
+                "jobs": [
+                    {"name": "a", "kind": "slurm", "submit": 0, "runtime": 10, "nodes": 0},
+                    {"name": "b", "kind": "mpi", "submit": 0, "runtime": 10},
+                    {"name": "c", "kind": "slurm", "submit": 0, "runtime": 10, "after": "zz"},
+                ],
+                "faults": [{"kind": "restapi-down", "start": 50, "end": 10}],
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "stacks", "simulate", "--scenario", str(bad), "--policy", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr
+    for needle in (
+        "--policy",
+        "duration",
+        "images",
+        "jobs[0] (a).nodes",
+        "jobs[1] (b).kind",
+        "jobs[2] (c).after",
+        "faults[0].end",
+    ):
+        assert sum(needle in line for line in lines) == 1, (needle, lines)
+
+
+def test_unreadable_and_invalid_yaml_are_one_line(capsys, tmp_path):
+    assert main(["simulate", "--scenario", str(tmp_path / "missing.yaml")]) == 2
+    (tmp_path / "x.yaml").write_text("jobs: [\n")
+    assert main(["simulate", "--scenario", str(tmp_path / "x.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "cannot be read" in err[0] and "not valid YAML" in err[1]
+
+
+# ------------------------------------------------------------------ PromQL evaluator
+
+
+def test_evaluator_refuses_what_it_does_not_implement():
+    with pytest.raises(PromQLError):
+        parse('rate(slurm_x{partition="all"}[5m])')
+    with pytest.raises(PromQLError):
+        parse('slurm_x{partition=~"a.*"}')
+
+
+def test_staleness_marker_ends_a_series_at_once_and_lookback_is_five_minutes():
+    db = TSDB()
+    db.add({"__name__": "m", "i": "1"}, 0, 1.0)
+    db.add({"__name__": "m", "i": "2"}, 0, 2.0)
+    db.mark_stale(lambda labels: labels["i"] == "1", 30)
+    ev = Evaluator(db)
+    assert ev.instant("sum(m)", 29) == {frozenset(): 3.0}
+    assert ev.instant("sum(m)", 30) == {frozenset(): 2.0}
+    assert ev.instant("sum(m)", 301) == {}  # the other one is past the 5 m lookback
+
+
+# ------------------------------------------------------------------ KEDA and the HPA
+
+
+def _keda(query_values: dict[str, float | None], **spec) -> tuple[Keda, Evaluator]:
+    db = TSDB()
+    triggers = []
+    for i, (name, value) in enumerate(query_values.items()):
+        for t in range(0, 1200, 60) if value is not None else ():
+            db.add({"__name__": name}, t, value)
+        triggers.append(Trigger(f"t{i}", f"max({name})", 1.0, 0.0, ignore_null=spec.get("ignore_null", False)))
+    k = Keda(triggers, spec.get("min", 1), spec.get("max", 4), 0, spec.get("cooldown", 300), 30)
+    return k, Evaluator(db)
+
+
+def test_keda_error_without_fallback_leaves_the_scale():
+    k, ev = _keda({"busy": None})
+    k.last_active = 0
+    assert k.poll(ev, 1000, 3) == 3  # would be 0 after the cooldown if the empty result read as 0
+    k, ev = _keda({"busy": None}, ignore_null=True)
+    k.last_active = 0
+    assert k.poll(ev, 1000, 3) == 0
+
+
+def test_keda_scales_to_idle_only_after_the_cooldown_and_wakes_to_min():
+    k, ev = _keda({"busy": 0.0})
+    k.last_active = 100
+    assert k.poll(ev, 399, 2) == 2 and k.poll(ev, 400, 2) == 0
+    k, ev = _keda({"busy": 3.0}, min=1)
+    assert k.poll(ev, 0, 0) == 1
+
+
+def test_hpa_downscale_keeps_the_highest_recommendation_of_300_s_and_limits_scale_up():
+    k, ev = _keda({"want": 1.0})
+    hpa = Hpa(k)
+    hpa.recommendations = [(0.0, 4)]
+    assert hpa.sync(ev, 299, 4) == 4 and hpa.sync(ev, 301, 4) == 1
+    k, ev = _keda({"want": 40.0}, max=64)
+    assert Hpa(k).sync(ev, 0, 1) == 5  # max(2 x 1, 1 + 4)
+
+
+def test_hpa_does_not_scale_down_on_an_invalid_metric():
+    k, ev = _keda({"want": 1.0, "broken": None})
+    assert Hpa(k).sync(ev, 0, 3) == 3
+
+
+# ------------------------------------------------------------------ NodeSet controller, Kubernetes
+
+
+def _cluster(client: bool) -> tuple[NodeSetController, Slurmctld]:
+    kube = Kubernetes(gpus=2, cold=False)
+    slurm = Slurmctld(SlurmConfig("all", "slinky"))
+    ns = NodeSetController("slurm-worker-slinky", "slinky", kube, slurm, replicas=2)
+    for t in range(40):
+        ns.reconcile(t, client)
+        kube.step(t)
+    job = slurm.submit(JobSpec("b", "slurm", 0, 1000, nodes=1), 40)
+    slurm.nodes["slinky-0"].drain = True  # so b lands on the highest ordinal
+    slurm.step(40)
+    slurm.nodes["slinky-0"].drain = False
+    assert job.state == RUNNING and job.nodes == ("slinky-1",)
+    ns.replicas = 1
+    return ns, slurm
+
+
+def test_scale_in_with_a_slurm_client_drains_then_deletes_the_idle_pod():
+    ns, slurm = _cluster(client=True)
+    assert ns.reconcile(41, client=True) == []
+    assert slurm.nodes["slinky-0"].drain and len(ns.pods()) == 2  # drained first
+    assert ns.reconcile(42, client=True) == []
+    assert [p.name for p in ns.pods()] == ["slurm-worker-slinky-1"]
+
+
+def test_scale_in_without_a_slurm_client_deletes_by_ordinal_and_kills():
+    ns, _ = _cluster(client=False)
+    assert ns.reconcile(41, client=False) == ["b"]
+    assert [p.name for p in ns.pods()] == ["slurm-worker-slinky-0"]
+
+
+def test_the_device_plugin_never_gives_one_gpu_to_two_pods():
+    kube = Kubernetes(gpus=1, cold=False)
+    for i in range(3):
+        kube.create_pod(Pod(f"p{i}", KUBERNETES if i else SLURMD, "x", "job", float(i)))
+    for t in range(10):
+        kube.step(t)
+    assert [p.gpu for p in kube.pods] == [0, None, None] and kube.double_held == set()
+
+
+def test_worker_init_container_waits_for_the_master_and_retries_after_100_tries():
+    """The Worker bound first, the Master Pending behind another pod until 250 s."""
+    kube = Kubernetes(gpus=2, cold=False)
+    worker = kube.create_pod(Pod("ddp-worker-0", KUBERNETES, "ddp", "pytorch", 0, wait_for="ddp-master-0"))
+    blocker = kube.create_pod(Pod("blocker", KUBERNETES, "x", "job", 0.5))
+    master = kube.create_pod(Pod("ddp-master-0", KUBERNETES, "ddp", "pytorch", 1))
+    for t in range(0, 300):
+        if t == 250:
+            blocker.gone_at = t
+        kube.step(t)
+    assert worker.init_restarts == 1  # gave up after 100 x 2 s, restarted after a 10 s back-off
+    assert master.running_at == 255 and worker.running_at == 260

@@ -1,0 +1,121 @@
+"""Every shipped scenario through the twin: what the issue says goes wrong shows with the previous policy,
+and the safe (default) policy passes. Results are modelled, from the program's own ScaledObject."""
+
+import functools
+import time
+from pathlib import Path
+
+import pytest
+
+from components import slurmd_scaling as scaling
+from stacks import offline, settings
+from twin import program, scenario, sim
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+@functools.cache
+def settings_dev():
+    return settings.load(offline.stack_config("dev", []), "dev", offline=True)
+
+
+@functools.cache
+def result(name: str, policy: str) -> dict:
+    return sim.Run(program.setup(settings_dev(), policy), scenario.load(SCENARIOS / f"{name}.yaml")).run()
+
+
+def outcomes(r: dict) -> dict[str, str]:
+    return {j["name"]: j["outcome"] for j in r["jobs"]}
+
+
+def test_restapi_down_previous_kills_the_busy_pod_the_safe_policy_holds_the_scale():
+    prev, safe = result("restapi-down", scaling.PREVIOUS), result("restapi-down", scaling.SAFE)
+    assert prev["killed"] == ["b"] and not sim.ok(prev)
+    assert safe["killed"] == [] and outcomes(safe) == {"a": "completed", "b": "completed"} and sim.ok(safe)
+
+
+def test_metrics_outage_previous_scales_to_zero_the_safe_policy_freezes():
+    prev, safe = result("metrics-outage", scaling.PREVIOUS), result("metrics-outage", scaling.SAFE)
+    assert outcomes(prev)["c"] == "unfinished" and prev["trigger_errors"] == 0
+    assert sim.ok(safe) and safe["trigger_errors"] > 0, "the outage is a trigger error, not a zero"
+    assert safe["end"]["gpus_held_by_slurmd"] == 1  # frozen at the last scale to the end of the run
+
+
+def test_work_that_cannot_run_keeps_gpus_only_with_the_previous_policy():
+    prev, safe = result("cannot-run", scaling.PREVIOUS), result("cannot-run", scaling.SAFE)
+    assert outcomes(prev)["i"] == "unfinished"
+    assert sim.ok(safe)
+    assert safe["slurmd_idle_gpu_s"] < prev["slurmd_idle_gpu_s"] / 3
+    i_prev = next(j for j in prev["jobs"] if j["name"] == "i")
+    i_safe = next(j for j in safe["jobs"] if j["name"] == "i")
+    assert i_prev["started"] is None or i_safe["started"] < i_prev["started"]
+
+
+def test_oversized_job_is_refused_at_submit_with_the_reason():
+    prev, safe = result("oversized", scaling.PREVIOUS), result("oversized", scaling.SAFE)
+    assert outcomes(prev) == {"b": "unfinished", "i": "unfinished"}
+    assert prev["end"]["gpus_held_by_slurmd"] == 4
+    (b,) = [j for j in safe["jobs"] if j["name"] == "b"]
+    assert (
+        b["outcome"] == "refused" and "MaxNodes=4" in b["reason"] and "Node count specification invalid" in b["reason"]
+    )
+    assert sim.ok(safe) and safe["slurmd_starts"] == 0
+
+
+def test_gpu_only_job_is_the_remaining_gap_but_no_longer_holds_a_gpu():
+    """`--gpus=2` without -N reads as a 1-node job in the 25.11 metrics: still not run (README, open)."""
+    prev, safe = result("gpus-only", scaling.PREVIOUS), result("gpus-only", scaling.SAFE)
+    assert outcomes(prev) == outcomes(safe) == {"c": "unfinished"}
+    assert prev["end"]["gpus_held_by_slurmd"] == 1 and safe["end"]["gpus_held_by_slurmd"] == 0
+
+
+def test_the_nodesets_own_partition_wakes_it():
+    assert outcomes(result("other-partition", scaling.PREVIOUS)) == {"f": "unfinished"}
+    assert sim.ok(result("other-partition", scaling.SAFE))
+
+
+def test_a_duplicate_scrape_does_not_inflate_demand():
+    prev, safe = result("duplicate-scrape", scaling.PREVIOUS), result("duplicate-scrape", scaling.SAFE)
+    assert outcomes(prev)["p"] == "unfinished" and prev["slurmd_starts"] == 4
+    assert sim.ok(safe) and safe["slurmd_starts"] == 2
+
+
+@pytest.mark.parametrize("name", ["handoff", "cold-start"])
+def test_happy_paths_pass_with_both_policies(name):
+    for policy in (scaling.PREVIOUS, scaling.SAFE):
+        assert sim.ok(result(name, policy)), policy
+
+
+def test_cold_images_delay_the_first_scale_up_and_the_workers_wait_for_the_master():
+    cold = result("cold-start", scaling.SAFE)
+    warm = sim.Run(
+        program.setup(settings_dev(), scaling.SAFE),
+        scenario.parse({**_yaml("cold-start"), "images": "warm"}),
+    ).run()
+    assert cold["latency"]["scale_up_s"] > warm["latency"]["scale_up_s"]
+    ddp_cold = next(j for j in cold["jobs"] if j["name"] == "ddp")
+    ddp_warm = next(j for j in warm["jobs"] if j["name"] == "ddp")
+    assert ddp_cold["started"] - ddp_warm["started"] >= 200  # the pytorch image pull
+
+
+def test_one_hour_twenty_jobs_simulates_in_under_ten_seconds():
+    sc = scenario.load(SCENARIOS / "busy-hour.yaml")
+    assert sc.duration == 3600 and len(sc.jobs) == 20
+    started = time.perf_counter()
+    r = sim.Run(program.setup(settings_dev(), scaling.SAFE), sc).run()
+    assert time.perf_counter() - started < 10
+    assert r["killed"] == [] and r["double_held"] == []
+
+
+def test_config_overrides_reach_the_twin():
+    """--config changes the rendered ScaledObject the twin runs: a shorter cooldown returns GPUs sooner."""
+    fast = settings.load(offline.stack_config("dev", ["kedaCooldownSeconds=60"]), "dev", offline=True)
+    sc = scenario.load(SCENARIOS / "handoff.yaml")
+    quick = sim.Run(program.setup(fast, scaling.SAFE), sc).run()
+    assert quick["latency"]["gpu_return_s"] < result("handoff", scaling.SAFE)["latency"]["gpu_return_s"] - 200
+
+
+def _yaml(name: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
