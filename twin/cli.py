@@ -41,8 +41,7 @@ def parser() -> argparse.ArgumentParser:
         default=slurmd_scaling.DEFAULT_POLICY,
         help=f"scaling policy: {', '.join(slurmd_scaling.POLICIES)} (default %(default)s)",
     )
-    p.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
-    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="override a setting; repeatable")
+    offline.add_stack_arguments(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", type=Path, help="write result.json and timeline.png here")
     return p
