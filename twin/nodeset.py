@@ -34,6 +34,7 @@ class NodeSetController:
     replicas: int = 0
     cordoned: set[str] = field(default_factory=set)
     starts: int = 0
+    register_delay: float = SLURMD_REGISTER
 
     def pods(self) -> list[Pod]:
         """Active pods: live and not being deleted."""
@@ -46,7 +47,7 @@ class NodeSetController:
         """One sync; returns the Slurm jobs killed by pods deleted under them."""
         killed: list[str] = []
         for pod in self.pods():
-            if pod.running(now) and now >= pod.running_at + SLURMD_REGISTER:
+            if pod.running(now) and now >= pod.running_at + self.register_delay:
                 self.slurm.register(pod.owner, now)
         pods = self.pods()
         if len(pods) < self.replicas:

@@ -10,7 +10,7 @@ from twin.autoscale import HPA_SYNC, Hpa, Keda
 from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
-from twin.scenario import Scenario
+from twin.scenario import JobSpec, Scenario
 from twin.slurm import COMPLETED, KILLED, PENDING, REFUSED, RUNNING, SlurmConfig, Slurmctld, SlurmJob
 
 SAMPLE_INTERVAL = 15.0
@@ -61,6 +61,9 @@ class Run:
         self.idle_gpu_s = 0.0  # GPU-seconds held by slurmd pods whose Slurm node runs no job
         self.held_now = 0
         self.zero_spans: list[list[float]] = []  # [start, end] of times slurmd held no GPU
+        self._events = sorted(self.scenario.jobs, key=lambda j: j.submit)
+        self._releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
+        self.now = 0.0
 
     # ------------------------------------------------------------ scrape targets
 
@@ -100,38 +103,38 @@ class Run:
     # ------------------------------------------------------------ the loop
 
     def run(self) -> dict:
-        events = sorted(self.scenario.jobs, key=lambda j: j.submit)
-        releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
-        polling = int(self.keda.polling)
-        duration = int(self.scenario.duration)
-        for tick in range(duration + 1):
-            now = self.now = float(tick)
-            while events and events[0].submit <= now:
-                spec = events.pop(0)
-                if spec.kind == "slurm":
-                    self.slurm_jobs[spec.name] = self.slurm.submit(spec, now)
-                else:
-                    self.kube_jobs[spec.name] = self.kube.submit(
-                        spec.name, spec.kind, spec.gpus_wanted, spec.runtime, now
-                    )
-            while releases and releases[0][0] <= now:
-                self.slurm.release(releases.pop(0)[1])
-            self.slurm.step(now)
-            if tick % SCRAPE_INTERVAL == 0:
-                self.prom.scrape(now, self._target_down)
-            self.ev.final_before = now
-            if tick % polling == 0:
-                self.nodeset.replicas = self.keda.poll(self.ev, now, self.nodeset.replicas)
-            if tick % HPA_SYNC == 0:
-                self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
-            client = not self.scenario.fault_active("restapi-down", now)
-            self.killed += self.nodeset.reconcile(now, client)
-            self.kube.step(now)
-            self.slurm.step(now)
-            self._account(now)
-            if tick % int(SAMPLE_INTERVAL) == 0:
-                self.samples.append(self._sample(now))
+        for tick in range(int(self.scenario.duration) + 1):
+            self.tick(tick)
         return self.result()
+
+    def submit(self, spec: JobSpec, now: float) -> None:
+        if spec.kind == "slurm":
+            self.slurm_jobs[spec.name] = self.slurm.submit(spec, now)
+        else:
+            self.kube_jobs[spec.name] = self.kube.submit(spec.name, spec.kind, spec.gpus_wanted, spec.runtime, now)
+
+    def tick(self, tick: int) -> None:
+        """One second: submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
+        now = self.now = float(tick)
+        while self._events and self._events[0].submit <= now:
+            self.submit(self._events.pop(0), now)
+        while self._releases and self._releases[0][0] <= now:
+            self.slurm.release(self._releases.pop(0)[1])
+        self.slurm.step(now)
+        if tick % SCRAPE_INTERVAL == 0:
+            self.prom.scrape(now, self._target_down)
+        self.ev.final_before = now
+        if tick % int(self.keda.polling) == 0:
+            self.nodeset.replicas = self.keda.poll(self.ev, now, self.nodeset.replicas)
+        if tick % HPA_SYNC == 0:
+            self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
+        client = not self.scenario.fault_active("restapi-down", now)
+        self.killed += self.nodeset.reconcile(now, client)
+        self.kube.step(now)
+        self.slurm.step(now)
+        self._account(now)
+        if tick % int(SAMPLE_INTERVAL) == 0:
+            self.samples.append(self._sample(now))
 
     def _account(self, now: float) -> None:
         busy = self.slurm.busy_nodes()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from twin.scenario import JobSpec
 
 PENDING, RUNNING, COMPLETED, KILLED, REFUSED = "PENDING", "RUNNING", "COMPLETED", "NODE_FAIL", "REFUSED"
+CANCELLED = "CANCELLED"
 
 
 @dataclass
@@ -87,6 +88,11 @@ class Slurmctld:
             )
         self.jobs.append(job)
         return job
+
+    def cancel(self, job: SlurmJob, now: float) -> None:
+        """scancel: a pending or running job ends CANCELLED and frees its nodes."""
+        if job.state in (PENDING, RUNNING):
+            job.state, job.finished = CANCELLED, now
 
     def release(self, name: str) -> None:
         for job in self.jobs:

@@ -41,11 +41,13 @@ def test_every_scenario_passes_on_a_well_behaved_cluster(name):
 
 def test_latencies_follow_the_simulated_cluster():
     timeline, _, _, _ = replay("mixed", pod_start=8, slurmd_register=15, cooldown=300)
-    # sbatch at 0, first seen pending at 5; KEDA adds pods at 1, they run at 9 and
-    # register with Slurm at 24, seen Ready at 25. Sampling blurs by up to one interval.
-    assert scale_up_latency(timeline) == 20
-    # KEDA waits the cooldown after the last Slurm activity; seen within one sample.
-    assert 300 <= gpu_return_latency(timeline) <= 305
+    # The twin: sbatch at 0, first seen pending at 5; Prometheus scrapes slurmctld at 30, KEDA polls
+    # at 30 and wakes the NodeSet to 1; the pod runs at 38 and registers with Slurm at 53, seen
+    # Ready at 55. Sampling blurs by up to one interval.
+    assert scale_up_latency(timeline) == 50
+    # The job ends at 173 (seen at 175); KEDA's last active poll was 150, so it scales to 0 at
+    # 150 + 300 = 450 and the pod is gone 5 s later, seen at 460: cooldown minus up to a poll.
+    assert gpu_return_latency(timeline) == 285
 
 
 def test_uuids_are_read_once_per_pod():
