@@ -35,6 +35,8 @@ class JobSpec:
     begin: float | None = None  # --begin, seconds from the start
     partition: str | None = None  # -p; None = the default partition
     replicas: int = 1  # PyTorchJob: Master + Workers, one GPU each
+    array: int | None = None  # sbatch --array=0-<array-1>
+    throttle: int | None = None  # ...%<throttle>: at most this many tasks run at once
 
     @property
     def gpus_wanted(self) -> int:
@@ -101,6 +103,8 @@ _JOB_KEYS = {
     "begin",
     "partition",
     "replicas",
+    "array",
+    "throttle",
 }
 
 
@@ -144,6 +148,12 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         nodes = None if "nodes" not in raw else c.number(f"{where}.nodes", raw["nodes"], 1, 1024, integer=True)
         gpus = None if "gpus" not in raw else c.number(f"{where}.gpus", raw["gpus"], 1, 1024, integer=True)
         replicas = c.number(f"{where}.replicas", raw.get("replicas", 1), 1, 1024, integer=True)
+        array = None if "array" not in raw else c.number(f"{where}.array", raw["array"], 1, 1000, integer=True)
+        throttle = None
+        if "throttle" in raw:
+            throttle = c.number(f"{where}.throttle", raw["throttle"], 1, array or 1000, integer=True)
+            if array is None:
+                c.bad(f"{where}.throttle", raw["throttle"], "throttle only with array")
         hold = raw.get("hold", False)
         if not isinstance(hold, bool):
             c.bad(f"{where}.hold", hold, "true or false")
@@ -152,7 +162,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         after = raw.get("after")
         partition = raw.get("partition")
         if kind != "slurm":
-            for key in ("nodes", "hold", "release", "after", "begin", "partition"):
+            for key in ("nodes", "hold", "release", "after", "begin", "partition", "array", "throttle"):
                 if key in raw:
                     c.bad(f"{where}.{key}", raw[key], f"no {key} on a {kind} (Slurm jobs only)")
             if kind == "job" and "replicas" in raw:
@@ -177,6 +187,8 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
                 begin=begin,
                 partition=partition,
                 replicas=replicas or 1,
+                array=array,
+                throttle=throttle,
             )
         )
     slurm_names = {j.name for j in jobs if j.kind == "slurm"}

@@ -11,7 +11,7 @@ from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
 from twin.scenario import JobSpec, Scenario
-from twin.slurm import COMPLETED, KILLED, PENDING, REFUSED, RUNNING, SlurmConfig, Slurmctld, SlurmJob
+from twin.slurm import COMPLETED, KILLED, REFUSED, RUNNING, SlurmConfig, Slurmctld, SlurmJob
 
 SAMPLE_INTERVAL = 15.0
 
@@ -57,7 +57,7 @@ class Run:
         self.ev = Evaluator(self.prom.db)
         self.killed: list[str] = []
         self.kube_jobs: dict[str, k8s.KubeJob] = {}
-        self.slurm_jobs: dict[str, SlurmJob] = {}
+        self.slurm_jobs: dict[str, list[SlurmJob]] = {}  # by scenario name: one record, or one per array task
         self.idle_gpu_s = 0.0  # GPU-seconds held by slurmd pods whose Slurm node runs no job
         self.held_now = 0
         self.zero_spans: list[list[float]] = []  # [start, end] of times slurmd held no GPU
@@ -186,13 +186,22 @@ class Run:
         jobs = []
         for spec in self.scenario.jobs:
             if spec.kind == "slurm":
-                j = self.slurm_jobs.get(spec.name)
-                outcome = {COMPLETED: "completed", KILLED: "killed", REFUSED: "refused"}.get(
-                    j.state if j else PENDING, "unfinished"
-                )
-                row = {"started": j.started if j else None, "finished": j.finished if j else None}
-                if j and j.state == REFUSED:
-                    row["reason"] = j.reason
+                tasks = self.slurm_jobs.get(spec.name, [])
+                states = {t.state for t in tasks}
+                outcome = "unfinished"
+                for state, word in ((REFUSED, "refused"), (KILLED, "killed")):
+                    if state in states:
+                        outcome = word
+                if tasks and states == {COMPLETED}:
+                    outcome = "completed"
+                starts = [t.started for t in tasks if t.started is not None]
+                ends = [t.finished for t in tasks]
+                row = {
+                    "started": min(starts) if starts else None,
+                    "finished": max(ends) if tasks and None not in ends else None,
+                }
+                if outcome == "refused":
+                    row["reason"] = tasks[0].reason
             else:
                 kj = self.kube_jobs.get(spec.name)
                 outcome = "completed" if kj and kj.finished is not None else "unfinished"
@@ -228,9 +237,15 @@ class Run:
         if j.spec.release is not None:
             since = max(since, j.spec.release)
         if j.spec.after is not None:
-            parent = self.slurm_jobs.get(j.spec.after)
-            if parent is not None and parent.finished is not None:
-                since = max(since, parent.finished)
+            ends = [p.finished for p in self.slurm_jobs.get(j.spec.after, [])]
+            if ends and None not in ends:
+                since = max(since, *ends)
+        if j.spec.throttle is not None:
+            # a throttled task is eligible once an earlier task of its array has ended
+            ends = sorted(t.finished for t in self.slurm_jobs[j.spec.name] if t.finished is not None)
+            earlier = [e for e in ends if e <= (j.started or 0)]
+            if earlier:
+                since = max(since, earlier[-1])
         return since
 
 

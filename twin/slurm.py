@@ -7,6 +7,9 @@ Followed: SchedMD/slurm@slurm-25-11-0-1
   nodes count as MIXED / ALLOCATED / IDLE, the drain flag on top.
 * src/plugins/metrics/openmetrics/openmetrics.c: every partition metric for every partition, zeros
   included.
+* src/slurmctld/job_mgr.c: an array's pending tasks stay one record counted task_cnt times in
+  jobs_pending; a task that starts is split off as its own job; `%N` lets N tasks run at once
+  (the rest pend with reason JobArrayTaskLimit).
 * src/slurmctld/job_mgr.c: a job without -N has min_nodes 1, max_nodes 0; `--gpus=N` alone does not
   raise min_nodes (the select plugin spreads the GPUs over nodes when it allocates).
 * doc/man/man5/slurm.conf.5 EnforcePartLimits=ALL: a job over a partition's MaxNodes is rejected at
@@ -76,25 +79,29 @@ class Slurmctld:
     def partitions(self) -> tuple[str, str]:
         return (self.config.default_partition, self.config.nodeset_partition)
 
-    def submit(self, spec: JobSpec, now: float) -> SlurmJob:
-        job = SlurmJob(spec, 100 + len(self.jobs), spec.partition or self.config.default_partition, held=spec.hold)
+    def submit(self, spec: JobSpec, now: float) -> list[SlurmJob]:
+        """One job, or one record per array task (the metrics count each pending task)."""
+        partition = spec.partition or self.config.default_partition
+        job_id = 100 + len(self.jobs)
+        jobs = [SlurmJob(spec, job_id, partition, held=spec.hold) for _ in range(spec.array or 1)]
         limit = self.config.max_nodes
-        if self.config.enforce_part_limits and limit is not None and job.nodes_needed > limit:
-            job.state, job.finished = REFUSED, now
+        if self.config.enforce_part_limits and limit is not None and jobs[0].nodes_needed > limit:
             asked = f"--nodes={spec.nodes}" if spec.nodes else f"--gpus={spec.gpus} (one GPU per node)"
-            job.reason = (
-                f"sbatch: error: Batch job submission failed: Node count specification invalid "
-                f"({asked} needs {job.nodes_needed} nodes; partition {job.partition} MaxNodes={limit})"
-            )
-        self.jobs.append(job)
-        return job
+            for job in jobs:
+                job.state, job.finished = REFUSED, now
+                job.reason = (
+                    f"sbatch: error: Batch job submission failed: Node count specification invalid "
+                    f"({asked} needs {job.nodes_needed} nodes; partition {job.partition} MaxNodes={limit})"
+                )
+        self.jobs += jobs
+        return jobs
 
     def cancel(self, job: SlurmJob, now: float) -> None:
         """scancel: a pending or running job ends CANCELLED and frees its nodes."""
         if job.state in (PENDING, RUNNING):
             job.state, job.finished = CANCELLED, now
 
-    def release(self, name: str) -> None:
+    def release(self, name: str) -> None:  # scontrol release
         for job in self.jobs:
             if job.spec.name == name:
                 job.held = False
@@ -137,9 +144,13 @@ class Slurmctld:
             return False
         if job.spec.begin is not None and now < job.spec.begin:
             return False
+        if job.spec.throttle is not None:
+            running = sum(1 for j in self.jobs if j.job_id == job.job_id and j.state == RUNNING)
+            if running >= job.spec.throttle:
+                return False
         if job.spec.after is not None:
-            parent = next((j for j in self.jobs if j.spec.name == job.spec.after), None)
-            return parent is not None and parent.state == COMPLETED
+            parents = [j for j in self.jobs if j.spec.name == job.spec.after]
+            return bool(parents) and all(j.state == COMPLETED for j in parents)
         return True
 
     def step(self, now: float) -> None:

@@ -160,7 +160,7 @@ def _cluster(client: bool) -> tuple[NodeSetController, Slurmctld]:
     for t in range(40):
         ns.reconcile(t, client)
         kube.step(t)
-    job = slurm.submit(JobSpec("b", "slurm", 0, 1000, nodes=1), 40)
+    (job,) = slurm.submit(JobSpec("b", "slurm", 0, 1000, nodes=1), 40)
     slurm.nodes["slinky-0"].drain = True  # so b lands on the highest ordinal
     slurm.step(40)
     slurm.nodes["slinky-0"].drain = False
@@ -204,3 +204,14 @@ def test_worker_init_container_waits_for_the_master_and_retries_after_100_tries(
         kube.step(t)
     assert worker.init_restarts == 1  # gave up after 100 x 2 s, restarted after a 10 s back-off
     assert master.running_at == 255 and worker.running_at == 260
+
+
+def test_a_throttled_array_counts_every_pending_task_and_runs_one_at_a_time():
+    slurm = Slurmctld(SlurmConfig("all", "slinky"))
+    for i in range(3):
+        slurm.register(f"slinky-{i}", 0)
+    tasks = slurm.submit(JobSpec("t", "slurm", 0, 100, nodes=1, array=4, throttle=1), 0)
+    slurm.step(0)
+    assert [t.state for t in tasks].count(RUNNING) == 1
+    metrics = slurm.partition_metrics(0)["all"]
+    assert metrics["slurm_partition_jobs_pending"] == 3 and metrics["slurm_partition_nodes_idle"] == 2

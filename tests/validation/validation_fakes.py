@@ -108,7 +108,7 @@ class FakeCluster:
         self._advance()
         nodes = int(sbatch_options(script).get("--nodes", "1"))
         self.twin.submit(JobSpec(name, "slurm", self.clock.now(), self._duration(name), nodes=nodes), self.clock.now())
-        return str(self.twin.slurm_jobs[name].job_id)
+        return str(self.twin.slurm_jobs[name][0].job_id)
 
     def cancel_slurm(self, job_ids: list[str]) -> None:
         self.cancelled += job_ids
