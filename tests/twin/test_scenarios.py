@@ -119,3 +119,16 @@ def _yaml(name: str) -> dict:
     import yaml
 
     return yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
+
+
+def test_the_issues_own_example_runs_and_a_job_held_forever_is_unfinished():
+    r = result("issue-example", scaling.SAFE)
+    assert outcomes(r) == {j: "completed" for j in "abcefpi"} | {"d": "unfinished"}
+    assert r["unfinished"] == ["d"] and not sim.ok(r)
+    assert r["end"] == {"slurmd_replicas": 0, "gpus_held_by_slurmd": 0}  # the held job keeps no GPU
+    assert result("issue-example", scaling.PREVIOUS)["end"]["gpus_held_by_slurmd"] == 1
+
+
+def test_the_remaining_window_a_restapi_outage_just_before_a_scale_in_still_kills():
+    """Documented in the README: up to one kube-state-metrics scrape plus one HPA sync (45 s)."""
+    assert result("restapi-down-race", scaling.SAFE)["killed"] == ["b"]
