@@ -65,6 +65,10 @@ def timeline(run: sim.Run, name: str):
     return Timeline.from_dict(data)
 
 
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:g} s"
+
+
 def summary(result: dict) -> str:
     lines = [
         f"{j['name']:<16} {j['kind']:<11} {j['outcome']:<10} submitted {j['submitted']:g}"
@@ -78,7 +82,7 @@ def summary(result: dict) -> str:
         f"killed: {', '.join(result['killed']) or 'none'}; double-held GPUs: {len(result['double_held'])}; "
         f"slurmd starts: {result['slurmd_starts']}; end: {result['end']['slurmd_replicas']} replicas, "
         f"{result['end']['gpus_held_by_slurmd']} GPUs held by slurmd; "
-        f"scale-up {lat['scale_up_s']} s, GPU return {lat['gpu_return_s']} s (modelled)"
+        f"scale-up {_seconds(lat['scale_up_s'])}, GPU return {_seconds(lat['gpu_return_s'])} (modelled)"
     )
     return "\n".join(lines)
 
@@ -104,6 +108,14 @@ def main(argv: list[str]) -> int:
         sc = scenario.load(args.scenario, partitions)
     except scenario.ScenarioError as error:
         problems += error.problems
+    if not problems and sc.workers is not None and sc.workers != settings.worker_count:
+        # The scenario's `workers` is the stack's workerCount: the ScaledObject and partition limits follow.
+        try:
+            settings = load_settings(
+                offline.stack_config(args.stack, [*args.config, f"workerCount={sc.workers}"]), args.stack, offline=True
+            )
+        except SettingsError as error:
+            problems += [f"workers (scenario): {p}" for p in error.problems]
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)

@@ -207,3 +207,20 @@ def test_a_throttled_array_counts_every_pending_task_and_runs_one_at_a_time():
     assert [t.state for t in tasks].count(RUNNING) == 1
     metrics = slurm.partition_metrics(0)["all"]
     assert metrics["slurm_partition_jobs_pending"] == 3 and metrics["slurm_partition_nodes_idle"] == 2
+
+
+def test_the_scenarios_workers_are_the_stacks_worker_count(capsys, tmp_path):
+    """`workers: 2` renders the ScaledObject and partition limits for two workers."""
+    path = tmp_path / "two.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "workers": 2,
+                "duration": 300,
+                "jobs": [{"name": "b", "kind": "slurm", "submit": 0, "runtime": 60, "nodes": 3}],
+            }
+        )
+    )
+    assert main(["simulate", "--scenario", str(path), "--json"]) == 0
+    (b,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert b["outcome"] == "refused" and "MaxNodes=2" in b["reason"]
