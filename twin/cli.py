@@ -17,7 +17,7 @@ from pathlib import Path
 from components import slurmd_scaling
 from components.names import DEFAULT_PARTITION
 from stacks import offline
-from stacks.settings import SettingsError
+from stacks.settings import SettingsError, escaped, show
 from stacks.settings import load as load_settings
 from twin import program, scenario, sim
 
@@ -91,12 +91,12 @@ def main(argv: list[str]) -> int:
     try:
         args = parser().parse_args(argv)
     except UsageError as error:
-        print(f"simulate: {error}", file=sys.stderr)
+        print(f"simulate: {escaped(str(error), limit=300)}", file=sys.stderr)
         return 2
     problems = []
     if args.policy not in slurmd_scaling.POLICIES:
         problems.append(
-            f"--policy: {args.policy!r} is not allowed; expected one of {', '.join(slurmd_scaling.POLICIES)}"
+            f"--policy: {show(args.policy)} is not allowed; expected one of {', '.join(slurmd_scaling.POLICIES)}"
         )
     try:
         settings = load_settings(offline.stack_config(args.stack, args.config), args.stack, offline=True)

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from stacks.settings import show
+
 KINDS = ("slurm", "pytorchjob", "job")
 FAULTS = ("restapi-down", "metrics-outage", "duplicate-scrape")
 IMAGES = ("warm", "cold")
@@ -68,8 +70,8 @@ class Scenario:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    """Escaped, cut, and hidden if it looks like a secret, as every problem line shows a value."""
+    return show(value)
 
 
 class _Checker:
@@ -224,11 +226,11 @@ def load(path: Path, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     try:
         text = path.read_text()
     except OSError as error:
-        raise ScenarioError([f"--scenario: {str(path)!r} cannot be read ({error.strerror})"]) from None
+        raise ScenarioError([f"--scenario: {show(str(path))} cannot be read ({error.strerror})"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError([f"--scenario: {str(path)!r} is not valid YAML{where}"]) from None
+        raise ScenarioError([f"--scenario: {show(str(path))} is not valid YAML{where}"]) from None
     return parse(data, partitions)

@@ -224,3 +224,9 @@ def test_the_scenarios_workers_are_the_stacks_worker_count(capsys, tmp_path):
     assert main(["simulate", "--scenario", str(path), "--json"]) == 0
     (b,) = json.loads(capsys.readouterr().out)["jobs"]
     assert b["outcome"] == "refused" and "MaxNodes=2" in b["reason"]
+
+
+def test_problem_lines_escape_what_they_echo(capsys):
+    assert main(["simulate", "--scenario", "/tmp/no\nsuch.yaml", "--policy", "a\x1bb"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 2 and "\x1b" not in err and "no\\nsuch" in err
