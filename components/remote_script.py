@@ -68,6 +68,8 @@ def run(
     depends_on: Sequence[pulumi.Resource] = (),
 ) -> command.remote.Command:
     """A changed script or argument re-runs the step; so do its triggers."""
+    if step.delete_args is not None and connection.dial_error_limit == -1:
+        raise ValueError(f"{name}: a step that runs on delete must dial with a bounded dial_error_limit")
     timeout = f"{-(-step.timeout_seconds // 60)}m"
     return command.remote.Command(
         name,

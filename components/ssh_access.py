@@ -9,6 +9,8 @@ import pulumi_tls as tls
 
 from components import host_layout
 
+PER_DIAL_TIMEOUT_SECONDS = 30
+
 
 class SshAccess(pulumi.ComponentResource):
     private_key: pulumi.Output[str]
@@ -24,8 +26,15 @@ class SshAccess(pulumi.ComponentResource):
         self.key_name = pair.key_name
         self.register_outputs({"keyName": self.key_name})
 
-    def connection(self, host: pulumi.Input[str]) -> command.remote.ConnectionArgs:
-        # A fresh instance refuses SSH for a while: never give up dialing (the scripts bound time).
+    def connection(self, host: pulumi.Input[str], dial_error_limit: int = -1) -> command.remote.ConnectionArgs:
+        """-1 (dial until it answers) for steps that wait for a fresh instance, which refuses SSH for
+        a while; a bound for steps that also run on delete, when the host may be gone. A step's
+        delete dials with the connection stored at create (pulumi/pulumi-command@v1.2.1:
+        provider/pkg/provider/remote/commandController.go Delete runs on the stored state)."""
         return command.remote.ConnectionArgs(
-            host=host, user=host_layout.SSH_USER, private_key=self.private_key, dial_error_limit=-1, per_dial_timeout=30
+            host=host,
+            user=host_layout.SSH_USER,
+            private_key=self.private_key,
+            dial_error_limit=dial_error_limit,
+            per_dial_timeout=PER_DIAL_TIMEOUT_SECONDS,
         )

@@ -32,6 +32,7 @@ def plan_elements(rec: Recording) -> list[dict[str, Any]]:
             "name": r.name,
             "parent": r.parent or None,
             "dependsOn": r.depends_on,
+            **r.options,
             "inputs": redact(r.inputs),
         }
         for r in sorted(rec.resources, key=lambda r: r.urn)

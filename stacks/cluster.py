@@ -16,6 +16,32 @@ from stacks.settings import Settings
 
 # Driver install and kubeadm join on the workers dominate: ~10-20 minutes is typical.
 READINESS_TIMEOUT_SECONDS = 45 * 60
+# Steps after the readiness gate reach a node that answered SSH already; on delete the node may
+# be gone: 10 dials of 30 s bound that wait (the default limit, provider/pkg/provider/remote/connection.go).
+DIAL_ERROR_LIMIT = 10
+REMOTE_COMMAND = "command:remote:Command"
+
+
+def lives_in_cluster(type_: str) -> bool:
+    """Kubernetes objects and Helm releases, and the steps run on the control node over SSH."""
+    return type_.startswith("kubernetes:") or type_ == REMOTE_COMMAND
+
+
+def deleted_with(node: pulumi.Resource) -> pulumi.ResourceTransformation:
+    """Everything that lives in the cluster is deleted with the control node: `pulumi destroy`
+    then never calls a provider that cannot reach it (delete_unreachable does not cover Helm
+    releases, pulumi/pulumi-kubernetes#2675). The engine skips the provider's Delete when the
+    deletedWith resource is deleted in the same run (pulumi/pulumi@v3.272.0:
+    pkg/resource/deploy/step.go DeleteStep.Apply, isDeletedWith)."""
+
+    def transform(args: pulumi.ResourceTransformationArgs) -> pulumi.ResourceTransformationResult | None:
+        if not lives_in_cluster(args.type_):
+            return None
+        return pulumi.ResourceTransformationResult(
+            args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(deleted_with=node))
+        )
+
+    return transform
 
 
 @dataclass
@@ -31,6 +57,8 @@ def build_identity() -> ClusterIdentity:
 
 
 def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) -> ClusterAccess:
+    # registered first: it applies to every resource created after it
+    pulumi.runtime.register_stack_transformation(deleted_with(infra.control.instance))
     connection = infra.ssh.connection(infra.control.public_ip)
     gate = ReadinessGate(
         "testbed-readiness",
@@ -51,4 +79,9 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
         delete_unreachable=True,
         opts=pulumi.ResourceOptions(depends_on=[gate]),
     )
-    return ClusterAccess(gate=gate, kubeconfig=kubeconfig, provider=provider, control_connection=connection)
+    return ClusterAccess(
+        gate=gate,
+        kubeconfig=kubeconfig,
+        provider=provider,
+        control_connection=infra.ssh.connection(infra.control.public_ip, DIAL_ERROR_LIMIT),
+    )

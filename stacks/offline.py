@@ -45,6 +45,8 @@ class RecordedResource:
     outputs: dict[str, Any] = field(default_factory=dict)
     provider: str = ""  # "<provider urn>::<id>" when an explicit provider is used
     custom_timeouts: dict[str, str] = field(default_factory=dict)  # create/update/delete, when set
+    # the lifecycle options the engine receives, each only where set (plan --json shows them)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -219,9 +221,24 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     custom_timeouts={
                         k: v for k in ("create", "update", "delete") if (v := getattr(request.customTimeouts, k))
                     },
+                    options=lifecycle_options(request),
                 )
             )
         return response
+
+
+def lifecycle_options(request) -> dict[str, Any]:
+    """deletedWith, ignoreChanges, replaceOnChanges, replaceWith, deleteBeforeReplace and protect
+    as the RegisterResource request carries them, each only where set."""
+    options = {
+        "deletedWith": request.deletedWith,
+        "ignoreChanges": sorted(request.ignoreChanges),
+        "replaceOnChanges": sorted(request.replaceOnChanges),
+        "replaceWith": sorted(request.replace_with),
+        "deleteBeforeReplace": request.deleteBeforeReplace,
+        "protect": request.protect,
+    }
+    return {k: v for k, v in options.items() if v}
 
 
 # ---------------------------------------------------------------------- running

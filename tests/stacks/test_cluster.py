@@ -1,8 +1,10 @@
 import base64
 
+import pulumi_command as command
+import pytest
 import yaml
 
-from components import cluster_identity, host_layout
+from components import cluster_identity, host_layout, remote_script
 from stacks.offline import is_secret, reveal
 from tests.conftest import by_type, step_args
 
@@ -86,3 +88,32 @@ def test_gate_step_outlasts_the_scripts_own_deadline_so_the_diagnosis_is_printed
 def test_no_remote_step_can_hold_destroy_forever(default_run):
     for step in by_type(default_run, COMMAND):
         assert minutes(step.custom_timeouts["delete"]) <= 15, step.name
+
+
+def test_everything_in_the_cluster_is_deleted_with_the_control_node(default_run):
+    """`pulumi destroy` never calls the Kubernetes or SSH provider for a cluster that is going away."""
+    (control,) = [r for r in by_type(default_run, "aws:ec2/instance:Instance") if r.name == "testbed-control-instance"]
+    in_cluster = [r for r in default_run.resources if r.type.startswith("kubernetes:") or r.type == COMMAND]
+    assert len(in_cluster) > 15  # the releases, PV, ConfigMap, ScaledObject and every remote step
+    for r in in_cluster:
+        assert r.options.get("deletedWith") == control.urn, r.name
+    others = [r for r in default_run.resources if r not in in_cluster]
+    assert not [r.name for r in others if "deletedWith" in r.options]
+
+
+def test_a_step_that_runs_on_delete_dials_with_a_bounded_budget(default_run):
+    gate = default_run.named("testbed-readiness-wait")
+    assert reveal(gate.inputs["connection"])["dialErrorLimit"] == -1  # a fresh instance is waited for
+    with_delete = [s for s in by_type(default_run, COMMAND) if "delete" in s.inputs]
+    assert with_delete
+    for step in with_delete:
+        connection = reveal(step.inputs["connection"])
+        budget = connection["dialErrorLimit"] * connection["perDialTimeout"]
+        assert 0 < budget <= 10 * 60, step.name
+
+
+def test_remote_script_refuses_a_delete_step_that_would_dial_forever():
+    step = remote_script.RemoteStep("training-operator.sh", {}, delete_args={})
+    forever = command.remote.ConnectionArgs(host="h", dial_error_limit=-1)
+    with pytest.raises(ValueError, match="bounded dial_error_limit"):
+        remote_script.run("x", step, forever, parent=None)  # type: ignore[arg-type]
