@@ -23,8 +23,14 @@ ENV_FILE = "/etc/testbed/bootstrap.env"
 KUBEADM_CONFIG = "/etc/testbed/kubeadm.yaml"
 CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
 KUBEADM_API = "kubeadm.k8s.io/v1beta4"
-# Long enough for replacement workers to join for a year; "0s" (never) is unconfirmed in v1beta4.
-BOOTSTRAP_TOKEN_TTL = "8760h0m0s"
+# kubeadm init always makes one token (without one it makes a 24 h default): this one joins no
+# node and lives an hour. Each worker joins with its own token, registered over SSH by
+# join-token.sh for JOIN_TOKEN_TTL_SECONDS and deleted once the worker is Ready.
+BOOTSTRAP_TOKEN_TTL = "1h0m0s"
+JOIN_TOKEN_TTL_SECONDS = 2 * 60 * 60
+CA_CERT_FILE = "/etc/kubernetes/pki/ca.crt"
+CA_KEY_FILE = "/etc/kubernetes/pki/ca.key"  # delivered over SSH (deliver-ca-key.sh), never in user-data
+CA_KEY_WAIT_SECONDS = 30 * 60  # control-plane.sh waits this long for it
 USER_DATA_LIMIT = 16384  # EC2's limit on user-data, in bytes
 
 
@@ -57,7 +63,6 @@ class ControlPlaneBootstrap:
     share_export_cidr: str
     bootstrap_token: str
     ca_cert_pem: str
-    ca_key_pem: str
     authorized_keys: tuple[str, ...] = ()
 
 
@@ -133,7 +138,8 @@ def _script_files(*names: str) -> list[dict]:
 def _run(*names: str) -> list[list[str]]:
     """One runcmd entry: the role's scripts in order, logged; the first failure stops the rest."""
     chain = " && ".join(f"{NODE_SCRIPT_DIR}/{n}" for n in names)
-    return [["bash", "-c", f"set -o pipefail; ({chain}) 2>&1 | tee -a {host_layout.BOOTSTRAP_LOG}"]]
+    log = host_layout.BOOTSTRAP_LOG  # 0600 before the first line: a failure may print a secret
+    return [["bash", "-c", f"set -o pipefail; touch {log} && chmod 0600 {log} && ({chain}) 2>&1 | tee -a {log}"]]
 
 
 class _LiteralDumper(yaml.SafeDumper):
@@ -196,13 +202,14 @@ def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
             "SHARE_EXPORT_CIDR": p.share_export_cidr,
             "SLURM_STATE_DIR": host_layout.SLURM_STATE_DIR,
             "SLURM_UID": str(host_layout.SLURM_UID),
+            "CA_KEY_FILE": CA_KEY_FILE,
+            "CA_KEY_WAIT_SECONDS": str(CA_KEY_WAIT_SECONDS),
         },
         kubeadm_init_config(p),
         # kubeadm init keeps a CA it finds here: the program minted it, so workers can
         # verify the API server from its public key before the control plane exists.
         [
-            _file("/etc/kubernetes/pki/ca.crt", p.ca_cert_pem, "0644"),
-            _file("/etc/kubernetes/pki/ca.key", p.ca_key_pem, "0600"),
+            _file(CA_CERT_FILE, p.ca_cert_pem, "0644"),
             *(_file(path, text, "0600") for path, text in api_hardening.control_plane_files(p.kubernetes_minor)),
         ],
         p.authorized_keys,

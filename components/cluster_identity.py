@@ -1,4 +1,4 @@
-"""Cluster identity minted by the program: CA, bootstrap token, join hash, admin credentials.
+"""Cluster identity minted by the program: CA, bootstrap tokens, join hash, admin credentials.
 
 Minting them here lets the workers verify the control plane (by the CA's public-key hash)
 and boot in parallel with it, and gives an admin kubeconfig without copying files."""
@@ -59,7 +59,7 @@ class ClusterIdentity(pulumi.ComponentResource):
         self.ca_key_pem = pulumi.Output.secret(ca_key.private_key_pem)
         self.ca_cert_pem = ca_cert.cert_pem
         self.ca_cert_hash = ca_key.public_key_pem.apply(bootstrap.discovery_token_ca_cert_hash)
-        self.bootstrap_token = self._create_bootstrap_token()
+        self.bootstrap_token = self.token(f"{name}-token")
         self._admin_key, self._admin_cert = self._create_admin_credentials(ca_key, ca_cert)
         self.register_outputs({"caCertPem": self.ca_cert_pem, "caCertHash": self.ca_cert_hash})
 
@@ -77,12 +77,13 @@ class ClusterIdentity(pulumi.ComponentResource):
         )
         return key, cert
 
-    def _create_bootstrap_token(self) -> pulumi.Output[str]:
-        """kubeadm's token format [a-z0-9]{6}.[a-z0-9]{16}; the same token serves init and join."""
+    def token(self, name: str) -> pulumi.Output[str]:
+        """A bootstrap token in kubeadm's format [a-z0-9]{6}.[a-z0-9]{16}: kubeadm init's own, or
+        one worker's (each worker joins with its own, so replacing one re-registers only that)."""
         child = pulumi.ResourceOptions(parent=self)
         charset = {"upper": False, "special": False, "lower": True, "numeric": True}
-        token_id = random.RandomString(f"{self._name}-token-id", length=6, **charset, opts=child)
-        token_secret = random.RandomPassword(f"{self._name}-token-secret", length=16, **charset, opts=child)
+        token_id = random.RandomString(f"{name}-id", length=6, **charset, opts=child)
+        token_secret = random.RandomPassword(f"{name}-secret", length=16, **charset, opts=child)
         return pulumi.Output.secret(pulumi.Output.concat(token_id.result, ".", token_secret.result))
 
     def _create_admin_credentials(self, ca_key: tls.PrivateKey, ca_cert: tls.SelfSignedCert):

@@ -21,8 +21,7 @@ class ControlNodeArgs:
     share_export_cidr: str
     authorized_keys: tuple[str, ...]
     bootstrap_token: pulumi.Output[str]
-    ca_cert_pem: pulumi.Output[str]
-    ca_key_pem: pulumi.Output[str]
+    ca_cert_pem: pulumi.Output[str]  # the key is not here: it comes over SSH (stacks/cluster.py)
 
 
 def render_user_data(args: ControlNodeArgs, public_ip: pulumi.Output[str]) -> pulumi.Output[str]:
@@ -43,7 +42,6 @@ def render_user_data(args: ControlNodeArgs, public_ip: pulumi.Output[str]) -> pu
         public_ip=public_ip,
         bootstrap_token=args.bootstrap_token,
         ca_cert_pem=args.ca_cert_pem,
-        ca_key_pem=args.ca_key_pem,
     ).apply(render)
 
 

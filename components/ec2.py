@@ -61,7 +61,7 @@ def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instan
         user_data=spec.user_data,
         # cloud-init runs once per instance: a changed bootstrap needs a new instance.
         user_data_replace_on_change=True,
-        # Pods must not read user-data (it holds the cluster CA key): one hop, tokens only.
+        # Pods must not read user-data (it holds a join token): one hop, tokens only.
         metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
         root_block_device={
             "volume_type": "gp3",

@@ -2,7 +2,9 @@
 
 The script travels on stdin; its arguments travel by name, as environment values set on the
 command line (`sudo env NAME=value ... bash -s`), so sshd needs no `AcceptEnv` and every
-script reads its parameters the same way. Each step also gets the admin kubeconfig and the
+script reads its parameters the same way. A secret argument never goes on the command line
+(sshd and the provider log it, and `ps` shows it): it travels on stdin as a quoted, readonly,
+unexported shell variable ahead of the script. Each step also gets the admin kubeconfig and the
 shell library that cloud-init wrote beside the node's bootstrap scripts: cloud-init's
 init stage writes files before sshd starts (canonical/cloud-init:systemd/cloud-init.service.tmpl,
 `Before=sshd.service`), so the library is there when the first step connects.
@@ -32,6 +34,18 @@ class RemoteStep:
     delete_args: Mapping[str, str] | None = None  # `pulumi destroy` runs the script again with these
     triggers: Sequence[pulumi.Input] = field(default_factory=tuple)  # re-run it when these change
     timeout_seconds: int = 60 * 60  # the step's own limit; scripts keep their deadlines inside it
+    secrets: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # by name, on stdin
+
+    def stdin(self) -> pulumi.Input[str]:
+        """The script, preceded by its secrets (see `stdin_text`)."""
+        if not self.secrets:
+            return bootstrap.script(self.script)
+        names = sorted(self.secrets)
+        return pulumi.Output.secret(
+            pulumi.Output.all(*(self.secrets[n] for n in names)).apply(
+                lambda values: stdin_text(self.script, dict(zip(names, values, strict=True)))
+            )
+        )
 
     def environment(self, args: Mapping[str, pulumi.Input[str]]) -> dict[str, pulumi.Input[str]]:
         return {
@@ -60,6 +74,20 @@ def parse_command_line(line: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in words[2:-2])
 
 
+def stdin_text(script: str, secrets: Mapping[str, str]) -> str:
+    """One `readonly NAME='value'` line per secret (a shell variable, not exported to the
+    commands the script runs), then the script."""
+    prelude = "".join(f"readonly {n}={shlex.quote(v)}\n" for n, v in sorted(secrets.items()))
+    return prelude + bootstrap.script(script)
+
+
+def script_of(stdin: str) -> str:
+    """The script a step's stdin carries, without its secrets (for `render`)."""
+    lines = stdin.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("#!/"))
+    return "".join(lines[start:])
+
+
 def run(
     name: str,
     step: RemoteStep,
@@ -76,7 +104,7 @@ def run(
         connection=connection,
         create=command_line(step.environment(step.args)),
         delete=command_line(step.environment(step.delete_args)) if step.delete_args is not None else None,
-        stdin=bootstrap.script(step.script),
+        stdin=step.stdin(),
         triggers=list(step.triggers) or None,
         opts=pulumi.ResourceOptions(
             parent=parent,

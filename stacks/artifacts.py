@@ -160,7 +160,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
                 add_script(Path(f["path"]).name, f["content"])
     manifests = [reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r)]
     for cmd in rec.of_type(REMOTE_COMMAND):
-        add_script(step_arguments(cmd)[remote_script.STEP_NAME], reveal(cmd.inputs["stdin"]))
+        add_script(step_arguments(cmd)[remote_script.STEP_NAME], remote_script.script_of(reveal(cmd.inputs["stdin"])))
         manifests += embedded_manifests(cmd)
 
     releases = []
@@ -229,7 +229,7 @@ def render_replacing(rec: Recording, out: Path) -> list[Path]:
     if problem:
         raise ValueError(problem)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # mkdtemp makes it 0700, and so the render: user-data holds the cluster CA key and join token
+    # mkdtemp makes it 0700, and so the render: user-data holds join tokens
     fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         written = [fresh / RENDER_MARK, fresh / ".gitignore", *render(rec, fresh)]

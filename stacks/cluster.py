@@ -8,7 +8,7 @@ import pulumi
 import pulumi_command as command
 import pulumi_kubernetes as k8s
 
-from components import host_layout
+from components import bootstrap, host_layout, remote_script
 from components.cluster_identity import ClusterIdentity
 from components.readiness_gate import ReadinessGate, ReadinessGateArgs
 from stacks.infrastructure import Infrastructure
@@ -56,10 +56,80 @@ def build_identity() -> ClusterIdentity:
     return ClusterIdentity("testbed-identity")
 
 
+def ca_key_step(ca_key_pem: pulumi.Input[str], triggers: list[pulumi.Input] | None = None) -> remote_script.RemoteStep:
+    """The CA key reaches the control node over SSH, never in user-data; control-plane.sh
+    waits for it before `kubeadm init`."""
+    return remote_script.RemoteStep(
+        "deliver-ca-key.sh",
+        {"CA_KEY_FILE": bootstrap.CA_KEY_FILE},
+        secrets={"CA_KEY_PEM": ca_key_pem},
+        triggers=triggers or [],
+        timeout_seconds=bootstrap.CA_KEY_WAIT_SECONDS,
+    )
+
+
+def join_token_step(
+    private_ip: str,
+    token: pulumi.Input[str],
+    region: str,
+    instance_id: pulumi.Input[str],
+    triggers: list[pulumi.Input] | None = None,
+) -> remote_script.RemoteStep:
+    """One worker's own token, valid for hours, registered when the worker (or its replacement)
+    is created and deleted once it is Ready: a replaced or spot-replacement worker joins by itself."""
+    return remote_script.RemoteStep(
+        "join-token.sh",
+        {
+            "NODE_IP": private_ip,
+            "REGION": region,  # for the console-log command printed on failure
+            "INSTANCE_ID": instance_id,
+            "TTL_SECONDS": str(bootstrap.JOIN_TOKEN_TTL_SECONDS),
+            "TIMEOUT_SECONDS": str(READINESS_TIMEOUT_SECONDS),
+        },
+        secrets={"JOIN_TOKEN": token},
+        triggers=triggers or [],
+        timeout_seconds=READINESS_TIMEOUT_SECONDS + 5 * 60,
+    )
+
+
+def deliver_node_credentials(
+    s: Settings, infra: Infrastructure, identity: ClusterIdentity, connection: command.remote.ConnectionArgs
+) -> list[command.remote.Command]:
+    """What `pulumi up` hands the nodes over SSH rather than in user-data: the CA key (again to
+    a replaced control node) and each worker's join token (again for a replaced worker)."""
+    parent = pulumi.ComponentResource("testbed:cluster:NodeCredentials", "testbed-node-credentials")
+    ssh_ready = [infra.control.eip_association]  # SSH goes through the Elastic IP
+    control = infra.control.instance
+    steps = [
+        remote_script.run(
+            "testbed-ca-key",
+            ca_key_step(identity.ca_key_pem, [control.id]),
+            connection,
+            parent=parent,
+            depends_on=[control, *ssh_ready],
+        )
+    ]
+    for index, (worker, private_ip, token) in enumerate(
+        zip(infra.workers, s.worker_private_ips, infra.join_tokens, strict=True)
+    ):
+        steps.append(
+            remote_script.run(
+                f"testbed-worker-{index}-join-token",
+                join_token_step(private_ip, token, s.region, worker.instance.id, [worker.instance.id]),
+                connection,
+                parent=parent,
+                depends_on=[worker.instance, *ssh_ready],
+            )
+        )
+    return steps
+
+
 def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) -> ClusterAccess:
     # registered first: it applies to every resource created after it
     pulumi.runtime.register_stack_transformation(deleted_with(infra.control.instance))
     connection = infra.ssh.connection(infra.control.public_ip)
+    # the gate passes once every node is Ready and its join token deleted
+    credentials = deliver_node_credentials(s, infra, identity, connection)
     gate = ReadinessGate(
         "testbed-readiness",
         ReadinessGateArgs(
@@ -68,7 +138,7 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
             node_ips=[s.control_private_ip, *s.worker_private_ips],
             nodes=[infra.control.instance, *(w.instance for w in infra.workers)],
             timeout_seconds=READINESS_TIMEOUT_SECONDS,
-            after=[infra.control.eip_association],
+            after=[infra.control.eip_association, *credentials],
         ),
     )
     kubeconfig = identity.kubeconfig(f"testbed-{s.stack}", infra.control.public_ip, host_layout.API_SERVER_PORT)

@@ -22,7 +22,7 @@ class Infrastructure:
     ssh: SshAccess
     control: ControlNode
     workers: list[GpuWorker]
-    worker_user_data: pulumi.Output[str]
+    join_tokens: list[pulumi.Output[str]]  # one per worker, same order
 
 
 def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Output[str]:
@@ -102,39 +102,40 @@ def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) ->
             authorized_keys=authorized_keys,
             bootstrap_token=identity.bootstrap_token,
             ca_cert_pem=identity.ca_cert_pem,
-            ca_key_pem=identity.ca_key_pem,
         ),
         opts=opts,
     )
 
-    worker_user_data = pulumi.Output.all(
-        bootstrap_token=identity.bootstrap_token, ca_cert_hash=identity.ca_cert_hash
-    ).apply(
-        lambda v: bootstrap.gpu_worker_user_data(
-            bootstrap.WorkerBootstrap(
-                kubernetes_version=s.kubernetes_version,
-                kubernetes_minor=s.kubernetes_minor,
-                nvidia_driver_branch=s.nvidia_driver_branch,
-                nvidia_container_toolkit_version=s.nvidia_container_toolkit_version,
-                control_plane_ip=s.control_private_ip,
-                authorized_keys=authorized_keys,
-                **v,
+    def worker_user_data(token: pulumi.Output[str]) -> pulumi.Output[str]:
+        return pulumi.Output.all(bootstrap_token=token, ca_cert_hash=identity.ca_cert_hash).apply(
+            lambda v: bootstrap.gpu_worker_user_data(
+                bootstrap.WorkerBootstrap(
+                    kubernetes_version=s.kubernetes_version,
+                    kubernetes_minor=s.kubernetes_minor,
+                    nvidia_driver_branch=s.nvidia_driver_branch,
+                    nvidia_container_toolkit_version=s.nvidia_container_toolkit_version,
+                    control_plane_ip=s.control_private_ip,
+                    authorized_keys=authorized_keys,
+                    **v,
+                )
             )
         )
-    )
+
+    names = [f"testbed-worker-{index}" for index in range(len(s.worker_private_ips))]
+    join_tokens = [identity.token(f"{name}-token") for name in names]
     workers = [
         GpuWorker(
-            f"testbed-worker-{index}",
+            name,
             node(
                 "gpu-worker",
                 s.worker_instance_type,
                 private_ip,
                 s.worker_root_volume_gb,
-                worker_user_data,
+                worker_user_data(token),
                 s.spot_workers,
             ),
             opts=opts,
         )
-        for index, private_ip in enumerate(s.worker_private_ips)
+        for name, private_ip, token in zip(names, s.worker_private_ips, join_tokens, strict=True)
     ]
-    return Infrastructure(network=network, ssh=ssh, control=control, workers=workers, worker_user_data=worker_user_data)
+    return Infrastructure(network=network, ssh=ssh, control=control, workers=workers, join_tokens=join_tokens)

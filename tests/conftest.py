@@ -60,3 +60,15 @@ def step_args(rec: offline.Recording, name: str, which: str = "create") -> dict[
     from stacks.artifacts import step_arguments
 
     return step_arguments(rec.named(name), which)
+
+
+def step_secrets(rec: offline.Recording, name: str) -> dict[str, str]:
+    """The secret arguments remote step `name` gets on stdin, ahead of its script, by name."""
+    import shlex
+
+    from components import remote_script
+
+    stdin = offline.reveal(rec.named(name).inputs["stdin"])
+    words = shlex.split(stdin[: len(stdin) - len(remote_script.script_of(stdin))])
+    assert words[::2] == ["readonly"] * (len(words) // 2), words[::2]
+    return dict(word.split("=", 1) for word in words[1::2])

@@ -6,6 +6,7 @@ set -Eeuo pipefail
 . "$(dirname "$0")/testbed-lib.sh"
 load_env
 require SHARE_DIR SHARE_EXPORT_CIDR SLURM_STATE_DIR SLURM_UID FLANNEL_VERSION KUBEADM_CONFIG ADMIN_KUBECONFIG SSH_USER
+require CA_KEY_FILE CA_KEY_WAIT_SECONDS
 
 log "NFS server exporting ${SHARE_DIR} to ${SHARE_EXPORT_CIDR}"
 apt_get install nfs-kernel-server git  # git: kubectl kustomize fetches remote overlays
@@ -22,9 +23,13 @@ export KUBECONFIG=${ROOT}${ADMIN_KUBECONFIG}
 if [ -f "$KUBECONFIG" ]; then
   log "kubeadm init already done"
 else
+  # The CA key is not in user-data: `pulumi up` delivers it over SSH (deliver-ca-key.sh).
+  log "waiting up to ${CA_KEY_WAIT_SECONDS}s for the cluster CA key at ${CA_KEY_FILE}"
+  wait_until "$CA_KEY_WAIT_SECONDS" test -s "${ROOT}${CA_KEY_FILE}" \
+    || die "the cluster CA key did not arrive at ${CA_KEY_FILE} within ${CA_KEY_WAIT_SECONDS}s (pulumi up delivers it over SSH)"
   log "kubeadm init"
-  [ -s "${ROOT}/etc/kubernetes/pki/ca.key" ] || die "the cluster CA was not delivered to /etc/kubernetes/pki"
-  kubeadm init --config "${ROOT}${KUBEADM_CONFIG}" --upload-certs=false
+  # --skip-token-print: the join command with its token never reaches a log or the console
+  kubeadm init --config "${ROOT}${KUBEADM_CONFIG}" --upload-certs=false --skip-token-print
 fi
 
 retry 60 5 kubectl get --raw=/readyz >/dev/null || die "the API server did not become ready"

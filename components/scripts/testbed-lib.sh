@@ -64,6 +64,14 @@ require() {
   done
 }
 
+# redact: copy stdin to stdout with bootstrap tokens and private key blocks masked, so a
+# failure message that quotes a log carries no credential.
+redact() {
+  sed -E \
+    -e 's/\b[a-z0-9]{6}\.[a-z0-9]{16}\b/[token]/g' \
+    -e '/-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----/,/-----END [A-Z0-9 ]*PRIVATE KEY-----/c\[private key]'
+}
+
 # First boot races unattended-upgrades for the dpkg lock: wait for it rather than fail.
 apt_get() {
   DEBIAN_FRONTEND=noninteractive retry 5 15 apt-get -o DPkg::Lock::Timeout=600 -y "$@" \

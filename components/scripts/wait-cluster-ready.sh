@@ -12,7 +12,7 @@ read -r -a expected <<<"$NODES"
 report_failure() {
   if [ -r "$KUBECONFIG" ]; then kubectl get nodes -o wide >&2 || true; fi
   echo "--- last lines of ${BOOTSTRAP_LOG} on the control node:" >&2
-  tail -n 40 "$BOOTSTRAP_LOG" >&2 || true
+  tail -n 40 "$BOOTSTRAP_LOG" | redact >&2 || true
   die "readiness gate: $1"
 }
 

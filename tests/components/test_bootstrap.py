@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 
 from components import bootstrap, host_layout
 from stacks.offline import placeholder_key_pem, reveal
-from tests.conftest import by_type
+from tests.conftest import by_type, step_args, step_secrets
 
 INSTANCE = "aws:ec2/instance:Instance"
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
@@ -38,10 +38,10 @@ def test_discovery_hash_is_sha256_of_der_subject_public_key_info():
 
 
 def test_workers_pin_the_ca_the_control_plane_is_given(default_run):
-    """The join hash in worker user-data is derived from the very CA key sent to the control node."""
+    """The join hash in worker user-data is derived from the very CA key sent to the control node
+    (over SSH, on the step's stdin), and the certificate beside it in user-data is public only."""
     ca_key = serialization.load_pem_private_key(
-        written_file(user_data_of(default_run, "testbed-control-instance"), "/etc/kubernetes/pki/ca.key").encode(),
-        password=None,
+        step_secrets(default_run, "testbed-ca-key")["CA_KEY_PEM"].encode(), password=None
     )
     expected = (
         "sha256:"
@@ -57,18 +57,46 @@ def test_workers_pin_the_ca_the_control_plane_is_given(default_run):
     assert join["discovery"]["bootstrapToken"]["caCertHashes"] == [expected]
 
 
-def test_one_token_serves_init_and_join_and_has_kubeadm_format(default_run):
+def test_each_worker_joins_with_its_own_short_lived_token_registered_over_ssh(default_run):
+    import re
+
     init, _ = yaml.safe_load_all(
         written_file(user_data_of(default_run, "testbed-control-instance"), bootstrap.KUBEADM_CONFIG)
     )
-    join = yaml.safe_load(
-        written_file(user_data_of(default_run, "testbed-worker-2-instance"), bootstrap.KUBEADM_CONFIG)
-    )
-    token = init["bootstrapTokens"][0]["token"]
-    assert join["discovery"]["bootstrapToken"]["token"] == token
+    (init_token,) = init["bootstrapTokens"]
+    assert init_token["ttl"] == "1h0m0s"  # hours, not a year: no node uses kubeadm init's own token
+    tokens = [init_token["token"]]
+    for index, ip in enumerate(default_run.settings.worker_private_ips):
+        join = yaml.safe_load(
+            written_file(user_data_of(default_run, f"testbed-worker-{index}-instance"), bootstrap.KUBEADM_CONFIG)
+        )
+        token = join["discovery"]["bootstrapToken"]["token"]
+        step = f"testbed-worker-{index}-join-token"
+        assert step_secrets(default_run, step) == {"JOIN_TOKEN": token}
+        assert step_args(default_run, step)["NODE_IP"] == ip
+        assert int(step_args(default_run, step)["TTL_SECONDS"]) <= 4 * 3600
+        # a replaced worker gets its token registered again
+        worker = default_run.named(f"testbed-worker-{index}-instance")
+        assert default_run.named(step).inputs["triggers"] == [f"{worker.name}-placeholder"]
+        tokens.append(token)
+    assert all(re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}", t) for t in tokens)
+    assert len(set(tokens)) == len(tokens)
+
+
+def test_no_user_data_holds_a_private_key(default_run):
     import re
 
-    assert re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}", token)
+    for node in by_type(default_run, INSTANCE):
+        text = reveal(node.inputs["userData"])
+        assert not re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", text), node.name
+    key = step_secrets(default_run, "testbed-ca-key")["CA_KEY_PEM"]
+    assert (
+        "PRIVATE KEY-----" in key and step_args(default_run, "testbed-ca-key")["CA_KEY_FILE"] == bootstrap.CA_KEY_FILE
+    )
+
+
+def test_kubeadm_init_never_prints_the_token():
+    assert "--skip-token-print" in bootstrap.script("control-plane.sh")
 
 
 def test_api_certificate_names_the_elastic_ip_and_workers_reach_the_fixed_private_ip(default_run):
@@ -112,7 +140,7 @@ def test_user_data_is_cloud_config_within_the_ec2_limit_and_runs_the_delivered_s
 def test_secret_files_are_root_only(default_run):
     files = yaml.safe_load(user_data_of(default_run, "testbed-control-instance"))["write_files"]
     modes = {f["path"]: f["permissions"] for f in files}
-    for secret in ("/etc/kubernetes/pki/ca.key", bootstrap.KUBEADM_CONFIG, bootstrap.ENV_FILE):
+    for secret in (bootstrap.KUBEADM_CONFIG, bootstrap.ENV_FILE):
         assert modes[secret] == "0600"
 
 

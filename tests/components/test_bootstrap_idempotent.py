@@ -172,6 +172,9 @@ exec {sed} "$@"
     "touch": """guard "$@"
 exec {touch} "$@"
 """,
+    "chmod": """guard "${@: -1}"
+exec {chmod} "$@"
+""",
 }
 REAL_TOOLS = ("bash", "env", "cat", "date", "dirname", "grep", "mkdir", "rm", "tee")
 
@@ -182,7 +185,6 @@ def redirect_targets_outside_root(text: str) -> list[str]:
 
 
 def control_user_data() -> str:
-    private_pem, _, _ = placeholder_key_pem("idempotency-ca")
     return bootstrap.control_plane_user_data(
         bootstrap.ControlPlaneBootstrap(
             kubernetes_version=S.kubernetes_version,
@@ -193,7 +195,6 @@ def control_user_data() -> str:
             share_export_cidr=S.subnet_cidr,
             bootstrap_token="abcdef.0123456789abcdef",
             ca_cert_pem="-----BEGIN CERTIFICATE-----\nstub\n-----END CERTIFICATE-----\n",
-            ca_key_pem=private_pem,
         )
     )
 
@@ -264,17 +265,20 @@ class Sandbox:
             .replace(bootstrap.NODE_SCRIPT_DIR, f"{self.root}{bootstrap.NODE_SCRIPT_DIR}")
             .replace(host_layout.BOOTSTRAP_LOG, f"{self.root}{host_layout.BOOTSTRAP_LOG}"),
         ]
+        # What deliver-ca-key.sh hands the control node over SSH before kubeadm init.
+        if "control-plane.sh" in bash_c[2]:
+            self.write(bootstrap.CA_KEY_FILE, placeholder_key_pem("idempotency-ca")[0]).chmod(0o600)
         # Confinement relies on this: a literal path redirect would write to the host.
         for name in NODE_SCRIPTS:
             assert not redirect_targets_outside_root(bootstrap.script(name)), name
 
     def _stubs(self) -> None:
-        real = {name: shutil.which(name) for name in (*REAL_TOOLS, "install", "sed", "touch")}
+        real = {name: shutil.which(name) for name in (*REAL_TOOLS, "install", "sed", "touch", "chmod")}
         assert all(real.values()), real
         for name in REAL_TOOLS:
             (self.tools / name).symlink_to(real[name])
         for name, body in STUBS.items():
-            if name in ("install", "sed", "touch"):
+            if name in ("install", "sed", "touch", "chmod"):
                 body = body.replace("{" + name + "}", real[name])
             stub = self.bin / name
             stub.write_text(PROLOGUE.replace("{bash}", real["bash"]) + body)
@@ -303,6 +307,11 @@ class Sandbox:
             for p in sorted(self.root.rglob("*"))
             if p.is_file() and p != self.path(host_layout.BOOTSTRAP_LOG)
         }
+
+    def log_setup(self) -> list[str]:
+        """The calls that make the bootstrap log root-only before anything writes to it."""
+        log = self.path(host_layout.BOOTSTRAP_LOG)
+        return [f"touch {log}", f"chmod 0600 {log}"]
 
     def run(self) -> Run:
         before = len(self.calls_log.read_text().splitlines())
@@ -464,7 +473,7 @@ def test_a_missing_parameter_stops_the_script_before_it_changes_anything(tmp_pat
     assert run.returncode != 0
     assert f"FAILED: parameter {missing} is not set in {box.path(bootstrap.ENV_FILE)}" in run.output
     if script == "node-common.sh":
-        assert run.calls == []
+        assert run.calls == box.log_setup()
     else:  # node-common needs no such parameter and ran in full; the role script ran nothing
         assert "node-common done" in run.output
         assert run.calls[-1] == f"install -d -m 0755 {box.path(host_layout.SHARE_DIR)}"
@@ -474,8 +483,29 @@ def test_a_missing_parameter_file_stops_the_script(tmp_path):
     box = Sandbox(tmp_path, control_user_data())
     box.path(bootstrap.ENV_FILE).unlink()
     run = box.run()
-    assert run.returncode != 0 and run.calls == []
+    assert run.returncode != 0 and run.calls == box.log_setup()
     assert f"FAILED: parameter file {box.path(bootstrap.ENV_FILE)} is missing" in run.output
+
+
+def test_the_bootstrap_log_is_root_only_from_its_first_line(tmp_path):
+    box = Sandbox(tmp_path, worker_user_data())
+    run = succeeded(box.run())
+    assert run.calls[:2] == box.log_setup()
+    assert box.path(host_layout.BOOTSTRAP_LOG).stat().st_mode & 0o777 == 0o600
+
+
+def test_kubeadm_init_waits_for_the_ca_key_and_names_it_when_it_never_comes(tmp_path):
+    box = Sandbox(tmp_path, control_user_data())
+    box.path(bootstrap.CA_KEY_FILE).unlink()
+    env = box.read(bootstrap.ENV_FILE)
+    box.write(
+        bootstrap.ENV_FILE,
+        env.replace(f"CA_KEY_WAIT_SECONDS={bootstrap.CA_KEY_WAIT_SECONDS}\n", "CA_KEY_WAIT_SECONDS=0\n"),
+    )
+    run = box.run()
+    assert run.returncode != 0
+    assert f"FAILED: the cluster CA key did not arrive at {bootstrap.CA_KEY_FILE} within 0s" in run.output
+    assert count(run.calls, "kubeadm init") == 0
 
 
 def test_a_containerd_config_without_the_keys_to_set_stops_node_common(tmp_path):

@@ -1,6 +1,7 @@
 """The gate scripts run against a stub kubectl (and cloud-init) on PATH: they pass only on
 the evidence they claim to check, and fail with a message that says what is missing."""
 
+import datetime
 import json
 import os
 import stat
@@ -12,6 +13,7 @@ import pytest
 
 from components import bootstrap, cert_manager, keda, remote_script, training_operator, webhook_gate
 from components import readiness_gate as readiness
+from stacks import cluster
 
 STUB_KUBECTL = r"""#!/usr/bin/env bash
 # Behaviour from files in $STUB: health_exit, dry_run_failures (count down), nodes.
@@ -25,6 +27,10 @@ case "$*" in
     if [ "$left" -gt 0 ]; then echo $((left - 1)) >"$STUB/dry_run_failures"; echo "failed calling webhook" >&2; exit 1; fi
     echo clusterissuer.cert-manager.io/testbed-webhook-probe ;;
   *"get nodes -o jsonpath"*) cat "$STUB/nodes" ;;
+  *"create secret generic"*)
+    for a in "$@"; do case $a in --from-env-file=*) cat "${a#--from-env-file=}" >"$STUB/token_data" ;; esac; done
+    echo "kind: Secret" ;;
+  *"apply -f -"*) cat >>"$STUB/applied" ;;
   *"wait --for=condition=Available"*) exit "$(cat "$STUB/wait_exit")" ;;
   *"apply --server-side"*) exit "$(cat "$STUB/apply_exit")" ;;
   *) ;;
@@ -58,8 +64,8 @@ def stub(tmp_path):
 
 
 def run(stub: Path, step: remote_script.RemoteStep, **overrides: str) -> subprocess.CompletedProcess:
-    """Run a step's script as the control node would: its arguments as environment values, the
-    library from this checkout, the stubs first on PATH."""
+    """Run a step's script as the control node would: its arguments as environment values, its
+    secrets on stdin ahead of it, the library from this checkout, the stubs first on PATH."""
     environment = {k: str(v) for k, v in step.environment(step.args).items()}
     environment |= {
         "TESTBED_LIB": str(bootstrap.SCRIPTS_DIR / bootstrap.LIBRARY),
@@ -67,7 +73,12 @@ def run(stub: Path, step: remote_script.RemoteStep, **overrides: str) -> subproc
     }
     env = {**os.environ, **environment, **overrides, "PATH": f"{stub / 'bin'}:{os.environ['PATH']}", "STUB": str(stub)}
     return subprocess.run(
-        ["bash", "-s"], input=bootstrap.script(step.script), capture_output=True, text=True, env=env, timeout=60
+        ["bash", "-s"],
+        input=remote_script.stdin_text(step.script, {k: str(v) for k, v in step.secrets.items()}),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
 
 
@@ -176,3 +187,57 @@ def test_a_step_without_its_arguments_stops_naming_the_missing_one(stub):
     step = keda.metrics_api_step()
     result = run(stub, replace(step, args={k: v for k, v in step.args.items() if k != "RESOURCE"}))
     assert result.returncode == 1 and "parameter RESOURCE is not set" in result.stderr
+
+
+TOKEN = "abcdef.0123456789abcdef"
+
+
+def test_join_token_is_registered_short_lived_never_as_an_argument_and_deleted_once_ready(stub):
+    (stub / "kubeconfig").write_text("admin")
+    (stub / "nodes").write_text("10.0.0.20 True\n")
+    result = run(stub, cluster.join_token_step("10.0.0.20", TOKEN, "eu-west-1", "i-0w"))
+    assert result.returncode == 0, result.stderr
+    data = dict(line.split("=", 1) for line in (stub / "token_data").read_text().splitlines())
+    assert data["token-id"] == "abcdef" and data["token-secret"] == "0123456789abcdef"
+    assert data["usage-bootstrap-authentication"] == data["usage-bootstrap-signing"] == "true"
+    assert data["auth-extra-groups"] == "system:bootstrappers:kubeadm:default-node-token"
+    expires = datetime.datetime.fromisoformat(data["expiration"].replace("Z", "+00:00"))
+    hours = (expires - datetime.datetime.now(datetime.UTC)).total_seconds() / 3600
+    assert 1 < hours <= bootstrap.JOIN_TOKEN_TTL_SECONDS / 3600
+    calls = (stub / "calls").read_text()
+    assert "0123456789abcdef" not in calls + result.stdout + result.stderr
+    assert "create secret generic bootstrap-token-abcdef --type=bootstrap.kubernetes.io/token" in calls
+    assert calls.rstrip().endswith("kubectl -n kube-system delete secret bootstrap-token-abcdef --ignore-not-found")
+
+
+def test_join_token_step_names_the_node_that_never_became_ready_and_keeps_the_token_to_expire(stub):
+    (stub / "kubeconfig").write_text("admin")
+    (stub / "nodes").write_text("10.0.0.20 False\n")  # the replaced worker's old Node, NotReady
+    step = cluster.join_token_step("10.0.0.20", TOKEN, "eu-west-1", "i-0w")
+    result = run(stub, replace(step, args={**step.args, "TIMEOUT_SECONDS": "0"}))
+    assert result.returncode == 1
+    assert "node 10.0.0.20 did not become Ready within 0s; its join token expires at" in result.stderr
+    assert "aws ec2 get-console-output --region eu-west-1 --instance-id i-0w" in result.stderr
+    assert "delete secret" not in (stub / "calls").read_text()
+
+
+def test_ca_key_is_written_root_only_from_stdin(stub):
+    key = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMG\n-----END PRIVATE KEY-----\n"
+    result = run(stub, cluster.ca_key_step(key), TESTBED_ROOT=str(stub / "root"))
+    assert result.returncode == 0, result.stderr
+    written = stub / "root" / bootstrap.CA_KEY_FILE.lstrip("/")
+    assert written.read_text() == key
+    assert written.stat().st_mode & 0o777 == 0o600 and written.parent.stat().st_mode & 0o077 == 0
+    assert key not in result.stdout + result.stderr
+
+
+def test_readiness_gate_failure_quotes_the_bootstrap_log_without_tokens_or_keys(stub):
+    log = stub / "bootstrap.log"
+    log.write_text(
+        f"kubeadm join --token {TOKEN}\n-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\nboom\n"
+    )
+    step = readiness_gate(0, "us-east-1", "10.0.0.20=i-0w")
+    result = run(stub, replace(step, args={**step.args, "BOOTSTRAP_LOG": str(log)}))
+    assert result.returncode == 1
+    assert "kubeadm join --token [token]" in result.stderr and "[private key]" in result.stderr
+    assert TOKEN not in result.stderr and "MIIE" not in result.stderr and "boom" in result.stderr

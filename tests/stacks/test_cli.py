@@ -110,7 +110,10 @@ def test_plan_lists_the_cluster_install_order(capsys):
         (index,) = [i for i, line in enumerate(order) if fragment in line.split("<-")[0]]
         return index
 
-    assert position("testbed-readiness-wait") == 0
+    # over SSH before anything else: the CA key kubeadm init waits for, each worker's join token
+    first = ["testbed-ca-key", *(f"testbed-worker-{i}-join-token" for i in range(4))]
+    assert sorted(position(step) for step in first) == list(range(5))
+    assert position("testbed-readiness-wait") == 5
     assert position("helm cert-manager") < position("cert-manager-webhook-gate") < position("helm slurm-operator 1")
     assert position("helm slurm-operator 1") < position("operator-webhook-gate") < position("helm slurm 1")
     assert position("PersistentVolume") < position("helm slurm 1") < position("ScaledObject")
@@ -140,7 +143,7 @@ def test_render_replaces_a_previous_render_whole(tmp_path, capsys):
     assert cloud_init == ["testbed-control.yaml", "testbed-worker-0.yaml", "testbed-worker-1.yaml"]
     assert not (out / "scripts" / "stale.sh").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["render"]  # no temporary directory left
-    assert out.stat().st_mode & 0o077 == 0  # user-data holds the CA key and the join token
+    assert out.stat().st_mode & 0o077 == 0  # user-data holds join tokens
     capsys.readouterr()
 
 

@@ -57,7 +57,7 @@ def test_admin_certificate_is_a_revocable_cluster_admin_signed_by_the_cluster_ca
 def test_secrets_stay_secret(default_run):
     assert {"kubeconfig", "sshPrivateKey"} <= default_run.secret_outputs
     for node in by_type(default_run, "aws:ec2/instance:Instance"):
-        assert is_secret(node.inputs["userData"])  # holds the bootstrap token (and the CA key)
+        assert is_secret(node.inputs["userData"])  # holds a bootstrap token
     (provider,) = by_type(default_run, "pulumi:providers:kubernetes")
     assert is_secret(provider.inputs["kubeconfig"])
 
