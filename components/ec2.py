@@ -25,6 +25,7 @@ class NodeSpec:
     user_data: pulumi.Input[str]
     spot: bool = False
     after: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the internet route
+    rebuild_generation: int | None = None  # a new value replaces the instance (a deliberate rebuild)
 
 
 def ubuntu_ami(parent: pulumi.Resource) -> pulumi.Output[str]:
@@ -78,5 +79,6 @@ def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instan
             # a newer AMI found later must not replace a running node (pin amiId to move).
             delete_before_replace=True,
             ignore_changes=["ami"],
+            replacement_trigger=spec.rebuild_generation,
         ),
     )

@@ -27,19 +27,23 @@ def lives_in_cluster(type_: str) -> bool:
     return type_.startswith("kubernetes:") or type_ == REMOTE_COMMAND
 
 
-def deleted_with(node: pulumi.Resource) -> pulumi.ResourceTransformation:
+def lives_and_dies_with(node: pulumi.Resource) -> pulumi.ResourceTransformation:
     """Everything that lives in the cluster is deleted with the control node: `pulumi destroy`
     then never calls a provider that cannot reach it (delete_unreachable does not cover Helm
     releases, pulumi/pulumi-kubernetes#2675). The engine skips the provider's Delete when the
     deletedWith resource is deleted in the same run (pulumi/pulumi@v3.272.0:
-    pkg/resource/deploy/step.go DeleteStep.Apply, isDeletedWith)."""
+    pkg/resource/deploy/step.go DeleteStep.Apply, isDeletedWith).
+
+    And it is replaced with the control node (replaceWith): a rebuilt control node is a new,
+    empty cluster, so every release, object and step is created again in it. Delete before
+    create: the new cluster answers at the same address, and deleting the old release after
+    installing the new one would uninstall the new one."""
 
     def transform(args: pulumi.ResourceTransformationArgs) -> pulumi.ResourceTransformationResult | None:
         if not lives_in_cluster(args.type_):
             return None
-        return pulumi.ResourceTransformationResult(
-            args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(deleted_with=node))
-        )
+        options = pulumi.ResourceOptions(deleted_with=node, replace_with=[node], delete_before_replace=True)
+        return pulumi.ResourceTransformationResult(args.props, pulumi.ResourceOptions.merge(args.opts, options))
 
     return transform
 
@@ -126,7 +130,7 @@ def deliver_node_credentials(
 
 def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) -> ClusterAccess:
     # registered first: it applies to every resource created after it
-    pulumi.runtime.register_stack_transformation(deleted_with(infra.control.instance))
+    pulumi.runtime.register_stack_transformation(lives_and_dies_with(infra.control.instance))
     connection = infra.ssh.connection(infra.control.public_ip)
     # the gate passes once every node is Ready and its join token deleted
     credentials = deliver_node_credentials(s, infra, identity, connection)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -23,6 +26,58 @@ class Infrastructure:
     control: ControlNode
     workers: list[GpuWorker]
     join_tokens: list[pulumi.Output[str]]  # one per worker, same order
+
+
+CONTROL_PLANE_SETTINGS_OUTPUT = "controlPlaneSettings"
+GENERATION = "controlPlaneGeneration"
+
+
+def control_plane_settings(s: Settings) -> dict[str, str]:
+    """The settings the control node is built from: a change to any of them replaces it (its
+    user-data, subnet or region changes), and with it the whole cluster and what lived in it."""
+    return {
+        "region": s.region,
+        "availabilityZone": s.availability_zone,
+        "vpcCidr": s.vpc_cidr,
+        "kubernetesVersion": s.kubernetes_version,
+        "flannelVersion": s.flannel_version,
+        "sshPublicKey": s.ssh_public_key,
+        GENERATION: str(s.control_plane_generation),
+    }
+
+
+def rebuild_refusal(deployed: Mapping[str, Any] | None, wanted: Mapping[str, str]) -> str | None:
+    """Why this run must not go on, or None: settings that replace the control node changed
+    since the last deployment while controlPlaneGeneration did not."""
+    if not deployed:
+        return None  # a first deployment
+    changed = sorted(k for k in wanted if k != GENERATION and deployed.get(k) != wanted[k])
+    if not changed or deployed.get(GENERATION) != wanted[GENERATION]:
+        return None
+    rebuild = int(wanted[GENERATION]) + 1
+    return (
+        f"{', '.join(changed)}: changed since the last deployment; they replace the control node, "
+        "which wipes the cluster (Slurm state, Prometheus data, jobs) and installs everything again. "
+        f"To rebuild on purpose also set {GENERATION}={rebuild} (pulumi config set {GENERATION} {rebuild}); "
+        "to keep the cluster, set them back"
+    )
+
+
+def guard_control_plane(s: Settings) -> pulumi.Output[dict[str, str]]:
+    """The control-plane settings, once checked against those of the last deployment (read
+    through the stack's reference to itself): refused at preview, before any AWS resource."""
+    wanted = control_plane_settings(s)
+    deployed = pulumi.StackReference(
+        f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}"
+    ).get_output(CONTROL_PLANE_SETTINGS_OUTPUT)
+
+    def check(previous: Mapping[str, Any] | None) -> dict[str, str]:
+        problem = rebuild_refusal(previous, wanted)
+        if problem:
+            raise pulumi.RunError(problem)
+        return wanted
+
+    return deployed.apply(check)
 
 
 def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Output[str]:
@@ -94,7 +149,12 @@ def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) ->
     control = ControlNode(
         "testbed-control",
         ControlNodeArgs(
-            node=node("control-plane", s.control_instance_type, s.control_private_ip, s.control_root_volume_gb),
+            node=dataclasses.replace(
+                node("control-plane", s.control_instance_type, s.control_private_ip, s.control_root_volume_gb),
+                # generation 1 sets no trigger, so a stack deployed before this setting existed
+                # is not rebuilt by it; 2, 3, ... each replace the control node once
+                rebuild_generation=s.control_plane_generation if s.control_plane_generation > 1 else None,
+            ),
             kubernetes_version=s.kubernetes_version,
             kubernetes_minor=s.kubernetes_minor,
             flannel_version=s.flannel_version,

@@ -19,6 +19,7 @@ from typing import Any
 
 import pulumi
 import yaml
+from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 from pulumi.runtime.settings import reset_options
@@ -142,9 +143,12 @@ class TestbedMocks(pulumi.runtime.Mocks):
     """Returns inputs plus the computed outputs the program reads, as placeholders, and
     records every invoke as (token, provider reference)."""
 
-    def __init__(self) -> None:
+    def __init__(self, deployed_outputs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.invokes: list[tuple[str, str]] = []
+        # the stack outputs of the last deployment, as the stack's reference to itself reads
+        # them; none by default (a first deployment)
+        self.deployed_outputs = deployed_outputs or {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
@@ -172,6 +176,8 @@ class TestbedMocks(pulumi.runtime.Mocks):
             outputs["publicIp"] = PLACEHOLDER_PUBLIC_IP
         elif typ == "command:remote:Command":
             outputs["stdout"] = ""
+        elif typ == "pulumi:pulumi:StackReference":
+            outputs.update(outputs=self.deployed_outputs, secretOutputNames=[])
         return f"{name}-placeholder", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -226,11 +232,32 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             )
         return response
 
+    def ReadResource(self, request):
+        """A read resource (the stack's reference to itself) is recorded too: others depend on it."""
+        response = super().ReadResource(request)
+        self.recorded.append(
+            RecordedResource(
+                urn=response.urn,
+                type=request.type,
+                name=request.name,
+                parent=request.parent,
+                depends_on=sorted(set(request.dependencies)),
+                inputs=whole_numbers(rpc.deserialize_properties(request.properties, keep_unknowns=True)),
+                outputs=self.resources[response.urn].state,
+                provider=request.provider,
+            )
+        )
+        return response
+
 
 def lifecycle_options(request) -> dict[str, Any]:
-    """deletedWith, ignoreChanges, replaceOnChanges, replaceWith, deleteBeforeReplace and protect
-    as the RegisterResource request carries them, each only where set."""
+    """deletedWith, ignoreChanges, replaceOnChanges, replaceWith, replacementTrigger,
+    deleteBeforeReplace and protect as the RegisterResource request carries them, each only where set."""
+    trigger = request.replacement_trigger
     options = {
+        "replacementTrigger": whole_numbers(json_format.MessageToDict(trigger))
+        if request.HasField("replacement_trigger")
+        else None,
         "deletedWith": request.deletedWith,
         "ignoreChanges": sorted(request.ignoreChanges),
         "replaceOnChanges": sorted(request.replaceOnChanges),

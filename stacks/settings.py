@@ -410,6 +410,15 @@ SETTINGS: tuple[Setting, ...] = (
         "empty, or one ed25519, ECDSA or RSA (2048 bits or more) public key line",
         _optional(_ssh_public_key),
     ),
+    Setting(
+        "controlPlaneGeneration",
+        int,
+        1,
+        "Raise it by one to rebuild the control node on purpose (a new, empty cluster; every release is "
+        "installed again); a change that would replace the control node is refused without it.",
+        "1 to 1000",
+        _int_range(1, 1000),
+    ),
     # Kubernetes and node software
     _version(
         "kubernetesVersion",
@@ -557,6 +566,7 @@ class Settings:
     control_root_volume_gb: int
     worker_root_volume_gb: int
     ssh_public_key: str
+    control_plane_generation: int
     kubernetes_version: str
     flannel_version: str
     nvidia_driver_branch: str

@@ -11,11 +11,18 @@ from stacks.settings import PROJECT, Settings
 
 def build(s: Settings) -> dict[str, pulumi.Input]:
     """Create every resource; return the stack outputs (DESIGN section 4 names)."""
+    control_plane = infrastructure.guard_control_plane(s)
     aws_provider = aws.Provider(
-        "testbed-aws", region=s.region, default_tags={"tags": {"testbed:project": PROJECT, "testbed:stack": s.stack}}
+        "testbed-aws",
+        # the same region, once the guard passed: no AWS resource is touched when it refuses
+        region=control_plane.apply(lambda _: s.region),
+        default_tags={"tags": {"testbed:project": PROJECT, "testbed:stack": s.stack}},
     )
     identity = cluster.build_identity()
     infra = infrastructure.build(s, identity, aws_provider)
     access = cluster.build_access(s, infra, identity)
     testbed_platform = platform.build(s, access)
-    return workloads.outputs(infra, access, testbed_platform, pricing.estimate(s))
+    return {
+        **workloads.outputs(infra, access, testbed_platform, pricing.estimate(s)),
+        infrastructure.CONTROL_PLANE_SETTINGS_OUTPUT: control_plane,  # what the next run compares with
+    }

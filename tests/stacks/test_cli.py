@@ -24,7 +24,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_plan_json_shape_and_secrets_redacted(capsys):
     assert cli.main(["plan", "--json"]) == 0
     elements = json.loads(capsys.readouterr().out)
-    options = {"deletedWith", "ignoreChanges", "replaceOnChanges", "replaceWith", "deleteBeforeReplace", "protect"}
+    options = {"deletedWith", "ignoreChanges", "replaceOnChanges", "replaceWith", "replacementTrigger"}
+    options |= {"deleteBeforeReplace", "protect"}
     assert all({"urn", "type", "name", "parent", "dependsOn", "inputs"} <= set(e) for e in elements)
     assert all(set(e) - {"urn", "type", "name", "parent", "dependsOn", "inputs"} <= options for e in elements)
     by_name = {e["name"]: e for e in elements}
