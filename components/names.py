@@ -54,6 +54,21 @@ JOBS_NAMESPACE = "default"  # where the example Kubernetes jobs run
 
 GPUS_PER_WORKER = 1  # settings accept only single-GPU worker types
 
+# Kueue (kubernetes-sigs/kueue@v0.19.2): the chart's documented release and namespace; the webhook
+# Service and Deployment are `<fullname>-webhook-service` and `<fullname>-controller-manager`.
+KUEUE_RELEASE = "kueue"
+KUEUE_NAMESPACE = "kueue-system"
+KUEUE_GROUP_VERSION = "kueue.x-k8s.io/v1beta2"
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"  # pkg/controller/constants/constants.go QueueLabel
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"  # constants.go WorkloadPriorityClassLabel
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_COHORT = "gpus"  # the cohort both sides' ClusterQueues share
+HPC_CLUSTER_QUEUE = "hpc"  # HPC's share of the GPUs (slurmd stays outside Kueue: README)
+AI_CLUSTER_QUEUE = "ai"
+AI_LOCAL_QUEUE = "ai"  # in JOBS_NAMESPACE; never `default`, which Kueue treats as a catch-all
+GPU_FLAVOR = "gpu-worker"
+AI_PRIORITY_CLASSES = ("ai-normal", "ai-high")  # lowest first; the example jobs use the first
+
 
 def helm_fullname(release: str, chart: str = SLURM_CHART) -> str:
     """`slurm.fullname`: the release name if it contains the chart name, else `<release>-<chart>`."""
@@ -138,6 +153,30 @@ def slurm_names(nodeset: str) -> SlurmNames:
 
 
 @dataclass(frozen=True)
+class GpuShares:
+    """How the workers' GPUs are split between HPC (slurmd) and AI (Kueue-admitted jobs).
+
+    slurmd is outside Kueue (README, "Kueue"), so Kueue's quota and KEDA's replica cap carry
+    the split between them: slurmd never scales onto the AI side's guaranteed GPUs, and Kueue
+    admits AI work onto HPC's share only if `ai_borrows_hpc_gpus`."""
+
+    gpus_total: int
+    ai_guaranteed_gpus: int
+    ai_borrows_hpc_gpus: bool
+    ai_preempts_lower_priority: bool
+
+    @property
+    def hpc_gpus(self) -> int:
+        """GPUs slurmd may hold: everything the AI side is not guaranteed."""
+        return self.gpus_total - self.ai_guaranteed_gpus
+
+    @property
+    def ai_max_gpus(self) -> int:
+        """The most GPUs Kueue admits AI work onto at once."""
+        return self.gpus_total if self.ai_borrows_hpc_gpus else self.ai_guaranteed_gpus
+
+
+@dataclass(frozen=True)
 class Names:
     """Every cross-component name and count of one stack."""
 
@@ -146,6 +185,7 @@ class Names:
     slurmd_max_replicas: int
     cooldown_seconds: int
     polling_seconds: int
+    shares: GpuShares
 
     @classmethod
     def from_settings(cls, s: Settings) -> Names:
@@ -155,6 +195,12 @@ class Names:
             slurmd_max_replicas=s.slurmd_max_replicas,
             cooldown_seconds=s.keda_cooldown_seconds,
             polling_seconds=s.keda_polling_seconds,
+            shares=GpuShares(
+                gpus_total=s.worker_count * GPUS_PER_WORKER,
+                ai_guaranteed_gpus=0,
+                ai_borrows_hpc_gpus=True,
+                ai_preempts_lower_priority=False,
+            ),
         )
 
     @property

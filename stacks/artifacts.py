@@ -11,7 +11,8 @@ from typing import Any
 
 import yaml
 
-from components import remote_script
+from components import kueue, remote_script
+from components.names import Names
 from stacks.offline import RecordedResource, Recording, redact, reveal
 from stacks.settings import show
 
@@ -71,6 +72,8 @@ def plan_text(rec: Recording, cost_line: str) -> str:
             lines.append(f"  {len(details):3d}  {typ}{extra}")
     lines.append("install order on the cluster (<- waits for):")
     lines += install_order(rec)
+    lines.append("GPU fairness policy (Kueue):")
+    lines += ["  " + line for line in kueue.policy_lines(Names.from_settings(rec.settings).shares)]
     lines.append(f"{len(rec.resources)} resources")
     lines.append(cost_line)
     return "\n".join(lines)
@@ -188,7 +191,20 @@ def render(rec: Recording, out: Path) -> list[Path]:
             k: v
             for k, v in obj.items()
             if k
-            in ("apiVersion", "kind", "metadata", "spec", "data", "stringData", "type", "rules", "roleRef", "subjects")
+            in (
+                "apiVersion",
+                "kind",
+                "metadata",
+                "spec",
+                "data",
+                "stringData",
+                "type",
+                "rules",
+                "roleRef",
+                "subjects",
+                "value",  # WorkloadPriorityClass keeps these at the top level
+                "description",
+            )
         }
         path = _manifest_path(out, manifest)
         _write(path, yaml.safe_dump(manifest, sort_keys=True))

@@ -1,9 +1,10 @@
 """Layer 3: everything that turns the bare cluster into the Under pattern (pulumi-kubernetes).
 
 Order, as dependencies: cert-manager -> its webhook gate -> slurm-operator -> its gate;
-monitoring (ServiceMonitor CRD) and the statesave PV -> slurm chart; everything else -> KEDA
-(its metrics API disturbs discovery while it starts) -> ScaledObject. The device plugin and
-the Training Operator need only the cluster."""
+monitoring (ServiceMonitor CRD) and the statesave PV -> slurm chart; Training Operator (the
+PyTorchJob CRD) -> Kueue (its own certificates, no cert-manager) -> its webhook gate -> queues;
+everything else -> KEDA (its metrics API disturbs discovery while it starts) -> ScaledObject.
+The device plugin and the Training Operator need only the cluster."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from dataclasses import dataclass
 from components.cert_manager import CertManager, CertManagerArgs
 from components.device_plugin import DevicePlugin, DevicePluginArgs
 from components.keda import Keda, KedaArgs
+from components.kueue import Kueue, KueueArgs
 from components.monitoring import Monitoring, MonitoringArgs, service_monitor_labels
 from components.names import Names
 from components.slinky import Slinky, SlinkyArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from stacks.cluster import ClusterAccess
 from stacks.settings import Settings
+
+KUEUE_VERSION = "0.19.2"
 
 
 @dataclass
@@ -29,6 +33,7 @@ class Platform:
     slinky: Slinky
     keda: Keda
     training_operator: TrainingOperator
+    kueue: Kueue
 
 
 def build(s: Settings, access: ClusterAccess) -> Platform:
@@ -71,6 +76,16 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
         "testbed-training-operator",
         TrainingOperatorArgs(version=s.training_operator_version, control_connection=ssh, after=[access.gate]),
     )
+    kueue = Kueue(
+        "testbed-kueue",
+        KueueArgs(
+            version=KUEUE_VERSION,
+            shares=names.shares,
+            provider=provider,
+            control_connection=ssh,
+            after=[training_operator],
+        ),
+    )
     keda = Keda(
         "testbed-keda",
         KedaArgs(
@@ -80,7 +95,7 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
             provider=provider,
             control_connection=ssh,
             scaled_object_after=[slinky.cluster],
-            release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator],
+            release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator, kueue],
         ),
     )
-    return Platform(names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator)
+    return Platform(names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator, kueue)

@@ -26,6 +26,10 @@ CUSTOM_RESOURCES = {
     ("slinky.slurm.net/v1beta1", "NodeSet"): ("controllerRef",),
     ("kubeflow.org/v1", "PyTorchJob"): ("pytorchReplicaSpecs",),
     ("cert-manager.io/v1", "ClusterIssuer"): (),
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): ("nodeLabels",),
+    ("kueue.x-k8s.io/v1beta2", "ClusterQueue"): ("cohortName", "resourceGroups"),
+    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("clusterQueue",),
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): (),
 }
 
 

@@ -33,6 +33,7 @@ def test_every_release_is_pinned_and_named(default_run):
         "slurm-operator-crds",
         "slurm-operator",
         "slurm",
+        "kueue",
         "keda",
     }
     for name, inputs in releases.items():
