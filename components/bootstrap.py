@@ -76,6 +76,7 @@ class WorkerBootstrap:
     bootstrap_token: str
     ca_cert_hash: str
     authorized_keys: tuple[str, ...] = ()
+    prepull_images: tuple[str, ...] = ()  # components/images.py
 
 
 def kubeadm_init_config(p: ControlPlaneBootstrap) -> str:
@@ -226,6 +227,8 @@ def gpu_worker_user_data(p: WorkerBootstrap) -> str:
             "NVIDIA_CONTAINER_TOOLKIT_VERSION": p.nvidia_container_toolkit_version,
             "CONTROL_PLANE_IP": p.control_plane_ip,
             "API_SERVER_PORT": str(host_layout.API_SERVER_PORT),
+            "CRI_SOCKET": CRI_SOCKET,
+            "PREPULL_IMAGES": " ".join(p.prepull_images),
         },
         kubeadm_join_config(p),
         [],

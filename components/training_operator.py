@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_command as command
+import yaml
 
 from components import remote_script
 from components.names import JOBS_NAMESPACE, TRAINING_NAMESPACE
@@ -17,6 +18,15 @@ SCRIPT = "training-operator.sh"
 DEPLOYMENT = "training-operator"  # manifests/base/deployment.yaml at the tag
 READY_TIMEOUT_SECONDS = 10 * 60
 PROBE_IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: the probe is only dry-run
+# Every PyTorchJob Worker gets an init container that looks up `<job>-master-0` this many times,
+# 2 s apart, and fails the Worker (restartPolicy Never) when it gives up; the default is 100
+# (kubeflow/training-operator@v1.8.1: pkg/config/config.go, pkg/controller.v1/pytorch/
+# initcontainer.go, flag --pytorch-init-container-max-tries in cmd/training-operator.v1/main.go).
+# An hour: a Worker waits for its Master as long as the example jobs may run at all
+# (activeDeadlineSeconds), so the wait ends with the job, never on its own.
+INIT_CONTAINER_WAIT_SECONDS = 3600
+INIT_CONTAINER_MAX_TRIES = INIT_CONTAINER_WAIT_SECONDS // 2
+INIT_CONTAINER_IMAGE = "alpine:3.10"  # config.go PyTorchInitContainerImageDefault: pre-pulled on workers
 
 
 @dataclass
@@ -46,12 +56,26 @@ def overlay(version: str) -> str:
     return f"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref={version}"
 
 
+def kustomization(version: str) -> dict:
+    """The pinned overlay with one change: the operator's init-container wait (the Deployment in
+    manifests/base/deployment.yaml has a command and no args)."""
+    flag = f"--pytorch-init-container-max-tries={INIT_CONTAINER_MAX_TRIES}"
+    patch = [{"op": "add", "path": "/spec/template/spec/containers/0/args", "value": [flag]}]
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [overlay(version)],
+        "patches": [{"target": {"kind": "Deployment", "name": DEPLOYMENT}, "patch": yaml.safe_dump(patch)}],
+    }
+
+
 def install_step(version: str) -> remote_script.RemoteStep:
     return remote_script.RemoteStep(
         SCRIPT,
         {
             "ACTION": "apply",
             "OVERLAY": overlay(version),
+            "KUSTOMIZATION": yaml.safe_dump(kustomization(version), sort_keys=False),
             "NAMESPACE": TRAINING_NAMESPACE,
             "DEPLOYMENT": DEPLOYMENT,
             "TIMEOUT_SECONDS": str(READY_TIMEOUT_SECONDS),

@@ -10,7 +10,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, ec2
+from components import bootstrap, ec2, images
 from components.cluster_identity import ClusterIdentity
 from components.control_node import ControlNode, ControlNodeArgs
 from components.gpu_worker import GpuWorker
@@ -176,6 +176,7 @@ def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) ->
                     nvidia_container_toolkit_version=s.nvidia_container_toolkit_version,
                     control_plane_ip=s.control_private_ip,
                     authorized_keys=authorized_keys,
+                    prepull_images=images.worker_images(s.slurm_image_tag),
                     **v,
                 )
             )

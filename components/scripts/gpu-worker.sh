@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # GPU worker: NVIDIA driver and container toolkit (nvidia as containerd's default runtime),
-# the shared directory from the control node, then kubeadm join. Idempotent.
+# the shared directory from the control node, kubeadm join, then the images the first slurmd
+# pod and the first example jobs need (PREPULL_IMAGES, space-separated), so the readiness gate,
+# which waits for this script on every node, passes only once they are on the node. Idempotent.
 set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$(dirname "$0")/testbed-lib.sh"
 load_env
 require NVIDIA_DRIVER_BRANCH NVIDIA_CONTAINER_TOOLKIT_VERSION CONTROL_PLANE_IP API_SERVER_PORT SHARE_DIR KUBEADM_CONFIG
+require CRI_SOCKET
 
 log "NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver"
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -46,4 +49,13 @@ else
   join() { kubeadm join --config "${ROOT}${KUBEADM_CONFIG}" || { kubeadm reset -f >/dev/null 2>&1; false; }; }
   retry 20 30 join || die "kubeadm join did not succeed"
 fi
+# Through the CRI, as the kubelet pulls: the images land in containerd's k8s.io namespace.
+for image in ${PREPULL_IMAGES:-}; do
+  if crictl --runtime-endpoint "$CRI_SOCKET" inspecti "$image" >/dev/null 2>&1; then
+    log "image ${image} already present"
+  else
+    log "pulling ${image}"
+    retry 5 30 crictl --runtime-endpoint "$CRI_SOCKET" pull "$image" >/dev/null || die "cannot pull ${image}"
+  fi
+done
 log "gpu-worker done"

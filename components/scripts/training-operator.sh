@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Remote step on the control node: the Kubeflow Training Operator from its pinned standalone
-# overlay, applied server-side (its CRDs exceed the client-side annotation limit); waits for
-# the operator and its webhook. `ACTION=delete` removes it again on `pulumi destroy`.
+# overlay, applied server-side (its CRDs exceed the client-side annotation limit) through
+# KUSTOMIZATION (the overlay plus the program's patch of the operator's flags); waits for the
+# operator and its webhook. `ACTION=delete` removes it again on `pulumi destroy`.
 # Parameters (environment): ACTION (apply|delete), OVERLAY, NAMESPACE, DEPLOYMENT, and for
-# apply TIMEOUT_SECONDS and PROBE_MANIFEST (JSON); KUBECONFIG, TESTBED_LIB.
+# apply KUSTOMIZATION (YAML), TIMEOUT_SECONDS and PROBE_MANIFEST (JSON); KUBECONFIG, TESTBED_LIB.
 set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$TESTBED_LIB"
@@ -11,9 +12,12 @@ require ACTION OVERLAY KUBECONFIG
 
 case "$ACTION" in
   apply)
-    require NAMESPACE DEPLOYMENT TIMEOUT_SECONDS PROBE_MANIFEST
+    require NAMESPACE DEPLOYMENT TIMEOUT_SECONDS PROBE_MANIFEST KUSTOMIZATION
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    printf '%s\n' "$KUSTOMIZATION" >"${work}/kustomization.yaml"
     # The overlay is fetched from GitHub: retry transient failures.
-    retry 5 20 kubectl apply --server-side --force-conflicts -k "$OVERLAY" || die "apply of ${OVERLAY}"
+    retry 5 20 kubectl apply --server-side --force-conflicts -k "$work" || die "apply of ${OVERLAY}"
     kubectl -n "$NAMESPACE" rollout status "deployment/${DEPLOYMENT}" --timeout="${TIMEOUT_SECONDS}s"
     # The webhook (failurePolicy Fail) rejects PyTorchJobs until it serves: wait for admission.
     result="not tried yet"

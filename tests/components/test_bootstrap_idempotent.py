@@ -33,6 +33,7 @@ S = settings.load(config(), offline=True)
 PAUSE = "registry.k8s.io/pause:3.10.1"
 KERNEL = "6.8.0-1015-aws"
 ALWAYS = 1_000_000
+PREPULL = ("ghcr.io/slinkyproject/slurmd:25.11.6-ubuntu24.04", "alpine:3.10")
 NODE_SCRIPTS = ("testbed-lib.sh", "node-common.sh", "control-plane.sh", "gpu-worker.sh")
 K8S_LIST = "/etc/apt/sources.list.d/kubernetes.list"
 TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
@@ -118,6 +119,17 @@ STUBS = {
     "apt-get": """case " $* " in *" nvidia-headless-"*) : >"$STUB_STATE/driver-installed" ;; esac
 """,
     "uname": f"""[ "${{1:-}}" = -r ] && echo {KERNEL}
+""",
+    # crictl: an image is present once pulled (state per image, so a second run pulls nothing).
+    "crictl": """image=${!#}
+mark=${image//:/_}
+mark=${mark//"/"/_}
+mark="$STUB_STATE/image-$mark"
+case " $* " in
+  *" inspecti "*) [ -f "$mark" ] ;;
+  *" pull "*) : >"$mark" ;;
+  *) exit 2 ;;
+esac
 """,
     "curl": """out=$(option -o "$@")
 guard "$out"
@@ -210,6 +222,7 @@ def worker_user_data() -> str:
             control_plane_ip=S.control_private_ip,
             bootstrap_token="abcdef.0123456789abcdef",
             ca_cert_hash=bootstrap.discovery_token_ca_cert_hash(public_pem),
+            prepull_images=PREPULL,
         )
     )
 
@@ -398,6 +411,10 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
         "rw,_netdev,nofail,timeo=600,retrans=5 0 0"
     ]
     assert count(first.calls, "mount ") == 1 and count(second.calls, "mount ") == 0
+    pulls = [f"crictl --runtime-endpoint {bootstrap.CRI_SOCKET} pull {image}" for image in PREPULL]
+    assert [c for c in first.calls if " pull " in c] == pulls  # after the join, each image once
+    assert first.calls.index(pulls[0]) > first.calls.index(next(c for c in first.calls if c.startswith("kubeadm join")))
+    assert not any(" pull " in c for c in second.calls) and "already present" in second.output
     # Both runs reconfigure containerd the same way: default config, then nvidia-ctk.
     for run in (first, second):
         ctk = run.calls.index("nvidia-ctk runtime configure --runtime=containerd --set-as-default")

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from components import bootstrap, cert_manager, keda, remote_script, training_operator, webhook_gate
 from components import readiness_gate as readiness
@@ -32,7 +33,10 @@ case "$*" in
     echo "kind: Secret" ;;
   *"apply -f -"*) cat >>"$STUB/applied" ;;
   *"wait --for=condition=Available"*) exit "$(cat "$STUB/wait_exit")" ;;
-  *"apply --server-side"*) exit "$(cat "$STUB/apply_exit")" ;;
+  *"apply --server-side"*)
+    dir=${!#}
+    [ ! -f "$dir/kustomization.yaml" ] || cp "$dir/kustomization.yaml" "$STUB/last_kustomization"
+    exit "$(cat "$STUB/apply_exit")" ;;
   *) ;;
 esac
 """
@@ -159,7 +163,14 @@ def test_training_operator_applies_the_pinned_overlay_and_waits_for_its_webhook(
     result = run(stub, step)
     assert result.returncode == 0, result.stderr
     calls = (stub / "calls").read_text()
-    assert f"apply --server-side --force-conflicts -k {training_operator.overlay('v1.8.1')}" in calls
+    assert "apply --server-side --force-conflicts -k " in calls
+    applied = yaml.safe_load((stub / "last_kustomization").read_text())
+    assert applied["resources"] == [training_operator.overlay("v1.8.1")]
+    (patch,) = applied["patches"]
+    assert patch["target"] == {"kind": "Deployment", "name": "training-operator"}
+    (op,) = yaml.safe_load(patch["patch"])
+    assert op["path"] == "/spec/template/spec/containers/0/args"
+    assert op["value"] == [f"--pytorch-init-container-max-tries={training_operator.INIT_CONTAINER_MAX_TRIES}"]
     assert "-n kubeflow rollout status deployment/training-operator --timeout=600s" in calls
     assert json.loads((stub / "last_manifest").read_text()) == training_operator.webhook_probe()
 

@@ -190,7 +190,9 @@ def test_training_operator_is_applied_server_side_at_the_pinned_tag_and_removed_
     assert (delete["ACTION"], delete["OVERLAY"]) == ("delete", overlay)
     assert (create["NAMESPACE"], create["DEPLOYMENT"]) == (names.TRAINING_NAMESPACE, training_operator.DEPLOYMENT)
     script = reveal(step.inputs["stdin"])
-    assert 'kubectl apply --server-side --force-conflicts -k "$OVERLAY"' in script
+    assert 'kubectl apply --server-side --force-conflicts -k "$work"' in script
+    # the applied kustomization is the same pinned overlay, not another source
+    assert yaml.safe_load(create["KUSTOMIZATION"])["resources"] == [overlay]
     probe = yaml.safe_load(create["PROBE_MANIFEST"])
     containers = probe["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
     assert probe["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1 and containers[0]["name"] == "pytorch"
