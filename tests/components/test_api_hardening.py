@@ -108,6 +108,8 @@ BASELINE_NAMESPACES = {  # the charts here run without host access or extra capa
     names.SLINKY_OPERATOR_NAMESPACE,
     names.TRAINING_NAMESPACE,
     names.JOBS_NAMESPACE,
+    # Kueue's manager: runAsNonRoot, no host network or paths (kubernetes-sigs/kueue@v0.19.2 charts/kueue/values.yaml)
+    names.KUEUE_NAMESPACE,
 }
 
 
