@@ -197,9 +197,9 @@ class Names:
             polling_seconds=s.keda_polling_seconds,
             shares=GpuShares(
                 gpus_total=s.worker_count * GPUS_PER_WORKER,
-                ai_guaranteed_gpus=0,
-                ai_borrows_hpc_gpus=True,
-                ai_preempts_lower_priority=False,
+                ai_guaranteed_gpus=s.ai_guaranteed_gpus,
+                ai_borrows_hpc_gpus=s.ai_borrows_hpc_gpus,
+                ai_preempts_lower_priority=s.ai_preempts_lower_priority,
             ),
         )
 

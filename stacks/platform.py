@@ -21,8 +21,6 @@ from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from stacks.cluster import ClusterAccess
 from stacks.settings import Settings
 
-KUEUE_VERSION = "0.19.2"
-
 
 @dataclass
 class Platform:
@@ -79,7 +77,7 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
     kueue = Kueue(
         "testbed-kueue",
         KueueArgs(
-            version=KUEUE_VERSION,
+            version=s.kueue_version,
             shares=names.shares,
             provider=provider,
             control_connection=ssh,

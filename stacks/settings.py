@@ -519,8 +519,8 @@ SETTINGS: tuple[Setting, ...] = (
         "kedaMaxReplicas",
         int,
         0,
-        "Most slurmd replicas (KEDA maxReplicaCount); 0 means workerCount.",
-        "0 to workerCount",
+        "Most slurmd replicas (KEDA maxReplicaCount); 0 means workerCount - aiGuaranteedGpus.",
+        "0 to workerCount - aiGuaranteedGpus",
     ),
     Setting(
         "kedaCooldownSeconds",
@@ -545,6 +545,35 @@ SETTINGS: tuple[Setting, ...] = (
         "1.8",
         "the tested minor",
         leading_v=True,
+    ),
+    _version(
+        "kueueVersion",
+        "0.19.2",
+        "Kueue Helm chart version (oci://registry.k8s.io/kueue/charts/kueue), the admission point for Kubernetes GPU work.",
+        "0.19",
+        "the tested minor: the v1beta2 queues and the manager configuration the program writes are those of 0.19",
+    ),
+    # GPU fairness between HPC (slurmd) and AI (Kueue-admitted jobs): components/kueue.py
+    Setting(
+        "aiGuaranteedGpus",
+        int,
+        0,
+        "GPUs only Kubernetes GPU work uses: Kueue's AI queue owns them and slurmd never scales onto them.",
+        "0 to workerCount - 1",
+    ),
+    Setting(
+        "aiBorrowsHpcGpus",
+        bool,
+        True,
+        "Kueue may admit AI work onto HPC's share of the GPUs (false keeps that share for slurmd alone).",
+        "true or false",
+    ),
+    Setting(
+        "aiPreemptsLowerPriority",
+        bool,
+        False,
+        "A waiting ai-high job may evict running ai-normal jobs; false: Kueue never evicts running AI work.",
+        "true or false",
     ),
 )
 
@@ -585,6 +614,10 @@ class Settings:
     keda_cooldown_seconds: int
     keda_polling_seconds: int
     training_operator_version: str
+    kueue_version: str
+    ai_guaranteed_gpus: int
+    ai_borrows_hpc_gpus: bool
+    ai_preempts_lower_priority: bool
     stack: str = field(default="dev")
 
     # Derived values: one place computes each.
@@ -607,7 +640,8 @@ class Settings:
 
     @property
     def slurmd_max_replicas(self) -> int:
-        return self.keda_max_replicas or self.worker_count
+        """slurmd holds one GPU per pod and never the AI side's guaranteed ones."""
+        return self.keda_max_replicas or self.worker_count - self.ai_guaranteed_gpus
 
 
 def max_workers_for_subnet() -> int:
@@ -731,12 +765,24 @@ def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str
                 f"availabilityZone: {raw('availabilityZone')} is not allowed; expected a zone of region {region}: "
                 f"{listed}{known}, or empty to pick one that offers the worker type"
             )
-    if ok("kedaMinReplicas", "kedaMaxReplicas", "workerCount"):
-        max_replicas = v["keda_max_replicas"] or v["worker_count"]
-        if not 0 <= v["keda_max_replicas"] <= v["worker_count"]:
+    if ok("aiGuaranteedGpus", "workerCount") and not 0 <= v["ai_guaranteed_gpus"] < v["worker_count"]:
+        out.append(
+            f"aiGuaranteedGpus: {raw('aiGuaranteedGpus')} is not allowed; expected an integer from 0 to "
+            f"workerCount - 1 ({v['worker_count'] - 1}): one GPU per worker, and slurmd needs at least one"
+        )
+    if ok("aiGuaranteedGpus", "aiBorrowsHpcGpus") and v["ai_guaranteed_gpus"] == 0 and not v["ai_borrows_hpc_gpus"]:
+        out.append(
+            f"aiBorrowsHpcGpus: {raw('aiBorrowsHpcGpus')} is not allowed with aiGuaranteedGpus 0: Kueue would "
+            "admit no Kubernetes GPU work at all; expected true, or aiGuaranteedGpus of 1 or more"
+        )
+    if ok("kedaMinReplicas", "kedaMaxReplicas", "workerCount", "aiGuaranteedGpus"):
+        hpc_gpus = v["worker_count"] - v["ai_guaranteed_gpus"]
+        max_replicas = v["keda_max_replicas"] or hpc_gpus
+        if not 0 <= v["keda_max_replicas"] <= hpc_gpus:
             out.append(
-                f"kedaMaxReplicas: {raw('kedaMaxReplicas')} is not allowed; expected 0 (= workerCount) "
-                f"or an integer from 1 to workerCount ({v['worker_count']}): each slurmd pod holds one worker's GPU"
+                f"kedaMaxReplicas: {raw('kedaMaxReplicas')} is not allowed; expected 0 (= workerCount - "
+                f"aiGuaranteedGpus) or an integer from 1 to workerCount - aiGuaranteedGpus ({hpc_gpus}): each "
+                "slurmd pod holds one worker's GPU, and never one guaranteed to AI"
             )
         elif not 1 <= v["keda_min_replicas"] <= max_replicas:
             out.append(

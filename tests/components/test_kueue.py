@@ -10,7 +10,7 @@ import yaml
 from components import bootstrap, kueue, names, training_operator
 from components.names import GpuShares
 from stacks import artifacts
-from tests.conftest import by_type, depends, step_args
+from tests.conftest import by_type, depends, run_program, step_args
 
 JOBS_DIR = Path(names.__file__).resolve().parent.parent / "jobs" / "kubernetes"
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -162,3 +162,25 @@ def test_default_run_quota_is_every_gpu_and_plan_shows_the_policy(default_run):
     assert "helm kueue 0.19.2 (ns kueue-system)" in text
     policy = text.split("GPU fairness policy (Kueue):\n", 1)[1]
     assert f"GPUs: {s.gpus_total}" in policy and f"up to {s.ai_max_gpus} admitted at once" in policy
+
+
+def test_a_changed_policy_reaches_kueue_keda_and_plan_together():
+    rec = run_program(aiGuaranteedGpus=1, aiBorrowsHpcGpus=False, aiPreemptsLowerPriority=True)
+    cqs = {
+        r.inputs["metadata"]["name"]: r.inputs
+        for r in rec.resources
+        if r.type == "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue"
+    }
+    ai_cq, hpc = cqs[names.AI_CLUSTER_QUEUE], cqs[names.HPC_CLUSTER_QUEUE]
+    assert gpu_quota(ai_cq)["nominalQuota"] == 1 and gpu_quota(hpc) == {
+        "name": names.GPU_RESOURCE,
+        "nominalQuota": 3,
+        "lendingLimit": 0,
+    }
+    assert ai_cq["spec"]["preemption"]["withinClusterQueue"] == "LowerPriority"
+    (scaled_object,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    # slurmd never scales onto the GPU Kueue guarantees to AI: the two caps add up to the GPUs
+    assert scaled_object.inputs["spec"]["maxReplicaCount"] + gpu_quota(ai_cq)["nominalQuota"] == 4
+    policy = artifacts.plan_text(rec, "cost").split("GPU fairness policy (Kueue):\n", 1)[1]
+    assert "1 guaranteed" in policy and "up to 1 admitted at once" in policy and "never lent to AI" in policy
+    assert "higher priority evicts lower" in policy

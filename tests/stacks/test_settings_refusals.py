@@ -76,6 +76,7 @@ VERSION_SETTINGS = {
     "dcgmExporterVersion": ("4.7.1", "4.6.0", "4.7.1-rc1"),
     "kedaVersion": ("2.16.1", "2.17.0", "2.16.1.0"),
     "trainingOperatorVersion": ("v1.8.1", "v1.7.0", "1.8.1"),
+    "kueueVersion": ("0.19.2", "0.18.0", "v0.19.2"),
 }
 
 
@@ -230,9 +231,18 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"controlPlaneGeneration": "two"}, "controlPlaneGeneration", "a whole number in ASCII digits"),
     ({"kedaMinReplicas": "5"}, "kedaMinReplicas", "maxReplicaCount (4)"),
     ({"kedaMinReplicas": "9" * 50}, "kedaMinReplicas", "maxReplicaCount (4)"),
-    ({"kedaMaxReplicas": "5"}, "kedaMaxReplicas", "workerCount (4)"),
-    ({"kedaMaxReplicas": "-1"}, "kedaMaxReplicas", "0 (= workerCount)"),
-    ({"kedaMaxReplicas": "3", "workerCount": "2"}, "kedaMaxReplicas", "workerCount (2)"),
+    ({"kedaMaxReplicas": "5"}, "kedaMaxReplicas", "workerCount - aiGuaranteedGpus (4)"),
+    ({"kedaMaxReplicas": "-1"}, "kedaMaxReplicas", "0 (= workerCount - aiGuaranteedGpus)"),
+    ({"kedaMaxReplicas": "3", "workerCount": "2"}, "kedaMaxReplicas", "workerCount - aiGuaranteedGpus (2)"),
+    # slurmd never takes a GPU guaranteed to AI
+    ({"kedaMaxReplicas": "4", "aiGuaranteedGpus": "1"}, "kedaMaxReplicas", "workerCount - aiGuaranteedGpus (3)"),
+    ({"aiGuaranteedGpus": "4"}, "aiGuaranteedGpus", "from 0 to workerCount - 1 (3)"),
+    ({"aiGuaranteedGpus": "-1"}, "aiGuaranteedGpus", "from 0 to workerCount - 1 (3)"),
+    ({"aiGuaranteedGpus": "2", "workerCount": "2"}, "aiGuaranteedGpus", "workerCount - 1 (1)"),
+    ({"aiGuaranteedGpus": "two"}, "aiGuaranteedGpus", "a whole number"),
+    ({"aiBorrowsHpcGpus": "false"}, "aiBorrowsHpcGpus", "with aiGuaranteedGpus 0"),
+    ({"aiBorrowsHpcGpus": "no"}, "aiBorrowsHpcGpus", "true or false"),
+    ({"aiPreemptsLowerPriority": "1"}, "aiPreemptsLowerPriority", "true or false"),
     ({"kedaCooldownSeconds": "0"}, "kedaCooldownSeconds", "from 1"),
     ({"kedaCooldownSeconds": "86401"}, "kedaCooldownSeconds", "to 86400"),
     ({"kedaCooldownSeconds": "5m"}, "kedaCooldownSeconds", "a whole number"),
