@@ -148,9 +148,10 @@ def cluster_queues(shares: GpuShares) -> list[dict]:
         {
             "cohortName": GPU_COHORT,
             "resourceGroups": [_gpu_quota(shares.ai_guaranteed_gpus)],
-            # A gang at the head waits for its GPUs instead of being overtaken by smaller work
-            # forever; priority still orders the queue.
-            "queueingStrategy": "StrictFIFO",
+            # Not StrictFIFO: there every workload that does not fit goes straight back to the head
+            # (pkg/cache/queue/cluster_queue.go RequeueIfNotPresent), so one job larger than the
+            # AI side can ever get would stop the whole queue. Priority orders it either way.
+            "queueingStrategy": "BestEffortFIFO",
             "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: JOBS_NAMESPACE}},
             # Kueue preempts by deleting: AI never takes back what it lent or borrowed; only a
             # higher-priority AI workload may evict a lower one, and only if the policy says so.

@@ -184,3 +184,9 @@ def test_a_changed_policy_reaches_kueue_keda_and_plan_together():
     policy = artifacts.plan_text(rec, "cost").split("GPU fairness policy (Kueue):\n", 1)[1]
     assert "1 guaranteed" in policy and "up to 1 admitted at once" in policy and "never lent to AI" in policy
     assert "higher priority evicts lower" in policy
+
+
+def test_an_oversized_job_cannot_stop_the_ai_queue():
+    # StrictFIFO requeues every unfit workload at the head (kueue@v0.19.2 pkg/cache/queue/cluster_queue.go)
+    ai_cq = by_kind(kueue.objects(shares()))["ClusterQueue", names.AI_CLUSTER_QUEUE]
+    assert ai_cq["spec"]["queueingStrategy"] == "BestEffortFIFO"
