@@ -69,7 +69,7 @@ require() {
 redact() {
   sed -E \
     -e 's/\b[a-z0-9]{6}\.[a-z0-9]{16}\b/[token]/g' \
-    -e '/-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----/,/-----END [A-Z0-9 ]*PRIVATE KEY-----/c\[private key]'
+    -e '/-----BEGIN [A-Z0-9 ]*PRIVATE[ ]KEY-----/,/-----END [A-Z0-9 ]*PRIVATE[ ]KEY-----/c\[private key]'
 }
 
 # First boot races unattended-upgrades for the dpkg lock: wait for it rather than fail.
