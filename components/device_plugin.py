@@ -12,6 +12,18 @@ from components.names import DEVICE_PLUGIN_NAMESPACE
 
 REPO = "https://nvidia.github.io/k8s-device-plugin"
 
+# How a pod receives its GPU. With volume-mounts the plugin answers each allocation with one
+# /dev/null mount at DEVICE_LIST_ROOT/<GPU UUID> per GPU and NVIDIA_VISIBLE_DEVICES=DEVICE_LIST_ROOT
+# (NVIDIA/k8s-device-plugin@v0.17.0:internal/plugin/server.go, updateResponseForDeviceMounts),
+# which toolkit 1.18.1 reads when accept-nvidia-visible-devices-as-volume-mounts is true, before
+# and instead of the variable (NVIDIA/nvidia-container-toolkit@v1.18.1:internal/config/image/
+# cuda_image.go, VisibleDevices). A pod cannot forge the mount without a hostPath volume. Chosen
+# over CDI (cdi-cri): it needs no containerd CDI setting, which 1.7 leaves off and 2.x turns on,
+# and no CDI specs kept in step with the driver. gpu-worker.sh sets the toolkit side.
+DEVICE_LIST_STRATEGY = "volume-mounts"
+DEVICE_ID_STRATEGY = "uuid"  # the mount names are GPU UUIDs, what nvidia-smi and dcgm-exporter report
+DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
+
 
 @dataclass
 class DevicePluginArgs:
@@ -29,7 +41,17 @@ def device_plugin_values(version: str, gpu_feature_discovery: bool) -> dict:
     # No failOnInitError: 0.17.0 renders it unquoted and the DaemonSet is rejected. No
     # affinity override: the default schedules on nodes labelled nvidia.com/gpu.present=true,
     # which every GPU worker is at join. No runtimeClassName: nvidia is containerd's default.
-    return helm.merged_values(chart(version), {"gfd": {"enabled": gpu_feature_discovery}})
+    # No securityContext: with a volume-mounts strategy the chart adds CAP_SYS_ADMIN to the
+    # plugin and GFD (templates/_helpers.tpl, requiresCapSysAdmin), which is what the toolkit
+    # calls privileged, so their NVIDIA_VISIBLE_DEVICES=all still shows them every GPU.
+    return helm.merged_values(
+        chart(version),
+        {
+            "gfd": {"enabled": gpu_feature_discovery},
+            "deviceListStrategy": DEVICE_LIST_STRATEGY,
+            "deviceIDStrategy": DEVICE_ID_STRATEGY,
+        },
+    )
 
 
 class DevicePlugin(pulumi.ComponentResource):

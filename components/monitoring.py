@@ -45,6 +45,22 @@ def stack_values(version: str) -> dict:
     return helm.merged_values(stack_chart(version), {"fullnameOverride": MONITORING_RELEASE})
 
 
+# dcgm-exporter watches every GPU of its node without being allocated one. The toolkit on the
+# workers honours NVIDIA_VISIBLE_DEVICES only for containers whose bounding set holds
+# CAP_SYS_ADMIN (NVIDIA/nvidia-container-toolkit@v1.18.1:internal/config/image/privileged.go);
+# the chart's default container securityContext adds it for the profiling metrics
+# (NVIDIA/dcgm-exporter@4.4.2-4.7.1:deployment/values.yaml), restated here because a values
+# override replacing it would blind the exporter. The image sets the variable to all
+# (docker/Dockerfile); set it on the container too, so it does not depend on the image.
+DCGM_SECURITY_CONTEXT = {
+    "runAsNonRoot": False,
+    "runAsUser": 0,
+    "capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]},
+    "allowPrivilegeEscalation": False,
+}
+DCGM_ENV = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+
+
 def dcgm_values(version: str) -> dict:
     key, value = host_layout.GPU_NODE_LABEL
     return helm.merged_values(
@@ -52,6 +68,8 @@ def dcgm_values(version: str) -> dict:
         {
             "nodeSelector": {key: value},
             "serviceMonitor": {"enabled": True, "additionalLabels": service_monitor_labels()},
+            "securityContext": DCGM_SECURITY_CONTEXT,
+            "extraEnv": DCGM_ENV,
         },
     )
 

@@ -31,12 +31,33 @@ echo "deb [signed-by=${keyring}] https://nvidia.github.io/libnvidia-container/st
   >"${ROOT}/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 apt_get update
 toolkit="${NVIDIA_CONTAINER_TOOLKIT_VERSION}-1"
-apt_get install --allow-downgrades \
-  "nvidia-container-toolkit=${toolkit}" "nvidia-container-toolkit-base=${toolkit}" \
-  "libnvidia-container-tools=${toolkit}" "libnvidia-container1=${toolkit}"
+toolkit_packages=(nvidia-container-toolkit nvidia-container-toolkit-base libnvidia-container-tools libnvidia-container1)
+apt-mark unhold "${toolkit_packages[@]}" >/dev/null 2>&1 || true
+apt_get install --allow-downgrades --allow-change-held-packages "${toolkit_packages[@]/%/=${toolkit}}"
 # After node-common set SystemdCgroup: nvidia-ctk copies runc's options into the new runtime.
 nvidia-ctk runtime configure --runtime=containerd --set-as-default
+# A pod reaches a GPU only through the device plugin. Toolkit 1.18.1 defaults
+# accept-nvidia-visible-devices-envvar-when-unprivileged to true, so any image with
+# NVIDIA_VISIBLE_DEVICES=all (every CUDA image) would get every GPU without asking. With false,
+# the variable counts only in containers holding CAP_SYS_ADMIN (the device plugin,
+# dcgm-exporter, slurmd), and any other pod gets exactly the /dev/null mounts under
+# /var/run/nvidia-container-devices that the device plugin's volume-mounts strategy adds for
+# its allocation (NVIDIA/nvidia-container-toolkit@v1.18.1:internal/config/config.go,
+# internal/config/image/cuda_image.go VisibleDevices, internal/config/image/privileged.go).
+# After the package install: its postinst rewrites this file.
+nvidia-ctk config --config-file="${ROOT}/etc/nvidia-container-runtime/config.toml" --in-place \
+  --set accept-nvidia-visible-devices-envvar-when-unprivileged=false \
+  --set accept-nvidia-visible-devices-as-volume-mounts=true
 systemctl restart containerd
+
+# unattended-upgrades must not replace the NVIDIA userspace libraries under the loaded kernel
+# module ("Driver/library version mismatch" until reboot): every installed package of the
+# driver branch and the toolkit stay held, as containerd is by node-common (the README says
+# how to upgrade them deliberately).
+log "holding the NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver and the toolkit"
+mapfile -t driver_packages < <(installed_packages "*-${NVIDIA_DRIVER_BRANCH}-server*")
+[ "${#driver_packages[@]}" -gt 0 ] || die "no installed NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver package to hold"
+apt-mark hold "${driver_packages[@]}" "${toolkit_packages[@]}" >/dev/null
 
 log "shared directory ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
 add_line "${ROOT}/etc/fstab" "${CONTROL_PLANE_IP}:${SHARE_DIR} ${SHARE_DIR} nfs4 rw,_netdev,nofail,timeo=600,retrans=5 0 0"

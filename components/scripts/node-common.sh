@@ -38,8 +38,11 @@ apt_get update
 package_version="${KUBERNETES_VERSION}-1.1"
 apt-mark unhold kubelet kubeadm kubectl >/dev/null 2>&1 || true
 apt_get install --allow-change-held-packages \
-  "kubelet=${package_version}" "kubeadm=${package_version}" "kubectl=${package_version}" containerd nfs-common
-apt-mark hold kubelet kubeadm kubectl
+  "kubelet=${package_version}" "kubeadm=${package_version}" "kubectl=${package_version}" nfs-common
+# containerd is installed once and then held: unattended-upgrades must not restart it under
+# running pods, and a later run keeps the version the node was configured for.
+[ -n "$(installed_packages containerd)" ] || apt_get install containerd
+apt-mark hold kubelet kubeadm kubectl containerd >/dev/null
 
 log "containerd: systemd cgroups and the pause image kubeadm expects"
 containerd_major=$(containerd --version | sed -nE 's/.* v?([0-9]+)\.[0-9]+\.[0-9]+.*/\1/p')

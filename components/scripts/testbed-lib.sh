@@ -83,3 +83,8 @@ add_line() {
   touch "$1"
   grep -qxF -- "$2" "$1" || printf '%s\n' "$2" >>"$1"
 }
+
+# installed_packages PATTERN...: the installed packages whose names match (dpkg-query globs).
+installed_packages() {
+  { dpkg-query -W -f '${db:Status-Status} ${Package}\n' "$@" 2>/dev/null || true; } | sed -n 's/^installed //p'
+}

@@ -38,6 +38,11 @@ NODE_SCRIPTS = ("testbed-lib.sh", "node-common.sh", "control-plane.sh", "gpu-wor
 K8S_LIST = "/etc/apt/sources.list.d/kubernetes.list"
 TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+# What the driver install leaves installed (nvidia-graphics-drivers-<branch>-server binaries).
+DRIVER_PACKAGES = " ".join(
+    f"{name}-{S.nvidia_driver_branch}-server{suffix}"
+    for name, suffix in (("nvidia-headless", "-open"), ("nvidia-utils", ""), ("libnvidia-compute", ""))
+)
 FSTAB = "LABEL=cloudimg-rootfs\t/\text4\tdiscard,commit=30,errors=remount-ro\t0 1\n/swapfile none swap sw 0 0\n"
 
 # What `containerd --version` and `containerd config default` print, per major version.
@@ -117,6 +122,13 @@ STUBS = {
         for name in ("apt-mark", "modprobe", "sysctl", "swapoff", "systemctl", "exportfs", "nvidia-ctk", "sleep")
     },
     "apt-get": """case " $* " in *" nvidia-headless-"*) : >"$STUB_STATE/driver-installed" ;; esac
+case " $* " in *" containerd "*) : >"$STUB_STATE/containerd-installed" ;; esac
+""",
+    # `dpkg-query -W -f FORMAT PATTERN`: what the apt-get stub installed, as dpkg reports it.
+    "dpkg-query": f"""case "${{*: -1}}" in
+  containerd) [ -f "$STUB_STATE/containerd-installed" ] && echo "installed containerd" ;;
+  *-server\\*) [ -f "$STUB_STATE/driver-installed" ] && printf 'installed %s\\n' {DRIVER_PACKAGES} ;;
+esac || {{ echo "dpkg-query: no packages found matching ${{*: -1}}" >&2; exit 1; }}
 """,
     "uname": f"""[ "${{1:-}}" = -r ] && echo {KERNEL}
 """,
@@ -393,7 +405,8 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
     assert "already joined" in second.output
     assert count(first.calls, "kubeadm reset") == 0
     driver = f"nvidia-headless-{S.nvidia_driver_branch}-server-open"
-    assert sum(driver in c for c in first.calls) == 1 and not any(driver in c for c in second.calls)
+    installs = [[c for c in run.calls if c.startswith("apt-get") and driver in c] for run in (first, second)]
+    assert len(installs[0]) == 1 and not installs[1]
     assert (
         f"apt-get -o DPkg::Lock::Timeout=600 -y install linux-headers-{KERNEL} {driver}"
         f" nvidia-utils-{S.nvidia_driver_branch}-server" in first.calls
