@@ -7,6 +7,7 @@ the API. Tests pass a fake that simulates a tiny cluster instead.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Protocol
@@ -84,7 +85,44 @@ class WallClock:
         time.sleep(seconds)
 
 
+class ClusterError(Exception):
+    """The cluster did not answer as it should this time: the runner retries the sample."""
+
+
 # ------------------------------------------------------------------ pure parsing
+
+
+def exit_code(status_frame: str, where: str) -> int:
+    """The exit code in an exec's status frame (a metav1.Status on channel 3), or ClusterError.
+
+    Success is 0; NonZeroExitCode carries the code as its cause's message; anything else
+    (InternalError, no frame at all because the stream closed early) is no exit code."""
+    try:
+        status = json.loads(status_frame) if status_frame else None
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):
+        raise ClusterError(f"{where}: the stream closed without an exit status")
+    if status.get("status") == "Success":
+        return 0
+    causes = (status.get("details") or {}).get("causes") or []
+    if status.get("reason") == "NonZeroExitCode":
+        for cause in causes:
+            if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
+                return int(cause["message"])
+    message = status.get("message") or "; ".join(str(c.get("message", "")) for c in causes) or str(status)
+    raise ClusterError(f"{where}: {status.get('reason') or 'Failure'}: {message[:300]}")
+
+
+def api_error(error) -> str:
+    """One line for an ApiException: status, reason and the Status message if there is one."""
+    detail = ""
+    try:
+        detail = json.loads(error.body or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        detail = ""
+    words = [str(error.status) if error.status else "", str(error.reason or "").strip(), detail]
+    return " ".join(w for w in words if w)[:300] or "no answer"
 
 
 def expand_hostlist(hostlist: str) -> tuple[str, ...]:
@@ -183,28 +221,49 @@ class KubeCluster:
         return cls(config.new_client_from_config_dict(kubeconfig), names)
 
     def _exec(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str, str]:
-        from kubernetes.stream import stream
+        """Run `command` in a container: (exit code, stdout, stderr) once it ended, or ClusterError.
 
-        ws = stream(
-            self.core.connect_get_namespaced_pod_exec,
-            pod,
-            namespace,
-            container=container,
-            command=command,
-            stdin=False,
-            stdout=True,
-            stderr=True,
-            tty=False,
-            _preload_content=False,
-        )
+        kubernetes 34.1.0 (stream/ws_client.py): `websocket_call` turns any failure to connect,
+        KeyboardInterrupt included, into ApiException(status=0), so a Ctrl-C there is raised
+        again as itself. `WSClient.returncode` raises ValueError on a status frame whose cause
+        is not an exit code (InternalError) and TypeError on a stream closed without one, so
+        the status channel is read here instead.
+        """
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.stream import stream
+        from kubernetes.stream.ws_client import ERROR_CHANNEL
+        from websocket import WebSocketException
+
+        where = f"exec {command[0]} in {namespace}/{pod}"
+        try:
+            ws = stream(
+                self.core.connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                container=container,
+                command=command,
+                stdin=False,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if isinstance(error.__context__, KeyboardInterrupt):
+                raise KeyboardInterrupt from None
+            raise ClusterError(f"{where}: {api_error(error)}") from None
         try:
             ws.run_forever(timeout=self.exec_timeout)
-            # timeout=0: never block here if the command outlived exec_timeout.
+            if ws.is_open():
+                raise ClusterError(f"{where}: no end after {self.exec_timeout:.0f} s")
+            # timeout=0: the stream is closed; take what it buffered, never wait.
             out, err = ws.read_stdout(timeout=0), ws.read_stderr(timeout=0)
-            code = ws.returncode
+            status = ws.read_channel(ERROR_CHANNEL, timeout=0)
+        except (OSError, WebSocketException) as error:  # e.g. the connection lost mid-stream
+            raise ClusterError(f"{where}: {error or type(error).__name__}") from None
         finally:
             ws.close()
-        return (1 if code is None else code), out, err
+        return exit_code(status, where), out, err
 
     def _slurmctld(self, command: list[str]) -> str:
         n = self.names
