@@ -109,7 +109,8 @@ def gpu_return_latency(timeline: Timeline) -> float | None:
 
 
 def check_outcome(timeline: Timeline) -> Check:
-    return Check("run completed", timeline.outcome == "completed", f"outcome: {timeline.outcome}")
+    detail = f"outcome: {timeline.outcome}" + (f" ({timeline.ended})" if timeline.ended else "")
+    return Check("run completed", timeline.outcome == "completed", detail)
 
 
 def check_jobs_succeeded(timeline: Timeline) -> Check:

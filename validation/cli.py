@@ -2,13 +2,17 @@
 
 Names, the GPU count and the cooldown come from the stack's settings (`--stack`, `--config`,
 as for `plan`); when the deployed stack's outputs can be read they are cross-checked.
-Exit status: 0 when every check passed, 1 when one failed, 2 for bad input.
+Exit status: 0 when every check passed; 1 when one failed or the run was cut short (timeout,
+Ctrl-C, too many cluster errors, a cluster that never went idle), with the partial results
+written all the same; 2 for bad input, a bad kubeconfig or timeline, or a cluster that does
+not answer before the run starts (one line, no traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,7 +23,7 @@ from typing import NoReturn
 
 import yaml
 
-from components.names import Names
+from components.names import Names, SlurmNames
 from stacks import offline, settings
 from validation.checks import Expectations, describe_checks, evaluate, expectations
 from validation.scenarios import SCENARIOS, describe, plan
@@ -128,7 +132,13 @@ def load_kubeconfig(path: Path | None) -> dict:
     if path is not None:
         if not path.is_file():
             raise UsageError(f"--kubeconfig: {str(path)!r} is not a file")
-        return yaml.safe_load(path.read_text())
+        try:
+            config = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            raise UsageError(f"--kubeconfig: {str(path)!r} is not YAML ({str(error).splitlines()[0]})") from None
+        if not isinstance(config, dict) or not config.get("clusters"):
+            raise UsageError(f"--kubeconfig: {str(path)!r} is not a kubeconfig: it names no clusters")
+        return config
     try:
         out = subprocess.run(
             ["pulumi", "stack", "output", "--show-secrets", "kubeconfig"],
@@ -156,6 +166,45 @@ def write_results(timeline: Timeline, exp: Expectations, out: Path) -> bool:
     print(text, end="")
     print(f"wrote {out / 'timeline.json'}, {out / 'summary.txt'}, {out / 'timeline.png'}")
     return all(c.passed for c in checks)
+
+
+def load_timeline(path: Path) -> Timeline:
+    if not path.is_file():
+        raise UsageError(f"--from-timeline: {str(path)!r} is not a file")
+    try:
+        return Timeline.load(path)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+        detail = f"{type(error).__name__}: {error}"[:200]
+        raise UsageError(f"--from-timeline: {str(path)!r} is not a timeline.json ({detail})") from None
+
+
+def client_for(kubeconfig: dict, names: SlurmNames):
+    """The live cluster, or UsageError for a kubeconfig the kubernetes client refuses."""
+    from kubernetes.config.config_exception import ConfigException
+
+    from validation.cluster import KubeCluster
+
+    try:
+        return KubeCluster.from_kubeconfig(kubeconfig, names)
+    except (ConfigException, ValueError, TypeError, KeyError, OSError) as error:
+        raise UsageError(f"--kubeconfig: the kubernetes client refuses it ({str(error)[:200]})") from None
+
+
+def connect(kubeconfig: dict, names: SlurmNames):
+    """The live cluster, or UsageError: a bad kubeconfig, an API server that does not answer,
+    or no NodeSet where the testbed puts it."""
+    from validation.cluster import ClusterError
+
+    cluster = client_for(kubeconfig, names)
+    try:
+        cluster.check_reachable()
+    except ClusterError as error:
+        raise UsageError(f"the cluster does not answer: {error}") from None
+    return cluster
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends the run like Ctrl-C: clean up, write what was seen
 
 
 def main(argv: list[str]) -> int:
@@ -199,15 +248,14 @@ def _main(argv: list[str]) -> int:
         return 0
 
     if args.from_timeline is not None:
-        if not args.from_timeline.is_file():
-            raise UsageError(f"--from-timeline: {str(args.from_timeline)!r} is not a file")
-        timeline = Timeline.load(args.from_timeline)
+        timeline = load_timeline(args.from_timeline)
         return 0 if write_results(timeline, exp, out) else 1
 
-    from validation.cluster import KubeCluster, WallClock
+    from validation.cluster import WallClock
     from validation.runner import run
 
-    cluster = KubeCluster.from_kubeconfig(load_kubeconfig(args.kubeconfig), slurm)
+    cluster = connect(load_kubeconfig(args.kubeconfig), slurm)
+    signal.signal(signal.SIGTERM, _terminate)
     timeline = run(
         planned,
         cluster,

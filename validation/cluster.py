@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import re
 import time
+from contextlib import contextmanager
 from typing import Protocol
 
+from components import device_plugin
 from components.names import (
     JOBS_NAMESPACE,
     NODESET_GROUP,
@@ -26,21 +28,17 @@ from validation.timeline import (
     KUBERNETES,
     SLURMD,
     GpuPod,
+    GpuProcess,
     SlurmJob,
     batch_job_phase,
     pytorchjob_phase,
 )
 
-# Reads the GPU(s) the device plugin gave this container, from inside it. The device
-# plugin (0.17 defaults: envvar strategy, UUID ids) puts their UUIDs in
-# NVIDIA_VISIBLE_DEVICES; `-i` limits nvidia-smi to those, which matters in slurmd pods:
-# they are privileged and see every GPU of the host (slurm-operator#45).
-UUID_QUERY = [
-    "sh",
-    "-c",
-    'case "${NVIDIA_VISIBLE_DEVICES:-all}" in all|void|none) set -- ;; *) set -- -i "$NVIDIA_VISIBLE_DEVICES" ;; esac; '
-    'exec nvidia-smi --query-gpu=uuid --format=csv,noheader "$@"',
-]
+# Reads the GPU(s) the device plugin gave this container, from inside it. With the testbed's
+# volume-mounts strategy and UUID ids (components/device_plugin.py) kubelet mounts /dev/null at
+# <root>/<GPU UUID> for each allocated GPU, so the names are the allocation itself; nvidia-smi
+# would not do: slurmd pods are privileged and see every GPU device of their host.
+UUID_QUERY = ["ls", "-1", device_plugin.DEVICE_LIST_ROOT]
 
 # squeue with every state slurmctld still remembers (finished jobs stay MinJobAge, 300 s).
 SQUEUE = ["squeue", "--noheader", "--states=all", "--format=%i|%j|%T|%N"]
@@ -69,6 +67,12 @@ class Cluster(Protocol):
 
     def read_gpu_uuids(self, pod: GpuPod) -> tuple[str, ...]:
         """The UUIDs of the GPUs a running pod holds, read inside it; () if not readable yet."""
+
+    def gpu_processes(self) -> list[GpuProcess] | None:
+        """Every process on every GPU now, with its pod; None when a node's probe did not answer."""
+
+    def check_reachable(self) -> None:
+        """Raise ClusterError unless the API server answers and the NodeSet exists."""
 
 
 class Clock(Protocol):
@@ -156,12 +160,27 @@ def parse_uuids(text: str) -> tuple[str, ...]:
     return tuple(line.strip() for line in text.splitlines() if line.strip().startswith("GPU-"))
 
 
+def _gpus(container: dict) -> int:
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return int(limits.get(GPU, 0) or 0)
+
+
+def pod_gpu_count(pod_spec: dict) -> int:
+    """A pod's effective nvidia.com/gpu: the larger of its largest init container and the sum
+    of its containers (Kubernetes' rule for extended resources, kubernetes/kubernetes
+    pkg/api/v1/resource/helpers.go PodRequests); sidecar init containers are not special here."""
+    init = max((_gpus(c) for c in pod_spec.get("initContainers") or []), default=0)
+    return max(init, sum(_gpus(c) for c in pod_spec.get("containers") or []))
+
+
 def pod_gpu_container(pod_spec: dict) -> str | None:
-    for container in pod_spec.get("containers") or []:
-        limits = (container.get("resources") or {}).get("limits") or {}
-        if int(limits.get(GPU, 0) or 0) > 0:
+    """The container to read the GPU from: a main one that asked for GPUs, else the first main one
+    (the pod holds its init containers' GPUs for its whole life)."""
+    containers = pod_spec.get("containers") or []
+    for container in containers:
+        if _gpus(container) > 0:
             return container["name"]
-    return None
+    return containers[0]["name"] if containers and pod_gpu_count(pod_spec) else None
 
 
 # Every slurmd pod carries it, whichever NodeSet made it (internal/builder/labels/labels.go).
@@ -170,9 +189,14 @@ SLURMD_APP_LABEL = ("app.kubernetes.io/name", "slurmd")
 
 def classify_pod(pod: dict, names: SlurmNames) -> GpuPod | None:
     """A pod (API dict, camelCase) as a GpuPod, or None if it asks for no GPU."""
-    container = pod_gpu_container(pod["spec"])
-    if container is None:
+    gpus = pod_gpu_count(pod["spec"])
+    if not gpus:
         return None
+    container = pod_gpu_container(pod["spec"]) or ""
+    status = pod.get("status") or {}
+    scheduled = any(
+        c.get("type") == "PodScheduled" and str(c.get("status")) == "True" for c in status.get("conditions") or []
+    )
     meta = pod["metadata"]
     labels = meta.get("labels") or {}
     slurmd_key, slurmd_value = SLURMD_APP_LABEL
@@ -191,10 +215,12 @@ def classify_pod(pod: dict, names: SlurmNames) -> GpuPod | None:
         name=meta["name"],
         uid=meta["uid"],
         node=pod["spec"].get("nodeName") or "",
-        phase=(pod.get("status") or {}).get("phase") or "Pending",
+        phase=status.get("phase") or "Pending",
         holder=holder,
         owner=owner,
         container=container,
+        scheduled=scheduled or bool(pod["spec"].get("nodeName")),
+        gpus=gpus,
     )
 
 
@@ -269,7 +295,7 @@ class KubeCluster:
         n = self.names
         code, out, err = self._exec(n.namespace, n.controller_pod, SLURMCTLD_CONTAINER, command)
         if code != 0:
-            raise RuntimeError(f"{' '.join(command[:2])} in {n.controller_pod} exited {code}: {err.strip()}")
+            raise ClusterError(f"{' '.join(command[:2])} in {n.controller_pod} exited {code}: {err.strip()[:300]}")
         return out
 
     def submit_slurm(self, name: str, script: str) -> str:
@@ -286,52 +312,70 @@ class KubeCluster:
         return parse_squeue(self._slurmctld(SQUEUE))
 
     def create(self, obj: dict) -> None:
-        namespace = obj["metadata"].get("namespace", JOBS_NAMESPACE)
-        if obj["kind"] == "PyTorchJob":
-            self.custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", obj)
-        else:
-            self.batch.create_namespaced_job(namespace, obj)
+        namespace, name = obj["metadata"].get("namespace", JOBS_NAMESPACE), obj["metadata"]["name"]
+        with answering(f"create {obj['kind']} {namespace}/{name}", ok=(409,)):  # 409: an earlier try made it
+            if obj["kind"] == "PyTorchJob":
+                self.custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", obj)
+            else:
+                self.batch.create_namespaced_job(namespace, obj)
 
     def delete(self, obj: dict) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         namespace, name = obj["metadata"].get("namespace", JOBS_NAMESPACE), obj["metadata"]["name"]
-        try:
+        with answering(f"delete {obj['kind']} {namespace}/{name}", ok=(404,)):
             if obj["kind"] == "PyTorchJob":
                 self.custom.delete_namespaced_custom_object(
                     "kubeflow.org", "v1", namespace, "pytorchjobs", name, propagation_policy="Foreground"
                 )
             else:
                 self.batch.delete_namespaced_job(name, namespace, propagation_policy="Foreground")
-        except ApiException as error:
-            if error.status != 404:
-                raise
 
     def kube_job_phase(self, obj: dict) -> str:
         namespace, name = obj["metadata"].get("namespace", JOBS_NAMESPACE), obj["metadata"]["name"]
-        if obj["kind"] == "PyTorchJob":
-            found = self.custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", name)
-            return pytorchjob_phase((found.get("status") or {}).get("conditions") or [])
-        found = self.batch.read_namespaced_job_status(name, namespace)
-        return batch_job_phase(self.api.sanitize_for_serialization(found.status) or {})
+        with answering(f"read {obj['kind']} {namespace}/{name}"):
+            if obj["kind"] == "PyTorchJob":
+                found = self.custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", name)
+                return pytorchjob_phase((found.get("status") or {}).get("conditions") or [])
+            found = self.batch.read_namespaced_job_status(name, namespace)
+            return batch_job_phase(self.api.sanitize_for_serialization(found.status) or {})
 
     def nodeset(self) -> tuple[int, int]:
         n = self.names
-        found = self.custom.get_namespaced_custom_object(
-            NODESET_GROUP, NODESET_VERSION, n.namespace, NODESET_PLURAL, n.nodeset_resource
-        )
+        with answering(f"read NodeSet {n.namespace}/{n.nodeset_resource}"):
+            found = self.custom.get_namespaced_custom_object(
+                NODESET_GROUP, NODESET_VERSION, n.namespace, NODESET_PLURAL, n.nodeset_resource
+            )
         # No .spec.replicas means 0 (the 1.0.0 CRD has no default).
         return int(found.get("spec", {}).get("replicas") or 0), int(found.get("status", {}).get("readyReplicas") or 0)
 
+    def check_reachable(self) -> None:
+        self.nodeset()
+
     def gpu_pods(self) -> list[GpuPod]:
-        pods = self.api.sanitize_for_serialization(self.core.list_pod_for_all_namespaces()).get("items", [])
+        with answering("list pods"):
+            pods = self.api.sanitize_for_serialization(self.core.list_pod_for_all_namespaces()).get("items", [])
         return [p for p in (classify_pod(pod, self.names) for pod in pods) if p is not None]
 
     def read_gpu_uuids(self, pod: GpuPod) -> tuple[str, ...]:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             code, out, _ = self._exec(pod.namespace, pod.name, pod.container, UUID_QUERY)
-        except ApiException:
+        except ClusterError:
             return ()  # not exec-able yet, or already gone: try again next sample
         return parse_uuids(out) if code == 0 else ()
+
+    def gpu_processes(self) -> list[GpuProcess] | None:
+        return None  # no probe deployed
+
+
+@contextmanager
+def answering(what: str, ok: tuple[int, ...] = ()):
+    """API calls: an error status (but those in `ok`) or a dead connection is a ClusterError."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        yield
+    except ApiException as error:
+        if error.status not in ok:
+            raise ClusterError(f"{what}: {api_error(error)}") from None
+    except (HTTPError, OSError) as error:
+        raise ClusterError(f"{what}: {str(error)[:300]}") from None

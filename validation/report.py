@@ -24,6 +24,13 @@ def summary(timeline: Timeline, checks: list[Check]) -> str:
     lines = [
         f"scenario {timeline.scenario}: {passed} of {len(checks)} checks passed "
         f"({len(timeline.samples)} samples every {timeline.interval:.0f} s, started {timeline.started_at})",
+        f"ended: {timeline.outcome}" + (f", {timeline.ended}" if timeline.ended else ""),
+    ]
+    if timeline.waited_for_idle:
+        lines.append(f"waited {timeline.waited_for_idle:.0f} s for an idle cluster before t = 0")
+    if timeline.errors:
+        lines.append(f"cluster errors: {len(timeline.errors)} (retried; the last: {timeline.errors[-1].message})")
+    lines += [
         "",
         *_table(["check", "result", "detail"], [[c.name, "PASS" if c.passed else "FAIL", c.detail] for c in checks]),
         "",

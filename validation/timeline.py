@@ -53,23 +53,68 @@ class GpuPod:
     owner: str  # Slurm node name for slurmd pods, job name for Kubernetes pods
     container: str = ""  # the container that asked for the GPU
     uuids: tuple[str, ...] = ()  # read from inside the pod; empty until read
+    # Bound to its node (PodScheduled): the device plugin allocates at admission, so from here
+    # on the GPU is the pod's even while images pull and init containers run ("reserved").
+    scheduled: bool = False
+    gpus: int = 1  # nvidia.com/gpu it holds: max(largest init container, sum of containers)
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def reserved(self) -> bool:
+        """Holds its GPUs but does not run yet: scheduled, not Running, not finished."""
+        return self.phase == "Pending" and (self.scheduled or bool(self.node))
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process the GPU driver reported on a GPU, and the pod whose cgroup it lives in."""
+
+    uuid: str
+    pid: int
+    node: str
+    pod_uid: str  # "" for a process outside any pod
+
 
 @dataclass(frozen=True)
 class Sample:
-    t: float
+    t: float  # when the sample started
     nodeset_replicas: int  # NodeSet .spec.replicas: what KEDA asked for
     slurmd_ready: int  # NodeSet .status.readyReplicas
     slurm_jobs: tuple[SlurmJob, ...] = ()
     kube_jobs: tuple[KubeJob, ...] = ()
     gpu_pods: tuple[GpuPod, ...] = ()
+    # When the sample's last read returned: anything it shows happened at most then, so an
+    # event first seen here happened in (previous sample's t, this t_end].
+    t_end: float | None = None
+    processes: tuple[GpuProcess, ...] = ()  # what the GPUs ran, from the probe on each node
+    probed: bool = False  # the probe answered on every GPU node this sample
 
     def slurmd_pods(self) -> tuple[GpuPod, ...]:
         return tuple(p for p in self.gpu_pods if p.holder == SLURMD)
+
+    @property
+    def end(self) -> float:
+        return self.t if self.t_end is None else self.t_end
+
+
+@dataclass(frozen=True)
+class DcgmHolding:
+    """dcgm-exporter's word for who held a GPU (its pod label, from kubelet's allocations)."""
+
+    uuid: str
+    pod: str  # namespace/name
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class RunError:
+    t: float
+    during: str  # what the runner was doing: sample, submit, cleanup, ...
+    message: str
 
 
 @dataclass(frozen=True)
@@ -89,7 +134,11 @@ class Timeline:
     started_at: str  # wall-clock ISO time of t = 0, for the reader only
     samples: list[Sample] = field(default_factory=list)
     submissions: list[Submission] = field(default_factory=list)
-    outcome: str = "completed"  # completed, timeout or interrupted
+    outcome: str = "completed"  # completed, timeout, interrupted, error or not-idle
+    ended: str = ""  # how it ended, in words, for the summary
+    errors: list[RunError] = field(default_factory=list)  # every failed read or write, retried or not
+    waited_for_idle: float = 0.0  # seconds before t = 0 spent waiting for the cluster to be idle
+    dcgm: list[DcgmHolding] = field(default_factory=list)  # read from Prometheus after the run
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,6 +153,9 @@ class Timeline:
                 slurm_jobs=tuple(SlurmJob(**{**j, "nodes": tuple(j["nodes"])}) for j in s["slurm_jobs"]),
                 kube_jobs=tuple(KubeJob(**j) for j in s["kube_jobs"]),
                 gpu_pods=tuple(GpuPod(**{**p, "uuids": tuple(p["uuids"])}) for p in s["gpu_pods"]),
+                t_end=s.get("t_end"),
+                processes=tuple(GpuProcess(**g) for g in s.get("processes", ())),
+                probed=s.get("probed", False),
             )
             for s in data["samples"]
         ]
@@ -115,6 +167,10 @@ class Timeline:
             samples=samples,
             submissions=[Submission(**s) for s in data["submissions"]],
             outcome=data.get("outcome", "completed"),
+            ended=data.get("ended", ""),
+            errors=[RunError(**e) for e in data.get("errors", ())],
+            waited_for_idle=data.get("waited_for_idle", 0.0),
+            dcgm=[DcgmHolding(**d) for d in data.get("dcgm", ())],
         )
 
     def save(self, path: Path) -> None:

@@ -7,9 +7,10 @@ from types import SimpleNamespace
 import pytest
 from kubernetes import client
 
+from components import device_plugin
 from components.names import slurm_names
-from validation.cluster import SQUEUE, UUID_QUERY, KubeCluster
-from validation.timeline import RUNNING, SUCCEEDED
+from validation.cluster import SQUEUE, UUID_QUERY, ClusterError, KubeCluster
+from validation.timeline import RUNNING, SUCCEEDED, GpuPod
 
 
 def cluster_with(exec_results=None):
@@ -44,14 +45,29 @@ def test_sbatch_gets_the_script_on_stdin_inside_slurmctld(tmp_path):
     assert (tmp_path / "args").read_text() == "--parsable --job-name=mpi-gpu-r1-1\n"
 
 
-def test_uuid_query_limits_nvidia_smi_to_the_pods_own_gpus(tmp_path):
-    env = fake_bin(tmp_path, "nvidia-smi", 'echo "$*"\n')
-    own = subprocess.run(
-        UUID_QUERY, env={**env, "NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2"}, capture_output=True, text=True
-    )
-    assert own.stdout == "--query-gpu=uuid --format=csv,noheader -i GPU-1,GPU-2\n"
-    every = subprocess.run(UUID_QUERY, env={**env, "NVIDIA_VISIBLE_DEVICES": "all"}, capture_output=True, text=True)
-    assert every.stdout == "--query-gpu=uuid --format=csv,noheader\n"
+def test_uuid_read_lists_the_device_plugins_mounts_in_the_pod(tmp_path):
+    """volume-mounts: kubelet mounts /dev/null at <root>/<UUID> per allocated GPU."""
+    assert UUID_QUERY[-1] == device_plugin.DEVICE_LIST_ROOT == "/var/run/nvidia-container-devices"
+    uuids = ("GPU-8b2e4d17-0a6c-4f3d-b1e5-2c9f7a3d4b02", "GPU-3f1c9a52-7d1e-4c0b-9e2a-5b8d0c6f1a01")
+    for uuid in uuids:
+        (tmp_path / uuid).touch()
+    listed = subprocess.run([*UUID_QUERY[:-1], str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    cluster, calls = cluster_with({"ls": (0, listed, "")})
+    pod = GpuPod("slurm", "slurm-worker-slinky-0", "u", "gpu-worker-0", "Running", "slurmd", "slinky-0", "slurmd")
+    assert cluster.read_gpu_uuids(pod) == tuple(sorted(uuids))
+    assert calls == [("slurm", "slurm-worker-slinky-0", "slurmd", UUID_QUERY)]
+
+
+def test_a_uuid_read_that_fails_is_tried_again_later():
+    cluster, _ = cluster_with({"ls": (2, "", "ls: cannot access: No such file or directory\n")})
+    pod = GpuPod("default", "p", "u", "n", "Running", "kubernetes", "p", "c")
+    assert cluster.read_gpu_uuids(pod) == ()
+
+    def broken(*_):
+        raise ClusterError("exec ls in default/p: the stream closed without an exit status")
+
+    cluster._exec = broken
+    assert cluster.read_gpu_uuids(pod) == ()
 
 
 def test_slurm_jobs_come_from_squeue_in_slurmctld():
@@ -62,7 +78,7 @@ def test_slurm_jobs_come_from_squeue_in_slurmctld():
 
 def test_a_failing_slurmctld_command_raises_with_its_message():
     cluster, _ = cluster_with({"scancel": (1, "", "scancel: error: Invalid job id\n")})
-    with pytest.raises(RuntimeError, match="exited 1: scancel: error: Invalid job id"):
+    with pytest.raises(ClusterError, match="exited 1: scancel: error: Invalid job id"):
         cluster.cancel_slurm(["9"])
 
 

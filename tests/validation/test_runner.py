@@ -105,7 +105,7 @@ def test_ctrl_c_cancels_and_deletes_what_was_submitted():
     assert cluster.cancelled == slurm and cluster.deleted == kube
 
 
-def test_an_error_from_the_cluster_cleans_up_and_propagates():
+def test_an_unexpected_error_ends_the_run_cleans_up_and_keeps_what_was_seen():
     clock = FakeClock()
     cluster = FakeCluster(clock, durations=DURATIONS)
     broken = iter(range(10))
@@ -116,16 +116,21 @@ def test_an_error_from_the_cluster_cleans_up_and_propagates():
         return FakeCluster.nodeset(cluster)
 
     cluster.nodeset = nodeset
-    with pytest.raises(RuntimeError, match="went away"):
-        run(
-            plan(SCENARIOS["mixed"], "t1"),
-            cluster,
-            clock,
-            scenario="mixed",
-            gpus_total=4,
-            interval=5,
-            timeout=100,
-            started_at="x",
-            log=lambda _: None,
-        )
+    timeline = run(
+        plan(SCENARIOS["mixed"], "t1"),
+        cluster,
+        clock,
+        scenario="mixed",
+        gpus_total=4,
+        interval=5,
+        timeout=100,
+        started_at="x",
+        log=lambda _: None,
+    )
+    assert timeline.outcome == "error"
+    assert (
+        timeline.ended.startswith("stopped by an error after ")
+        and "RuntimeError: api server went away" in timeline.ended
+    )
+    assert len(timeline.samples) == 2 and len(timeline.submissions) == 2
     assert len(cluster.cancelled) == 1 and len(cluster.deleted) == 1

@@ -1,0 +1,186 @@
+"""A run that survives faults, and writes what it saw on every ending (issue 9 item 4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from test_runner import DURATIONS, replay
+from validation_fakes import FakeClock, FakeCluster, Faults
+
+from validation import cli, runner
+from validation.timeline import Timeline
+
+OUTPUTS = ("timeline.json", "summary.txt", "timeline.png")
+
+
+def test_flaky_reads_are_retried_and_the_run_still_passes():
+    timeline, checks, _, _ = replay("mixed", Faults(flaky_pod_lists=4))
+    assert [n for n, c in checks.items() if not c.passed] == []
+    assert timeline.errors and all("503" in e.message for e in timeline.errors)
+    assert all(e.during.startswith("sample (try 1 of") for e in timeline.errors)  # the second try worked
+
+
+def test_a_short_outage_leaves_a_gap_and_the_run_goes_on():
+    timeline, checks, _, log = replay("mixed", Faults(api_down=(40.0, 70.0)))
+    assert timeline.outcome == "completed"
+    gap = [s.t for s in timeline.samples if 35 <= s.t <= 80]
+    assert gap and min(gap) < 40 and max(gap) >= 70 and not [t for t in gap if 40 <= t < 70]
+    assert 3 <= len(timeline.errors) < runner.ERROR_BUDGET
+    assert checks["every job succeeded"].passed and checks["no GPU held twice"].passed
+    assert any("sample (try 3 of 3) failed" in line for line in log)
+
+
+def test_a_long_outage_spends_the_budget_ends_the_run_and_says_cleanup_needs_a_hand():
+    timeline, checks, cluster, log = replay("mixed", Faults(api_down=(40.0, 4000.0)))
+    assert timeline.outcome == "error"
+    assert timeline.ended.startswith("gave up after") and f"{runner.ERROR_BUDGET} cluster errors" in timeline.ended
+    assert not checks["run completed"].passed
+    cleanup = [e for e in timeline.errors if e.during.startswith("cleanup: ")]
+    assert [e.during for e in cleanup] == [
+        "cleanup: scancel 100",
+        "cleanup: delete PyTorchJob default/pytorchjob-ddp-t1-2",
+    ]
+    assert any("do it by hand" in line for line in log)
+    assert cluster.cancelled == [] and cluster.deleted == []  # the fake's API never came back
+
+
+def test_a_lost_sbatch_reply_does_not_submit_the_job_twice():
+    timeline, checks, cluster, _ = replay("mixed", Faults(lost_sbatch_reply=True))
+    assert cluster.sbatch_calls == 1 and len(cluster.twin.slurm.jobs) == 1
+    (slurm,) = [s for s in timeline.submissions if s.kind == "slurm"]
+    assert slurm.ref == str(cluster.twin.slurm.jobs[0].job_id)
+    assert [n for n, c in checks.items() if not c.passed] == []
+
+
+def test_a_previous_runs_slurmd_is_waited_out_before_anything_is_submitted():
+    timeline, checks, _, _ = replay("handoff", Faults(leftover_slurmd_until=200.0))
+    assert 200 <= timeline.waited_for_idle <= 240  # then KEDA and the NodeSet take it down
+    assert timeline.submissions[0].t == 0 and not timeline.samples[0].slurmd_pods()
+    assert [n for n, c in checks.items() if not c.passed] == []
+
+
+def test_a_cluster_that_stays_busy_submits_nothing():
+    clock = FakeClock()
+    cluster = FakeCluster(clock, durations=DURATIONS, faults=Faults(leftover_slurmd_until=10_000.0))
+    from validation.scenarios import SCENARIOS, plan
+
+    timeline = runner.run(
+        plan(SCENARIOS["handoff"], "t1"),
+        cluster,
+        clock,
+        scenario="handoff",
+        gpus_total=4,
+        interval=5,
+        timeout=100,
+        started_at="x",
+        idle_timeout=60,
+        log=lambda _: None,
+    )
+    assert timeline.outcome == "not-idle" and not timeline.submissions and cluster.twin.slurm.jobs == []
+    assert "still busy after 60 s: slurmd replicas 1, pods 1" in timeline.ended
+
+
+# ------------------------------------------------------------------ the command line, end to end
+
+
+@pytest.fixture
+def fake_cli(monkeypatch):
+    """`python -m stacks validate` against the fake cluster on a fake clock."""
+    made = {}
+
+    def use(faults: Faults | None = None):
+        clock = FakeClock()
+        made["cluster"] = FakeCluster(clock, durations=DURATIONS, faults=faults or Faults())
+        monkeypatch.setattr("validation.cluster.WallClock", lambda: clock)
+        monkeypatch.setattr(cli, "client_for", lambda kubeconfig, names: made["cluster"])
+        return made
+
+    return use
+
+
+def kubeconfig(tmp_path, server: str = "https://198.51.100.7:6443"):
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "t", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "x"}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
+                "current-context": "t",
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "faults, code, ended",
+    [
+        (Faults(), 0, "every job finished after"),
+        (Faults(interrupt_at=50), 1, "interrupted (Ctrl-C) after"),
+        (Faults(api_down=(40.0, 9000.0)), 1, "gave up after"),
+        (Faults(fail_jobs=("pytorchjob",)), 1, "every job finished after"),
+    ],
+    ids=["passes", "ctrl-c", "outage", "failed-job"],
+)
+def test_every_ending_writes_the_results_and_exits_0_or_1(fake_cli, tmp_path, capsys, faults, code, ended):
+    fake_cli(faults)
+    out = tmp_path / "out"
+    argv = ["--scenario", "mixed", "--kubeconfig", str(kubeconfig(tmp_path)), "--out", str(out), "--timeout", "900"]
+    assert cli.main(argv) == code
+    assert all((out / name).is_file() for name in OUTPUTS)
+    summary = (out / "summary.txt").read_text()
+    assert summary.splitlines()[1].startswith("ended: ") and ended in summary.splitlines()[1]
+    saved = Timeline.load(out / "timeline.json")
+    assert saved.ended in summary and saved.samples
+
+
+def test_an_unreachable_cluster_is_bad_input_in_one_line(fake_cli, tmp_path, capsys):
+    fake_cli(Faults(unreachable=True))
+    assert cli.main(["--scenario", "mixed", "--kubeconfig", str(kubeconfig(tmp_path)), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == "validate: the cluster does not answer: fake: the API server does not answer\n"
+
+
+def test_the_real_client_against_a_closed_port_is_bad_input_in_one_line(tmp_path, capsys):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    path = kubeconfig(tmp_path, f"http://127.0.0.1:{port}")
+    assert cli.main(["--scenario", "mixed", "--kubeconfig", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("validate: the cluster does not answer: read NodeSet slurm/") and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("clusters: [\n", "is not YAML"),
+        ("apiVersion: v1\nkind: Config\n", "names no clusters"),
+        (
+            "clusters: [{name: t, cluster: {server: 'https://x'}}]\ncontexts: []\ncurrent-context: nope\n",
+            "the kubernetes client refuses it",
+        ),
+    ],
+)
+def test_a_bad_kubeconfig_is_bad_input_in_one_line(tmp_path, capsys, content, says):
+    path = tmp_path / "kubeconfig"
+    path.write_text(content)
+    assert cli.main(["--scenario", "mixed", "--kubeconfig", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("validate: --kubeconfig: ") and says in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"scenario": "mixed"}), json.dumps([1, 2])])
+def test_a_bad_timeline_is_bad_input_in_one_line(tmp_path, capsys, content):
+    path = tmp_path / "timeline.json"
+    path.write_text(content)
+    assert cli.main(["--scenario", "mixed", "--from-timeline", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"validate: --from-timeline: {str(path)!r} is not a timeline.json (") and err.count("\n") == 1
