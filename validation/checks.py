@@ -55,6 +55,8 @@ def describe_checks(exp: Expectations) -> list[str]:
         "every submitted job finished successfully",
         "every pod that held a GPU had its GPU UUID read from inside it",
         "no GPU UUID held by two pods at overlapping times",
+        "every process on a GPU runs in a pod allocated that GPU, one pod per GPU at a time (the probe)",
+        "dcgm-exporter's pod per GPU: one at a time, and the GPU the pod read (a second record)",
     ]
     if exp.slurm:
         lines += [
@@ -152,6 +154,102 @@ def check_gpu_exclusive(timeline: Timeline) -> Check:
     return Check("no GPU held twice", bool(held) and not clashes, detail if held else "no GPU holding was seen")
 
 
+def allocations(timeline: Timeline) -> dict[str, set[str]]:
+    """Pod UID -> the GPUs it was allocated, as read inside it (the device plugin's mounts)."""
+    found: dict[str, set[str]] = {}
+    for sample in timeline.samples:
+        for pod in sample.gpu_pods:
+            found.setdefault(pod.uid, set()).update(pod.uuids)
+    return found
+
+
+@dataclass(frozen=True)
+class ProcessSpan:
+    """One pod's processes on one GPU, from the first to the last sample that showed them."""
+
+    uuid: str
+    pod_uid: str
+    node: str
+    start: float
+    end: float
+
+
+def process_spans(timeline: Timeline) -> list[ProcessSpan]:
+    spans: dict[tuple[str, str], list] = {}
+    for sample in timeline.samples:
+        for proc in sample.processes:
+            span = spans.setdefault((proc.uuid, proc.pod_uid), [proc.node, sample.t, sample.end])
+            span[2] = sample.end
+    return sorted(
+        (ProcessSpan(uuid, uid, node, start, end) for (uuid, uid), (node, start, end) in spans.items()),
+        key=lambda p: (p.uuid, p.start),
+    )
+
+
+def check_processes(timeline: Timeline) -> Check:
+    """From the processes on the GPUs, not the allocations: every process runs in a pod that was
+    allocated that GPU, and no two pods' processes share a GPU at overlapping times."""
+    name = "GPU processes only in their GPU's pod"
+    probed = sum(s.probed for s in timeline.samples)
+    if not probed:
+        return Check(name, False, "the process probe never answered on every GPU node")
+    allocated = allocations(timeline)
+    pods = {p.uid: p.key for s in timeline.samples for p in s.gpu_pods}
+    problems: dict[tuple[str, str], str] = {}
+    for sample in timeline.samples:
+        for proc in sample.processes:
+            where = f"{proc.uuid} at {sample.t:.0f} s"
+            if not proc.pod_uid:
+                problem = f"{where}: pid {proc.pid} on {proc.node} runs in no pod"
+            elif proc.pod_uid not in pods:
+                problem = f"{where}: pod {proc.pod_uid} asked for no GPU (pid {proc.pid} on {proc.node})"
+            elif not allocated.get(proc.pod_uid):
+                problem = f"{where}: {pods[proc.pod_uid]}'s allocation was never read"
+            elif proc.uuid not in allocated[proc.pod_uid]:
+                problem = f"{where}: {pods[proc.pod_uid]} was allocated {', '.join(sorted(allocated[proc.pod_uid]))}"
+            else:
+                continue
+            problems.setdefault((proc.uuid, proc.pod_uid), problem)
+    spans = process_spans(timeline)
+    for a, b in combinations(spans, 2):
+        if a.uuid == b.uuid and a.pod_uid != b.pod_uid and a.start <= b.end and b.start <= a.end:
+            who = [pods.get(x.pod_uid) or x.pod_uid or "no pod" for x in (a, b)]
+            problems.setdefault(
+                (a.uuid, a.pod_uid + b.pod_uid),
+                f"{a.uuid}: {who[0]} [{a.start:.0f}-{a.end:.0f} s] and {who[1]} [{b.start:.0f}-{b.end:.0f} s]",
+            )
+    seen = sum(len(s.processes) for s in timeline.samples)
+    detail = "; ".join(problems.values()) or (
+        f"{seen} process sightings on {len({p.uuid for p in spans})} GPUs, each in its GPU's pod "
+        f"(probe answered in {probed} of {len(timeline.samples)} samples)"
+    )
+    return Check(name, not problems, detail)
+
+
+def check_dcgm(timeline: Timeline) -> Check:
+    """dcgm-exporter's pod label per GPU (kubelet's allocations, scraped without gaps) as a second
+    record: one pod per GPU at a time, and the GPU each pod read inside itself."""
+    name = "dcgm-exporter agrees"
+    if not timeline.dcgm:
+        return Check(name, False, "no dcgm-exporter record for the run")
+    read: dict[str, set[str]] = {p.key: set() for s in timeline.samples for p in s.gpu_pods}
+    for sample in timeline.samples:
+        for pod in sample.gpu_pods:
+            read[pod.key].update(pod.uuids)
+    problems = [
+        f"{a.uuid}: {a.pod} [{a.start:.0f}-{a.end:.0f} s] and {b.pod} [{b.start:.0f}-{b.end:.0f} s]"
+        for a, b in combinations(timeline.dcgm, 2)
+        if a.uuid == b.uuid and a.pod != b.pod and a.start <= b.end and b.start <= a.end
+    ]
+    problems += [
+        f"dcgm-exporter says {h.pod} held {h.uuid}; inside, it read {', '.join(sorted(read[h.pod])) or 'nothing'}"
+        for h in timeline.dcgm
+        if h.pod in read and read[h.pod] and h.uuid not in read[h.pod]
+    ]
+    detail = "; ".join(problems) or f"{len(timeline.dcgm)} holdings of {len({h.uuid for h in timeline.dcgm})} GPUs"
+    return Check(name, not problems, detail)
+
+
 def check_scale_up(timeline: Timeline) -> Check:
     latency = scale_up_latency(timeline)
     if latency is None:
@@ -217,6 +315,8 @@ def evaluate(timeline: Timeline, exp: Expectations) -> list[Check]:
         check_jobs_succeeded(timeline),
         check_uuids_read(timeline),
         check_gpu_exclusive(timeline),
+        check_processes(timeline),
+        check_dcgm(timeline),
     ]
     if exp.slurm:
         checks += [check_scale_up(timeline), check_gpu_return(timeline)]

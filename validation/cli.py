@@ -23,8 +23,9 @@ from typing import NoReturn
 
 import yaml
 
-from components.names import Names, SlurmNames
+from components.names import MONITORING_NAMESPACE, PROMETHEUS_PORT, Names
 from stacks import offline, settings
+from validation import probe
 from validation.checks import Expectations, describe_checks, evaluate, expectations
 from validation.scenarios import SCENARIOS, describe, plan
 from validation.timeline import Timeline
@@ -178,19 +179,20 @@ def load_timeline(path: Path) -> Timeline:
         raise UsageError(f"--from-timeline: {str(path)!r} is not a timeline.json ({detail})") from None
 
 
-def client_for(kubeconfig: dict, names: SlurmNames):
+def client_for(kubeconfig: dict, names: Names):
     """The live cluster, or UsageError for a kubeconfig the kubernetes client refuses."""
     from kubernetes.config.config_exception import ConfigException
 
     from validation.cluster import KubeCluster
 
+    prometheus = (MONITORING_NAMESPACE, names.prometheus_service, PROMETHEUS_PORT)
     try:
-        return KubeCluster.from_kubeconfig(kubeconfig, names)
+        return KubeCluster.from_kubeconfig(kubeconfig, names.slurm, prometheus=prometheus)
     except (ConfigException, ValueError, TypeError, KeyError, OSError) as error:
         raise UsageError(f"--kubeconfig: the kubernetes client refuses it ({str(error)[:200]})") from None
 
 
-def connect(kubeconfig: dict, names: SlurmNames):
+def connect(kubeconfig: dict, names: Names):
     """The live cluster, or UsageError: a bad kubeconfig, an API server that does not answer,
     or no NodeSet where the testbed puts it."""
     from validation.cluster import ClusterError
@@ -240,7 +242,8 @@ def _main(argv: list[str]) -> int:
         print("\n".join(describe(scenario, planned, slurm, names.gpus_total)))
         print(f"records every {args.interval:.0f} s until done or {timeout:.0f} s:")
         print(f"  NodeSet {slurm.namespace}/{slurm.nodeset_resource} replicas; squeue in {slurm.controller_pod};")
-        print("  every pod holding nvidia.com/gpu with its node and GPU UUID (nvidia-smi inside the pod);")
+        print("  every pod holding nvidia.com/gpu with its node and GPU UUIDs (the device plugin's mounts inside it);")
+        print(f"  every process on every GPU and its pod (DaemonSet {probe.NAMESPACE}/{probe.NAME}, removed after);")
         print("  PyTorchJob and Job states")
         print("checks:")
         print("\n".join(f"  {line}" for line in describe_checks(exp)))
@@ -254,7 +257,7 @@ def _main(argv: list[str]) -> int:
     from validation.cluster import WallClock
     from validation.runner import run
 
-    cluster = connect(load_kubeconfig(args.kubeconfig), slurm)
+    cluster = connect(load_kubeconfig(args.kubeconfig), names)
     signal.signal(signal.SIGTERM, _terminate)
     timeline = run(
         planned,

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from typing import Protocol
 
-from components import device_plugin
+from components import device_plugin, host_layout
 from components.names import (
     JOBS_NAMESPACE,
     NODESET_GROUP,
@@ -22,11 +22,15 @@ from components.names import (
     SLURMCTLD_CONTAINER,
     SLURMD_HOSTNAME_LABEL,
     SlurmNames,
+    label_selector,
 )
+from validation import probe
+from validation.probe import parse_processes
 from validation.scenarios import GPU, sbatch_command
 from validation.timeline import (
     KUBERNETES,
     SLURMD,
+    DcgmHolding,
     GpuPod,
     GpuProcess,
     SlurmJob,
@@ -68,15 +72,27 @@ class Cluster(Protocol):
     def read_gpu_uuids(self, pod: GpuPod) -> tuple[str, ...]:
         """The UUIDs of the GPUs a running pod holds, read inside it; () if not readable yet."""
 
-    def gpu_processes(self) -> list[GpuProcess] | None:
-        """Every process on every GPU now, with its pod; None when a node's probe did not answer."""
+    def start_probe(self) -> None:
+        """Deploy the process probe (validation/probe.py) on the GPU nodes."""
+
+    def stop_probe(self) -> None: ...
+
+    def gpu_processes(self) -> tuple[list[GpuProcess], bool]:
+        """Every process on every GPU now, with its pod; and whether every GPU node answered."""
+
+    def dcgm_holdings(self, t0_epoch: float, duration: float, step: float) -> list[DcgmHolding]:
+        """dcgm-exporter's pod label per GPU over the run, from Prometheus (times since t0)."""
 
     def check_reachable(self) -> None:
         """Raise ClusterError unless the API server answers and the NodeSet exists."""
 
 
 class Clock(Protocol):
-    def now(self) -> float: ...
+    def now(self) -> float:
+        """Seconds on a clock that never jumps: durations."""
+
+    def epoch(self) -> float:
+        """Seconds since the epoch now: for queries in the cluster's own time (Prometheus)."""
 
     def sleep(self, seconds: float) -> None: ...
 
@@ -84,6 +100,9 @@ class Clock(Protocol):
 class WallClock:
     def now(self) -> float:
         return time.monotonic()
+
+    def epoch(self) -> float:
+        return time.time()
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -116,6 +135,31 @@ def exit_code(status_frame: str, where: str) -> int:
                 return int(cause["message"])
     message = status.get("message") or "; ".join(str(c.get("message", "")) for c in causes) or str(status)
     raise ClusterError(f"{where}: {status.get('reason') or 'Failure'}: {message[:300]}")
+
+
+# dcgm-exporter labels each GPU's metrics with the pod kubelet's PodResources API says holds
+# it (DCGM_EXPORTER_KUBERNETES; kept as `pod`/`namespace` by honorLabels on its ServiceMonitor).
+DCGM_HOLDER_QUERY = 'max by (UUID, namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})'
+
+
+def parse_dcgm(answer: dict, t0_epoch: float, step: float) -> list[DcgmHolding]:
+    """A Prometheus query_range matrix as holdings: one per unbroken run of one pod on one GPU
+    (a gap of more than two steps ends it: slurmd pods come back under the same name)."""
+    if answer.get("status") != "success":
+        raise ValueError(answer.get("error") or "status is not success")
+    found = []
+    for series in answer["data"]["result"]:
+        labels = series["metric"]
+        times = sorted(float(t) - t0_epoch for t, _ in series["values"])
+        pod = f"{labels.get('namespace', '')}/{labels['pod']}"
+        start = prev = times[0]
+        for t in times[1:]:
+            if t - prev > 2 * step:
+                found.append(DcgmHolding(labels["UUID"], pod, round(start, 3), round(prev, 3)))
+                start = t
+            prev = t
+        found.append(DcgmHolding(labels["UUID"], pod, round(start, 3), round(prev, 3)))
+    return sorted(found, key=lambda h: (h.uuid, h.start, h.pod))
 
 
 def api_error(error) -> str:
@@ -230,10 +274,18 @@ def classify_pod(pod: dict, names: SlurmNames) -> GpuPod | None:
 class KubeCluster:
     """The live testbed, reached with the kubernetes client."""
 
-    def __init__(self, api_client, names: SlurmNames, exec_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        api_client,
+        names: SlurmNames,
+        exec_timeout: float = 60.0,
+        prometheus: tuple[str, str, int] | None = None,  # namespace, Service, port
+    ) -> None:
         from kubernetes import client
 
         self.api = api_client
+        self.prometheus = prometheus
+        self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.batch = client.BatchV1Api(api_client)
@@ -241,10 +293,12 @@ class KubeCluster:
         self.exec_timeout = exec_timeout
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: dict, names: SlurmNames) -> KubeCluster:
+    def from_kubeconfig(
+        cls, kubeconfig: dict, names: SlurmNames, prometheus: tuple[str, str, int] | None = None
+    ) -> KubeCluster:
         from kubernetes import config
 
-        return cls(config.new_client_from_config_dict(kubeconfig), names)
+        return cls(config.new_client_from_config_dict(kubeconfig), names, prometheus=prometheus)
 
     def _exec(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str, str]:
         """Run `command` in a container: (exit code, stdout, stderr) once it ended, or ClusterError.
@@ -362,8 +416,57 @@ class KubeCluster:
             return ()  # not exec-able yet, or already gone: try again next sample
         return parse_uuids(out) if code == 0 else ()
 
-    def gpu_processes(self) -> list[GpuProcess] | None:
-        return None  # no probe deployed
+    def start_probe(self) -> None:
+        obj = probe.daemonset()
+        with answering(f"create DaemonSet {probe.NAMESPACE}/{probe.NAME}", ok=(409,)):  # left by a run cut short
+            self.apps.create_namespaced_daemon_set(probe.NAMESPACE, obj)
+
+    def stop_probe(self) -> None:
+        with answering(f"delete DaemonSet {probe.NAMESPACE}/{probe.NAME}", ok=(404,)):
+            self.apps.delete_namespaced_daemon_set(probe.NAME, probe.NAMESPACE)
+
+    def gpu_processes(self) -> tuple[list[GpuProcess], bool]:
+        key, value = host_layout.GPU_NODE_LABEL
+        with answering("list GPU nodes"):
+            nodes = [n.metadata.name for n in self.core.list_node(label_selector=f"{key}={value}").items]
+        with answering(f"list {probe.NAME} pods"):
+            pods = self.core.list_namespaced_pod(probe.NAMESPACE, label_selector=label_selector(probe.LABELS)).items
+        running = {p.spec.node_name: p.metadata.name for p in pods if p.status and p.status.phase == "Running"}
+        found: list[GpuProcess] = []
+        complete = bool(nodes)
+        for node in nodes:
+            try:
+                code, out, _ = self._exec(probe.NAMESPACE, running[node], probe.CONTAINER, probe.QUERY)
+            except (KeyError, ClusterError):  # no probe running there yet, or it did not answer
+                complete = False
+                continue
+            complete = complete and code == 0
+            found += parse_processes(out, node) if code == 0 else []
+        return found, complete
+
+    def dcgm_holdings(self, t0_epoch: float, duration: float, step: float) -> list[DcgmHolding]:
+        if self.prometheus is None:
+            return []
+        namespace, service, port = self.prometheus
+        params = [
+            ("query", DCGM_HOLDER_QUERY),
+            ("start", f"{t0_epoch:.3f}"),
+            ("end", f"{t0_epoch + duration:.3f}"),
+            ("step", f"{step:g}"),
+        ]
+        with answering(f"query Prometheus {namespace}/{service}"):
+            response = self.api.call_api(
+                f"/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy/api/v1/query_range",
+                "GET",
+                query_params=params,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+            )
+        try:
+            return parse_dcgm(json.loads(response.data), t0_epoch, step)
+        except (ValueError, KeyError, TypeError) as error:
+            raise ClusterError(f"query Prometheus {namespace}/{service}: no query_range answer ({error})") from None
 
 
 @contextmanager

@@ -69,7 +69,7 @@ def observe(cluster: Cluster, clock: Clock, start: float, state: RunState) -> Sa
         if isinstance(plan, PlannedKube)
     )
     slurm_jobs = tuple(cluster.slurm_jobs())
-    processes = cluster.gpu_processes()
+    processes, probed = cluster.gpu_processes()
     return Sample(
         t=t,
         nodeset_replicas=replicas,
@@ -78,8 +78,8 @@ def observe(cluster: Cluster, clock: Clock, start: float, state: RunState) -> Sa
         kube_jobs=kube_jobs,
         gpu_pods=tuple(pods),
         t_end=clock.now() - start,
-        processes=tuple(processes) if processes is not None else (),
-        probed=processes is not None,
+        processes=tuple(processes),
+        probed=probed,
     )
 
 
@@ -225,8 +225,13 @@ def run(
     waiting = list(planned)
     clean_exit = False
     start = clock.now()
+    t0_epoch = clock.epoch()
     t = 0.0
     try:
+        try:
+            cluster.start_probe()  # it starts while the runner waits for an idle cluster
+        except ClusterError as error:
+            record.failed(0.0, "start the process probe", error, final=False)
         still_busy = wait_until_idle(cluster, clock, state, record, interval, idle_timeout)
         timeline.waited_for_idle = round(clock.now() - start, 3)
         if still_busy is not None:
@@ -238,7 +243,7 @@ def run(
             return timeline
         if timeline.waited_for_idle:
             log(f"waited {timeline.waited_for_idle:.0f} s for the cluster to be idle")
-        start = clock.now()
+        start, t0_epoch = clock.now(), clock.epoch()
         while True:
             t = clock.now() - start
             sample = take_sample(cluster, clock, start, state, record)
@@ -282,4 +287,21 @@ def run(
         # On every ending but a clean one: never leave our jobs holding GPUs.
         if not clean_exit:
             cleanup(cluster, state, record, clock.now() - start)
+        finish(cluster, timeline, record, clock.now() - start, t0_epoch)
     return timeline
+
+
+def finish(cluster: Cluster, timeline: Timeline, record: Recorder, t: float, t0_epoch: float) -> None:
+    """Remove the probe; read dcgm-exporter's record of the run (best effort, errors kept)."""
+    record.log(f"delete DaemonSet of the process probe ({t:.0f} s)")
+    try:
+        cluster.stop_probe()
+    except ClusterError as error:
+        timeline.errors.append(RunError(round(t, 3), "cleanup: delete the process probe", str(error)))
+        record.log(f"could not delete the process probe ({error}): do it by hand")
+    if not timeline.samples:
+        return
+    try:
+        timeline.dcgm = cluster.dcgm_holdings(t0_epoch, timeline.samples[-1].end, timeline.interval)
+    except ClusterError as error:
+        timeline.errors.append(RunError(round(t, 3), "read dcgm-exporter's record", str(error)))

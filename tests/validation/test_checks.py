@@ -25,7 +25,7 @@ ALL = Expectations(slurm=True, queueing=False, handoff=True)
 def test_a_clean_handoff_passes_every_check():
     checks = evaluate(handoff_timeline(), ALL)
     assert [c.name for c in checks if not c.passed] == []
-    assert len(checks) == 7
+    assert len(checks) == 9
 
 
 def test_latencies_are_derived_from_the_samples():
@@ -153,4 +153,11 @@ def test_no_waiting_while_gpus_were_free_fails_the_queue_check():
 
 def test_expectations_choose_the_checks():
     names = [c.name for c in evaluate(handoff_timeline(), Expectations(slurm=False, queueing=False, handoff=False))]
-    assert names == ["run completed", "every job succeeded", "GPU UUIDs read", "no GPU held twice"]
+    assert names == [
+        "run completed",
+        "every job succeeded",
+        "GPU UUIDs read",
+        "no GPU held twice",
+        "GPU processes only in their GPU's pod",
+        "dcgm-exporter agrees",
+    ]

@@ -41,6 +41,7 @@ def test_a_long_outage_spends_the_budget_ends_the_run_and_says_cleanup_needs_a_h
     assert [e.during for e in cleanup] == [
         "cleanup: scancel 100",
         "cleanup: delete PyTorchJob default/pytorchjob-ddp-t1-2",
+        "cleanup: delete the process probe",
     ]
     assert any("do it by hand" in line for line in log)
     assert cluster.cancelled == [] and cluster.deleted == []  # the fake's API never came back

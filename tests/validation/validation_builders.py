@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from validation.timeline import KUBERNETES, SLURMD, GpuPod, KubeJob, Sample, SlurmJob, Submission, Timeline
+from validation.timeline import (
+    KUBERNETES,
+    SLURMD,
+    DcgmHolding,
+    GpuPod,
+    GpuProcess,
+    KubeJob,
+    Sample,
+    SlurmJob,
+    Submission,
+    Timeline,
+)
 
 GPU_A, GPU_B = "GPU-a", "GPU-b"
 
@@ -35,8 +46,22 @@ def kube_pod(job: str, replica: str, node: int, uuid: str = "", *, phase: str = 
     )
 
 
-def sample(t: float, replicas: int = 0, ready: int = 0, slurm=(), kube=(), pods=()) -> Sample:
-    return Sample(t, replicas, ready, tuple(slurm), tuple(kube), tuple(pods))
+def sample(t: float, replicas: int = 0, ready: int = 0, slurm=(), kube=(), pods=(), procs=None) -> Sample:
+    """A sample; by default the probe sees a process in every Running pod that holds a read GPU
+    (slurmd pods only while a Slurm job runs on them)."""
+    if procs is None:
+        busy = {n for j in slurm if j.state == "RUNNING" for n in j.nodes}
+        procs = [
+            proc(u, p.uid, p.node)
+            for p in pods
+            if p.phase == "Running" and (p.holder == KUBERNETES or p.owner in busy)
+            for u in p.uuids
+        ]
+    return Sample(t, replicas, ready, tuple(slurm), tuple(kube), tuple(pods), processes=tuple(procs), probed=True)
+
+
+def proc(uuid: str, pod_uid: str, node: str = "gpu-worker-0", pid: int = 4000) -> GpuProcess:
+    return GpuProcess(uuid, pid, node, pod_uid)
 
 
 def smoke(state: str, nodes: tuple[str, ...] = ("slinky-0",)) -> SlurmJob:
@@ -68,6 +93,17 @@ def handoff_samples() -> list[Sample]:
     ]
 
 
-def handoff_timeline(samples: list[Sample] | None = None) -> Timeline:
+def handoff_dcgm() -> list[DcgmHolding]:
+    """dcgm-exporter's record of the same hand-off, scraped every 15 s."""
+    return [
+        DcgmHolding(GPU_A, "slurm/slurm-worker-slinky-0", 15, 345),
+        DcgmHolding(GPU_A, "default/ddp-master-0", 375, 390),
+        DcgmHolding(GPU_B, "default/ddp-worker-0", 375, 390),
+    ]
+
+
+def handoff_timeline(samples: list[Sample] | None = None, dcgm: list[DcgmHolding] | None = None) -> Timeline:
     subs = [Submission("smoke", "slurm", 5, 1, "7"), Submission("ddp", "PyTorchJob", 355, 2, "ddp")]
-    return Timeline("handoff", 2, 10, "2026-01-01T00:00:00+00:00", samples or handoff_samples(), subs)
+    timeline = Timeline("handoff", 2, 10, "2026-01-01T00:00:00+00:00", samples or handoff_samples(), subs)
+    timeline.dcgm = handoff_dcgm() if dcgm is None else dcgm
+    return timeline

@@ -253,12 +253,12 @@ class FakeCluster:
             if p.gpu is not None and p.running_at is not None and t0_epoch <= p.running_at <= now
         ]
 
-    def gpu_processes(self) -> list[GpuProcess] | None:
+    def gpu_processes(self) -> tuple[list[GpuProcess], bool]:
         """What nvidia-smi would list: a process per running Kubernetes pod, and per slurmd pod
         running a Slurm job; plus the injected leaks."""
         self._call()
         if self.faults.no_probe:
-            return None
+            return [], False
         now = self.clock.now()
         busy = {n for j in self.twin.slurm.jobs if j.state == "RUNNING" for n in j.nodes}
         found = [
@@ -273,4 +273,4 @@ class FakeCluster:
                 job = self.twin.kube_jobs[name]
                 if job.started is not None and job.finished is None:
                     found.append(GpuProcess(found[0].uuid, 4343, found[0].node, uid))
-        return found
+        return found, True
