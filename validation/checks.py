@@ -21,6 +21,7 @@ from validation.timeline import (
     Timeline,
     holdings,
     job_lives,
+    slurm_holds_every_gpu,
 )
 
 
@@ -38,6 +39,7 @@ class Expectations:
     slurm: bool  # Slurm jobs ran, so slurmd must scale up and later return the GPUs
     queueing: bool  # more GPU demand than GPUs: some work must wait, then run
     handoff: bool  # a GPU must go from slurmd to a Kubernetes job
+    leak_jobs: tuple[str, ...] = ()  # jobs that must fail to reach a GPU they did not request
 
 
 def expectations(scenario: Scenario, planned: list[Planned], gpus_total: int) -> Expectations:
@@ -46,6 +48,7 @@ def expectations(scenario: Scenario, planned: list[Planned], gpus_total: int) ->
         slurm=any(p.kind == SLURM for p in planned),
         queueing=at_once > gpus_total,
         handoff=scenario.handoff,
+        leak_jobs=tuple(p.name for p in planned if scenario.leak_probe and p.kind != SLURM and p.gpus == 0),
     )
 
 
@@ -67,6 +70,8 @@ def describe_checks(exp: Expectations) -> list[str]:
         lines.append("work beyond the GPUs waited while every GPU was held, then ran")
     if exp.handoff:
         lines.append("a GPU held by slurmd was later held by a Kubernetes job")
+    if exp.leak_jobs:
+        lines.append("while Slurm held every GPU, a pod without a GPU request could not reach one")
     return lines
 
 
@@ -309,6 +314,28 @@ def check_handoff(timeline: Timeline) -> Check:
     return Check("GPU handed from Slurm to Kubernetes", True, f"{len(handed)} GPU(s): " + ", ".join(handed))
 
 
+def check_leak_probe(timeline: Timeline, leak_jobs: tuple[str, ...]) -> Check:
+    """The leak probe exits 0 only if it reached no GPU; it counts only if it ran while Slurm
+    held every GPU (the GPU it would have taken from slurmd)."""
+    name = "no GPU without a request"
+    lives = {life.name: life for life in job_lives(timeline)}
+    problems = []
+    for job in leak_jobs:
+        life = lives.get(job)
+        if life is None or life.started is None:
+            problems.append(f"{job} never ran")
+            continue
+        if life.final_phase != SUCCEEDED:
+            problems.append(f"{job} {life.final_phase or 'never finished'}: it reached a GPU (see its log)")
+        end = life.finished if life.finished is not None else float("inf")
+        if not any(
+            slurm_holds_every_gpu(s, timeline.gpus_total) for s in timeline.samples if life.submitted <= s.t <= end
+        ):
+            problems.append(f"{job} ran while Slurm did not hold every GPU")
+    detail = "; ".join(problems) or f"{', '.join(leak_jobs)} found no GPU while Slurm held all {timeline.gpus_total}"
+    return Check(name, not problems, detail)
+
+
 def evaluate(timeline: Timeline, exp: Expectations) -> list[Check]:
     checks = [
         check_outcome(timeline),
@@ -324,4 +351,6 @@ def evaluate(timeline: Timeline, exp: Expectations) -> list[Check]:
         checks.append(check_queued_work(timeline))
     if exp.handoff:
         checks.append(check_handoff(timeline))
+    if exp.leak_jobs:
+        checks.append(check_leak_probe(timeline, exp.leak_jobs))
     return checks

@@ -230,7 +230,7 @@ def _main(argv: list[str]) -> int:
     timeout = args.timeout or WORK_SECONDS + names.cooldown_seconds
     now = datetime.now(UTC)
     run_id = "dryrun" if args.dry_run else now.strftime("r%m%d%H%M%S")
-    planned = plan(scenario, run_id)
+    planned = plan(scenario, run_id, gpus_total=names.gpus_total)
     exp = expectations(scenario, planned, names.gpus_total)
     out = args.out or Path("out") / f"validate-{scenario.name}-{now.strftime('%Y%m%dT%H%M%SZ')}"
 

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from validation.cluster import Clock, Cluster, ClusterError
-from validation.scenarios import AFTER_SCALE_DOWN, AT_START, SLURM, Planned, PlannedKube, PlannedSlurm
+from validation.scenarios import (
+    AFTER_SCALE_DOWN,
+    AT_START,
+    SLURM,
+    WHILE_SLURM_HOLDS_ALL,
+    Planned,
+    PlannedKube,
+    PlannedSlurm,
+)
 from validation.timeline import (
     FINISHED,
     PENDING,
@@ -30,6 +38,7 @@ from validation.timeline import (
     Submission,
     Timeline,
     job_lives,
+    slurm_holds_every_gpu,
 )
 
 SAMPLE_ATTEMPTS = 3  # tries per sample before it is skipped
@@ -118,6 +127,8 @@ def due(plan: Planned, timeline: Timeline) -> bool:
             s.nodeset_replicas > 0 or s.slurmd_pods() for s in timeline.samples if s.t >= first
         )
         return was_up and slurm_all_done_and_gone(timeline)
+    if plan.after == WHILE_SLURM_HOLDS_ALL:
+        return slurm_holds_every_gpu(timeline.samples[-1], timeline.gpus_total)
     raise ValueError(f"unknown trigger {plan.after!r}")
 
 

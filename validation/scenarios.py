@@ -24,6 +24,8 @@ GPU = "nvidia.com/gpu"
 AT_START = "start"
 # Once every Slurm job is done and KEDA has scaled slurmd to 0: the GPUs are back.
 AFTER_SCALE_DOWN = "after-slurmd-scaled-to-0"
+# Once Slurm jobs run on every GPU (each slurmd pod holding its GPU runs one).
+WHILE_SLURM_HOLDS_ALL = "while-slurm-holds-every-gpu"
 
 SLURM = "slurm"
 
@@ -33,6 +35,7 @@ class Workload:
     source: str  # path under jobs/
     after: str = AT_START
     workers: int | None = None  # PyTorchJob Worker replicas, if not the file's
+    every_gpu: bool = False  # sbatch: one node per GPU of the stack, whatever the file says
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Scenario:
     description: str
     workloads: tuple[Workload, ...]
     handoff: bool = False  # must show a GPU going from Slurm to Kubernetes
+    leak_probe: bool = False  # a pod without a GPU request must fail to reach one
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -76,6 +80,15 @@ SCENARIOS: dict[str, Scenario] = {
                 Workload("kubernetes/pytorchjob-ddp.yaml", after=AFTER_SCALE_DOWN, workers=3),
             ),
             handoff=True,
+        ),
+        Scenario(
+            "leak-probe",
+            "Slurm holds every GPU; a CUDA pod with NVIDIA_VISIBLE_DEVICES=all and no GPU request tries to use one",
+            (
+                Workload("slurm/hold-gpus.sbatch", every_gpu=True),
+                Workload("kubernetes/leak-probe.yaml", after=WHILE_SLURM_HOLDS_ALL),
+            ),
+            leak_probe=True,
         ),
     )
 }
@@ -176,13 +189,16 @@ def unique_name(source: str, run_id: str, index: int) -> str:
     return f"{stem}-{run_id}-{index}"
 
 
-def plan(scenario: Scenario, run_id: str, jobs_dir: Path = JOBS_DIR) -> list[Planned]:
+def plan(scenario: Scenario, run_id: str, jobs_dir: Path = JOBS_DIR, gpus_total: int | None = None) -> list[Planned]:
     planned: list[Planned] = []
     for index, workload in enumerate(scenario.workloads, start=1):
         path = jobs_dir / workload.source
         name = unique_name(workload.source, run_id, index)
         if path.suffix == ".sbatch":
             script = path.read_text()
+            if workload.every_gpu and gpus_total is not None:
+                # As `sbatch -N <GPUs>` would: the directive is the script's, so rewrite it.
+                script = re.sub(r"^#SBATCH --nodes=\S+$", f"#SBATCH --nodes={gpus_total}", script, flags=re.M)
             planned.append(PlannedSlurm(name, workload.source, slurm_gpus(script), workload.after, script))
             continue
         (obj,) = load_objects(path)
@@ -208,7 +224,9 @@ def describe(scenario: Scenario, planned: list[Planned], names: SlurmNames, gpus
     demand = f"GPU demand {at_start} at start" + (f", {later} later" if later else "")
     lines = [f"scenario {scenario.name}: {scenario.description}", f"{demand}; the testbed has {gpus_total} GPUs"]
     for p in planned:
-        when = "at start" if p.after == AT_START else "once slurmd is scaled to 0"
+        when = {AT_START: "at start", AFTER_SCALE_DOWN: "once slurmd is scaled to 0"}.get(
+            p.after, "once Slurm holds every GPU"
+        )
         if isinstance(p, PlannedSlurm):
             command = " ".join([names.exec_prefix(), *sbatch_command(p.name), "<", f"jobs/{p.source}"])
         else:

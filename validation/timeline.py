@@ -324,6 +324,17 @@ def gpu_owner(sample: Sample, uuid: str) -> tuple[str, str] | None:
     return None
 
 
+def slurm_holds_every_gpu(sample: Sample, gpus_total: int) -> bool:
+    """Every GPU is held by a slurmd pod whose Slurm node runs a job in this sample."""
+    held = {
+        uuid
+        for pod in sample.slurmd_pods()
+        if pod.phase == "Running" and slurm_job_on_node(sample, pod.owner)
+        for uuid in pod.uuids
+    }
+    return len(held) >= gpus_total
+
+
 def node_of_uuid(timeline: Timeline) -> dict[str, str]:
     """GPU UUID -> the Kubernetes node it lives on, as the pods that held it reported."""
     found: dict[str, str] = {}

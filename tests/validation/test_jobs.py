@@ -70,8 +70,13 @@ def pod_templates(obj):
 
 
 def test_there_are_the_example_workloads():
-    assert {p.name for p in MANIFESTS} == {"pytorchjob-ddp.yaml", "inference-job.yaml"}
-    assert {p.name for p in SCRIPTS} == {"gpu-smoke.sbatch", "mpi-gpu.sbatch", "openfoam-cavity.sbatch"}
+    assert {p.name for p in MANIFESTS} == {"pytorchjob-ddp.yaml", "inference-job.yaml", "leak-probe.yaml"}
+    assert {p.name for p in SCRIPTS} == {
+        "gpu-smoke.sbatch",
+        "hold-gpus.sbatch",
+        "mpi-gpu.sbatch",
+        "openfoam-cavity.sbatch",
+    }
 
 
 @pytest.mark.parametrize("name,obj", [(n, o) for n, o in objects() if o["kind"] != "PyTorchJob"])

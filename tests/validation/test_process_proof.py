@@ -161,3 +161,13 @@ def test_prometheus_answers_become_holdings_split_at_gaps():
         DcgmHolding(GPU_B, "slurm/slurm-worker-slinky-0", 10, 30),
         DcgmHolding(GPU_B, "slurm/slurm-worker-slinky-0", 200, 210),
     ]
+
+
+def test_the_leak_probe_scenario_passes_only_if_the_pod_reached_no_gpu():
+    _, checks, _, _ = replay("leak-probe")
+    assert checks["no GPU without a request"].passed, checks["no GPU without a request"].detail
+    assert "found no GPU while Slurm held all 4" in checks["no GPU without a request"].detail
+    _, leaky, _, _ = replay("leak-probe", Faults(leaky_toolkit=True))
+    assert not leaky["no GPU without a request"].passed
+    assert "leak-probe-t1-2 failed: it reached a GPU" in leaky["no GPU without a request"].detail
+    assert "asked for no GPU" in leaky["GPU processes only in their GPU's pod"].detail

@@ -8,7 +8,7 @@ from validation.runner import run
 from validation.scenarios import SCENARIOS, plan
 from validation.timeline import job_lives
 
-DURATIONS = {"mpi-gpu": 120, "pytorchjob": 90, "inference": 60, "gpu-smoke": 15}
+DURATIONS = {"mpi-gpu": 120, "pytorchjob": 90, "inference": 60, "gpu-smoke": 15, "hold-gpus": 120, "leak-probe": 30}
 
 
 def replay(name, faults=None, timeout=3000.0, **cluster_args):

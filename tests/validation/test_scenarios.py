@@ -6,6 +6,7 @@ from validation.scenarios import (
     AFTER_SCALE_DOWN,
     JOBS_DIR,
     SCENARIOS,
+    WHILE_SLURM_HOLDS_ALL,
     PlannedKube,
     kube_gpus,
     load_objects,
@@ -51,7 +52,17 @@ def test_planned_names_are_unique_and_valid_everywhere(name):
 
 def test_scenario_demands():
     demand = {name: sum(p.gpus for p in plan(s, "r1")) for name, s in SCENARIOS.items()}
-    assert demand == {"hpc-parallel": 4, "mixed": 4, "heavy-mixed": 9, "handoff": 5}
+    assert demand == {"hpc-parallel": 4, "mixed": 4, "heavy-mixed": 9, "handoff": 5, "leak-probe": 4}
+
+
+def test_leak_probe_holds_every_gpu_of_the_stack_then_probes_without_a_request():
+    hold, probe = plan(SCENARIOS["leak-probe"], "r1", gpus_total=2)
+    assert "#SBATCH --nodes=2" in hold.script.splitlines() and hold.gpus == 2
+    assert (probe.after, probe.gpus) == (WHILE_SLURM_HOLDS_ALL, 0)
+    (container,) = probe.obj["spec"]["template"]["spec"]["containers"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]
+    assert "nvidia.com/gpu" not in str(container["resources"])
+    assert probe.obj["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
 
 def test_handoff_pytorchjob_takes_every_gpu_after_scale_down():
