@@ -19,8 +19,10 @@ from validation.timeline import (
     Holding,
     Sample,
     Timeline,
+    held_gpus,
     holdings,
     job_lives,
+    pod_gpus,
     slurm_holds_every_gpu,
 )
 
@@ -78,17 +80,47 @@ def describe_checks(exp: Expectations) -> list[str]:
 # ------------------------------------------------------------------ latencies
 
 
+@dataclass(frozen=True)
+class Latency:
+    """Between two events, each first seen in some sample. An event first seen in sample i
+    happened after sample i-1 started and before sample i's last read returned, so the latency
+    lies in [low, high]; `value` is the difference of the two samples' start times."""
+
+    value: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.value:.0f} s (between {self.low:.0f} and {self.high:.0f} s)"
+
+
+def latency(timeline: Timeline, i: int, j: int) -> Latency:
+    samples = timeline.samples
+    a, b = samples[i], samples[j]
+    before_a = samples[i - 1].t if i > 0 else a.t
+    before_b = samples[j - 1].t if j > i else b.t
+    return Latency(b.t - a.t, max(0.0, before_b - a.end), b.end - before_a)
+
+
+def first_index(timeline: Timeline, test, start: int = 0) -> int | None:
+    return next((i for i in range(start, len(timeline.samples)) if test(timeline.samples[i])), None)
+
+
 def first_slurm_pending(timeline: Timeline) -> float | None:
-    return next((s.t for s in timeline.samples if any(j.phase == PENDING for j in s.slurm_jobs)), None)
+    i = first_index(timeline, lambda s: any(j.phase == PENDING for j in s.slurm_jobs))
+    return None if i is None else timeline.samples[i].t
+
+
+def scale_up_bounds(timeline: Timeline) -> Latency | None:
+    """First Slurm job pending -> first sample with a Ready slurmd pod."""
+    i = first_index(timeline, lambda s: any(j.phase == PENDING for j in s.slurm_jobs))
+    j = None if i is None else first_index(timeline, lambda s: s.slurmd_ready > 0, i)
+    return None if i is None or j is None else latency(timeline, i, j)
 
 
 def scale_up_latency(timeline: Timeline) -> float | None:
-    """First Slurm job pending -> first sample with a Ready slurmd pod."""
-    pending = first_slurm_pending(timeline)
-    if pending is None:
-        return None
-    ready = next((s.t for s in timeline.samples if s.t >= pending and s.slurmd_ready > 0), None)
-    return None if ready is None else ready - pending
+    bounds = scale_up_bounds(timeline)
+    return None if bounds is None else bounds.value
 
 
 def slurmd_gone(sample: Sample) -> bool:
@@ -103,13 +135,17 @@ def last_slurm_done(timeline: Timeline) -> float | None:
     return max(life.finished for life in lives if life.finished is not None)
 
 
-def gpu_return_latency(timeline: Timeline) -> float | None:
+def gpu_return_bounds(timeline: Timeline) -> Latency | None:
     """Last Slurm job done -> first sample with no slurmd replica and no slurmd pod."""
     done = last_slurm_done(timeline)
-    if done is None:
-        return None
-    gone = next((s.t for s in timeline.samples if s.t >= done and slurmd_gone(s)), None)
-    return None if gone is None else gone - done
+    i = None if done is None else first_index(timeline, lambda s: s.t >= done)
+    j = None if i is None else first_index(timeline, slurmd_gone, i)
+    return None if i is None or j is None else latency(timeline, i, j)
+
+
+def gpu_return_latency(timeline: Timeline) -> float | None:
+    bounds = gpu_return_bounds(timeline)
+    return None if bounds is None else bounds.value
 
 
 # ------------------------------------------------------------------ checks
@@ -256,31 +292,33 @@ def check_dcgm(timeline: Timeline) -> Check:
 
 
 def check_scale_up(timeline: Timeline) -> Check:
-    latency = scale_up_latency(timeline)
-    if latency is None:
+    bounds = scale_up_bounds(timeline)
+    if bounds is None:
         return Check("slurmd scaled up", False, "no Slurm job pended, or slurmd never became Ready after it")
-    return Check("slurmd scaled up", True, f"first pending -> slurmd Ready in {latency:.0f} s")
+    return Check("slurmd scaled up", True, f"first pending -> slurmd Ready in {bounds}")
 
 
 def check_gpu_return(timeline: Timeline) -> Check:
     if last_slurm_done(timeline) is None:
         return Check("GPUs returned by slurmd", False, "a Slurm job never finished")
-    latency = gpu_return_latency(timeline)
-    if latency is None:
+    bounds = gpu_return_bounds(timeline)
+    if bounds is None:
         return Check("GPUs returned by slurmd", False, "slurmd never scaled to 0 after the last Slurm job")
-    return Check("GPUs returned by slurmd", True, f"last Slurm job done -> slurmd gone in {latency:.0f} s")
+    return Check("GPUs returned by slurmd", True, f"last Slurm job done -> slurmd gone in {bounds}")
 
 
-def gpus_held(sample: Sample) -> int:
-    return len({u for p in sample.gpu_pods if p.phase == "Running" for u in p.uuids})
+def gpus_held(sample: Sample, gpus: dict[str, tuple[str, ...]]) -> int:
+    """GPUs held in a sample, reserved ones included."""
+    return len({u for p in sample.gpu_pods for u in held_gpus(p, gpus)})
 
 
 def check_queued_work(timeline: Timeline) -> Check:
     """Some job pended while every GPU was held, and every job that waited then ran."""
     lives = {life.name: life for life in job_lives(timeline)}
     waited: set[str] = set()
+    gpus = pod_gpus(timeline)
     for sample in timeline.samples:
-        if gpus_held(sample) < timeline.gpus_total:
+        if gpus_held(sample, gpus) < timeline.gpus_total:
             continue
         for life in lives.values():
             started = life.started if life.started is not None else float("inf")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from validation.checks import Check, gpu_return_latency, scale_up_latency
+from validation.checks import Check, Latency, gpu_return_bounds, scale_up_bounds
 from validation.timeline import Timeline, job_lives
 
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} s"
+
+
+def _bounded(value: Latency | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -34,8 +38,10 @@ def summary(timeline: Timeline, checks: list[Check]) -> str:
         "",
         *_table(["check", "result", "detail"], [[c.name, "PASS" if c.passed else "FAIL", c.detail] for c in checks]),
         "",
-        f"scale-up latency (first Slurm job pending -> slurmd Ready): {_seconds(scale_up_latency(timeline))}",
-        f"GPU return latency (last Slurm job done -> slurmd gone):    {_seconds(gpu_return_latency(timeline))}",
+        f"scale-up latency (first Slurm job pending -> slurmd Ready): {_bounded(scale_up_bounds(timeline))}",
+        f"GPU return latency (last Slurm job done -> slurmd gone):    {_bounded(gpu_return_bounds(timeline))}",
+        "(an event first seen in a sample happened after the previous sample started and before this one"
+        " ended: hence the bounds)",
         "",
     ]
     gpus = {s.name: s.gpus for s in timeline.submissions}

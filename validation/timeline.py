@@ -274,7 +274,9 @@ def job_lives(timeline: Timeline) -> list[JobLife]:
 
 @dataclass(frozen=True)
 class Holding:
-    """One pod holding one GPU, from the first to the last sample that showed it."""
+    """One pod holding one GPU, from the first to the last sample that showed it: from
+    PodScheduled (the device plugin allocates at admission), through image pulls and init
+    containers (reserved), while it runs."""
 
     uuid: str
     pod: str  # namespace/name
@@ -284,22 +286,50 @@ class Holding:
     owner: str
     start: float
     end: float
+    running_from: float | None = None  # None: reserved all along, it never ran
+
+
+def pod_gpus(timeline: Timeline) -> dict[str, tuple[str, ...]]:
+    """Pod UID -> its GPUs: as read inside it once it ran; for a pod that never ran, the only
+    GPU its node ever showed (one GPU per worker), else unknown."""
+    found: dict[str, tuple[str, ...]] = {}
+    for sample in timeline.samples:
+        for pod in sample.gpu_pods:
+            if pod.uuids:
+                found.setdefault(pod.uid, pod.uuids)
+    by_node: dict[str, set[str]] = {}
+    for uuid, node in node_of_uuid(timeline).items():
+        by_node.setdefault(node, set()).add(uuid)
+    for sample in timeline.samples:
+        for pod in sample.gpu_pods:
+            node_gpus = by_node.get(pod.node, set())
+            if pod.uid not in found and pod.reserved and pod.gpus == 1 and len(node_gpus) == 1:
+                found[pod.uid] = tuple(node_gpus)
+    return found
+
+
+def held_gpus(pod: GpuPod, gpus: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """What a pod holds in one sample: its GPUs while it runs or is reserved."""
+    if pod.phase == "Running":
+        return pod.uuids or gpus.get(pod.uid, ())
+    return gpus.get(pod.uid, ()) if pod.reserved else ()
 
 
 def holdings(timeline: Timeline) -> list[Holding]:
-    """Group the samples into (GPU, pod) holdings; only pods whose UUID was read count."""
+    """Group the samples into (GPU, pod) holdings; pods whose GPU is unknown do not count."""
+    gpus = pod_gpus(timeline)
     spans: dict[tuple[str, str], list] = {}
     for sample in timeline.samples:
         for pod in sample.gpu_pods:
-            if pod.phase != "Running":
-                continue
-            for uuid in pod.uuids:
-                span = spans.setdefault((uuid, pod.uid), [pod, sample.t, sample.t])
+            for uuid in held_gpus(pod, gpus):
+                span = spans.setdefault((uuid, pod.uid), [pod, sample.t, sample.t, None])
                 span[2] = sample.t
+                if pod.phase == "Running" and span[3] is None:
+                    span[3] = sample.t
     return sorted(
         (
-            Holding(uuid, pod.key, pod.uid, pod.node, pod.holder, pod.owner, start, end)
-            for (uuid, _), (pod, start, end) in spans.items()
+            Holding(uuid, pod.key, pod.uid, pod.node, pod.holder, pod.owner, start, end, running)
+            for (uuid, _), (pod, start, end, running) in spans.items()
         ),
         key=lambda h: (h.uuid, h.start, h.pod),
     )
@@ -313,14 +343,18 @@ def slurm_job_on_node(sample: Sample, slurm_node: str) -> str | None:
     return None
 
 
-def gpu_owner(sample: Sample, uuid: str) -> tuple[str, str] | None:
-    """(category, label) of whoever holds a GPU in a sample: slurm-job, slurmd-idle or kubernetes."""
+def gpu_owner(sample: Sample, uuid: str, gpus: dict[str, tuple[str, ...]] | None = None) -> tuple[str, str] | None:
+    """(category, label) of whoever holds a GPU in a sample: slurm-job, slurmd-idle, kubernetes,
+    or reserved (a scheduled pod not running yet; `gpus` from pod_gpus says which GPU it has)."""
     for pod in sample.gpu_pods:
         if pod.phase == "Running" and uuid in pod.uuids:
             if pod.holder == KUBERNETES:
                 return "kubernetes", pod.owner
             job = slurm_job_on_node(sample, pod.owner)
             return ("slurm-job", job) if job else ("slurmd-idle", pod.name)
+    for pod in sample.gpu_pods:
+        if pod.reserved and uuid in (gpus or {}).get(pod.uid, ()):
+            return "reserved", pod.name
     return None
 
 

@@ -15,6 +15,7 @@ from validation.checks import (
     check_uuids_read,
     evaluate,
     gpu_return_latency,
+    scale_up_bounds,
     scale_up_latency,
 )
 from validation.timeline import KubeJob, Submission
@@ -40,7 +41,15 @@ def test_an_overlap_on_one_gpu_fails_exclusivity():
     samples[5] = replace(samples[5], gpu_pods=(*samples[5].gpu_pods, kube_pod("ddp", "master-0", 0, GPU_A)))
     check = check_gpu_exclusive(handoff_timeline(samples))
     assert not check.passed
-    assert "GPU-a: slurm/slurm-worker-slinky-0 [20-340s] and default/ddp-master-0 [340-370s]" in check.detail
+    assert "GPU-a: slurm/slurm-worker-slinky-0 [10-340s] and default/ddp-master-0 [340-370s]" in check.detail
+
+
+def test_a_scheduled_pod_reserving_a_held_gpu_fails_exclusivity():
+    """Reserved counts: a pod bound to the GPU (pulling its image) while slurmd still runs on it."""
+    samples = handoff_samples()
+    samples[5] = replace(samples[5], gpu_pods=(*samples[5].gpu_pods, kube_pod("ddp", "master-0", 0, phase="Pending")))
+    check = check_gpu_exclusive(handoff_timeline(samples))
+    assert not check.passed and "default/ddp-master-0 [340-370s]" in check.detail
 
 
 def test_two_pods_on_one_gpu_in_one_sample_fail_exclusivity():
@@ -161,3 +170,16 @@ def test_expectations_choose_the_checks():
         "GPU processes only in their GPU's pod",
         "dcgm-exporter agrees",
     ]
+
+
+def test_latencies_carry_the_uncertainty_of_slow_samples():
+    """Pending first seen in the sample [10, 14]; Ready first seen in [30, 33] after one at 20."""
+    samples = handoff_samples()
+    samples[1] = replace(samples[1], t_end=14.0)
+    samples[3] = replace(samples[3], t_end=33.0)
+    bounds = scale_up_bounds(handoff_timeline(samples))
+    assert (bounds.value, bounds.low, bounds.high) == (20, 6, 33)
+    assert str(bounds) == "20 s (between 6 and 33 s)"
+    assert (
+        "first pending -> slurmd Ready in 20 s (between 6 and 33 s)" in check_scale_up(handoff_timeline(samples)).detail
+    )

@@ -1,4 +1,6 @@
-from validation_builders import GPU_A, handoff_timeline, sample, slurmd_pod, smoke
+from dataclasses import replace
+
+from validation_builders import GPU_A, handoff_samples, handoff_timeline, kube_pod, sample, slurmd_pod, smoke
 
 from validation.timeline import (
     FAILED,
@@ -10,6 +12,7 @@ from validation.timeline import (
     gpu_owner,
     holdings,
     job_lives,
+    pod_gpus,
     pytorchjob_phase,
     slurm_phase,
 )
@@ -60,12 +63,24 @@ def test_a_job_seen_only_finished_gets_a_zero_run_not_a_negative_one():
 
 
 def test_holdings_span_first_to_last_sample_per_pod_uid():
-    held = [(h.uuid, h.pod, h.start, h.end) for h in holdings(handoff_timeline())]
+    held = [(h.uuid, h.pod, h.start, h.end, h.running_from) for h in holdings(handoff_timeline())]
+    # Scheduled pods hold their GPU before they run: slurmd from 10 (Running at 20), the master from 360.
     assert held == [
-        ("GPU-a", "slurm/slurm-worker-slinky-0", 20, 340),
-        ("GPU-a", "default/ddp-master-0", 370, 370),
-        ("GPU-b", "default/ddp-worker-0", 370, 370),
+        ("GPU-a", "slurm/slurm-worker-slinky-0", 10, 340, 20),
+        ("GPU-a", "default/ddp-master-0", 360, 370, 370),
+        ("GPU-b", "default/ddp-worker-0", 370, 370, 370),
     ]
+
+
+def test_a_pod_that_never_ran_holds_its_nodes_only_gpu_and_an_unscheduled_one_holds_nothing():
+    pending = kube_pod("late", "master-0", 0, phase="Pending")
+    unscheduled = replace(kube_pod("nowhere", "master-0", 0, phase="Pending"), node="", scheduled=False)
+    tl = handoff_timeline([*handoff_samples()[:3], sample(25, pods=[pending, unscheduled])])
+    assert pod_gpus(tl)[pending.uid] == (GPU_A,) and unscheduled.uid not in pod_gpus(tl)
+    assert [(h.pod, h.start, h.running_from) for h in holdings(tl) if h.pod_uid == pending.uid] == [
+        ("default/late-master-0", 25, None)
+    ]
+    assert gpu_owner(tl.samples[-1], GPU_A, pod_gpus(tl)) == ("reserved", "late-master-0")
 
 
 def test_a_recreated_pod_with_the_same_name_is_a_new_holding():
