@@ -163,7 +163,7 @@ def write_results(timeline: Timeline, exp: Expectations, out: Path) -> bool:
     timeline.save(out / "timeline.json")
     text = summary(timeline, checks)
     (out / "summary.txt").write_text(text)
-    draw(timeline, out / "timeline.png")
+    draw(timeline, out / "timeline.png", checks=checks)
     print(text, end="")
     print(f"wrote {out / 'timeline.json'}, {out / 'summary.txt'}, {out / 'timeline.png'}")
     return all(c.passed for c in checks)

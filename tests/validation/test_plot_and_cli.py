@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 from validation_builders import GPU_A, handoff_timeline
 
+from validation.checks import evaluate, expectations
 from validation.cli import main
-from validation.plot import draw, segments
+from validation.plot import FAIL_COLOUR, draw, handoffs, segments, verdict
 from validation.scenarios import SCENARIOS
 from validation.timeline import Timeline, gpu_uuids
 
@@ -16,15 +17,39 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_segments_follow_the_owner_of_one_gpu():
     runs = [(start, end, category, label) for start, end, category, label in segments(handoff_timeline(), GPU_A)]
+    # Scheduled but not running yet is reserved: slurmd at 10, the DDP master at 360.
     assert runs == [
-        (0, 20, "idle", "idle"),
+        (0, 10, "idle", "idle"),
+        (10, 20, "reserved", "slurm-worker-slinky-0"),
         (20, 30, "slurmd-idle", "slurm-worker-slinky-0"),
         (30, 40, "slurm-job", "smoke"),
         (40, 350, "slurmd-idle", "slurm-worker-slinky-0"),
-        (350, 370, "idle", "idle"),
+        (350, 360, "idle", "idle"),
+        (360, 370, "reserved", "ddp-master-0"),
         (370, 400, "kubernetes", "ddp"),
         (400, 410, "idle", "idle"),
     ]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_the_picture_is_drawn_at_130_dpi_with_the_verdict_handoffs_and_both_records(tmp_path):
+    timeline = handoff_timeline()
+    checks = evaluate(timeline, expectations(SCENARIOS["handoff"], [], 2))
+    draw(timeline, tmp_path / "t.png", checks=checks)
+    width, height = png_size(tmp_path / "t.png")
+    assert width == 12 * 130 and 700 < height < 1400
+    assert handoffs(timeline) == [(GPU_A, 360)]
+    headline, colour = verdict(timeline, checks)
+    assert headline.startswith("scenario handoff, completed | ") and "scale-up 20 s (between 10 and 30 s)" in headline
+    broken = handoff_timeline()
+    broken.outcome = "interrupted"
+    failed, red = verdict(broken, evaluate(broken, expectations(SCENARIOS["handoff"], [], 2)))
+    assert "FAILED: run completed" in failed and red == FAIL_COLOUR and colour != red
 
 
 @pytest.mark.parametrize("fixture", ["handoff-timeline.json", "heavy-mixed-timeline.json"])
