@@ -124,9 +124,8 @@ def kubeconfig(tmp_path, server: str = "https://198.51.100.7:6443"):
         (Faults(), 0, "every job finished after"),
         (Faults(interrupt_at=50), 1, "interrupted (Ctrl-C) after"),
         (Faults(api_down=(40.0, 9000.0)), 1, "gave up after"),
-        (Faults(fail_jobs=("pytorchjob",)), 1, "every job finished after"),
     ],
-    ids=["passes", "ctrl-c", "outage", "failed-job"],
+    ids=["passes", "ctrl-c", "outage"],
 )
 def test_every_ending_writes_the_results_and_exits_0_or_1(fake_cli, tmp_path, capsys, faults, code, ended):
     fake_cli(faults)
