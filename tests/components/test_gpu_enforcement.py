@@ -21,7 +21,10 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+import pytest
+
 from components import bootstrap, device_plugin
+from stacks import settings
 from tests.components.test_bootstrap_idempotent import (
     DRIVER_PACKAGES,
     Sandbox,
@@ -29,7 +32,7 @@ from tests.components.test_bootstrap_idempotent import (
     succeeded,
     worker_user_data,
 )
-from tests.conftest import by_type
+from tests.conftest import by_type, config
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 # toolkit 1.18.1 Config: the two top-level keys this project sets, with their defaults.
@@ -225,3 +228,10 @@ def test_the_worker_user_data_carries_the_settings_and_no_other_script_overrides
     assert "--set accept-nvidia-visible-devices-as-volume-mounts=true" in script
     for name in ("node-common.sh", "control-plane.sh", "testbed-lib.sh"):
         assert "accept-nvidia-visible-devices" not in bootstrap.script(name), name
+
+
+def test_privileged_slurmd_is_safe_only_because_multi_gpu_workers_are_refused():
+    """slurmd is privileged (worker_app.go): every GPU device of its host is in it. The README's
+    claim that this is harmless rests on the settings refusing workers with more than one GPU."""
+    with pytest.raises(settings.SettingsError, match=r'"g4dn\.12xlarge" has 4 GPUs; each worker must have exactly one'):
+        settings.load(config(workerInstanceType="g4dn.12xlarge"), offline=True)
