@@ -32,6 +32,7 @@ from validation.timeline import (
     FINISHED,
     PENDING,
     RUNNING,
+    SLURMD,
     KubeJob,
     RunError,
     Sample,
@@ -95,9 +96,11 @@ def observe(cluster: Cluster, clock: Clock, start: float, state: RunState) -> Sa
 def busy(sample: Sample) -> list[str]:
     """Why the cluster is not idle: anything holding or wanting a GPU, or Slurm work."""
     reasons = []
-    if sample.nodeset_replicas or sample.slurmd_pods():
-        reasons.append(f"slurmd replicas {sample.nodeset_replicas}, pods {len(sample.slurmd_pods())}")
-    others = sorted(p.key for p in sample.gpu_pods if p.holder != "slurmd")
+    live = [p for p in sample.gpu_pods if p.phase in ("Pending", "Running")]  # a finished Job's pods stay
+    slurmd = [p for p in live if p.holder == SLURMD]
+    if sample.nodeset_replicas or slurmd:
+        reasons.append(f"slurmd replicas {sample.nodeset_replicas}, pods {len(slurmd)}")
+    others = sorted(p.key for p in live if p.holder != SLURMD)
     if others:
         reasons.append("GPU pods " + ", ".join(others[:5]) + (" ..." if len(others) > 5 else ""))
     slurm = sorted(f"{j.job_id} {j.state}" for j in sample.slurm_jobs if j.phase in (PENDING, RUNNING))

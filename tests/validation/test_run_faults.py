@@ -184,3 +184,13 @@ def test_a_bad_timeline_is_bad_input_in_one_line(tmp_path, capsys, content):
     assert cli.main(["--scenario", "mixed", "--from-timeline", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"validate: --from-timeline: {str(path)!r} is not a timeline.json (") and err.count("\n") == 1
+
+
+def test_pods_of_a_previous_runs_finished_jobs_do_not_keep_the_cluster_busy():
+    from validation_builders import kube_pod, sample
+
+    done = kube_pod("old", "master-0", 0, "GPU-a", phase="Succeeded")
+    assert runner.busy(sample(0, pods=[done])) == []
+    assert runner.busy(sample(0, pods=[kube_pod("new", "master-0", 0, phase="Pending")])) == [
+        "GPU pods default/new-master-0"
+    ]
