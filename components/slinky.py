@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pulumi
 import pulumi_command as command
@@ -19,6 +20,8 @@ IMAGES = "ghcr.io/slinkyproject"
 STATESAVE_SIZE = "4Gi"  # the chart's controller.persistence request
 GPU_GRES = "gpu:tesla:1"  # one Tesla T4 per slurmd pod
 SHARED_VOLUME = "shared"
+# slurmctld's job_submit/lua script: a job sized only in GPUs gets one node per GPU, or a refusal.
+JOB_SUBMIT_LUA = Path(__file__).with_name("job_submit.lua")
 
 
 @dataclass
@@ -67,6 +70,19 @@ def _partition_limits(max_nodes: int) -> dict:
     slurm.conf lines (SlinkyProject/slurm-operator@v1.0.0:helm/slurm/templates/controller/_helpers.tpl),
     `nodesets.<k>.partition.configMap` the NodeSet's own partition line (nodeset/nodeset-cr.yaml)."""
     return {"MaxNodes": max_nodes}
+
+
+def _job_submit_plugin() -> dict:
+    """JobSubmitPlugins=lua runs /etc/slurm/job_submit.lua (beside slurm.conf) on every submission
+    (SchedMD/slurm@slurm-25-11-0-1:src/plugins/job_submit/lua/job_submit_lua.c init). The plugin is in
+    the slurmctld image: SlinkyProject/containers@ec9c4802:schedmd/slurm/25.11/ubuntu24.04/Dockerfile
+    builds Slurm with its debian/control build-depends (liblua5.3-dev), configure enables Lua when it
+    finds it (auxdir/x_ac_lua.m4), debian/rules puts every plugin in slurm-smd, which the slurmctld
+    stage installs (pulling liblua5.3-0 through ${shlibs:Depends}). `configFiles` entries are mounted
+    in slurmctld's /etc/slurm (SlinkyProject/slurm-operator@v1.0.0:helm/slurm/templates/controller/
+    config-configmap.yaml, internal/builder/controller_app.go); the operator's webhook knows the name
+    job_submit.lua (internal/webhook/controller_webhook.go)."""
+    return {"JobSubmitPlugins": "lua"}
 
 
 def slurm_values(
@@ -120,8 +136,9 @@ def slurm_values(
         "nodesets": nodesets,
     }
     if max_nodes:
-        computed["controller"]["extraConfMap"] = {"EnforcePartLimits": "ALL"}
+        computed["controller"]["extraConfMap"] = {"EnforcePartLimits": "ALL", **_job_submit_plugin()}
         computed["partitions"] = {DEFAULT_PARTITION: {"configMap": _partition_limits(max_nodes)}}
+        computed["configFiles"] = {JOB_SUBMIT_LUA.name: JOB_SUBMIT_LUA.read_text()}
     return helm.deep_merge(base, computed)
 
 

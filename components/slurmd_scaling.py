@@ -15,6 +15,9 @@ runnable. On top of that:
   and the NodeSet's own); busy nodes are read from the NodeSet's partition only (every node
   is in both).
 * `max()` over each partition's series, never `sum()`: a target scraped twice is one.
+* A job's node count is what the metric reads, and 25.11 has no pending-GPU metric: slurmctld's
+  job_submit.lua (components/job_submit.lua, installed by components/slinky.py) gives a job sized
+  only in GPUs one node per GPU at submit, or refuses it when that exceeds MaxNodes.
 * No `or vector(0)` on Slurm metrics and `ignoreNullValues: "false"`: 25.11 emits every
   partition metric, zeros included (src/plugins/metrics/openmetrics/openmetrics.c), so an
   empty result means the scrape target is gone. That is a trigger error, and with no

@@ -21,15 +21,17 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         scaled_object_after=(),
         policy=policy,
     )
-    # The older policies ran with the chart's unlimited partitions.
+    # The older policies ran with the chart's unlimited partitions and no job_submit plugin.
     max_nodes = names.slurmd_max_replicas if policy == slurmd_scaling.SAFE else None
     values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, names.slurm, {}, max_nodes)
     limit = values["partitions"][DEFAULT_PARTITION]["configMap"].get("MaxNodes")
-    enforce = (values["controller"].get("extraConfMap") or {}).get("EnforcePartLimits") == "ALL"
+    conf = values["controller"].get("extraConfMap") or {}
+    enforce = conf.get("EnforcePartLimits") == "ALL"
+    lua = conf.get("JobSubmitPlugins") == "lua" and slinky.JOB_SUBMIT_LUA.name in values.get("configFiles", {})
     target = keda.scaling_target(names.slurm)
     return Setup(
         scaled_object=keda.scaled_object(args),
-        slurm=SlurmConfig(DEFAULT_PARTITION, target.nodeset_partition, int(limit) if limit else None, enforce),
+        slurm=SlurmConfig(DEFAULT_PARTITION, target.nodeset_partition, int(limit) if limit else None, enforce, lua),
         namespace=target.namespace,
         nodeset=target.nodeset,
         host_prefix=names.slurm.nodeset,

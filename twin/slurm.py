@@ -14,6 +14,8 @@ Followed: SchedMD/slurm@slurm-25-11-0-1
   raise min_nodes (the select plugin spreads the GPUs over nodes when it allocates).
 * doc/man/man5/slurm.conf.5 EnforcePartLimits=ALL: a job over a partition's MaxNodes is rejected at
   submission ("Node count specification invalid").
+* src/slurmctld/job_mgr.c validate_job_create_req: the job_submit plugins run first, on what the client
+  sent; the program's components/job_submit.lua (`job_submit` below) sizes a GPU-only job.
 Scheduling is modelled as priority (submit) order with first-fit backfill on every tick: a job
 starts as soon as enough idle, undrained nodes exist (one GPU per node, `gpu:tesla:1`).
 """
@@ -39,14 +41,15 @@ class SlurmJob:
     finished: float | None = None
     held: bool = False
     reason: str = ""
+    sized: int | None = None  # min_nodes = max_nodes as job_submit.lua set them
 
     @property
     def min_nodes(self) -> int:
-        return self.spec.nodes or 1
+        return self.sized or self.spec.nodes or 1
 
     @property
     def max_nodes(self) -> int:
-        return self.spec.nodes or 0  # no -N: max_nodes 0
+        return self.sized or self.spec.nodes or 0  # no -N: max_nodes 0
 
     @property
     def nodes_needed(self) -> int:
@@ -67,6 +70,31 @@ class SlurmConfig:
     nodeset_partition: str
     max_nodes: int | None = None  # partition MaxNodes (both partitions), None = UNLIMITED
     enforce_part_limits: bool = False  # EnforcePartLimits=ALL
+    job_submit_lua: bool = False  # JobSubmitPlugins=lua with components/job_submit.lua
+
+
+GPUS_PER_NODE = 1  # components/job_submit.lua GPUS_PER_NODE (names.GPUS_PER_WORKER)
+
+
+def job_submit(nodes: int | None, gpus: int | None, partition: str, max_nodes: int | None) -> tuple[int | None, str]:
+    """components/job_submit.lua slurm_job_submit for the scenario's -N, --gpus and -p (one partition,
+    MaxNodes `max_nodes`, None for UNLIMITED): (the node count it sets, or None; the message it refuses
+    with, or ""). A test runs the Lua file itself on the same cases and compares."""
+    if not gpus:
+        return None, ""
+    need = -(-gpus // GPUS_PER_NODE)
+    if nodes is not None:
+        if nodes * GPUS_PER_NODE < gpus:
+            return None, (
+                f"testbed: {gpus} GPUs on at most {nodes} node(s) can never run: each node (slurmd pod) has "
+                f"{GPUS_PER_NODE} GPU; drop -N or ask -N {need}"
+            )
+        return None, ""
+    if max_nodes is not None and need > max_nodes:
+        return None, (
+            f"testbed: {gpus} GPUs need {need} nodes (one GPU per slurmd pod); partition {partition} has MaxNodes={max_nodes}"
+        )
+    return need, ""
 
 
 @dataclass
@@ -83,16 +111,21 @@ class Slurmctld:
         """One job, or one record per array task (the metrics count each pending task)."""
         partition = spec.partition or self.config.default_partition
         job_id = 100 + len(self.jobs)
-        jobs = [SlurmJob(spec, job_id, partition, held=spec.hold) for _ in range(spec.array or 1)]
         limit = self.config.max_nodes
-        if self.config.enforce_part_limits and limit is not None and jobs[0].nodes_needed > limit:
-            asked = f"--nodes={spec.nodes}" if spec.nodes else f"--gpus={spec.gpus} (one GPU per node)"
+        sized, refusal = (
+            job_submit(spec.nodes, spec.gpus, partition, limit) if self.config.job_submit_lua else (None, "")
+        )
+        jobs = [SlurmJob(spec, job_id, partition, held=spec.hold, sized=sized) for _ in range(spec.array or 1)]
+        failed = "sbatch: error: Batch job submission failed: Node count specification invalid"
+        if refusal:  # the client prints the plugin's message, then the error of its return code
+            reason = f"sbatch: error: {refusal}; {failed}"
+        elif self.config.enforce_part_limits and limit is not None and jobs[0].min_nodes > limit:
+            reason = f"{failed} (--nodes={jobs[0].min_nodes}; partition {partition} MaxNodes={limit})"
+        else:
+            reason = ""
+        if reason:
             for job in jobs:
-                job.state, job.finished = REFUSED, now
-                job.reason = (
-                    f"sbatch: error: Batch job submission failed: Node count specification invalid "
-                    f"({asked} needs {job.nodes_needed} nodes; partition {job.partition} MaxNodes={limit})"
-                )
+                job.state, job.finished, job.reason = REFUSED, now, reason
         self.jobs += jobs
         return jobs
 

@@ -51,22 +51,24 @@ def test_work_that_cannot_run_keeps_gpus_only_with_the_previous_policy():
     assert i_prev["started"] is None or i_safe["started"] < i_prev["started"]
 
 
-def test_oversized_job_is_refused_at_submit_with_the_reason():
+def test_oversized_jobs_are_refused_at_submit_with_the_reason():
     prev, safe = result("oversized", scaling.PREVIOUS), result("oversized", scaling.SAFE)
-    assert outcomes(prev) == {"b": "unfinished", "i": "unfinished"}
+    assert outcomes(prev) == {"b": "unfinished", "g": "unfinished", "i": "unfinished"}
     assert prev["end"]["gpus_held_by_slurmd"] == 4
-    (b,) = [j for j in safe["jobs"] if j["name"] == "b"]
-    assert (
-        b["outcome"] == "refused" and "MaxNodes=4" in b["reason"] and "Node count specification invalid" in b["reason"]
-    )
+    reasons = {j["name"]: j.get("reason", "") for j in safe["jobs"] if j["outcome"] == "refused"}
+    assert reasons.keys() == {"b", "g"} and all("Node count specification invalid" in r for r in reasons.values())
+    assert "MaxNodes=4" in reasons["b"]
+    assert "6 GPUs need 6 nodes (one GPU per slurmd pod); partition all has MaxNodes=4" in reasons["g"]
     assert sim.ok(safe) and safe["slurmd_starts"] == 0
 
 
-def test_gpu_only_job_is_the_remaining_gap_but_no_longer_holds_a_gpu():
-    """`--gpus=2` without -N reads as a 1-node job in the 25.11 metrics: still not run (README, open)."""
+def test_gpu_only_job_gets_its_nodes_only_with_the_safe_policy():
+    """`--gpus=2` without -N reads as a 1-node job in the 25.11 metrics and never runs before; the safe
+    policy's job_submit.lua makes it a 2-node job."""
     prev, safe = result("gpus-only", scaling.PREVIOUS), result("gpus-only", scaling.SAFE)
-    assert outcomes(prev) == outcomes(safe) == {"c": "unfinished"}
-    assert prev["end"]["gpus_held_by_slurmd"] == 1 and safe["end"]["gpus_held_by_slurmd"] == 0
+    assert outcomes(prev) == {"c": "unfinished"} and prev["end"]["gpus_held_by_slurmd"] == 1
+    assert outcomes(safe) == {"c": "completed"} and sim.ok(safe)
+    assert safe["slurmd_starts"] == 2 and safe["end"]["gpus_held_by_slurmd"] == 0
 
 
 def test_the_nodesets_own_partition_wakes_it():

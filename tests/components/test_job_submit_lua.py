@@ -1,0 +1,149 @@
+"""components/job_submit.lua run by a real Lua 5.3 (the version the Slinky 25.11 images link: Slurm's
+debian/control build-depends on liblua5.3-dev) with a stub `slurm` table shaped as slurmctld builds it
+(SchedMD/slurm@slurm-25-11-0-1:src/lua/slurm_lua.c, src/plugins/job_submit/lua/job_submit_lua.c), and
+against the twin's model of it (twin/slurm.py job_submit)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from components import names, slinky
+from twin import slurm
+
+NO_VAL, INFINITE = 0xFFFFFFFE, 0xFFFFFFFF
+# Error numbers as slurm/slurm_errno.h numbers them (ESLURM_INVALID_PARTITION_NAME = 2000, ...).
+SUCCESS, ESLURM_INVALID_NODE_COUNT, ESLURM_INVALID_GRES = 0, 2006, 2072
+PARTITIONS = {"all": (1, 4), "slinky": (0, 4), "wide": (0, INFINITE)}  # name: (flag_default, max_nodes)
+
+DRIVER = r"""
+local results = {}
+slurm = {
+  SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294.0, INFINITE = 4294967295.0,
+  ESLURM_INVALID_NODE_COUNT = 2006, ESLURM_INVALID_GRES = 2072,
+  log_info = function(fmt, ...) string.format(fmt, ...) end,
+  log_user = function(fmt, ...) results.msg = (results.msg and results.msg .. "|" or "") .. string.format(fmt, ...) end,
+}
+assert(dofile(SCRIPT) == slurm.SUCCESS, "the script returns SUCCESS on load")
+assert(type(slurm_job_modify) == "function", "slurm_job_modify is required")
+local part_list = {}
+for name, p in pairs(PARTS) do
+  part_list[name] = {name = name, flag_default = p[1] + 0.0, max_nodes = p[2] + 0.0}
+end
+for i, case in ipairs(CASES) do
+  results = {}
+  local job = {min_nodes = slurm.NO_VAL, max_nodes = slurm.NO_VAL, num_tasks = slurm.NO_VAL}
+  for k, v in pairs(case) do job[k] = type(v) == "number" and v + 0.0 or v end
+  local rc = slurm_job_submit(job, part_list, 1000.0)
+  print(string.format("%d\t%d\t%d\t%s", rc, job.min_nodes, job.max_nodes, results.msg or ""))
+end
+"""
+
+
+def _lua() -> str | None:
+    found = shutil.which("lua5.3")
+    if found is None and os.environ.get("CI") == "true":
+        pytest.fail("lua5.3 is missing: .ci/run installs Debian's lua5.3 package")
+    return found
+
+
+def _literal(value) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (tuple, list)):
+        return "{" + ", ".join(_literal(v) for v in value) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"[{_literal(k)}] = {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def run_lua(cases: list[dict], tmp_path) -> list[tuple[int, int, int, str]]:
+    lua = _lua()
+    if lua is None:
+        pytest.skip("lua5.3 not installed (apt-get install lua5.3); CI=true makes this a failure")
+    driver = tmp_path / "driver.lua"
+    driver.write_text(
+        f"SCRIPT = {_literal(str(slinky.JOB_SUBMIT_LUA))}\nPARTS = {_literal(PARTITIONS)}\n"
+        f"CASES = {_literal(cases)}\n{DRIVER}"
+    )
+    out = subprocess.run([lua, str(driver)], capture_output=True, text=True, timeout=10, check=True).stdout
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert len(rows) == len(cases)
+    return [(int(rc), int(lo), int(hi), msg) for rc, lo, hi, msg in rows]
+
+
+def test_gpu_only_jobs_get_one_node_per_gpu_or_a_clear_refusal(tmp_path):
+    cases = {
+        "--gpus=2": ({"tres_per_job": "gres/gpu:2"}, (SUCCESS, 2, 2, "")),
+        "--gpus=tesla:3 -p slinky": ({"tres_per_job": "gres/gpu:tesla:3", "partition": "slinky"}, (SUCCESS, 3, 3, "")),
+        "--gpus-per-task=1 -n 3": ({"tres_per_task": "cpu:2,gres/gpu:1", "num_tasks": 3}, (SUCCESS, 3, 3, "")),
+        "--gpus=6 -p wide (UNLIMITED)": ({"tres_per_job": "gres/gpu:6", "partition": "wide"}, (SUCCESS, 6, 6, "")),
+        "--gpus=6": (
+            {"tres_per_job": "gres/gpu:6"},
+            (
+                ESLURM_INVALID_NODE_COUNT,
+                NO_VAL,
+                NO_VAL,
+                "6 GPUs need 6 nodes (one GPU per slurmd pod); partition all has MaxNodes=4",
+            ),
+        ),
+        "--gpus=5 -p wide,slinky": (
+            {"tres_per_job": "gres/gpu:5", "partition": "wide,slinky"},
+            (ESLURM_INVALID_NODE_COUNT, NO_VAL, NO_VAL, "partition slinky has MaxNodes=4"),
+        ),
+        "-N 1 --gpus=2": (
+            {"tres_per_job": "gres/gpu:2", "min_nodes": 1, "max_nodes": 1},
+            (ESLURM_INVALID_NODE_COUNT, 1, 1, "2 GPUs on at most 1 node(s) can never run"),
+        ),
+        "-N 2 --gpus=2 (kept)": ({"tres_per_job": "gres/gpu:2", "min_nodes": 2, "max_nodes": 2}, (SUCCESS, 2, 2, "")),
+        "--gres=gpu:2": (
+            {"tres_per_node": "gres/gpu:2"},
+            (ESLURM_INVALID_GRES, NO_VAL, NO_VAL, "2 GPUs per node asked, but each node (slurmd pod) has 1"),
+        ),
+        "--gpus-per-node=tesla:2": (
+            {"tres_per_node": "gres/gpu:tesla:2"},
+            (ESLURM_INVALID_GRES, NO_VAL, NO_VAL, "GPUs per node"),
+        ),
+        "-N 3 --gres=gpu:1 (kept)": ({"tres_per_node": "gres/gpu:1", "min_nodes": 3}, (SUCCESS, 3, NO_VAL, "")),
+        "no GPUs (kept)": ({"tres_per_node": "gres/shard:2"}, (SUCCESS, NO_VAL, NO_VAL, "")),
+    }
+    got = run_lua([job for job, _ in cases.values()], tmp_path)
+    for (label, (_, (rc, lo, hi, msg))), (g_rc, g_lo, g_hi, g_msg) in zip(cases.items(), got, strict=True):
+        assert (g_rc, g_lo, g_hi) == (rc, lo, hi), label
+        assert msg in g_msg and bool(msg) == bool(g_msg), (label, g_msg)
+
+
+def test_the_twin_models_the_lua_file(tmp_path):
+    """Same cases through twin/slurm.py job_submit and the Lua: same node count, same refusal text."""
+    grid = list(itertools.product((None, 1, 2, 4), (None, 1, 2, 4, 5), ("all", "wide")))
+    cases = []
+    for nodes, gpus, part in grid:
+        job = {"partition": part}
+        if gpus is not None:
+            job["tres_per_job"] = f"gres/gpu:{gpus}"
+        if nodes is not None:
+            job["min_nodes"] = job["max_nodes"] = nodes
+        cases.append(job)
+    for (nodes, gpus, part), (rc, lo, _, msg) in zip(grid, run_lua(cases, tmp_path), strict=True):
+        limit = PARTITIONS[part][1]
+        sized, refusal = slurm.job_submit(nodes, gpus, part, None if limit == INFINITE else limit)
+        assert refusal == msg and (rc == SUCCESS) == (not refusal), (nodes, gpus, part)
+        assert lo == (sized or nodes or NO_VAL), (nodes, gpus, part)
+
+
+def test_one_gpu_per_node_everywhere():
+    lua = re.search(r"^local GPUS_PER_NODE = (\d+)$", slinky.JOB_SUBMIT_LUA.read_text(), re.M)
+    assert lua and int(lua[1]) == slurm.GPUS_PER_NODE == names.GPUS_PER_WORKER
+
+
+def test_the_slurm_chart_gets_the_script_and_the_plugin():
+    n = names.slurm_names("slinky")
+    v = slinky.slurm_values("1.0.0", "25.11.6-ubuntu24.04", n, {}, max_nodes=4)
+    assert v["configFiles"]["job_submit.lua"] == slinky.JOB_SUBMIT_LUA.read_text()
+    assert "gres.conf" in v["configFiles"], "the base values' gres.conf stays"
+    assert v["controller"]["extraConfMap"] == {"EnforcePartLimits": "ALL", "JobSubmitPlugins": "lua"}
