@@ -6,7 +6,7 @@ import shlex
 import pytest
 import yaml
 
-from components import names, training_operator
+from components import names, slinky, training_operator
 from stacks.offline import reveal
 from tests.conftest import by_type, depends, run_program, step_args
 
@@ -128,6 +128,12 @@ def test_partitions_refuse_a_job_larger_than_the_nodeset_at_submit(default_run):
         values["nodesets"]["slinky"]["partition"]["configMap"]["MaxNodes"],
     }
     assert limits == {so.inputs["spec"]["maxReplicaCount"]}
+
+
+def test_slurmctld_sizes_gpu_only_jobs_with_the_shipped_job_submit_lua(default_run):
+    values = release(default_run, "slurm").inputs["values"]
+    assert values["controller"]["extraConfMap"]["JobSubmitPlugins"] == "lua"
+    assert values["configFiles"]["job_submit.lua"] == slinky.JOB_SUBMIT_LUA.read_text()
 
 
 def test_service_monitors_carry_the_label_prometheus_selects(default_run):
