@@ -4,6 +4,7 @@
     python -m stacks render   [--stack dev] [--config KEY=VALUE ...] --out DIR
     python -m stacks validate --scenario NAME [--dry-run] [--kubeconfig FILE] [--timeout S] [--out DIR]
     python -m stacks simulate --scenario FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
+    python -m stacks preflight [--stack dev] [--config KEY=VALUE ...]
 
 plan and render run the real program under Pulumi's mock engine: no cloud, CLI or credentials.
 """
@@ -47,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--out", required=True, type=Path, help="directory to write")
     sub.add_parser("validate", help="replay a reference experiment on the live testbed (see --help)", add_help=False)
     sub.add_parser("simulate", help="run a scenario through the hand-off twin (see --help)", add_help=False)
+    sub.add_parser("preflight", help="read-only checks of your AWS account before `pulumi up`", add_help=False)
     return parser
 
 
@@ -70,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         from twin.cli import main as simulate_main
 
         return simulate_main(argv[1:])
+    if argv[:1] == ["preflight"]:
+        from stacks.preflight import main as preflight_main
+
+        return preflight_main(argv[1:])
     args = _parser().parse_args(argv)
     problems = []
     if args.command == "render" and (problem := artifacts.out_dir_problem(args.out)):

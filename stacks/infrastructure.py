@@ -80,9 +80,27 @@ def guard_control_plane(s: Settings) -> pulumi.Output[dict[str, str]]:
     return deployed.apply(check)
 
 
-def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Output[str]:
+class ZoneError(ValueError):
+    """No usable zone for the worker type (the program and preflight say the same)."""
+
+
+def choose_zone(s: Settings, zones: list[str]) -> str:
     """The configured zone, or the first (sorted) zone of the region that offers the worker
-    type; either way a zone that does not offer it stops the program with a clear message."""
+    type; either way a zone that does not offer it is refused with a clear message."""
+    if not zones:
+        raise ZoneError(
+            f'workerInstanceType: "{s.worker_instance_type}" is not offered in any zone '
+            f"of region {s.region}; choose another region or instance type"
+        )
+    if s.availability_zone and s.availability_zone not in zones:
+        raise ZoneError(
+            f'availabilityZone: "{s.availability_zone}" does not offer '
+            f"{s.worker_instance_type}; zones that do: {', '.join(sorted(zones))}"
+        )
+    return s.availability_zone or sorted(zones)[0]
+
+
+def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Output[str]:
     offerings = aws.ec2.get_instance_type_offerings_output(
         location_type="availability-zone",
         filters=[
@@ -93,17 +111,10 @@ def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Output[
     )
 
     def choose(zones: list[str]) -> str:
-        if not zones:
-            raise pulumi.RunError(
-                f'workerInstanceType: "{s.worker_instance_type}" is not offered in any zone '
-                f"of region {s.region}; choose another region or instance type"
-            )
-        if s.availability_zone and s.availability_zone not in zones:
-            raise pulumi.RunError(
-                f'availabilityZone: "{s.availability_zone}" does not offer '
-                f"{s.worker_instance_type}; zones that do: {', '.join(sorted(zones))}"
-            )
-        return s.availability_zone or sorted(zones)[0]
+        try:
+            return choose_zone(s, zones)
+        except ZoneError as error:
+            raise pulumi.RunError(str(error)) from None
 
     return offerings.locations.apply(choose)
 

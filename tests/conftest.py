@@ -34,6 +34,12 @@ def default_run() -> offline.Recording:
     return run_program()
 
 
+@pytest.fixture(scope="session")
+def spot_run() -> offline.Recording:
+    """The testbed with spot workers, recorded once: tests must not mutate it."""
+    return run_program(spotWorkers=True)
+
+
 def by_type(rec: offline.Recording, token: str) -> list[offline.RecordedResource]:
     found = rec.of_type(token)
     assert found, f"no {token} registered"

@@ -67,14 +67,14 @@ def test_ami_lookup_or_pin():
     assert {i.inputs["ami"] for i in by_type(rec, INSTANCE)} == {"ami-0123456789abcdef0"}
 
 
-def test_spot_workers_are_one_time_requests_that_end_with_the_instance_and_cost_less():
-    rec = run_program(spotWorkers=True)
+def test_spot_workers_are_one_time_requests_that_end_with_the_instance_and_cost_less(spot_run, default_run):
+    rec = spot_run
     for worker in instances(rec, "gpu-worker"):
         options = worker.inputs["instanceMarketOptions"]
         assert options["marketType"] == "spot"
         assert options["spotOptions"] == {"spotInstanceType": "one-time", "instanceInterruptionBehavior": "terminate"}
     assert all("instanceMarketOptions" not in c.inputs for c in instances(rec, "control-plane"))
-    on_demand = pricing.estimate(run_program().settings)
+    on_demand = pricing.estimate(default_run.settings)
     spot = pricing.estimate(rec.settings)
     assert spot.hourly_usd == pytest.approx(on_demand.hourly_usd - spot.spot_saving_hourly_usd)
     assert spot.spot_saving_hourly_usd == pytest.approx(4 * 0.526 * pricing.SPOT_DISCOUNT_ASSUMED)
