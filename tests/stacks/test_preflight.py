@@ -5,6 +5,7 @@ backend; a quota they do not set reads as unknown, as an unreadable one does on 
 from __future__ import annotations
 
 import dataclasses
+import re
 from datetime import UTC, datetime
 
 import boto3
@@ -268,3 +269,23 @@ def test_cli_prints_one_line_per_check_and_the_verdict(aws, recording, capsys, m
     assert lines[0].startswith("ok      credentials: account 123456789012")
     assert lines[-1] == "verdict: blocked by 1 problem(s): on-demand vCPUs"
     assert any(line.strip().startswith("-> aws service-quotas request-service-quota-increase") for line in lines)
+
+
+def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, recorded):
+    from tests.stacks.test_iam import ACTIONS, granted
+
+    session, _ = aws
+    ubuntu_image()
+    calls: set[str] = set()
+
+    def note(model, **_):
+        calls.add(f"{model.service_model.signing_name}:{model.name}")
+
+    session.events.register("before-call", note)
+    try:
+        run(session, recorded)
+        run(session, dataclasses.replace(recorded, ami_lookup=None), amiId="ami-0123456789abcdef0")
+    finally:
+        session.events.unregister("before-call", note)
+    assert calls == set(ACTIONS["tools"]["preflight"]) and calls <= granted()
+    assert all(re.fullmatch(r"[a-z0-9]+:(Describe|Get)[A-Za-z]+", c) for c in calls), sorted(calls)

@@ -1,0 +1,55 @@
+"""iam/testbed-policy.json: exactly the actions the program, its invokes and the tools call."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = json.loads((ROOT / "iam" / "testbed-policy.json").read_text())
+ACTIONS = yaml.safe_load((ROOT / "iam" / "actions.yaml").read_text())
+INSTANCE = "aws:ec2/instance:Instance"
+
+
+def granted() -> set[str]:
+    return {a for s in POLICY["Statement"] if s["Effect"] == "Allow" for a in s["Action"]}
+
+
+def mapped() -> set[str]:
+    groups = [*ACTIONS["resources"].values(), *ACTIONS["invokes"].values(), ACTIONS["spot"], *ACTIONS["tools"].values()]
+    return {a for group in groups for a in group}
+
+
+def aws_types(rec) -> set[str]:
+    return {r.type for r in rec.resources if r.type.startswith("aws:") or r.type == "pulumi:providers:aws"}
+
+
+def test_the_policy_grants_exactly_the_mapped_actions():
+    assert granted() == mapped()
+    assert all(re.fullmatch(r"(ec2|sts|servicequotas|iam):[A-Z][A-Za-z]+", a) for a in granted())
+    assert not any(s["Effect"] != "Allow" or "*" in "".join(s["Action"]) for s in POLICY["Statement"])
+
+
+def test_every_aws_type_and_invoke_the_program_uses_is_mapped(default_run, spot_run):
+    used = aws_types(default_run) | aws_types(spot_run)
+    assert used == set(ACTIONS["resources"]), "a resource type without actions, or a stale entry"
+    invokes = {token for rec in (default_run, spot_run) for token, _ in rec.invokes if token.startswith("aws:")}
+    assert invokes == set(ACTIONS["invokes"])
+    spot = [r for r in spot_run.of_type(INSTANCE) if (r.inputs.get("instanceMarketOptions") or {}).get("marketType")]
+    assert spot and set(ACTIONS["spot"]) <= granted()
+
+
+def test_deletes_are_limited_to_resources_carrying_the_providers_default_tag(default_run):
+    (provider,) = default_run.of_type("pulumi:providers:aws")
+    default_tags = json.loads(provider.inputs["defaultTags"])["tags"]  # the provider carries it as JSON
+    (deletes,) = [s for s in POLICY["Statement"] if "ec2:TerminateInstances" in s["Action"]]
+    ((key, value),) = deletes["Condition"]["StringEquals"].items()
+    assert key.startswith("aws:ResourceTag/") and default_tags[key.removeprefix("aws:ResourceTag/")] == value
+    # every call that removes a whole resource is in the tag-limited statement
+    removes = (
+        r"ec2:(Delete(Vpc|Subnet|SecurityGroup|InternetGateway|RouteTable|KeyPair)|TerminateInstances|ReleaseAddress)"
+    )
+    assert {a for a in granted() if re.fullmatch(removes, a)} == set(deletes["Action"])
