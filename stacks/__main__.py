@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pulumi
 
-from stacks import artifacts, offline, pricing
+from stacks import artifacts, offline
 from stacks.settings import SettingsError, escaped, show
 
 EXIT_BAD_SETTINGS = 2  # any bad input: settings, stack file, --out, usage
@@ -50,16 +50,6 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("simulate", help="run a scenario through the hand-off twin (see --help)", add_help=False)
     sub.add_parser("preflight", help="read-only checks of your AWS account before `pulumi up`", add_help=False)
     return parser
-
-
-def _cost_line(rec: offline.Recording) -> str:
-    cost = pricing.estimate(rec.settings)
-    if cost.hourly_usd is None:
-        return f"estimated cost: unknown ({cost.basis})"
-    line = f"estimated cost: ${cost.hourly_usd:.2f}/hour ({cost.basis})"
-    if cost.spot_saving_hourly_usd:
-        line += f"; spot saves about ${cost.spot_saving_hourly_usd:.2f}/hour"
-    return line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(artifacts.plan_elements(rec), indent=2, sort_keys=True))
         else:
-            print(artifacts.plan_text(rec, _cost_line(rec)))
+            print(artifacts.plan_text(rec))
         return 0
     try:
         written = artifacts.render_replacing(rec, args.out)

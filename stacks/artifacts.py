@@ -11,9 +11,11 @@ from typing import Any
 
 import yaml
 
-from components import kueue, remote_script
+from components import keda, kueue, remote_script
 from components.names import Names
+from stacks import pricing
 from stacks.offline import RecordedResource, Recording, redact, reveal
+from stacks.pricing import CostEstimate
 from stacks.settings import show
 
 INSTANCE = "aws:ec2/instance:Instance"
@@ -57,25 +59,96 @@ def _detail(r: RecordedResource) -> str | None:
     return None
 
 
-def plan_text(rec: Recording, cost_line: str) -> str:
+def _nodes(rec: Recording) -> dict[str, list[RecordedResource]]:
+    by_role: dict[str, list[RecordedResource]] = {}
+    for r in rec.of_type(INSTANCE):
+        by_role.setdefault(r.inputs["tags"]["testbed:role"], []).append(r)
+    return by_role
+
+
+def _node_line(role: str, nodes: list[RecordedResource]) -> str:
+    types = Counter(n.inputs["instanceType"] for n in nodes)
+    spot = sum((n.inputs.get("instanceMarketOptions") or {}).get("marketType") == "spot" for n in nodes)
+    disks = sorted({n.inputs["rootBlockDevice"]["volumeSize"] for n in nodes})
+    market = f"{spot} spot, {len(nodes) - spot} on-demand" if spot else "on-demand"
+    kinds = ", ".join(f"{n} x {typ}" for typ, n in sorted(types.items()))
+    return f"  {role}: {kinds} ({market}; root disk {'/'.join(map(str, disks))} GiB gp3)"
+
+
+def plan_header(rec: Recording) -> list[str]:
+    """What a reader checks first: where it goes, what it runs on, who may reach it."""
+    s = rec.settings
+    (subnet,) = rec.of_type("aws:ec2/subnet:Subnet")
+    (group,) = rec.of_type("aws:ec2/securityGroup:SecurityGroup")
+    if s.availability_zone:
+        zone = f"{subnet.inputs['availabilityZone']} (configured)"
+    else:
+        zone = (
+            f"the first zone of {s.region} offering {s.worker_instance_type}, looked up at `pulumi up` "
+            "(`python -m stacks preflight` names it)"
+        )
+    admin = sorted({c for rule in group.inputs["ingress"] for c in rule.get("cidrBlocks", [])})
+    ports = sorted({rule["fromPort"] for rule in group.inputs["ingress"] if rule.get("cidrBlocks")})
+    lines = [f"stack {s.stack}: region {s.region}, zone {zone}", "nodes:"]
+    lines += [_node_line(role, nodes) for role, nodes in sorted(_nodes(rec).items())]
+    lines.append(f"admin range: {', '.join(admin)} may reach ports {', '.join(map(str, ports))} (SSH, API server)")
+    return lines
+
+
+def cost_lines(rec: Recording, cost: CostEstimate) -> list[str]:
+    """The hourly estimate in parts; a type without a pinned price is named, never guessed."""
+    s = rec.settings
+    prices = pricing.INSTANCE_HOURLY.get(s.region, {})
+
+    def usd(v: float | None) -> str:
+        return "unknown" if v is None else f"${v:.4f}/hour"
+
+    nodes = Counter(r.inputs["instanceType"] for r in rec.of_type(INSTANCE))
+    each = ", ".join(
+        f"{n} x {typ} at ${prices[typ]}" if typ in prices else f"{n} x {typ} at unknown"
+        for typ, n in sorted(nodes.items())
+    )
+    disk_gb = sum(r.inputs["rootBlockDevice"]["volumeSize"] for r in rec.of_type(INSTANCE))
+    gp3 = pricing.GP3_GB_MONTH.get(s.region)
+    public_ips = sum(nodes.values())  # the subnet gives every node one; the control's is the Elastic IP
+    lines = [
+        "estimated cost: "
+        + ("unknown" if cost.hourly_usd is None else f"${cost.hourly_usd:.2f}/hour")
+        + f" ({cost.basis})",
+        f"  instances  {usd(cost.instances_usd)}  ({each})",
+        f"  disks      {usd(cost.disks_usd)}  ({disk_gb} GiB gp3 at "
+        + ("unknown" if gp3 is None else f"${gp3}/GiB-month")
+        + ")",
+        f"  addresses  {usd(cost.addresses_usd)}  ({public_ips} public IPv4 at ${pricing.PUBLIC_IPV4_HOURLY} each)",
+    ]
+    if cost.spot_saving_hourly_usd:
+        lines.append(f"  spot saves about ${cost.spot_saving_hourly_usd:.2f}/hour (included above)")
+    lines += [
+        f"  WARNING: no pinned price for {what} in {s.region} (stacks/pricing.py); the estimate leaves it unknown"
+        for what in cost.unpriced
+    ]
+    return lines
+
+
+def plan_text(rec: Recording) -> str:
     by_urn = {r.urn: r for r in rec.resources}
     groups: dict[str, dict[str, list[str | None]]] = {}
     for r in rec.resources:
         if not r.type.startswith("testbed:"):  # a component heads its own group
             groups.setdefault(_component_of(r, by_urn), {}).setdefault(r.type, []).append(_detail(r))
-    lines = []
+    lines = plan_header(rec)
+    lines.append(f"{len(rec.resources)} resources:")
     for group in sorted(groups):
         lines.append(group)
         for typ, details in sorted(groups[group].items()):
             named = Counter(d for d in details if d)
             extra = "  " + ", ".join(f"{d} x{n}" if n > 1 else d for d, n in sorted(named.items())) if named else ""
             lines.append(f"  {len(details):3d}  {typ}{extra}")
-    lines.append("install order on the cluster (<- waits for):")
+    lines.append("install order on the cluster (<- the steps each waits for, by the names on the left):")
     lines += install_order(rec)
     lines.append("GPU fairness policy (Kueue):")
     lines += ["  " + line for line in kueue.policy_lines(Names.from_settings(rec.settings).shares)]
-    lines.append(f"{len(rec.resources)} resources")
-    lines.append(cost_line)
+    lines += cost_lines(rec, pricing.estimate(rec.settings))
     return "\n".join(lines)
 
 
@@ -104,12 +177,19 @@ def _step_label(r: RecordedResource) -> str:
     if r.type == HELM_RELEASE:
         return f"helm {r.inputs.get('name')} {r.inputs.get('version')} (ns {r.inputs.get('namespace')})"
     if r.type == REMOTE_COMMAND:
-        return f"remote step {r.name}"
+        return f"remote step {step_arguments(r)[remote_script.STEP_NAME]}"
     return f"{r.type.split(':')[-1]} {r.inputs.get('metadata', {}).get('name', r.name)}"
 
 
+# Why a step waits for every step before it, by Helm release name.
+_WAITS_FOR_ALL_BECAUSE = {
+    keda.chart("").release: "while KEDA's external-metrics APIService is registered but not yet serving, "
+    "API discovery fails for every other client (components/keda.py)",
+}
+
+
 def install_order(rec: Recording) -> list[str]:
-    """Cluster-side steps in dependency order, each with the steps it waits for."""
+    """Cluster-side steps in dependency order, each named as the steps that wait for it say."""
     steps = {r.urn: r for r in rec.resources if r.type in (HELM_RELEASE, REMOTE_COMMAND) or _is_kubernetes_object(r)}
     providers = {r.urn: r for r in rec.of_type("pulumi:providers:kubernetes")}
 
@@ -121,14 +201,31 @@ def install_order(rec: Recording) -> list[str]:
         return {d for d in deps if d in steps}
 
     pending = {urn: waits_for(r) for urn, r in steps.items()}
-    lines, done = [], set()
+    closure: dict[str, set[str]] = {}
+
+    def behind(urn: str) -> set[str]:
+        """Every step `urn` waits for, directly or through another."""
+        if urn not in closure:
+            closure[urn] = set(pending[urn]).union(*(behind(d) for d in pending[urn]))
+        return closure[urn]
+
+    for urn in steps:
+        behind(urn)
+    lines: list[str] = []
+    done: set[str] = set()
     while pending:
         ready = sorted((u for u, deps in pending.items() if deps <= done), key=lambda u: steps[u].name)
         if not ready:
             raise ValueError("dependency cycle among cluster steps")
         for urn in ready:
-            after = ", ".join(sorted(steps[d].name for d in pending[urn])) or "nothing"
-            lines.append(f"  {len(lines) + 1:2d}. {_step_label(steps[urn])}  <- {after}")
+            step = steps[urn]
+            if len(pending[urn]) > 5 and closure[urn] == done:  # a long list that says "all of them"
+                after = f"every step above ({len(done)})"
+                why = _WAITS_FOR_ALL_BECAUSE.get(step.inputs.get("name")) if step.type == HELM_RELEASE else None
+                after += f": {why}" if why else ""
+            else:
+                after = ", ".join(sorted(steps[d].name for d in pending[urn])) or "nothing"
+            lines.append(f"  {len(lines) + 1:2d}. {step.name}: {_step_label(step)}  <- {after}")
             done.add(urn)
             del pending[urn]
     return lines

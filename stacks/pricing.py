@@ -31,22 +31,40 @@ class CostEstimate:
     on_demand_workers_hourly_usd: float | None
     spot_saving_hourly_usd: float  # 0 unless spotWorkers
     basis: str
+    # The parts of hourly_usd (None where a price is missing) and what the table lacks.
+    instances_usd: float | None = None
+    disks_usd: float | None = None
+    addresses_usd: float | None = None
+    unpriced: tuple[str, ...] = ()  # instance types (or gp3) with no pinned price in the region
 
 
 def estimate(s: Settings) -> CostEstimate:
     prices = INSTANCE_HOURLY.get(s.region, {})
     control, worker = prices.get(s.control_instance_type), prices.get(s.worker_instance_type)
-    if control is None or worker is None:
-        return CostEstimate(
-            None, None, 0.0, f"no pinned price for {s.control_instance_type}/{s.worker_instance_type} in {s.region}"
-        )
+    unpriced = tuple(t for t in dict.fromkeys((s.control_instance_type, s.worker_instance_type)) if t not in prices)
     storage_gb = s.control_root_volume_gb + s.worker_count * s.worker_root_volume_gb
-    storage = storage_gb * GP3_GB_MONTH[s.region] / HOURS_PER_MONTH
-    addresses = (1 + s.worker_count) * PUBLIC_IPV4_HOURLY
-    workers = s.worker_count * worker
-    saving = workers * SPOT_DISCOUNT_ASSUMED if s.spot_workers else 0.0
-    total = control + workers - saving + storage + addresses
+    gp3 = GP3_GB_MONTH.get(s.region)
+    storage = None if gp3 is None else round(storage_gb * gp3 / HOURS_PER_MONTH, 4)
+    addresses = round((1 + s.worker_count) * PUBLIC_IPV4_HOURLY, 4)
+    workers = None if worker is None else s.worker_count * worker
+    saving = workers * SPOT_DISCOUNT_ASSUMED if s.spot_workers and workers is not None else 0.0
+    instances = None if control is None or workers is None else round(control + workers - saving, 4)
+    unpriced += () if gp3 is not None else ("gp3",)
+    if instances is None or storage is None:
+        return CostEstimate(
+            None,
+            None,
+            0.0,
+            f"no pinned price for {', '.join(unpriced)} in {s.region}",
+            instances,
+            storage,
+            addresses,
+            unpriced,
+        )
+    total = instances + storage + addresses
     basis = f"on-demand prices for {s.region} dated {PRICES_DATED}"
     if s.spot_workers:
         basis += f"; spot workers assumed {SPOT_DISCOUNT_ASSUMED:.0%} below on-demand"
-    return CostEstimate(round(total, 4), round(workers, 4), round(saving, 4), basis)
+    return CostEstimate(
+        round(total, 4), round(workers, 4), round(saving, 4), basis, instances, storage, addresses, unpriced
+    )

@@ -33,7 +33,7 @@ def test_no_artifact_names_the_default_nodeset_or_four_gpus(renamed):
         assert DEFAULT_NODESET not in text, path
         # `slinky` survives only as the chart's own (disabled) NodeSet entry and the operator namespace
         assert "partition=slinky" not in text and "slinky-0" not in text, path
-    plan = artifacts.plan_text(rec, "cost")
+    plan = artifacts.plan_text(rec)
     assert DEFAULT_NODESET not in plan
     assert DEFAULT_NODESET not in json.dumps(offline.reveal(rec.outputs))
 

@@ -158,7 +158,7 @@ def test_default_run_quota_is_every_gpu_and_plan_shows_the_policy(default_run):
         if r.type == "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue"
     }
     assert sum(gpu_quota(cq)["nominalQuota"] for cq in cqs.values()) == s.gpus_total
-    text = artifacts.plan_text(default_run, "cost")
+    text = artifacts.plan_text(default_run)
     assert "helm kueue 0.19.2 (ns kueue-system)" in text
     policy = text.split("GPU fairness policy (Kueue):\n", 1)[1]
     assert f"GPUs: {s.gpus_total}" in policy and f"up to {s.ai_max_gpus} admitted at once" in policy
@@ -181,7 +181,7 @@ def test_a_changed_policy_reaches_kueue_keda_and_plan_together():
     (scaled_object,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
     # slurmd never scales onto the GPU Kueue guarantees to AI: the two caps add up to the GPUs
     assert scaled_object.inputs["spec"]["maxReplicaCount"] + gpu_quota(ai_cq)["nominalQuota"] == 4
-    policy = artifacts.plan_text(rec, "cost").split("GPU fairness policy (Kueue):\n", 1)[1]
+    policy = artifacts.plan_text(rec).split("GPU fairness policy (Kueue):\n", 1)[1]
     assert "1 guaranteed" in policy and "up to 1 admitted at once" in policy and "never lent to AI" in policy
     assert "higher priority evicts lower" in policy
 
