@@ -5,6 +5,7 @@
     python -m stacks validate --scenario NAME [--dry-run] [--kubeconfig FILE] [--timeout S] [--out DIR]
     python -m stacks simulate --scenario FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
     python -m stacks preflight [--stack dev] [--config KEY=VALUE ...]
+    python -m stacks doctor    [--stack dev] [--config KEY=VALUE ...] [--kubeconfig FILE]
 
 plan and render run the real program under Pulumi's mock engine: no cloud, CLI or credentials.
 """
@@ -49,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("validate", help="replay a reference experiment on the live testbed (see --help)", add_help=False)
     sub.add_parser("simulate", help="run a scenario through the hand-off twin (see --help)", add_help=False)
     sub.add_parser("preflight", help="read-only checks of your AWS account before `pulumi up`", add_help=False)
+    sub.add_parser("doctor", help="health of the deployed testbed, one line per check", add_help=False)
     return parser
 
 
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         from stacks.preflight import main as preflight_main
 
         return preflight_main(argv[1:])
+    if argv[:1] == ["doctor"]:
+        from stacks.doctor import main as doctor_main
+
+        return doctor_main(argv[1:])
     args = _parser().parse_args(argv)
     problems = []
     if args.command == "render" and (problem := artifacts.out_dir_problem(args.out)):

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stacks import offline
+from stacks import checklist, offline
+from stacks.checklist import FAIL, OK, UNKNOWN, WARN, Check
 from stacks.infrastructure import ZoneError, choose_zone
 from stacks.settings import PROJECT, Settings, SettingsError, load
 
-EXIT_READY, EXIT_BLOCKED, EXIT_BAD_INPUT = 0, 1, 2
-OK, FAIL, UNKNOWN, WARN = "ok", "FAIL", "unknown", "warn"
+EXIT_BAD_INPUT = checklist.EXIT_BAD_INPUT
 
 INSTANCE = "aws:ec2/instance:Instance"
 GET_AMI = "aws:ec2/getAmi:getAmi"
@@ -58,18 +58,6 @@ _RUNNING_STATES = ["pending", "running"]
 def bucket(instance_type: str) -> str | None:
     family = instance_type.split(".", 1)[0]
     return next((name for name, rx in _BUCKETS if re.fullmatch(rx + r"[a-z0-9-]*", family)), None)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # OK | FAIL | UNKNOWN | WARN
-    detail: str
-    remedy: str = ""  # a command to run, e.g. the Service Quotas request to file
-
-    def lines(self) -> list[str]:
-        out = [f"{self.status:8s}{self.name}: {self.detail}"]
-        return out + ([f"        -> {self.remedy}"] if self.remedy else [])
 
 
 @dataclass(frozen=True)
@@ -353,13 +341,7 @@ class Preflight:
 
 
 def verdict(checks: list[Check]) -> tuple[int, str]:
-    failed = [c for c in checks if c.status == FAIL]
-    unknown = [c for c in checks if c.status in (UNKNOWN, WARN)]
-    if failed:
-        return EXIT_BLOCKED, f"verdict: blocked by {len(failed)} problem(s): {', '.join(c.name for c in failed)}"
-    if unknown:
-        return EXIT_READY, f"verdict: ready, {len(unknown)} check(s) to confirm by hand"
-    return EXIT_READY, "verdict: ready"
+    return checklist.verdict(checks, good="ready")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -267,7 +267,7 @@ def test_cli_prints_one_line_per_check_and_the_verdict(aws, recording, capsys, m
     assert preflight.main(["--config", "adminCidr=1.2.3.4/32"], session=session) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("ok      credentials: account 123456789012")
-    assert lines[-1] == "verdict: blocked by 1 problem(s): on-demand vCPUs"
+    assert lines[-1] == "verdict: 1 problem(s): on-demand vCPUs"
     assert any(line.strip().startswith("-> aws service-quotas request-service-quota-increase") for line in lines)
 
 

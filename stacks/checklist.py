@@ -1,0 +1,33 @@
+"""One line per check and a verdict: the output of preflight and doctor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+OK, FAIL, UNKNOWN, WARN = "ok", "FAIL", "unknown", "warn"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # OK | FAIL | UNKNOWN | WARN
+    detail: str
+    remedy: str = ""  # a command to run, e.g. the Service Quotas request to file
+    evidence: str = ""  # e.g. a node's bootstrap log tail, printed indented under the line
+
+    def lines(self) -> list[str]:
+        out = [f"{self.status:8s}{self.name}: {self.detail}"]
+        out += [f"        -> {self.remedy}"] if self.remedy else []
+        return out + [f"        | {line}" for line in self.evidence.splitlines()]
+
+
+def verdict(checks: list[Check], good: str) -> tuple[int, str]:
+    failed = [c for c in checks if c.status == FAIL]
+    unsure = [c for c in checks if c.status in (UNKNOWN, WARN)]
+    if failed:
+        names = ", ".join(dict.fromkeys(c.name for c in failed))
+        return EXIT_FAILED, f"verdict: {len(failed)} problem(s): {names}"
+    if unsure:
+        return EXIT_OK, f"verdict: {good}, {len(unsure)} check(s) to confirm by hand"
+    return EXIT_OK, f"verdict: {good}"
