@@ -6,6 +6,7 @@
     python -m stacks simulate --scenario FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
     python -m stacks preflight [--stack dev] [--config KEY=VALUE ...]
     python -m stacks doctor    [--stack dev] [--config KEY=VALUE ...] [--kubeconfig FILE]
+    python -m stacks e2e       [--stack dev] [--keep] [--out DIR]
 
 plan and render run the real program under Pulumi's mock engine: no cloud, CLI or credentials.
 """
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("simulate", help="run a scenario through the hand-off twin (see --help)", add_help=False)
     sub.add_parser("preflight", help="read-only checks of your AWS account before `pulumi up`", add_help=False)
     sub.add_parser("doctor", help="health of the deployed testbed, one line per check", add_help=False)
+    sub.add_parser("e2e", help="preflight, up, doctor, every scenario, destroy (always): one report", add_help=False)
     return parser
 
 
@@ -72,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         from stacks.doctor import main as doctor_main
 
         return doctor_main(argv[1:])
+    if argv[:1] == ["e2e"]:
+        from stacks.e2e import main as e2e_main
+
+        return e2e_main(argv[1:])
     args = _parser().parse_args(argv)
     problems = []
     if args.command == "render" and (problem := artifacts.out_dir_problem(args.out)):
