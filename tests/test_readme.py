@@ -34,3 +34,67 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
 def test_readme_pictures_exist():
     for picture in re.findall(r"\]\(([^)]+\.png)\)", README):
         assert (ROOT / picture).is_file(), picture
+
+
+# Commands that need no AWS, cluster or CLI: the README's every such line is run as written.
+OFFLINE = re.compile(r"venv/bin/python -m stacks (plan|render|simulate|validate\b.*(--dry-run|--from-timeline))\b")
+
+
+def bash_lines() -> list[str]:
+    """Every command line of the README's bash blocks, continuations joined."""
+    lines = []
+    for block in re.findall(r"^```bash\n(.*?)^```", README, re.M | re.S):
+        lines += [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    return lines
+
+
+def test_one_way_to_run_the_tools_throughout():
+    for line in bash_lines():
+        bare = re.search(r"(^|[;&|(]\s*)(python3?|pip3?|pytest)\b", line)
+        assert not bare or line.startswith("python3 -m venv "), line
+    prose = re.sub(r"^```.*?^```", "", README, flags=re.M | re.S)
+    assert not re.findall(r"`(?:python3?|pip3?|pytest) (?!-m venv)", prose)
+
+
+def test_every_offline_command_runs_as_written(monkeypatch, capsys, tmp_path):
+    """Each offline line, word for word, through the entry point `python -m stacks` runs
+    (in-process: a fresh interpreter per line would cost seconds each); one line also runs
+    as a real `venv/bin/python -m stacks` process. The working directory is the repository
+    root's twin (every top-level entry linked, but a fresh `out/`), so what earlier runs left
+    in `out/` cannot fail or be overwritten by the test."""
+    import shlex
+    import subprocess
+    import sys
+
+    from stacks import __main__ as cli
+
+    commands = list(dict.fromkeys(line for line in bash_lines() if OFFLINE.match(line)))
+    assert len(commands) >= 4, commands  # plan, render, validate --dry-run, validate --from-timeline
+    for entry in ROOT.iterdir():
+        if entry.name != "out":
+            (tmp_path / entry.name).symlink_to(entry)
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        words = shlex.split(command, comments=True)
+        assert words[:3] == ["venv/bin/python", "-m", "stacks"], command
+        # simulate's documented 1 is a finding of the model (a killed job), not a broken line
+        allowed = {0, 1} if words[3] == "simulate" else {0}
+        assert cli.main(words[3:]) in allowed, f"{command}\n{capsys.readouterr().err[-2000:]}"
+    capsys.readouterr()
+    (dry_run,) = [c for c in commands if "--dry-run" in c]
+    python = "venv/bin/python" if (ROOT / "venv" / "bin" / "python").exists() else sys.executable
+    done = subprocess.run(
+        ["bash", "-c", dry_run.replace("venv/bin/python", python, 1)], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_layout_paragraph_names_every_top_level_folder():
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    folders = {path.split("/", 1)[0] for path in tracked.splitlines() if "/" in path}
+    (layout,) = re.findall(r"^Layout: .*?(?=\n\n)", README, re.M | re.S)
+    for folder in folders - {".ci"}:
+        assert f"`{folder}/`" in layout, folder
+    assert "`.ci/run`" in layout
