@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 OK, FAIL, UNKNOWN, WARN = "ok", "FAIL", "unknown", "warn"
@@ -31,3 +34,11 @@ def verdict(checks: list[Check], good: str) -> tuple[int, str]:
     if unsure:
         return EXIT_OK, f"verdict: {good}, {len(unsure)} check(s) to confirm by hand"
     return EXIT_OK, f"verdict: {good}"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments are one line and exit 2, like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)

@@ -400,9 +400,8 @@ def read_outputs(stack: str) -> dict | str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m stacks doctor", description=__doc__)
-    p.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
-    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
+    p = checklist.OneLineParser(prog="python -m stacks doctor", description=__doc__)
+    offline.add_stack_arguments(p)
     p.add_argument("--kubeconfig", type=Path, help="default: the stack's kubeconfig output")
     return p
 

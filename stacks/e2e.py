@@ -230,7 +230,7 @@ class Run:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m stacks e2e", description=__doc__)
+    p = checklist.OneLineParser(prog="python -m stacks e2e", description=__doc__)
     p.add_argument("--stack", default="dev", help="the Pulumi stack (default: dev)")
     p.add_argument("--keep", action="store_true", help="leave the stack running at the end (and after a failure)")
     p.add_argument("--out", type=Path, help="report folder (default out/e2e-<time>)")

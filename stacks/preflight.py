@@ -345,9 +345,8 @@ def verdict(checks: list[Check]) -> tuple[int, str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m stacks preflight", description=__doc__)
-    p.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
-    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
+    p = checklist.OneLineParser(prog="python -m stacks preflight", description=__doc__)
+    offline.add_stack_arguments(p)
     return p
 
 

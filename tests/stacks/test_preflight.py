@@ -257,6 +257,11 @@ def test_cli_bad_settings_exit_2_before_any_call(capsys):
     assert "adminCidr" in capsys.readouterr().err
     assert cli.main(["preflight", "--config", "adminCidr=1.2.3.4/32", "--config", "workerCount=0"]) == 2
     assert capsys.readouterr().err.startswith('workerCount: "0" is not allowed')
+    for tool in ("preflight", "doctor", "e2e"):  # bad arguments: one line, exit 2
+        with pytest.raises(SystemExit) as exited:
+            cli.main([tool, "--no-such-flag"])
+        assert exited.value.code == 2
+        assert capsys.readouterr().err == f"python -m stacks {tool}: unrecognized arguments: --no-such-flag\n"
 
 
 def test_cli_prints_one_line_per_check_and_the_verdict(aws, recording, capsys, monkeypatch):
