@@ -150,24 +150,24 @@ class Doctor:
         self.checks: list[Check] = []
 
     def run(self) -> list[Check]:
-        for step in (
-            self.nodes,
-            self.pods,
-            self.webhooks,
-            self.sinfo,
-            self.scaled_object,
-            self.prometheus,
+        for name, step in (
+            ("node", self.nodes),
+            ("pods", self.pods),
+            ("webhook", self.webhooks),
+            ("sinfo", self.sinfo),
+            ("scaledobject", self.scaled_object),
+            ("prometheus", self.prometheus),
         ):
-            self._guarded(step)
+            self._guarded(name, step)
         return self.checks
 
-    def _guarded(self, step: Callable[[], None]) -> None:
+    def _guarded(self, name: str, step: Callable[[], None]) -> None:
         from kubernetes.client.exceptions import ApiException
 
         try:
             step()
-        except ApiException as error:
-            self.checks.append(Check(step.__name__, FAIL, f"API error {error.status} {error.reason}"))
+        except ApiException as error:  # e.g. 404: the object the check reads is not there
+            self.checks.append(Check(name, FAIL, f"API error {error.status} {(error.reason or '').strip()}"))
 
     def _evidence(self, ip: str, is_control: bool) -> str:
         if self.logs is None:

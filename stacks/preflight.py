@@ -34,9 +34,11 @@ class Quota:
     name: str
 
 
-# Codes as the Service Quotas console and `aws service-quotas list-service-quotas` list them;
-# VPCs per Region as in getmoto/moto@5.2.5:moto/servicequotas/resources/default_quotas/vpc.py,
-# EC2-VPC Elastic IPs as in the AWS managed policies moto ships (moto/iam/aws_managed_policies.py).
+# Quota codes: VPCs per Region as getmoto/moto@5.2.5:moto/servicequotas/resources/default_quotas/vpc.py
+# ships it; EC2-VPC Elastic IPs as named in the AWS managed policies moto ships
+# (moto/iam/aws_managed_policies.py); the vCPU quotas by name from the EC2 User Guide's
+# "On-Demand Instance quotas" and "Spot Instance quotas", their codes as public tooling and
+# Service Quotas listings give them. A wrong code reads as "unknown", never as a pass.
 ON_DEMAND_VCPUS = {
     "G and VT": Quota("ec2", "L-DB2E81BA", "Running On-Demand G and VT instances"),
     "P": Quota("ec2", "L-417A185B", "Running On-Demand P instances"),

@@ -318,3 +318,14 @@ def test_the_real_adapter_asks_the_api_server_the_right_paths():
             {"query": "up"},
         ),
     ]
+
+
+def test_a_missing_object_is_a_failed_check_not_a_crash():
+    s = settings()
+
+    class NoScaledObject(FakeKube):
+        def get(self, *args):
+            raise ApiException(status=404, reason="Not Found")
+
+    failed = [c for c in doctor.Doctor(s, NoScaledObject(s), None).run() if c.status == FAIL]
+    assert [(c.name, c.detail) for c in failed] == [("scaledobject", "API error 404 Not Found")]
