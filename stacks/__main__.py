@@ -1,4 +1,4 @@
-"""Offline plan and render (DESIGN section 4), and the validation runner.
+"""Offline plan and render (DESIGN section 4), the validation runner, and the deployment tools.
 
     python -m stacks plan     [--stack dev] [--config KEY=VALUE ...] [--json]
     python -m stacks render   [--stack dev] [--config KEY=VALUE ...] --out DIR
@@ -9,6 +9,8 @@
     python -m stacks e2e       [--stack dev] [--keep] [--out DIR]
 
 plan and render run the real program under Pulumi's mock engine: no cloud, CLI or credentials.
+preflight reads your AWS account (read-only), doctor reads the deployed cluster, e2e runs
+preflight, up, doctor, every scenario and destroy (always) through the Automation API.
 """
 
 from __future__ import annotations
