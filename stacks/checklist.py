@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
+from stacks.settings import escaped
+
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 OK, FAIL, UNKNOWN, WARN = "ok", "FAIL", "unknown", "warn"
 
@@ -40,5 +42,6 @@ class OneLineParser(argparse.ArgumentParser):
     """Bad arguments are one line and exit 2, like every other bad input."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {message}", file=sys.stderr)
+        # the same line as `python -m stacks` itself prints (stacks/__main__.py)
+        print(f"{self.prog}: {escaped(message, limit=300)}; see {self.prog} --help", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

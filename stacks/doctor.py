@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from components import host_layout, names, slurmd_scaling
 from stacks import checklist, offline
 from stacks.checklist import FAIL, OK, Check
-from stacks.settings import Settings, SettingsError, load
+from stacks.settings import Settings, SettingsError, load, show
 
 GPU_RESOURCE = "nvidia.com/gpu"
 LOG_LINES = 40
@@ -409,7 +409,7 @@ def parser() -> argparse.ArgumentParser:
 def _kubeconfig(path: Path | None, outputs: dict | str) -> dict:
     if path is not None:
         if not path.is_file():
-            raise BadInput(f"--kubeconfig: {str(path)[:200]!r} is not a file")
+            raise BadInput(f"--kubeconfig: {show(str(path))} is not a file")
         text = path.read_text()
     elif isinstance(outputs, dict) and isinstance(outputs.get("kubeconfig"), str):
         text = outputs["kubeconfig"]

@@ -261,7 +261,8 @@ def test_cli_bad_settings_exit_2_before_any_call(capsys):
         with pytest.raises(SystemExit) as exited:
             cli.main([tool, "--no-such-flag"])
         assert exited.value.code == 2
-        assert capsys.readouterr().err == f"python -m stacks {tool}: unrecognized arguments: --no-such-flag\n"
+        prog = f"python -m stacks {tool}"
+        assert capsys.readouterr().err == f"{prog}: unrecognized arguments: --no-such-flag; see {prog} --help\n"
 
 
 def test_cli_prints_one_line_per_check_and_the_verdict(aws, recording, capsys, monkeypatch):
