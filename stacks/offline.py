@@ -57,6 +57,7 @@ class Recording:
     outputs: dict[str, Any]
     secret_outputs: set[str]
     invokes: list[tuple[str, str]]
+    invoke_args: dict[str, dict[str, Any]] = field(default_factory=dict)  # token -> first call's arguments
 
     def of_type(self, type_token: str) -> list[RecordedResource]:
         return [r for r in self.resources if r.type == type_token]
@@ -149,6 +150,7 @@ class TestbedMocks(pulumi.runtime.Mocks):
         # the stack outputs of the last deployment, as the stack's reference to itself reads
         # them; none by default (a first deployment)
         self.deployed_outputs = deployed_outputs or {}
+        self.invoke_args: dict[str, dict[str, Any]] = {}  # what preflight repeats against AWS
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
@@ -182,6 +184,7 @@ class TestbedMocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.invokes.append((args.token, args.provider or ""))
+        self.invoke_args.setdefault(args.token, dict(args.args))
         if args.token == "aws:ec2/getAmi:getAmi":
             return {
                 "id": "ami-0placeholder000000",
@@ -376,4 +379,5 @@ def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None =
         outputs=resolved,
         secret_outputs=secret_names,
         invokes=mocks.invokes,
+        invoke_args=mocks.invoke_args,
     )

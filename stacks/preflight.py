@@ -74,26 +74,7 @@ class Needs:
     stack: str = field(default="dev")
 
 
-class _CapturingMocks(offline.TestbedMocks):
-    """The program's mocks, also keeping the arguments of its AMI lookup."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ami_lookup: dict[str, Any] | None = None
-
-    def call(self, args):
-        if args.token == GET_AMI:
-            self.ami_lookup = dict(args.args)
-        return super().call(args)
-
-
-def record(config: dict[str, str], stack: str) -> tuple[offline.Recording, dict[str, Any] | None]:
-    mocks = _CapturingMocks()
-    rec = offline.run(config, stack=stack, mocks=mocks)
-    return rec, mocks.ami_lookup
-
-
-def needs(rec: offline.Recording, ami_lookup: dict[str, Any] | None) -> Needs:
+def needs(rec: offline.Recording) -> Needs:
     return Needs(
         instances=tuple(
             (r.inputs["instanceType"], (r.inputs.get("instanceMarketOptions") or {}).get("marketType") == "spot")
@@ -102,7 +83,7 @@ def needs(rec: offline.Recording, ami_lookup: dict[str, Any] | None) -> Needs:
         elastic_ips=len(rec.of_type("aws:ec2/eip:Eip")),
         vpcs=len(rec.of_type("aws:ec2/vpc:Vpc")),
         key_pairs=tuple(r.name for r in rec.of_type("aws:ec2/keyPair:KeyPair")),
-        ami_lookup=None if rec.settings.ami_id else ami_lookup,
+        ami_lookup=None if rec.settings.ami_id else rec.invoke_args.get(GET_AMI),
         stack=rec.settings.stack,
     )
 
@@ -361,13 +342,13 @@ def main(argv: list[str], session: Any = None) -> int:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return EXIT_BAD_INPUT
-    rec, ami_lookup = record(config, args.stack)
+    rec = offline.run(config, stack=args.stack)
     if session is None:
         import boto3
 
         session = boto3.Session()
     try:
-        checks = Preflight(s, needs(rec, ami_lookup), session).run()
+        checks = Preflight(s, needs(rec), session).run()
     except Unreachable as error:
         print(error, file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -46,14 +46,8 @@ def aws_env():
 
 
 @pytest.fixture(scope="module")
-def recording():
-    """The program recorded once, with its AMI lookup's arguments kept."""
-    return preflight.record(config(), "dev")
-
-
-@pytest.fixture(scope="module")
-def recorded(recording):
-    return preflight.needs(*recording)
+def recorded(default_run):
+    return preflight.needs(default_run)
 
 
 @pytest.fixture
@@ -102,7 +96,7 @@ def test_needs_come_from_the_program(recorded, spot_run):
     # the lookup preflight repeats is the one components/ec2.py makes
     assert recorded.ami_lookup["owners"] == [ec2_component.UBUNTU_OWNER]
     assert {"name": "name", "values": [ec2_component.UBUNTU_2404_AMD64]} in recorded.ami_lookup["filters"]
-    spot = preflight.needs(spot_run, recorded.ami_lookup)
+    spot = preflight.needs(spot_run)
     assert sorted(spot.instances) == [("g4dn.xlarge", True)] * 4 + [("t3.medium", False)]
 
 
@@ -142,7 +136,7 @@ def test_spot_workers_count_against_the_spot_quota(aws, recorded, spot_run):
     session, quotas = aws
     ubuntu_image()
     quotas["ec2", "L-3819A6DF"] = 8
-    checks = run(session, preflight.needs(spot_run, recorded.ami_lookup))
+    checks = run(session, preflight.needs(spot_run))
     spot = checks["spot vCPUs All G and VT Spot Instance Requests"]
     assert spot.status == preflight.FAIL and "L-3819A6DF" in spot.remedy and "--desired-value 16" in spot.remedy
     assert not any("G and VT instances" in name for name in checks)  # no on-demand GPU need
@@ -265,9 +259,9 @@ def test_cli_bad_settings_exit_2_before_any_call(capsys):
         assert capsys.readouterr().err == f"{prog}: unrecognized arguments: --no-such-flag; see {prog} --help\n"
 
 
-def test_cli_prints_one_line_per_check_and_the_verdict(aws, recording, capsys, monkeypatch):
+def test_cli_prints_one_line_per_check_and_the_verdict(aws, default_run, capsys, monkeypatch):
     session, quotas = aws
-    monkeypatch.setattr(preflight, "record", lambda config, stack: recording)  # the same program, recorded once
+    monkeypatch.setattr(preflight.offline, "run", lambda config, stack: default_run)  # the same program, recorded once
     ubuntu_image()
     quotas["ec2", "L-DB2E81BA"] = 0
     assert preflight.main(["--config", "adminCidr=1.2.3.4/32"], session=session) == 1
