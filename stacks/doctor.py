@@ -276,16 +276,19 @@ class Doctor:
         )
 
     def prometheus(self) -> None:
-        # slurmctld emits every metric for every partition, zeros included: an empty
-        # result means Prometheus has no slurmctld target (SchedMD/slurm@slurm-25-11-0-1:
-        # src/plugins/metrics/openmetrics/openmetrics.c).
+        # The queries the deployed ScaledObject runs (components/keda.py, default policy). slurmctld
+        # emits every metric for every partition, zeros included, so an empty result means
+        # Prometheus lacks a target (SchedMD/slurm@slurm-25-11-0-1:
+        # src/plugins/metrics/openmetrics/openmetrics.c), and KEDA's trigger errors.
+        from components import keda
+
         empty, values = [], []
-        for trigger in slurmd_scaling.TRIGGERS:
-            result = self.kube.prometheus(slurmd_scaling.promql(trigger, names.DEFAULT_PARTITION))
+        for name, query in slurmd_scaling.queries(keda.scaling_target(self.n.slurm)):
+            result = self.kube.prometheus(query)
             if result:
-                values.append(f"{trigger.name}={result[0]['value'][1]}")
+                values.append(f"{name}={result[0]['value'][1]}")
             else:
-                empty.append(trigger.name)
+                empty.append(name)
         if empty:
             self.checks.append(
                 Check("prometheus", FAIL, f"no series for {', '.join(empty)}: Prometheus is not scraping slurmctld")

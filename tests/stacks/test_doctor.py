@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError
 
-from components import host_layout, names, slurmd_scaling
+from components import host_layout, keda, names, slurmd_scaling
 from stacks import doctor
 from stacks.checklist import FAIL, OK
 from stacks.settings import load
@@ -55,7 +55,8 @@ class FakeKube:
         self.refuse: set[str] = set()
         self.sinfo = (0, "".join(f"{p} up 4 idle\n" for p in self.n.slurm.partitions))
         self.scaled = {"status": {"conditions": [_ready()]}}
-        self.series = {t.name: [{"value": [0, "0"]}] for t in slurmd_scaling.TRIGGERS}
+        self.queries = dict(slurmd_scaling.queries(keda.scaling_target(self.n.slurm)))
+        self.series = {name: [{"value": [0, "0"]}] for name in self.queries}
         self.calls: list[tuple] = []
 
     def nodes(self):
@@ -81,15 +82,13 @@ class FakeKube:
         self.calls.append(("hpa", namespace, name))
         metrics = [
             {"type": "External", "external": {"metric": {"name": f"s{i}-prometheus"}, "current": {"averageValue": "0"}}}
-            for i in range(len(slurmd_scaling.TRIGGERS))
+            for i in range(len(self.queries))
         ]
         return {"status": {"currentMetrics": metrics, "desiredReplicas": 0}}
 
     def prometheus(self, query):
-        for t in slurmd_scaling.TRIGGERS:
-            if query == slurmd_scaling.promql(t, names.DEFAULT_PARTITION):
-                return self.series[t.name]
-        raise AssertionError(f"unexpected query {query}")
+        (name,) = [n for n, q in self.queries.items() if q == query]  # only the ScaledObject's queries
+        return self.series[name]
 
 
 def _ready():
@@ -128,7 +127,10 @@ def test_a_healthy_testbed(tmp_path):
         "Slinky operator",
         "Training Operator",
     ]
-    assert "triggers s0-prometheus=0, s1-prometheus=0; HPA wants 0" in by(checks, "scaledobject")[0].detail
+    triggers = ", ".join(f"s{i}-prometheus=0" for i in range(len(kube.queries)))  # one per trigger
+    assert f"triggers {triggers}; HPA wants 0" in by(checks, "scaledobject")[0].detail
+    shown = by(checks, "prometheus")[0].detail.removeprefix("scrapes slurmctld: ")
+    assert [v.split("=")[0] for v in shown.split(", ")] == list(kube.queries)
 
 
 def test_names_come_from_the_contract(tmp_path):
@@ -228,10 +230,11 @@ def test_scaled_object_not_ready_and_prometheus_without_slurmctld():
     s = settings()
     kube = FakeKube(s)
     kube.scaled = {"status": {"conditions": [{"type": "Ready", "status": "False", "message": "trigger error"}]}}
-    kube.series[slurmd_scaling.TRIGGERS[0].name] = []
+    last = list(kube.series)[-1]  # every query is asked, not only the first
+    kube.series[last] = []
     failed = {c.name: c.detail for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL}
     assert failed["scaledobject"] == "slurmd not Ready: trigger error"
-    assert failed["prometheus"].startswith(f"no series for {slurmd_scaling.TRIGGERS[0].name}")
+    assert failed["prometheus"].startswith(f"no series for {last}:")
 
 
 def test_redaction_of_a_block_the_tail_cut():
