@@ -59,6 +59,7 @@ class KubeJob:
     kind: str  # PyTorchJob or Job
     runtime: float
     submitted: float
+    replicas: int = 1
     pods: list[Pod] = field(default_factory=list)
     started: float | None = None
     finished: float | None = None
@@ -80,9 +81,21 @@ class Kubernetes:
         self.pods.append(pod)
         return pod
 
-    def submit(self, name: str, kind: str, replicas: int, runtime: float, now: float) -> KubeJob:
-        job = KubeJob(name, "PyTorchJob" if kind == "pytorchjob" else "Job", runtime, now)
-        if kind == "pytorchjob":
+    def submit(
+        self, name: str, kind: str, replicas: int, runtime: float, now: float, suspended: bool = False
+    ) -> KubeJob:
+        """A job; a suspended one (queued in Kueue) has no pods until it is unsuspended."""
+        job = KubeJob(name, "PyTorchJob" if kind == "pytorchjob" else "Job", runtime, now, replicas=replicas)
+        self.jobs.append(job)
+        if not suspended:
+            self.unsuspend(job, now)
+        return job
+
+    def unsuspend(self, job: KubeJob, now: float) -> None:
+        """The operator creates the job's pods (Training Operator: runPolicy.suspend false)."""
+        name, replicas = job.name, job.replicas
+        job.pods = []
+        if job.kind == "PyTorchJob":
             master = Pod(f"{name}-master-0", KUBERNETES, name, "pytorch", now)
             job.pods.append(master)
             for i in range(replicas - 1):
@@ -92,8 +105,13 @@ class Kubernetes:
             job.pods += [Pod(f"{name}-{i}", KUBERNETES, name, "job", now) for i in range(replicas)]
         for pod in job.pods:
             self.create_pod(pod)
-        self.jobs.append(job)
-        return job
+
+    def suspend(self, job: KubeJob, now: float) -> None:
+        """Kueue's eviction suspends the job: its pods are deleted and it starts over when admitted."""
+        for pod in job.pods:
+            self.delete(pod, now)
+        job.pods = []
+        job.started = None
 
     def delete_job(self, name: str, now: float) -> None:
         """Deleting the job object: its pods go with it (ownerReferences)."""
@@ -155,7 +173,7 @@ class Kubernetes:
         for job in self.jobs:
             if job.finished is not None:
                 continue
-            if job.started is None and all(p.running(now) for p in job.pods):
+            if job.started is None and job.pods and all(p.running(now) for p in job.pods):
                 job.started = now
             if job.started is not None and now >= job.started + job.runtime:
                 job.finished = now

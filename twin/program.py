@@ -1,9 +1,9 @@
-"""What the twin takes from the program: the rendered ScaledObject and slurm chart values, for a
-policy, from the stack's settings (`stacks/settings.py`) through the names contract."""
+"""What the twin takes from the program: the rendered ScaledObject, slurm chart values and Kueue
+objects, for a policy, from the stack's settings (`stacks/settings.py`) through the names contract."""
 
 from __future__ import annotations
 
-from components import keda, slinky, slurmd_scaling
+from components import keda, kueue, slinky, slurmd_scaling
 from components.names import DEFAULT_PARTITION, Names
 from stacks.settings import Settings
 from twin.sim import Setup
@@ -37,4 +37,6 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         host_prefix=names.slurm.nodeset,
         restapi_deployment=target.restapi_deployment,
         workers=names.gpus_total,
+        kueue_objects=tuple(kueue.objects(names.shares)),
+        kueue_config=kueue.manager_config(s.kueue_version),
     )

@@ -62,6 +62,7 @@ class Scenario:
     duration: float
     images: str = "warm"
     workers: int | None = None
+    kueue: bool = True  # as the program deploys it; false: Kubernetes jobs go straight to kube-scheduler
     jobs: tuple[JobSpec, ...] = ()
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
@@ -114,13 +115,16 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     c = _Checker()
     if not isinstance(data, dict):
         raise ScenarioError([f"scenario: {_show(data)} is not allowed; expected a mapping"])
-    for key in sorted(set(data) - {"workers", "duration", "images", "jobs", "faults"}):
-        c.bad(f"scenario.{key}", data[key], "one of workers, duration, images, jobs, faults")
+    for key in sorted(set(data) - {"workers", "duration", "images", "kueue", "jobs", "faults"}):
+        c.bad(f"scenario.{key}", data[key], "one of workers, duration, images, kueue, jobs, faults")
     duration = c.number("duration", data.get("duration"), 1, MAX_DURATION)
     workers = None if "workers" not in data else c.number("workers", data["workers"], 1, 64, integer=True)
     images = data.get("images", "warm")
     if images not in IMAGES:
         c.bad("images", images, " or ".join(IMAGES))
+    use_kueue = data.get("kueue", True)
+    if not isinstance(use_kueue, bool):
+        c.bad("kueue", use_kueue, "true or false")
     jobs: list[JobSpec] = []
     raw_jobs = data.get("jobs", [])
     if not isinstance(raw_jobs, list):
@@ -219,7 +223,14 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         faults.append(Fault(str(kind), start or 0.0, end or 0.0))
     if c.problems:
         raise ScenarioError(c.problems)
-    return Scenario(duration=duration, images=images, workers=workers, jobs=tuple(jobs), faults=tuple(faults))
+    return Scenario(
+        duration=duration,
+        images=images,
+        workers=workers,
+        kueue=use_kueue is True,
+        jobs=tuple(jobs),
+        faults=tuple(faults),
+    )
 
 
 def load(path: Path, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenario:

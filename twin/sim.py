@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from twin import kube as k8s
 from twin.autoscale import HPA_SYNC, Hpa, Keda
+from twin.kueue import Kueue
 from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
@@ -27,6 +28,8 @@ class Setup:
     host_prefix: str  # Slurm node names <host_prefix>-<ordinal>
     restapi_deployment: str
     workers: int
+    kueue_objects: tuple[dict, ...] = ()
+    kueue_config: dict = field(default_factory=dict)
 
 
 def gpu_uuid(i: int) -> str:
@@ -48,6 +51,11 @@ class Run:
         self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm)
         self.keda = Keda.from_scaled_object(s.scaled_object)
         self.hpa = Hpa(self.keda)
+        self.kueue = (
+            Kueue.from_program(list(s.kueue_objects), s.kueue_config)
+            if self.scenario.kueue and s.kueue_objects
+            else None
+        )
         self.prom = Prometheus()
         self.prom.targets = [
             Target("slurm-controller", "slurm-controller:6817", self._slurm_metrics),
@@ -60,6 +68,8 @@ class Run:
         self.slurm_jobs: dict[str, list[SlurmJob]] = {}  # by scenario name: one record, or one per array task
         self.idle_gpu_s = 0.0  # GPU-seconds held by slurmd pods whose Slurm node runs no job
         self.held_now = 0
+        # GPU-seconds each side holds while both have work waiting or running (contention)
+        self.contended = {"slurm": 0.0, "kubernetes": 0.0, "seconds": 0.0}
         self.zero_spans: list[list[float]] = []  # [start, end] of times slurmd held no GPU
         self._events = sorted(self.scenario.jobs, key=lambda j: j.submit)
         self._releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
@@ -111,7 +121,11 @@ class Run:
         if spec.kind == "slurm":
             self.slurm_jobs[spec.name] = self.slurm.submit(spec, now)
         else:
-            self.kube_jobs[spec.name] = self.kube.submit(spec.name, spec.kind, spec.gpus_wanted, spec.runtime, now)
+            queued = self.kueue is not None
+            job = self.kube.submit(spec.name, spec.kind, spec.gpus_wanted, spec.runtime, now, suspended=queued)
+            self.kube_jobs[spec.name] = job
+            if self.kueue is not None:
+                self.kueue.add(job, spec.gpus_wanted, now)
 
     def tick(self, tick: int) -> None:
         """One second: submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
@@ -130,6 +144,8 @@ class Run:
             self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
         client = not self.scenario.fault_active("restapi-down", now)
         self.killed += self.nodeset.reconcile(now, client)
+        if self.kueue is not None:
+            self.kueue.step(self.kube, now)
         self.kube.step(now)
         self.slurm.step(now)
         self._account(now)
@@ -142,6 +158,16 @@ class Run:
             1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner not in busy
         )
         self.held_now = sum(1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None)
+        slurm_waits = any(j.finished is None for j in self.slurm.jobs if j.state != REFUSED)
+        kube_waits = any(j.finished is None for j in self.kube.jobs)
+        if slurm_waits and kube_waits:
+            self.contended["seconds"] += 1
+            self.contended["slurm"] += sum(
+                1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner in busy
+            )
+            self.contended["kubernetes"] += sum(
+                len(j.pods) for j in self.kube.jobs if j.started is not None and j.finished is None
+            )
         if self.held_now == 0:
             if self.zero_spans and self.zero_spans[-1][1] == now - 1:
                 self.zero_spans[-1][1] = now
@@ -206,6 +232,9 @@ class Run:
                 kj = self.kube_jobs.get(spec.name)
                 outcome = "completed" if kj and kj.finished is not None else "unfinished"
                 row = {"started": kj.started if kj else None, "finished": kj.finished if kj else None}
+                if self.kueue is not None:
+                    w = next(w for w in self.kueue.workloads if w.job is kj)
+                    row |= {"admitted": w.first_admitted, "evictions": w.evictions}
             jobs.append({"name": spec.name, "kind": spec.kind, "outcome": outcome, "submitted": spec.submit, **row})
         slurm_done = [j.finished for j in self.slurm.jobs if j.state in (COMPLETED, KILLED)]
         gpu_return = None
@@ -228,7 +257,18 @@ class Run:
             "slurmd_starts": self.nodeset.starts,
             "slurmd_idle_gpu_s": self.idle_gpu_s,
             "trigger_errors": self.keda.errors,
+            "kueue": self.kueue is not None,
+            "contention": self._contention(),
         }
+
+    def _contention(self) -> dict:
+        """Each side's share of the GPU time used while both had work waiting or running: a slurmd
+        pod counts while its Slurm node runs a job, a Kubernetes job's pods while the job runs
+        (a gang holding GPUs while it waits for its last pod counts for neither)."""
+        c = self.contended
+        used = c["slurm"] + c["kubernetes"]
+        share = {side: round(c[side] / used, 3) if used else None for side in ("slurm", "kubernetes")}
+        return {"seconds": c["seconds"], "gpu_s": {s: c[s] for s in ("slurm", "kubernetes")}, "share": share}
 
     def _eligible_since(self, j: SlurmJob) -> float:
         since = j.spec.submit
