@@ -17,7 +17,7 @@ Followed (kubernetes-sigs/kueue@v0.19.2; FACTS section 14):
 * pkg/controller/core/workload_controller.go (waitForPodsReady): an admitted workload whose
   PodsReady condition is not true `timeout` after admission is evicted and requeued after
   backoffBaseSeconds 60 doubling per eviction, capped at backoffMaxSeconds 3600
-  (apis/config/v1beta2/defaults.go). PodsReady for a PyTorchJob is JobRunning, which the
+  (apis/config/v1beta2/configuration_types.go, requeuingStrategy). PodsReady for a PyTorchJob is JobRunning, which the
   Training Operator sets once the Master runs (pkg/controller/jobs/kubeflow/kubeflowjob); for a
   batch Job it is all its pods ready (pkg/controller/jobs/job/job_controller.go).
 
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from components.names import AI_LOCAL_QUEUE, GPU_RESOURCE
 from twin.kube import KubeJob, Kubernetes
 
-BACKOFF_BASE, BACKOFF_MAX = 60.0, 3600.0  # apis/config/v1beta2/defaults.go
+# requeuingStrategy backoffBaseSeconds and backoffMaxSeconds defaults (apis/config/v1beta2/configuration_types.go)
+BACKOFF_BASE, BACKOFF_MAX = 60.0, 3600.0
 
 
 def _seconds(duration: str) -> float:

@@ -86,3 +86,10 @@ def test_starvation_both_sides_progress_but_the_split_is_not_guaranteed():
     # Both sides get GPU time while both wait, but nothing reserves AI a share (aiGuaranteedGpus 0):
     # under the safe policy Slurm holds about four fifths.
     assert 0.1 < safe["contention"]["share"]["kubernetes"] < seed["contention"]["share"]["kubernetes"]
+
+
+def test_the_kueue_switch_is_a_boolean_named_in_the_problem_line():
+    assert scenario.parse({"duration": 10}).kueue is True
+    with pytest.raises(scenario.ScenarioError) as error:
+        scenario.parse({"duration": 10, "kueue": "on"})
+    assert error.value.problems == ['kueue: "on" is not allowed; expected true or false']
