@@ -11,9 +11,9 @@ from cryptography.hazmat.primitives import serialization
 
 from components import bootstrap, host_layout
 from stacks.offline import placeholder_key_pem, reveal
+from tests import tokens
 from tests.conftest import by_type, step_args, step_secrets
 
-INSTANCE = "aws:ec2/instance:Instance"
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 
 
@@ -100,7 +100,7 @@ def test_kubeadm_init_never_prints_the_token():
 
 
 def test_api_certificate_names_the_elastic_ip_and_workers_reach_the_fixed_private_ip(default_run):
-    eip = by_type(default_run, "aws:ec2/eip:Eip")[0].outputs["publicIp"]
+    eip = by_type(default_run, tokens.EIP)[0].outputs["publicIp"]
     _, cluster = yaml.safe_load_all(
         written_file(user_data_of(default_run, "testbed-control-instance"), bootstrap.KUBEADM_CONFIG)
     )

@@ -1,4 +1,5 @@
 from components import helm
+from tests import tokens
 
 
 def test_deep_merge_merges_maps_replaces_lists_and_leaves_inputs_alone():
@@ -12,7 +13,7 @@ def test_deep_merge_merges_maps_replaces_lists_and_leaves_inputs_alone():
 
 
 def test_every_release_reads_a_values_file_a_user_can_edit(default_run):
-    releases = [r for r in default_run.of_type("kubernetes:helm.sh/v3:Release")]
+    releases = [r for r in default_run.of_type(tokens.RELEASE)]
     for r in releases:
         chart = helm.Chart(r.inputs["name"], r.inputs["namespace"], r.inputs["chart"], r.inputs["version"])
         assert chart.values_file.is_file(), chart.values_file

@@ -2,16 +2,17 @@ import json
 
 from components import cert_manager, dashboard, device_plugin, helm, monitoring, names
 from stacks.offline import is_secret, reveal
+from tests import tokens
 from tests.conftest import by_type, run_program
-
-RELEASE = "kubernetes:helm.sh/v3:Release"
 
 
 def test_dashboards_become_configmaps_the_grafana_sidecar_loads(default_run):
-    stack_values = reveal(next(r for r in by_type(default_run, RELEASE) if r.inputs["name"] == "monitoring").inputs)
+    stack_values = reveal(
+        next(r for r in by_type(default_run, tokens.RELEASE) if r.inputs["name"] == "monitoring").inputs
+    )
     sidecar = stack_values["values"]["grafana"]["sidecar"]["dashboards"]
     assert sidecar["enabled"] is True
-    maps = by_type(default_run, "kubernetes:core/v1:ConfigMap")
+    maps = by_type(default_run, tokens.CONFIG_MAP)
     assert [m.inputs["metadata"]["name"] for m in maps] == [f"dashboard-{dashboard.UID}"]
     for m in maps:
         # the sidecar's default label, in Grafana's own namespace (its default search scope)
@@ -22,8 +23,8 @@ def test_dashboards_become_configmaps_the_grafana_sidecar_loads(default_run):
 
 
 def test_grafana_password_is_generated_and_secret(default_run):
-    (password,) = [r for r in by_type(default_run, "random:index/randomPassword:RandomPassword") if "grafana" in r.name]
-    stack = next(r for r in by_type(default_run, RELEASE) if r.inputs["name"] == "monitoring")
+    (password,) = [r for r in by_type(default_run, tokens.RANDOM_PASSWORD) if "grafana" in r.name]
+    stack = next(r for r in by_type(default_run, tokens.RELEASE) if r.inputs["name"] == "monitoring")
     assert is_secret(stack.inputs["values"])
     assert reveal(stack.inputs["values"])["grafana"]["adminPassword"] == password.outputs["result"]
     assert default_run.outputs["grafanaAdminPassword"] == password.outputs["result"]
@@ -50,7 +51,7 @@ def test_device_plugin_never_sets_fail_on_init_error_and_toggles_feature_discove
     assert device_plugin.device_plugin_values("0.17.0", False)["gfd"]["enabled"] is False
     assert device_plugin.device_plugin_values("0.17.0", True)["gfd"]["enabled"] is True
     rec = run_program(gpuFeatureDiscovery=True)
-    plugin = next(r for r in by_type(rec, RELEASE) if r.inputs["name"] == "nvidia-device-plugin")
+    plugin = next(r for r in by_type(rec, tokens.RELEASE) if r.inputs["name"] == "nvidia-device-plugin")
     assert plugin.inputs["values"]["gfd"]["enabled"] is True
     assert plugin.inputs["namespace"] != "default"  # the chart refuses it
 

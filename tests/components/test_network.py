@@ -1,6 +1,6 @@
+from tests import tokens
 from tests.conftest import ADMIN_CIDR, by_type, depends, run_program
 
-SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 ANYWHERE = ("0.0.0.0/0", "::/0")
 
 
@@ -9,13 +9,13 @@ def ingress_sources(rule: dict) -> list[str]:
 
 
 def test_no_ingress_from_anywhere_by_default(default_run):
-    for group in by_type(default_run, SECURITY_GROUP):
+    for group in by_type(default_run, tokens.SECURITY_GROUP):
         for rule in group.inputs["ingress"]:
             assert not set(ingress_sources(rule)) & set(ANYWHERE), rule
 
 
 def test_only_ssh_and_the_api_server_are_open_and_only_to_the_admin_range(default_run):
-    (group,) = by_type(default_run, SECURITY_GROUP)
+    (group,) = by_type(default_run, tokens.SECURITY_GROUP)
     external = [r for r in group.inputs["ingress"] if ingress_sources(r)]
     assert sorted((r["protocol"], r["fromPort"], r["toPort"]) for r in external) == [
         ("tcp", 22, 22),
@@ -25,7 +25,7 @@ def test_only_ssh_and_the_api_server_are_open_and_only_to_the_admin_range(defaul
 
 
 def test_nodes_reach_each_other_on_every_port_for_vxlan_kubelet_nfs_and_webhooks(default_run):
-    (group,) = by_type(default_run, SECURITY_GROUP)
+    (group,) = by_type(default_run, tokens.SECURITY_GROUP)
     internal = [r for r in group.inputs["ingress"] if r.get("self")]
     assert internal == [
         {"description": "all traffic between testbed nodes", "protocol": "-1", "fromPort": 0, "toPort": 0, "self": True}
@@ -34,15 +34,15 @@ def test_nodes_reach_each_other_on_every_port_for_vxlan_kubelet_nfs_and_webhooks
 
 def test_open_ingress_only_with_the_explicit_opt_in():
     rec = run_program(adminCidr="0.0.0.0/0", allowOpenIngress=True)
-    (group,) = by_type(rec, SECURITY_GROUP)
+    (group,) = by_type(rec, tokens.SECURITY_GROUP)
     assert any("0.0.0.0/0" in ingress_sources(r) for r in group.inputs["ingress"])
 
 
 def test_subnet_is_in_the_vpc_and_routes_to_the_internet_gateway(default_run):
-    (vpc,) = by_type(default_run, "aws:ec2/vpc:Vpc")
-    (subnet,) = by_type(default_run, "aws:ec2/subnet:Subnet")
-    (routes,) = by_type(default_run, "aws:ec2/routeTable:RouteTable")
-    (gateway,) = by_type(default_run, "aws:ec2/internetGateway:InternetGateway")
+    (vpc,) = by_type(default_run, tokens.VPC)
+    (subnet,) = by_type(default_run, tokens.SUBNET)
+    (routes,) = by_type(default_run, tokens.ROUTE_TABLE)
+    (gateway,) = by_type(default_run, tokens.INTERNET_GATEWAY)
     assert subnet.inputs["cidrBlock"] == default_run.settings.subnet_cidr
     assert subnet.inputs["vpcId"] == f"{vpc.name}-placeholder"
     assert routes.inputs["routes"][0]["gatewayId"] == f"{gateway.name}-placeholder"
@@ -50,10 +50,10 @@ def test_subnet_is_in_the_vpc_and_routes_to_the_internet_gateway(default_run):
 
 
 def test_zone_defaults_to_the_first_zone_offering_the_worker_type(default_run):
-    (subnet,) = by_type(default_run, "aws:ec2/subnet:Subnet")
+    (subnet,) = by_type(default_run, tokens.SUBNET)
     assert subnet.inputs["availabilityZone"] == "us-east-1a"
     rec = run_program(region="eu-west-1", availabilityZone="eu-west-1c")
-    (subnet,) = by_type(rec, "aws:ec2/subnet:Subnet")
+    (subnet,) = by_type(rec, tokens.SUBNET)
     assert subnet.inputs["availabilityZone"] == "eu-west-1c"
 
 
@@ -90,12 +90,12 @@ def test_a_configured_zone_that_does_not_offer_the_worker_type_is_refused():
 
 
 def test_nodes_and_the_elastic_ip_wait_for_the_internet_route_and_go_before_it_on_destroy(default_run):
-    (association,) = by_type(default_run, "aws:ec2/routeTableAssociation:RouteTableAssociation")
-    (gateway,) = by_type(default_run, "aws:ec2/internetGateway:InternetGateway")
+    (association,) = by_type(default_run, tokens.ROUTE_TABLE_ASSOCIATION)
+    (gateway,) = by_type(default_run, tokens.INTERNET_GATEWAY)
     waiting = [
-        *by_type(default_run, "aws:ec2/instance:Instance"),
-        *by_type(default_run, "aws:ec2/eip:Eip"),
-        *by_type(default_run, "aws:ec2/eipAssociation:EipAssociation"),
+        *by_type(default_run, tokens.INSTANCE),
+        *by_type(default_run, tokens.EIP),
+        *by_type(default_run, tokens.EIP_ASSOCIATION),
     ]
     for r in waiting:
         assert depends(default_run, r, association) and depends(default_run, r, gateway), r.name

@@ -6,20 +6,19 @@ import yaml
 
 from components import cluster_identity, host_layout, remote_script
 from stacks.offline import is_secret, reveal
+from tests import tokens
 from tests.conftest import by_type, step_args
-
-COMMAND = "command:remote:Command"
 
 
 def test_provider_waits_for_the_readiness_gate(default_run):
-    (provider,) = by_type(default_run, "pulumi:providers:kubernetes")
-    (gate,) = [c for c in by_type(default_run, COMMAND) if c.name == "testbed-readiness-wait"]
+    (provider,) = by_type(default_run, tokens.KUBERNETES_PROVIDER)
+    (gate,) = [c for c in by_type(default_run, tokens.COMMAND) if c.name == "testbed-readiness-wait"]
     assert gate.urn in provider.depends_on
 
 
 def test_gate_runs_the_readiness_script_on_the_control_node_as_ubuntu(default_run):
-    (gate,) = [c for c in by_type(default_run, COMMAND) if c.name == "testbed-readiness-wait"]
-    (eip,) = by_type(default_run, "aws:ec2/eip:Eip")
+    (gate,) = [c for c in by_type(default_run, tokens.COMMAND) if c.name == "testbed-readiness-wait"]
+    (eip,) = by_type(default_run, tokens.EIP)
     connection = reveal(gate.inputs["connection"])
     assert connection["host"] == eip.outputs["publicIp"]
     assert connection["user"] == host_layout.SSH_USER and connection["dialErrorLimit"] == -1
@@ -34,9 +33,9 @@ def test_gate_runs_the_readiness_script_on_the_control_node_as_ubuntu(default_ru
 
 def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_client_cert(default_run):
     kubeconfig = yaml.safe_load(default_run.outputs["kubeconfig"])
-    (eip,) = by_type(default_run, "aws:ec2/eip:Eip")
-    (ca_cert,) = by_type(default_run, "tls:index/selfSignedCert:SelfSignedCert")
-    (admin_cert,) = by_type(default_run, "tls:index/locallySignedCert:LocallySignedCert")
+    (eip,) = by_type(default_run, tokens.EIP)
+    (ca_cert,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
+    (admin_cert,) = by_type(default_run, tokens.LOCALLY_SIGNED_CERT)
     cluster = kubeconfig["clusters"][0]["cluster"]
     assert cluster["server"] == f"https://{eip.outputs['publicIp']}:{host_layout.API_SERVER_PORT}"
     assert base64.b64decode(cluster["certificate-authority-data"]).decode() == ca_cert.outputs["certPem"]
@@ -46,19 +45,19 @@ def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_clie
 
 
 def test_admin_certificate_is_a_revocable_cluster_admin_signed_by_the_cluster_ca(default_run):
-    (csr,) = by_type(default_run, "tls:index/certRequest:CertRequest")
+    (csr,) = by_type(default_run, tokens.CERT_REQUEST)
     assert reveal(csr.inputs["subject"])["organizations"] == [cluster_identity.ADMIN_GROUP]
-    (admin_cert,) = by_type(default_run, "tls:index/locallySignedCert:LocallySignedCert")
-    (ca_cert,) = by_type(default_run, "tls:index/selfSignedCert:SelfSignedCert")
+    (admin_cert,) = by_type(default_run, tokens.LOCALLY_SIGNED_CERT)
+    (ca_cert,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
     assert reveal(admin_cert.inputs["caCertPem"]) == ca_cert.outputs["certPem"]
     assert "client_auth" in admin_cert.inputs["allowedUses"]
 
 
 def test_secrets_stay_secret(default_run):
     assert {"kubeconfig", "sshPrivateKey"} <= default_run.secret_outputs
-    for node in by_type(default_run, "aws:ec2/instance:Instance"):
+    for node in by_type(default_run, tokens.INSTANCE):
         assert is_secret(node.inputs["userData"])  # holds a bootstrap token
-    (provider,) = by_type(default_run, "pulumi:providers:kubernetes")
+    (provider,) = by_type(default_run, tokens.KUBERNETES_PROVIDER)
     assert is_secret(provider.inputs["kubeconfig"])
 
 
@@ -70,7 +69,7 @@ def test_ssh_command_uses_the_public_ip_and_the_generated_key(default_run):
 
 
 def test_gate_dials_only_after_the_elastic_ip_points_at_the_control_node(default_run):
-    (association,) = by_type(default_run, "aws:ec2/eipAssociation:EipAssociation")
+    (association,) = by_type(default_run, tokens.EIP_ASSOCIATION)
     assert association.urn in default_run.named("testbed-readiness-wait").depends_on
 
 
@@ -86,7 +85,7 @@ def test_gate_step_outlasts_the_scripts_own_deadline_so_the_diagnosis_is_printed
 
 
 def test_no_remote_step_can_hold_destroy_forever(default_run):
-    for step in by_type(default_run, COMMAND):
+    for step in by_type(default_run, tokens.COMMAND):
         assert minutes(step.custom_timeouts["delete"]) <= 15, step.name
 
 

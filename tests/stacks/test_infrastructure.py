@@ -1,13 +1,12 @@
 import pytest
 
-from stacks import pricing
-from tests.conftest import by_type, run_program, step_args
-
-INSTANCE = "aws:ec2/instance:Instance"
+from stacks import offline, pricing
+from tests import tokens
+from tests.conftest import by_type, config, run_program, step_args
 
 
 def instances(rec, role):
-    return [i for i in by_type(rec, INSTANCE) if i.inputs["tags"]["testbed:role"] == role]
+    return [i for i in by_type(rec, tokens.INSTANCE) if i.inputs["tags"]["testbed:role"] == role]
 
 
 def test_default_is_one_t3_medium_control_node_and_four_g4dn_xlarge_workers(default_run):
@@ -30,15 +29,15 @@ def test_worker_count_changes_instances_gate_and_outputs(count):
 
 
 def test_every_node_shares_the_one_security_group_and_subnet(default_run):
-    (group,) = by_type(default_run, "aws:ec2/securityGroup:SecurityGroup")
-    (subnet,) = by_type(default_run, "aws:ec2/subnet:Subnet")
-    for node in by_type(default_run, INSTANCE):
+    (group,) = by_type(default_run, tokens.SECURITY_GROUP)
+    (subnet,) = by_type(default_run, tokens.SUBNET)
+    for node in by_type(default_run, tokens.INSTANCE):
         assert node.inputs["vpcSecurityGroupIds"] == [f"{group.name}-placeholder"]
         assert node.inputs["subnetId"] == f"{subnet.name}-placeholder"
 
 
 def test_every_instance_requires_imdsv2_with_hop_limit_1_and_encrypts_its_root_volume(default_run):
-    for node in by_type(default_run, INSTANCE):
+    for node in by_type(default_run, tokens.INSTANCE):
         assert node.inputs["metadataOptions"] == {
             "httpEndpoint": "enabled",
             "httpTokens": "required",
@@ -55,16 +54,45 @@ def test_workers_boot_in_parallel_with_the_control_plane(default_run):
 
 
 def test_control_node_user_data_waits_for_the_elastic_ip(default_run):
-    (eip,) = by_type(default_run, "aws:ec2/eip:Eip")
+    (eip,) = by_type(default_run, tokens.EIP)
     control = instances(default_run, "control-plane")[0]
     assert eip.urn in control.depends_on
-    (association,) = by_type(default_run, "aws:ec2/eipAssociation:EipAssociation")
+    (association,) = by_type(default_run, tokens.EIP_ASSOCIATION)
     assert association.inputs["instanceId"] == f"{control.name}-placeholder"
 
 
-def test_ami_lookup_or_pin():
-    rec = run_program(amiId="ami-0123456789abcdef0")
-    assert {i.inputs["ami"] for i in by_type(rec, INSTANCE)} == {"ami-0123456789abcdef0"}
+class InvokeArgs(offline.TestbedMocks):
+    """The default mocks, also keeping each invoke's arguments as the program sent them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, dict]] = []
+
+    def call(self, args):
+        self.calls.append((args.token, args.args))
+        return super().call(args)
+
+
+def test_ami_lookup_asks_canonical_for_the_newest_ubuntu_2404_amd64_hvm_image():
+    mocks = InvokeArgs()
+    rec = offline.run(config(), mocks=mocks)
+    (lookup,) = [a for token, a in mocks.calls if token == tokens.GET_AMI]
+    assert lookup["owners"] == ["099720109477"]  # Canonical's AWS account (Ubuntu's cloud image docs)
+    assert lookup["mostRecent"] is True
+    assert {f["name"]: f["values"] for f in lookup["filters"]} == {
+        "name": ["ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"],
+        "architecture": ["x86_64"],
+        "virtualization-type": ["hvm"],
+    }
+    # every node boots the image the lookup returned
+    assert {i.inputs["ami"] for i in by_type(rec, tokens.INSTANCE)} == {"ami-0placeholder000000"}
+
+
+def test_a_pinned_ami_replaces_the_lookup():
+    mocks = InvokeArgs()
+    rec = offline.run(config(amiId="ami-0123456789abcdef0"), mocks=mocks)
+    assert {i.inputs["ami"] for i in by_type(rec, tokens.INSTANCE)} == {"ami-0123456789abcdef0"}
+    assert tokens.GET_AMI not in {token for token, _ in mocks.calls}
 
 
 def test_spot_workers_are_one_time_requests_that_end_with_the_instance_and_cost_less(spot_run, default_run):
@@ -98,8 +126,8 @@ def test_ssh_key_pair_is_generated_and_an_extra_user_key_is_authorized():
 
     from stacks.offline import reveal
 
-    for node in by_type(rec, INSTANCE):
+    for node in by_type(rec, tokens.INSTANCE):
         assert yaml.safe_load(reveal(node.inputs["userData"]))["ssh_authorized_keys"] == [key]
-    (pair,) = by_type(rec, "aws:ec2/keyPair:KeyPair")
-    (ssh_key,) = [k for k in by_type(rec, "tls:index/privateKey:PrivateKey") if k.name == "testbed-ssh-key"]
+    (pair,) = by_type(rec, tokens.KEY_PAIR)
+    (ssh_key,) = [k for k in by_type(rec, tokens.PRIVATE_KEY) if k.name == "testbed-ssh-key"]
     assert pair.inputs["publicKey"] == ssh_key.outputs["publicKeyOpenssh"]

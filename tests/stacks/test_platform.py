@@ -8,14 +8,12 @@ import yaml
 
 from components import names, slinky, training_operator
 from stacks.offline import reveal
+from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
-
-RELEASE = "kubernetes:helm.sh/v3:Release"
-COMMAND = "command:remote:Command"
 
 
 def release(rec, name):
-    (found,) = [r for r in by_type(rec, RELEASE) if r.inputs["name"] == name]
+    (found,) = [r for r in by_type(rec, tokens.RELEASE) if r.inputs["name"] == name]
     return found
 
 
@@ -24,7 +22,7 @@ def command(rec, name):
 
 
 def test_every_release_is_pinned_and_named(default_run):
-    releases = {r.inputs["name"]: r.inputs for r in by_type(default_run, RELEASE)}
+    releases = {r.inputs["name"]: r.inputs for r in by_type(default_run, tokens.RELEASE)}
     assert set(releases) == {
         "nvidia-device-plugin",
         "cert-manager",
@@ -46,7 +44,7 @@ def test_every_release_is_pinned_and_named(default_run):
 
 
 def test_every_kubernetes_resource_uses_the_gated_provider(default_run):
-    (provider,) = by_type(default_run, "pulumi:providers:kubernetes")
+    (provider,) = by_type(default_run, tokens.KUBERNETES_PROVIDER)
     gate = command(default_run, "testbed-readiness-wait")
     for r in default_run.resources:
         if r.type.startswith("kubernetes:"):
@@ -59,10 +57,10 @@ def test_install_order(default_run):
     cert_manager, cm_gate = release(rec, "cert-manager"), command(rec, "testbed-cert-manager-webhook-gate")
     operator, crds, slurm = release(rec, "slurm-operator"), release(rec, "slurm-operator-crds"), release(rec, "slurm")
     operator_gate = command(rec, "testbed-slinky-operator-webhook-gate")
-    pv = by_type(rec, "kubernetes:core/v1:PersistentVolume")[0]
+    pv = by_type(rec, tokens.PERSISTENT_VOLUME)[0]
     stack, keda = release(rec, "monitoring"), release(rec, "keda")
-    (scaled_object,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
-    assert cm_gate.urn in [*cm_gate.depends_on] or depends(rec, cm_gate, cert_manager)
+    (scaled_object,) = by_type(rec, tokens.SCALED_OBJECT)
+    assert cert_manager.urn in cm_gate.depends_on  # the gate probes the release it waits for
     assert cm_gate.urn in operator.depends_on  # the operator waits for the gate itself
     assert crds.urn in operator.depends_on
     assert depends(rec, operator_gate, operator)
@@ -74,7 +72,7 @@ def test_install_order(default_run):
 
 
 def test_claim_ref_matches_the_pvc_the_slurm_release_creates(default_run):
-    pv = by_type(default_run, "kubernetes:core/v1:PersistentVolume")[0]
+    pv = by_type(default_run, tokens.PERSISTENT_VOLUME)[0]
     slurm = release(default_run, "slurm")
     derived = names.SlurmNames(
         release=slurm.inputs["name"], namespace=slurm.inputs["namespace"], nodeset=default_run.settings.nodeset_name
@@ -85,7 +83,7 @@ def test_claim_ref_matches_the_pvc_the_slurm_release_creates(default_run):
 
 
 def test_scaled_object_targets_the_nodeset_the_slurm_release_creates(default_run):
-    (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     slurm = release(default_run, "slurm")
     nodeset_keys = [k for k, v in slurm.inputs["values"]["nodesets"].items() if v.get("enabled")]
     assert nodeset_keys == [default_run.settings.nodeset_name]
@@ -99,7 +97,7 @@ def test_scaled_object_targets_the_nodeset_the_slurm_release_creates(default_run
 
 
 def test_scaled_object_reads_the_prometheus_of_the_monitoring_release(default_run):
-    (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     stack = reveal(release(default_run, "monitoring").inputs)
     fullname = stack["values"]["fullnameOverride"]
     expected = f"http://{fullname}-prometheus.{stack['namespace']}.svc:{names.PROMETHEUS_PORT}"
@@ -108,7 +106,7 @@ def test_scaled_object_reads_the_prometheus_of_the_monitoring_release(default_ru
 
 def test_queries_watch_every_partition_the_nodeset_serves(default_run):
     """The default partition (a plain sbatch) and the NodeSet's own one (`-p <nodeset key>`)."""
-    (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     values = release(default_run, "slurm").inputs["values"]
     (default,) = [name for name, p in values["partitions"].items() if p["configMap"].get("Default") == "YES"]
     (own,) = [key for key, n in values["nodesets"].items() if n.get("enabled") and n["partition"]["enabled"]]
@@ -121,7 +119,7 @@ def test_queries_watch_every_partition_the_nodeset_serves(default_run):
 
 def test_partitions_refuse_a_job_larger_than_the_nodeset_at_submit(default_run):
     values = release(default_run, "slurm").inputs["values"]
-    (so,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     assert values["controller"]["extraConfMap"]["EnforcePartLimits"] == "ALL"
     limits = {
         values["partitions"]["all"]["configMap"]["MaxNodes"],
@@ -149,7 +147,7 @@ def test_service_monitors_carry_the_label_prometheus_selects(default_run):
 @pytest.mark.parametrize("workers", [2, 6])
 def test_keda_bounds_follow_the_worker_count(workers):
     rec = run_program(workerCount=workers)
-    (so,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    (so,) = by_type(rec, tokens.SCALED_OBJECT)
     spec = so.inputs["spec"]
     assert spec["maxReplicaCount"] == workers
     assert (spec["idleReplicaCount"], spec["minReplicaCount"]) == (0, 1)
@@ -158,7 +156,7 @@ def test_keda_bounds_follow_the_worker_count(workers):
 
 def test_keda_settings_flow_into_the_scaled_object():
     rec = run_program(kedaCooldownSeconds=120, kedaPollingSeconds=15, kedaMaxReplicas=3, kedaMinReplicas=2)
-    (so,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    (so,) = by_type(rec, tokens.SCALED_OBJECT)
     spec = so.inputs["spec"]
     assert (spec["cooldownPeriod"], spec["pollingInterval"], spec["minReplicaCount"], spec["maxReplicaCount"]) == (
         120,
@@ -170,7 +168,7 @@ def test_keda_settings_flow_into_the_scaled_object():
 
 def test_nodeset_name_changes_every_place_it_must():
     rec = run_program(nodesetName="gpu")
-    (so,) = by_type(rec, "kubernetes:keda.sh/v1alpha1:ScaledObject")
+    (so,) = by_type(rec, tokens.SCALED_OBJECT)
     assert so.inputs["spec"]["scaleTargetRef"]["name"] == "slurm-worker-gpu"
     nodesets = release(rec, "slurm").inputs["values"]["nodesets"]
     assert nodesets["gpu"]["enabled"] is True and nodesets["slinky"]["enabled"] is False
@@ -214,7 +212,7 @@ def test_cert_manager_gate_checks_healthz_and_a_dry_run(default_run):
 
 
 def test_no_loadbalancer_or_nodeport_services_by_default(default_run):
-    for r in by_type(default_run, RELEASE):
+    for r in by_type(default_run, tokens.RELEASE):
         text = yaml.safe_dump(reveal(r.inputs.get("values", {})))
         assert "LoadBalancer" not in text and "NodePort" not in text, r.inputs["name"]
 
@@ -243,7 +241,8 @@ def test_keda_installs_after_every_other_cluster_step(default_run):
     others = [
         r
         for r in default_run.resources
-        if (r.type in (RELEASE, COMMAND) or r.type.startswith("kubernetes:core/")) and r.parent != keda_component.urn
+        if (r.type in (tokens.RELEASE, tokens.COMMAND) or r.type.startswith("kubernetes:core/"))
+        and r.parent != keda_component.urn
     ]
     assert len(others) >= 10
     for r in others:

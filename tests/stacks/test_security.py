@@ -6,6 +6,7 @@ import pytest
 
 from stacks import artifacts
 from stacks.offline import is_secret, reveal
+from tests import tokens
 from tests.conftest import by_type, run_program
 
 ANYWHERE = {"0.0.0.0/0", "::/0"}
@@ -13,9 +14,9 @@ ANYWHERE = {"0.0.0.0/0", "::/0"}
 
 def secret_values(rec) -> dict[str, str]:
     """The values that must never appear in the clear, as the mock engine produced them."""
-    keys = {r.name: r.outputs for r in by_type(rec, "tls:index/privateKey:PrivateKey")}
-    token = next(r for r in by_type(rec, "random:index/randomPassword:RandomPassword") if "token" in r.name)
-    grafana = next(r for r in by_type(rec, "random:index/randomPassword:RandomPassword") if "grafana" in r.name)
+    keys = {r.name: r.outputs for r in by_type(rec, tokens.PRIVATE_KEY)}
+    token = next(r for r in by_type(rec, tokens.RANDOM_PASSWORD) if "token" in r.name)
+    grafana = next(r for r in by_type(rec, tokens.RANDOM_PASSWORD) if "grafana" in r.name)
     return {
         "cluster CA key": keys["testbed-identity-ca-key"]["privateKeyPem"],
         "admin client key": keys["testbed-identity-admin-key"]["privateKeyPem"],
@@ -28,32 +29,35 @@ def secret_values(rec) -> dict[str, str]:
 @pytest.mark.parametrize("settings", [{}, {"workerCount": 2, "spotWorkers": True}])
 def test_no_ingress_from_anywhere_unless_opted_in(settings):
     rec = run_program(**settings)
-    for group in by_type(rec, "aws:ec2/securityGroup:SecurityGroup"):
-        for rule in group.inputs.get("ingress", []):
-            sources = set(rule.get("cidrBlocks", [])) | set(rule.get("ipv6CidrBlocks", []))
-            assert not sources & ANYWHERE, rule
-    assert not rec.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    (group,) = by_type(rec, tokens.SECURITY_GROUP)
+    assert group.inputs["ingress"]
+    for rule in group.inputs["ingress"]:
+        sources = set(rule.get("cidrBlocks", [])) | set(rule.get("ipv6CidrBlocks", []))
+        assert not sources & ANYWHERE, rule
+    # Rules live inline in the one group only: a separate rule resource (a new AWS type) fails here.
+    assert {r.type for r in rec.resources if r.type.startswith("aws:")} == tokens.AWS_TYPES
 
 
 def test_every_instance_imdsv2_hop_limit_1_and_every_volume_encrypted(default_run):
-    for node in by_type(default_run, "aws:ec2/instance:Instance"):
+    for node in by_type(default_run, tokens.INSTANCE):
         options = node.inputs["metadataOptions"]
         assert options["httpTokens"] == "required" and options["httpPutResponseHopLimit"] == 1
         assert node.inputs["rootBlockDevice"]["encrypted"] is True
-        assert all(d.get("encrypted") for d in node.inputs.get("ebsBlockDevices", []))
-    assert all(v.inputs.get("encrypted") for v in default_run.of_type("aws:ebs/volume:Volume"))
+        assert "ebsBlockDevices" not in node.inputs  # the root volume is the only disk
+    # and no separate EBS volume escapes these settings: every AWS type registered is a known one
+    assert {r.type for r in default_run.resources if r.type.startswith("aws:")} == tokens.AWS_TYPES
 
 
 def test_every_aws_resource_uses_the_region_pinned_provider(default_run):
-    (provider,) = by_type(default_run, "pulumi:providers:aws")
+    (provider,) = by_type(default_run, tokens.AWS_PROVIDER)
     assert provider.inputs["region"] == default_run.settings.region
     for r in default_run.resources:
         if r.type.startswith("aws:"):
             assert r.provider.startswith(provider.urn + "::"), r.name
     # lookups too: an AMI id or a zone from another region would be wrong here
     assert {token for token, _ in default_run.invokes} == {
-        "aws:ec2/getAmi:getAmi",
-        "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings",
+        tokens.GET_AMI,
+        tokens.GET_INSTANCE_TYPE_OFFERINGS,
     }
     assert all(ref.startswith(provider.urn + "::") for _, ref in default_run.invokes), default_run.invokes
 
@@ -67,7 +71,7 @@ def test_secrets_are_pulumi_secrets_and_never_in_the_clear(default_run, capsys):
     plain_outputs = json.dumps({k: v for k, v in default_run.outputs.items() if k not in default_run.secret_outputs})
     command_lines = " ".join(
         reveal(c.inputs.get("create", "")) + reveal(c.inputs.get("delete", ""))
-        for c in by_type(default_run, "command:remote:Command")
+        for c in by_type(default_run, tokens.COMMAND)
     )
     for what, value in secret_values(default_run).items():
         assert value and value not in plan, f"{what} in plan output"
@@ -76,11 +80,11 @@ def test_secrets_are_pulumi_secrets_and_never_in_the_clear(default_run, capsys):
 
 
 def test_inputs_carrying_secrets_are_marked_secret(default_run):
-    for node in by_type(default_run, "aws:ec2/instance:Instance"):
+    for node in by_type(default_run, tokens.INSTANCE):
         assert is_secret(node.inputs["userData"])
-    for c in by_type(default_run, "command:remote:Command"):
+    for c in by_type(default_run, tokens.COMMAND):
         assert is_secret(c.inputs["connection"])
-    stack = next(r for r in by_type(default_run, "kubernetes:helm.sh/v3:Release") if r.inputs["name"] == "monitoring")
+    stack = next(r for r in by_type(default_run, tokens.RELEASE) if r.inputs["name"] == "monitoring")
     assert is_secret(stack.inputs["values"])
 
 
@@ -89,11 +93,11 @@ def test_nothing_blocks_pulumi_destroy(default_run):
     StatefulSet) outlives the release, so the PV does not wait on its finalizer; the Training
     Operator's objects are deleted by the same step that applied them. Without a cloud
     controller, no Service creates AWS load balancers, and none is of type LoadBalancer."""
-    (pv,) = by_type(default_run, "kubernetes:core/v1:PersistentVolume")
+    (pv,) = by_type(default_run, tokens.PERSISTENT_VOLUME)
     assert pv.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     step = default_run.named("testbed-training-operator-install")
     assert "delete" in step.inputs["delete"]
-    (provider,) = by_type(default_run, "pulumi:providers:kubernetes")
+    (provider,) = by_type(default_run, tokens.KUBERNETES_PROVIDER)
     assert provider.inputs["deleteUnreachable"] == "true"  # provider config travels as strings
 
 

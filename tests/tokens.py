@@ -1,0 +1,55 @@
+"""Every Pulumi type token the tests look for, in one place.
+
+The strings are the contract with the engine: a resource the program registers under
+another type (a renamed class, another provider module) must fail the tests that look
+for it, so each check that filters by type also asserts that the type was found."""
+
+# AWS (pulumi-aws)
+VPC = "aws:ec2/vpc:Vpc"
+SUBNET = "aws:ec2/subnet:Subnet"
+INTERNET_GATEWAY = "aws:ec2/internetGateway:InternetGateway"
+ROUTE_TABLE = "aws:ec2/routeTable:RouteTable"
+ROUTE_TABLE_ASSOCIATION = "aws:ec2/routeTableAssociation:RouteTableAssociation"
+SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+INSTANCE = "aws:ec2/instance:Instance"
+EIP = "aws:ec2/eip:Eip"
+EIP_ASSOCIATION = "aws:ec2/eipAssociation:EipAssociation"
+KEY_PAIR = "aws:ec2/keyPair:KeyPair"
+AWS_PROVIDER = "pulumi:providers:aws"
+# Invokes
+GET_AMI = "aws:ec2/getAmi:getAmi"
+GET_INSTANCE_TYPE_OFFERINGS = "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"
+
+# Cluster identity (pulumi-tls, pulumi-random)
+PRIVATE_KEY = "tls:index/privateKey:PrivateKey"
+SELF_SIGNED_CERT = "tls:index/selfSignedCert:SelfSignedCert"
+CERT_REQUEST = "tls:index/certRequest:CertRequest"
+LOCALLY_SIGNED_CERT = "tls:index/locallySignedCert:LocallySignedCert"
+RANDOM_STRING = "random:index/randomString:RandomString"
+RANDOM_PASSWORD = "random:index/randomPassword:RandomPassword"
+
+# Remote steps (pulumi-command)
+COMMAND = "command:remote:Command"
+
+# Kubernetes (pulumi-kubernetes)
+KUBERNETES_PROVIDER = "pulumi:providers:kubernetes"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+SCALED_OBJECT = "kubernetes:keda.sh/v1alpha1:ScaledObject"
+
+# Every AWS type the default program registers: a new one must come with its checks.
+AWS_TYPES = frozenset(
+    {
+        VPC,
+        SUBNET,
+        INTERNET_GATEWAY,
+        ROUTE_TABLE,
+        ROUTE_TABLE_ASSOCIATION,
+        SECURITY_GROUP,
+        INSTANCE,
+        EIP,
+        EIP_ASSOCIATION,
+    }
+    | {KEY_PAIR}
+)
