@@ -18,10 +18,12 @@ from validation.timeline import (
     SUCCEEDED,
     Holding,
     Sample,
+    Submission,
     Timeline,
     held_gpus,
     holdings,
     job_lives,
+    observed_phases,
     pod_gpus,
     slurm_holds_every_gpu,
 )
@@ -127,12 +129,28 @@ def slurmd_gone(sample: Sample) -> bool:
     return sample.nodeset_replicas == 0 and not sample.slurmd_pods()
 
 
+def finished_for_good(timeline: Timeline, sub: Submission) -> float | None:
+    """The first sample of the job's last finished stretch; None if the last phase seen is not
+    finished. Slurm requeues a job after a node failure or preemption (NODE_FAIL, PREEMPTED, then
+    PENDING again), so the first finished sample alone may not be the end."""
+    done = None
+    for sample in timeline.samples:
+        phase = observed_phases(sample).get(sub.name)
+        if phase is None or sample.t < sub.t:
+            continue
+        if phase not in FINISHED:
+            done = None
+        elif done is None:
+            done = sample.t
+    return done
+
+
 def last_slurm_done(timeline: Timeline) -> float | None:
-    """When the last submitted Slurm job was seen finished; None if one never finished."""
-    lives = [life for life in job_lives(timeline) if life.kind == SLURM]
-    if not lives or any(life.finished is None for life in lives):
+    """When the last submitted Slurm job finished for good; None if one never did."""
+    done = [finished_for_good(timeline, sub) for sub in timeline.submissions if sub.kind == SLURM]
+    if not done or None in done:
         return None
-    return max(life.finished for life in lives if life.finished is not None)
+    return max(t for t in done if t is not None)
 
 
 def gpu_return_bounds(timeline: Timeline) -> Latency | None:

@@ -18,7 +18,7 @@ from validation.checks import (
     scale_up_bounds,
     scale_up_latency,
 )
-from validation.timeline import KubeJob, Submission
+from validation.timeline import KubeJob, SlurmJob, Submission
 
 ALL = Expectations(slurm=True, queueing=False, handoff=True)
 
@@ -183,3 +183,34 @@ def test_latencies_carry_the_uncertainty_of_slow_samples():
     assert (
         "first pending -> slurmd Ready in 20 s (between 6 and 33 s)" in check_scale_up(handoff_timeline(samples)).detail
     )
+
+
+def test_a_slurm_job_requeued_after_a_failure_has_not_finished():
+    """NODE_FAIL then PENDING again (Slurm requeues it): slurmd going away is no GPU return."""
+    samples = handoff_samples()
+    samples[4] = replace(samples[4], slurm_jobs=(smoke("NODE_FAIL"),))
+    samples[5] = replace(samples[5], slurm_jobs=(smoke("PENDING", ()),))
+    samples[6] = replace(samples[6], slurm_jobs=(smoke("PENDING", ()),))
+    check = check_gpu_return(handoff_timeline(samples))
+    assert not check.passed and check.detail == "a Slurm job never finished"
+
+
+def test_one_unfinished_slurm_job_among_finished_ones_fails_the_gpu_return():
+    tl = handoff_timeline()
+    tl.submissions.append(Submission("stuck", "slurm", 5, 1, "8"))
+    tl.samples = [replace(s, slurm_jobs=(*s.slurm_jobs, SlurmJob("8", "stuck", "RUNNING"))) for s in tl.samples]
+    check = check_gpu_return(tl)
+    assert not check.passed and check.detail == "a Slurm job never finished"
+
+
+def test_a_slurm_job_gone_from_squeue_after_it_finished_stays_finished():
+    samples = handoff_samples()
+    samples[6] = replace(samples[6], slurm_jobs=())  # squeue forgets completed jobs after MinJobAge
+    check = check_gpu_return(handoff_timeline(samples))
+    assert check.passed and check.detail == "last Slurm job done -> slurmd gone in 310 s"
+
+
+def test_without_slurm_submissions_the_gpu_return_is_unproven():
+    tl = handoff_timeline()
+    tl.submissions = [s for s in tl.submissions if s.kind != "slurm"]
+    assert not check_gpu_return(tl).passed
