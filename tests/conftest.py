@@ -5,6 +5,7 @@ resets Pulumi's runtime before each run, so tests share nothing but what they as
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -28,7 +29,14 @@ def run_program(**settings: Any) -> offline.Recording:
     return offline.run(config(**settings))
 
 
-@pytest.fixture(scope="session")
+def _default_run_scope(fixture_name: str, config: pytest.Config) -> str:
+    """Once per session; once per test while mutmut maps functions to the tests that call them
+    (its stats pass credits a call to the test it happens in: a session-wide run would credit
+    every function to the first test only, and mutants would run no other test)."""
+    return "function" if os.environ.get("MUTANT_UNDER_TEST") == "stats" else "session"
+
+
+@pytest.fixture(scope=_default_run_scope)
 def default_run() -> offline.Recording:
     """The default testbed, recorded once: tests must not mutate it."""
     return run_program()

@@ -1,6 +1,7 @@
 """The node bootstrap renderers and scripts, checked directly and as deployed."""
 
 import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,117 @@ def test_scripts_pass_shellcheck():
 def test_oversized_user_data_is_refused():
     with pytest.raises(ValueError, match="user-data is"):
         bootstrap.cloud_config([{"path": "/x", "content": "x" * bootstrap.USER_DATA_LIMIT}], [], ())
+
+
+# flannel-io/flannel@v0.27.4:Documentation/kube-flannel.yml, net-conf.json: Network and Backend.
+FLANNEL_TAG, FLANNEL_NETWORK = "v0.27.4", "10.244.0.0/16"
+# kubernetes/kubernetes staging/src/k8s.io/cluster-bootstrap/token/api/consts.go
+KNOWN_TOKEN_USAGES = ("signing", "authentication")  # signing: cluster-info for discovery; authentication: TLS bootstrap
+BOOTSTRAP_GROUP_PATTERN = r"system:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]"  # BootstrapGroupPattern, anchored
+
+
+def kubeadm_docs(rec, node: str) -> list[dict]:
+    return list(yaml.safe_load_all(written_file(user_data_of(rec, node), bootstrap.KUBEADM_CONFIG)))
+
+
+def test_kubeadm_init_config_is_what_kubeadm_v1beta4_and_flannel_need(default_run):
+    init, cluster = kubeadm_docs(default_run, "testbed-control-instance")
+    control_ip = default_run.named("testbed-control-instance").inputs["privateIp"]
+    assert (init["apiVersion"], init["kind"]) == ("kubeadm.k8s.io/v1beta4", "InitConfiguration")
+    assert (cluster["apiVersion"], cluster["kind"]) == ("kubeadm.k8s.io/v1beta4", "ClusterConfiguration")
+    assert init["localAPIEndpoint"] == {"advertiseAddress": control_ip, "bindPort": 6443}
+    assert init["nodeRegistration"] == {"criSocket": "unix:///var/run/containerd/containerd.sock"}
+    (token,) = init["bootstrapTokens"]
+    assert set(token) == {"token", "ttl", "groups", "usages"}
+    assert sorted(token["usages"]) == sorted(KNOWN_TOKEN_USAGES)
+    assert token["groups"] == ["system:bootstrappers:kubeadm:default-node-token"]  # what kubeadm's RBAC binds
+    assert all(re.fullmatch(BOOTSTRAP_GROUP_PATTERN, g) for g in token["groups"])
+    assert token["ttl"] == "8760h0m0s"  # a year: replacement workers still join
+    # Flannel's manifest is applied unchanged, so the pod network kubeadm hands out must be its Network.
+    assert cluster["networking"] == {"podSubnet": FLANNEL_NETWORK}
+    assert default_run.settings.flannel_version == FLANNEL_TAG  # a new tag: read its manifest again
+    env = written_file(user_data_of(default_run, "testbed-control-instance"), bootstrap.ENV_FILE)
+    assert f"FLANNEL_VERSION={FLANNEL_TAG}\n" in env
+
+
+def test_kubeadm_join_config_is_a_v1beta4_join_through_the_containerd_socket(default_run):
+    for i in range(default_run.settings.worker_count):
+        (join,) = kubeadm_docs(default_run, f"testbed-worker-{i}-instance")
+        assert (join["apiVersion"], join["kind"]) == ("kubeadm.k8s.io/v1beta4", "JoinConfiguration")
+        assert join["nodeRegistration"]["criSocket"] == "unix:///var/run/containerd/containerd.sock"
+        assert set(join["discovery"]) == {"bootstrapToken"}
+        assert set(join["discovery"]["bootstrapToken"]) == {"apiServerEndpoint", "token", "caCertHashes"}
+
+
+def expected_env(s, role: str) -> dict[str, str]:
+    common = {
+        "KUBERNETES_VERSION": s.kubernetes_version,
+        "KUBERNETES_MINOR": s.kubernetes_minor,
+        "SHARE_DIR": "/mnt/share",
+        "KUBEADM_CONFIG": "/etc/testbed/kubeadm.yaml",
+    }
+    if role == "control":
+        return {
+            **common,
+            "FLANNEL_VERSION": s.flannel_version,
+            "SHARE_EXPORT_CIDR": s.subnet_cidr,
+            "SLURM_STATE_DIR": "/var/spool/slurmctld",
+            "SLURM_UID": "401",
+        }
+    return {
+        **common,
+        "NVIDIA_DRIVER_BRANCH": s.nvidia_driver_branch,
+        "NVIDIA_CONTAINER_TOOLKIT_VERSION": s.nvidia_container_toolkit_version,
+        "CONTROL_PLANE_IP": s.control_private_ip,
+    }
+
+
+def parsed_env(text: str) -> dict[str, str]:
+    result = subprocess.run(
+        ["bash", "-c", f"set -a; {text}\nenv -0"], capture_output=True, text=True, check=True, env={}
+    )
+    values = dict(item.split("=", 1) for item in result.stdout.split("\0") if "=" in item)
+    return {k: v for k, v in values.items() if k.isupper() and k not in ("PWD", "SHLVL", "_", "OLDPWD")}
+
+
+@pytest.mark.parametrize(
+    "node, role, scripts",
+    [
+        ("testbed-control-instance", "control", ("node-common.sh", "control-plane.sh")),
+        ("testbed-worker-0-instance", "worker", ("node-common.sh", "gpu-worker.sh")),
+    ],
+)
+def test_each_node_gets_its_parameters_files_and_scripts_in_order(default_run, node, role, scripts):
+    doc = yaml.safe_load(user_data_of(default_run, node))
+    files = {f["path"]: f for f in doc["write_files"]}
+    assert parsed_env(files[bootstrap.ENV_FILE]["content"]) == expected_env(default_run.settings, role)
+    assert {f["owner"] for f in doc["write_files"]} == {"root:root"}
+    for name in ("testbed-lib.sh", *scripts):
+        script_file = files[f"/opt/testbed/{name}"]
+        assert script_file["content"] == bootstrap.script(name) and script_file["permissions"] == "0755"
+    (command,) = doc["runcmd"]
+    chain = " && ".join(f"/opt/testbed/{n}" for n in scripts)
+    assert command == ["bash", "-c", f"set -o pipefail; ({chain}) 2>&1 | tee -a /var/log/testbed-bootstrap.log"]
+    if role == "control":
+        assert files["/etc/kubernetes/pki/ca.crt"]["permissions"] == "0644"
+        ca_key = default_run.named("testbed-identity-ca-key").outputs["privateKeyPem"]
+        assert files["/etc/kubernetes/pki/ca.key"]["content"] == ca_key
+    else:
+        assert not [p for p in files if p.startswith("/etc/kubernetes/")]  # a worker never holds the CA key
+
+
+def test_scripts_stay_readable_in_user_data(default_run):
+    """Multi-line files are YAML literal blocks: each script line appears as written."""
+    text = user_data_of(default_run, "testbed-control-instance")
+    for line in bootstrap.script("control-plane.sh").splitlines():
+        assert ("    " + line).rstrip() in text.splitlines(), line
+
+
+def test_user_data_of_exactly_the_ec2_limit_is_accepted():
+    def of_size(n: int) -> str:
+        return bootstrap.cloud_config([{"path": "/x", "content": "x" * n}], [], ())
+
+    n = 1 + bootstrap.USER_DATA_LIMIT - len(of_size(1).encode())
+    assert len(of_size(n).encode()) == bootstrap.USER_DATA_LIMIT
+    with pytest.raises(ValueError, match=f"user-data is {bootstrap.USER_DATA_LIMIT + 1} bytes; EC2 allows 16384"):
+        of_size(n + 1)

@@ -590,3 +590,108 @@ def test_without_a_sandbox_root_the_scripts_use_the_real_paths():
         check=True,
     )
     assert result.stdout == f"|{bootstrap.ENV_FILE}"
+
+
+def in_order(calls: list[str], *required: str) -> list[str]:
+    """The required commands that do not appear in this order: each is the command's words,
+    all of which one call must contain (a call may say more, e.g. hold more packages)."""
+    missing, at = [], 0
+    for words in required:
+        wanted = words.split()
+        found = next(
+            (
+                i
+                for i in range(at, len(calls))
+                if calls[i].split()[:1] == wanted[:1] and set(wanted) <= set(calls[i].split())
+            ),
+            None,
+        )
+        if found is None:
+            missing.append(words)
+        else:
+            at = found + 1
+    return missing
+
+
+# What kubelet and kubeadm need of every node, in the order the steps depend on each other.
+NODE_COMMON_STEPS = (
+    "modprobe overlay",
+    "modprobe br_netfilter",
+    "sysctl --system",  # after the sysctl file is written
+    "swapoff -a",  # kubelet refuses to start with swap on
+    f"apt-get install kubelet={S.kubernetes_version}-1.1 kubeadm={S.kubernetes_version}-1.1 "
+    f"kubectl={S.kubernetes_version}-1.1 containerd",
+    "apt-mark hold kubelet kubeadm kubectl",  # an unattended upgrade must not move them
+    "containerd config default",
+    "systemctl enable containerd",
+    "systemctl restart containerd",  # loads the config with SystemdCgroup and the pause image
+    "systemctl enable kubelet",
+)
+
+
+@pytest.mark.parametrize("role", ["control", "worker"])
+def test_node_common_runs_every_step_kubelet_needs_in_order(tmp_path, role):
+    box = Sandbox(tmp_path, control_user_data() if role == "control" else worker_user_data())
+    run = succeeded(box.run())
+    assert in_order(run.calls, *NODE_COMMON_STEPS) == []
+    assert box.read("/etc/modules-load.d/testbed-k8s.conf") == "overlay\nbr_netfilter\n"
+    assert box.read("/etc/sysctl.d/99-testbed-k8s.conf") == (
+        "net.bridge.bridge-nf-call-iptables = 1\nnet.bridge.bridge-nf-call-ip6tables = 1\nnet.ipv4.ip_forward = 1\n"
+    )
+    key = f"https://pkgs.k8s.io/core:/stable:/v{S.kubernetes_minor}/deb/Release.key"
+    assert [c for c in run.calls if c.startswith("curl ") and key in c], run.calls
+
+
+def test_control_plane_steps_in_order(tmp_path):
+    run = succeeded(Sandbox(tmp_path, control_user_data()).run())
+    flannel = f"https://raw.githubusercontent.com/flannel-io/flannel/{S.flannel_version}/Documentation/kube-flannel.yml"
+    assert (
+        in_order(
+            run.calls,
+            "apt-get install nfs-kernel-server",
+            "systemctl enable --now nfs-server",
+            "exportfs -ra",
+            "kubeadm init --config --upload-certs=false",
+            "kubectl get --raw=/readyz",
+            f"kubectl apply -f {flannel}",
+        )
+        == []
+    )
+
+
+def test_gpu_worker_steps_in_order(tmp_path):
+    run = succeeded(Sandbox(tmp_path, worker_user_data()).run())
+    toolkit = f"{S.nvidia_container_toolkit_version}-1"
+    assert (
+        in_order(
+            run.calls,
+            f"apt-get install nvidia-headless-{S.nvidia_driver_branch}-server-open",
+            "modprobe nvidia",
+            "nvidia-smi -L",
+            "curl https://nvidia.github.io/libnvidia-container/gpgkey",
+            f"apt-get install nvidia-container-toolkit={toolkit} nvidia-container-toolkit-base={toolkit} "
+            f"libnvidia-container-tools={toolkit} libnvidia-container1={toolkit}",
+            "nvidia-ctk runtime configure --runtime=containerd --set-as-default",
+            "systemctl restart containerd",  # after nvidia-ctk: the nvidia runtime is containerd's default
+            "mount",
+            "kubeadm join --config",
+        )
+        == []
+    )
+
+
+def test_a_driver_that_installs_but_sees_no_gpu_stops_the_worker(tmp_path):
+    box = Sandbox(tmp_path, worker_user_data())
+    box.fail("nvidia-smi")
+    run = box.run()
+    assert run.returncode != 0
+    assert run.failed_lines() and "nvidia-smi sees no GPU" in run.failed_lines()[-1], run.output
+    assert count(run.calls, "modprobe nvidia") == 1  # the driver was installed and loaded
+    assert not [c for c in run.calls if c.startswith(("nvidia-ctk", "kubeadm join"))]
+
+
+def test_in_order_finds_missing_and_misordered_steps():
+    calls = ["a 1", "b 2 3", "c"]
+    assert in_order(calls, "a", "b 3", "c") == []
+    assert in_order(calls, "b", "a") == ["a"]
+    assert in_order(calls, "a 2") == ["a 2"]

@@ -1,3 +1,4 @@
+from components import network
 from tests import tokens
 from tests.conftest import ADMIN_CIDR, by_type, depends, run_program
 
@@ -102,3 +103,64 @@ def test_nodes_and_the_elastic_ip_wait_for_the_internet_route_and_go_before_it_o
     # everything reached through the nodes (SSH steps, the Kubernetes provider) goes first on destroy
     gate = default_run.named("testbed-readiness-wait")
     assert depends(default_run, gate, association)
+
+
+def test_nodes_reach_package_mirrors_and_registries_on_every_protocol(default_run):
+    (group,) = by_type(default_run, tokens.SECURITY_GROUP)
+    assert group.inputs["egress"] == [
+        {
+            "description": "all egress (packages, images)",
+            "protocol": "-1",
+            "fromPort": 0,
+            "toPort": 0,
+            "cidrBlocks": ["0.0.0.0/0"],
+            "ipv6CidrBlocks": ["::/0"],
+        }
+    ]
+    assert group.inputs["description"] == "testbed nodes: admin SSH/API, everything between nodes"
+    assert group.inputs["vpcId"] == f"{by_type(default_run, tokens.VPC)[0].name}-placeholder"
+
+
+def test_admin_rules_name_their_purpose_and_only_the_admin_range():
+    rules = network.admin_ingress_rules("192.0.2.0/24")
+    assert rules == [
+        {
+            "description": "SSH from the admin range",
+            "protocol": "tcp",
+            "from_port": 22,
+            "to_port": 22,
+            "cidr_blocks": ["192.0.2.0/24"],
+        },
+        {
+            "description": "Kubernetes API from the admin range",
+            "protocol": "tcp",
+            "from_port": 6443,
+            "to_port": 6443,
+            "cidr_blocks": ["192.0.2.0/24"],
+        },
+    ]
+
+
+def test_the_vpc_resolves_names_and_the_subnet_gives_public_addresses(default_run):
+    (vpc,) = by_type(default_run, tokens.VPC)
+    assert vpc.inputs["cidrBlock"] == default_run.settings.vpc_cidr
+    assert (vpc.inputs["enableDnsHostnames"], vpc.inputs["enableDnsSupport"]) == (True, True)
+    (subnet,) = by_type(default_run, tokens.SUBNET)
+    assert subnet.inputs["mapPublicIpOnLaunch"] is True  # workers reach the internet without a NAT gateway
+    (routes,) = by_type(default_run, tokens.ROUTE_TABLE)
+    assert [r["cidrBlock"] for r in routes.inputs["routes"]] == ["0.0.0.0/0"]
+    assert routes.inputs["vpcId"] == f"{vpc.name}-placeholder"
+    (gateway,) = by_type(default_run, tokens.INTERNET_GATEWAY)
+    assert gateway.inputs["vpcId"] == f"{vpc.name}-placeholder"
+    (association,) = by_type(default_run, tokens.ROUTE_TABLE_ASSOCIATION)
+    assert (association.inputs["subnetId"], association.inputs["routeTableId"]) == (
+        f"{subnet.name}-placeholder",
+        f"{routes.name}-placeholder",
+    )
+    for r in (vpc, subnet, routes, gateway, group_of(default_run)):
+        assert r.inputs["tags"] == {"Name": r.name}, r.name
+
+
+def group_of(rec):
+    (group,) = by_type(rec, tokens.SECURITY_GROUP)
+    return group

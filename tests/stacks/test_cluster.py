@@ -1,4 +1,5 @@
 import base64
+from pathlib import Path
 
 import pulumi_command as command
 import pytest
@@ -91,7 +92,7 @@ def test_no_remote_step_can_hold_destroy_forever(default_run):
 
 def test_everything_in_the_cluster_is_deleted_with_the_control_node(default_run):
     """`pulumi destroy` never calls the Kubernetes or SSH provider for a cluster that is going away."""
-    (control,) = [r for r in by_type(default_run, "aws:ec2/instance:Instance") if r.name == "testbed-control-instance"]
+    (control,) = [r for r in by_type(default_run, tokens.INSTANCE) if r.name == "testbed-control-instance"]
     in_cluster = [r for r in default_run.resources if r.type.startswith("kubernetes:") or r.type == COMMAND]
     assert len(in_cluster) > 15  # the releases, PV, ConfigMap, ScaledObject and every remote step
     for r in in_cluster:
@@ -116,3 +117,81 @@ def test_remote_script_refuses_a_delete_step_that_would_dial_forever():
     forever = command.remote.ConnectionArgs(host="h", dial_error_limit=-1)
     with pytest.raises(ValueError, match="bounded dial_error_limit"):
         remote_script.run("x", step, forever, parent=None)  # type: ignore[arg-type]
+
+def test_the_cluster_ca_is_a_ca_kubeadm_can_sign_with(default_run):
+    """kubeadm init keeps a delivered CA and signs every control-plane certificate with it."""
+    keys = {k.name: k for k in by_type(default_run, tokens.PRIVATE_KEY)}
+    (ca,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
+    assert ca.inputs["isCaCertificate"] is True
+    assert ca.inputs["allowedUses"] == ["cert_signing", "crl_signing", "digital_signature", "key_encipherment"]
+    assert reveal(ca.inputs["subject"]) == {"commonName": "kubernetes"}  # kubeadm's own CA subject
+    assert ca.inputs["validityPeriodHours"] == 10 * 365 * 24
+    assert reveal(ca.inputs["privateKeyPem"]) == keys["testbed-identity-ca-key"].outputs["privateKeyPem"]
+    assert (keys["testbed-identity-ca-key"].inputs["algorithm"], keys["testbed-identity-ca-key"].inputs["rsaBits"]) == (
+        "RSA",
+        2048,
+    )
+
+
+def test_the_admin_certificate_is_a_client_certificate_from_the_admin_key(default_run):
+    keys = {k.name: k for k in by_type(default_run, tokens.PRIVATE_KEY)}
+    admin_key = keys["testbed-identity-admin-key"]
+    (csr,) = by_type(default_run, tokens.CERT_REQUEST)
+    (admin_cert,) = by_type(default_run, tokens.LOCALLY_SIGNED_CERT)
+    # kubeadm >= 1.29 binds this group to cluster-admin (its admin.conf uses the same O=)
+    assert reveal(csr.inputs["subject"]) == {"commonName": "testbed-admin", "organizations": ["kubeadm:cluster-admins"]}
+    assert reveal(csr.inputs["privateKeyPem"]) == admin_key.outputs["privateKeyPem"]
+    assert (admin_key.inputs["algorithm"], admin_key.inputs["rsaBits"]) == ("RSA", 2048)
+    assert reveal(admin_cert.inputs["certRequestPem"]) == csr.outputs["certRequestPem"]
+    assert reveal(admin_cert.inputs["caPrivateKeyPem"]) == keys["testbed-identity-ca-key"].outputs["privateKeyPem"]
+    assert admin_cert.inputs["allowedUses"] == ["digital_signature", "key_encipherment", "client_auth"]
+    assert admin_cert.inputs["validityPeriodHours"] == 365 * 24
+
+
+def test_the_bootstrap_token_is_drawn_from_the_alphabet_kubeadm_accepts(default_run):
+    """The mock returns lowercase alphanumerics whatever it is asked, so the request is checked:
+    kubeadm's BootstrapTokenPattern is \\A([a-z0-9]{6})\\.([a-z0-9]{16})\\z
+    (kubernetes/kubernetes staging/src/k8s.io/cluster-bootstrap/token/api/consts.go)."""
+    (token_id,) = by_type(default_run, tokens.RANDOM_STRING)
+    (token_secret,) = [p for p in by_type(default_run, tokens.RANDOM_PASSWORD) if "token" in p.name]
+    for part, length in ((token_id, 6), (token_secret, 16)):
+        asked = {k: part.inputs.get(k) for k in ("length", "upper", "lower", "numeric", "special")}
+        assert asked == {"length": length, "upper": False, "lower": True, "numeric": True, "special": False}, part.name
+
+
+def test_the_kubeconfig_loads_in_the_kubernetes_client_with_every_credential(default_run):
+    """What `kubectl` and the validation runner do with it: every field a client needs is there."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    loaded = client.Configuration()
+    kube_config.load_kube_config_from_dict(
+        yaml.safe_load(default_run.outputs["kubeconfig"]), client_configuration=loaded, persist_config=False
+    )
+    keys = {k.name: k for k in by_type(default_run, tokens.PRIVATE_KEY)}
+    (eip,) = by_type(default_run, tokens.EIP)
+    (ca_cert,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
+    (admin_cert,) = by_type(default_run, tokens.LOCALLY_SIGNED_CERT)
+    assert loaded.host == f"https://{eip.outputs['publicIp']}:6443"
+    assert loaded.verify_ssl is True
+    # the loader decodes each *-data field into a file of its own
+    read = {"ca": loaded.ssl_ca_cert, "cert": loaded.cert_file, "key": loaded.key_file}
+    read = {what: Path(path).read_text() for what, path in read.items()}
+    assert read == {
+        "ca": ca_cert.outputs["certPem"],
+        "cert": admin_cert.outputs["certPem"],
+        "key": keys["testbed-identity-admin-key"].outputs["privateKeyPem"],
+    }
+
+
+def test_kubeconfig_names_agree():
+    doc = yaml.safe_load(cluster_identity.render_kubeconfig("c", "https://192.0.2.1:6443", "CA", "CERT", "KEY"))
+    assert (doc["apiVersion"], doc["kind"], doc["current-context"]) == ("v1", "Config", "c")
+    assert doc["contexts"] == [{"name": "c", "context": {"cluster": "c", "user": "testbed-admin"}}]
+    assert [c["name"] for c in doc["clusters"]] == ["c"] and [u["name"] for u in doc["users"]] == ["testbed-admin"]
+    decoded = {k: base64.b64decode(v).decode() for k, v in doc["users"][0]["user"].items()}
+    assert decoded == {"client-certificate-data": "CERT", "client-key-data": "KEY"}
+    assert doc["clusters"][0]["cluster"] == {
+        "server": "https://192.0.2.1:6443",
+        "certificate-authority-data": base64.b64encode(b"CA").decode(),
+    }

@@ -1,3 +1,5 @@
+from typing import ClassVar
+
 import pytest
 
 from stacks import offline, pricing
@@ -131,3 +133,46 @@ def test_ssh_key_pair_is_generated_and_an_extra_user_key_is_authorized():
     (pair,) = by_type(rec, tokens.KEY_PAIR)
     (ssh_key,) = [k for k in by_type(rec, tokens.PRIVATE_KEY) if k.name == "testbed-ssh-key"]
     assert pair.inputs["publicKey"] == ssh_key.outputs["publicKeyOpenssh"]
+
+
+class OptionsMonitor(offline.RecordingMonitor):
+    """The recording monitor, also keeping the resource options the engine receives."""
+
+    options: ClassVar[dict[str, dict]] = {}
+
+    def RegisterResource(self, request):
+        OptionsMonitor.options[request.name] = {
+            "deleteBeforeReplace": request.deleteBeforeReplace,
+            "ignoreChanges": list(request.ignoreChanges),
+        }
+        return super().RegisterResource(request)
+
+
+class NamedKeyPair(offline.TestbedMocks):
+    """The default mocks, plus the key pair's name output (AWS fills it in from the resource name)."""
+
+    def new_resource(self, args):
+        resource_id, outputs = super().new_resource(args)
+        if args.typ == tokens.KEY_PAIR:
+            outputs["keyName"] = args.name
+        return resource_id, outputs
+
+
+def test_every_node_is_launched_with_the_hardened_options(monkeypatch):
+    monkeypatch.setattr(offline, "RecordingMonitor", OptionsMonitor)
+    rec = offline.run(config(controlRootVolumeGb=50, workerRootVolumeGb=120), mocks=NamedKeyPair())
+    (pair,) = by_type(rec, tokens.KEY_PAIR)
+    root_gb = {"control-plane": 50, "gpu-worker": 120}
+    for node in by_type(rec, tokens.INSTANCE):
+        role = node.inputs["tags"]["testbed:role"]
+        assert node.inputs["tags"] == {"Name": node.name, "testbed:role": role, "testbed:stack": "dev"}
+        assert node.inputs["keyName"] == pair.name
+        assert node.inputs["userDataReplaceOnChange"] is True  # cloud-init runs once per instance
+        assert node.inputs["rootBlockDevice"] == {
+            "volumeType": "gp3",
+            "volumeSize": root_gb[role],
+            "encrypted": True,
+            "deleteOnTermination": True,
+        }
+        # the fixed private IP frees only with the old instance; a newer AMI replaces nothing
+        assert OptionsMonitor.options[node.name] == {"deleteBeforeReplace": True, "ignoreChanges": ["ami"]}

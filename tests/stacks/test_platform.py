@@ -1,5 +1,6 @@
 """The platform layer as the engine sees it: install order, names that must agree, pins."""
 
+import json
 import re
 import shlex
 
@@ -247,3 +248,86 @@ def test_keda_installs_after_every_other_cluster_step(default_run):
     assert len(others) >= 10
     for r in others:
         assert depends(default_run, release(default_run, "keda"), r), r.name
+
+
+def test_slurmctld_state_gets_its_pvc_and_the_pv_binds_to_exactly_that_claim(default_run):
+    """The operator adds volumeClaimTemplate `statesave` to StatefulSet slurm-controller only when
+    controller.persistence.enabled; the PV pre-bound by claimRef must name that PVC by kind,
+    namespace and name, or it stays Available and slurmctld stays Pending."""
+    slurm = release(default_run, "slurm")
+    persistence = slurm.inputs["values"]["controller"]["persistence"]
+    assert persistence["enabled"] is True
+    assert persistence.get("existingClaim") is None and persistence.get("storageClassName") is None
+    (pv,) = by_type(default_run, tokens.PERSISTENT_VOLUME)
+    spec = pv.inputs["spec"]
+    assert spec["claimRef"] == {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "namespace": slurm.inputs["namespace"],
+        "name": "statesave-slurm-controller-0",
+    }
+    assert spec["capacity"] == {"storage": persistence["resources"]["requests"]["storage"]} == {"storage": "4Gi"}
+    assert spec["accessModes"] == ["ReadWriteOnce"] and spec["volumeMode"] == "Filesystem"
+    assert "storageClassName" not in spec  # the chart's PVC has no class: a PV with one would not match
+    assert spec["persistentVolumeReclaimPolicy"] == "Retain"
+    assert spec["hostPath"] == {"path": "/var/spool/slurmctld", "type": "Directory"}
+    assert spec["nodeAffinity"] == {
+        "required": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}
+            ]
+        }
+    }
+    assert pv.inputs["metadata"]["name"] == "slurm-statesave"
+
+
+def test_each_keda_trigger_is_a_prometheus_query_of_busy_plus_pending_nodes(default_run):
+    (so,) = by_type(default_run, tokens.SCALED_OBJECT)
+    assert (so.inputs["apiVersion"], so.inputs["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    assert so.inputs["metadata"] == {"name": "slurmd", "namespace": "slurm"}
+    triggers = so.inputs["spec"]["triggers"]
+    busy = (
+        '(sum(slurm_partition_nodes_alloc{partition="all"}) or vector(0)) + '
+        '(sum(slurm_partition_nodes_mixed{partition="all"}) or vector(0))'
+    )
+    assert [(t["name"], t["metadata"]["query"]) for t in triggers] == [
+        (
+            "busy-plus-largest-pending-job",
+            busy + ' + (max(slurm_partition_jobs_max_job_nodes_nohold{partition="all"}) or vector(0))',
+        ),
+        ("busy-plus-pending-jobs", busy + ' + (sum(slurm_partition_jobs_pending{partition="all"}) or vector(0))'),
+    ]
+    for t in triggers:
+        assert t["type"] == "prometheus" and t["metricType"] == "AverageValue", t["name"]
+        assert set(t["metadata"]) == {"serverAddress", "query", "threshold", "activationThreshold"}
+        assert (t["metadata"]["threshold"], t["metadata"]["activationThreshold"]) == ("1", "0")
+
+
+def test_every_chart_comes_from_its_upstream_repository(default_run):
+    charts = {
+        r.inputs["name"]: (r.inputs["chart"], (r.inputs.get("repositoryOpts") or {}).get("repo"), r.inputs["namespace"])
+        for r in by_type(default_run, tokens.RELEASE)
+    }
+    slinky = "oci://ghcr.io/slinkyproject/charts"
+    assert charts == {
+        "nvidia-device-plugin": (
+            "nvidia-device-plugin",
+            "https://nvidia.github.io/k8s-device-plugin",
+            "nvidia-device-plugin",
+        ),
+        "cert-manager": ("cert-manager", "https://charts.jetstack.io", "cert-manager"),
+        "monitoring": ("kube-prometheus-stack", "https://prometheus-community.github.io/helm-charts", "monitoring"),
+        "dcgm-exporter": ("dcgm-exporter", "https://nvidia.github.io/dcgm-exporter/helm-charts", "monitoring"),
+        "slurm-operator-crds": (f"{slinky}/slurm-operator-crds", None, "slinky"),
+        "slurm-operator": (f"{slinky}/slurm-operator", None, "slinky"),
+        "slurm": (f"{slinky}/slurm", None, "slurm"),
+        "keda": ("keda", "https://kedacore.github.io/charts", "keda"),
+    }
+
+
+def test_the_scaled_object_waits_for_kedas_external_metrics_api(default_run):
+    step = command(default_run, "testbed-keda-metrics-api")
+    sent = json.dumps(reveal({k: v for k, v in step.inputs.items() if k != "connection"}))
+    assert "apiservice/v1beta1.external.metrics.k8s.io" in sent and "Available" in sent
+    (so,) = by_type(default_run, tokens.SCALED_OBJECT)
+    assert step.urn in so.depends_on and release(default_run, "keda").urn in step.depends_on
