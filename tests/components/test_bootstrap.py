@@ -294,3 +294,14 @@ def test_user_data_of_exactly_the_ec2_limit_is_accepted():
     assert len(of_size(n).encode()) == bootstrap.USER_DATA_LIMIT
     with pytest.raises(ValueError, match=f"user-data is {bootstrap.USER_DATA_LIMIT + 1} bytes; EC2 allows 16384"):
         of_size(n + 1)
+
+
+def test_rendered_files_keep_a_stable_readable_order(default_run):
+    """Byte-identical renders across runs, and in the order people read them."""
+    user_data = user_data_of(default_run, "testbed-control-instance")
+    env = written_file(user_data, bootstrap.ENV_FILE).splitlines()
+    assert env == sorted(env) and len(env) == 8
+    kubeadm = written_file(user_data, bootstrap.KUBEADM_CONFIG)
+    assert kubeadm.startswith("apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbootstrapTokens:\n")
+    assert "\n---\napiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n" in kubeadm
+    assert user_data.startswith("#cloud-config\nwrite_files:\n- path: /etc/testbed/bootstrap.env\n")

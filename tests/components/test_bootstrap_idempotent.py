@@ -619,6 +619,11 @@ NODE_COMMON_STEPS = (
     "modprobe br_netfilter",
     "sysctl --system",  # after the sysctl file is written
     "swapoff -a",  # kubelet refuses to start with swap on
+    "apt-get update",
+    "apt-get install apt-transport-https ca-certificates curl gpg",
+    "curl -o",  # the pkgs.k8s.io signing key, dearmored into the keyring apt trusts
+    "gpg --dearmor",
+    "apt-get update",  # reads the repository just added, or the pinned versions are not found
     f"apt-get install kubelet={S.kubernetes_version}-1.1 kubeadm={S.kubernetes_version}-1.1 "
     f"kubectl={S.kubernetes_version}-1.1 containerd",
     "apt-mark hold kubelet kubeadm kubectl",  # an unattended upgrade must not move them
@@ -695,3 +700,28 @@ def test_in_order_finds_missing_and_misordered_steps():
     assert in_order(calls, "a", "b 3", "c") == []
     assert in_order(calls, "b", "a") == ["a"]
     assert in_order(calls, "a 2") == ["a 2"]
+
+
+@pytest.mark.parametrize(
+    "breaks, message",
+    [
+        ("version", "cannot read the containerd version from: containerd (unknown build)"),
+        ("images", "kubeadm did not name a pause image"),
+        ("sandbox", "containerd 2.x config has no sandbox image key to set"),
+    ],
+)
+def test_node_common_stops_before_restarting_containerd_on_what_it_cannot_read(tmp_path, breaks, message):
+    box = Sandbox(tmp_path, control_user_data(), "2.x")
+    if breaks == "version":
+        (box.state / "containerd-version").write_text("containerd (unknown build)\n")
+    elif breaks == "images":
+        box.fail("kubeadm config images list")
+    else:  # a default config with the cgroup key but no sandbox key
+        default = (box.state / "containerd-default.toml").read_text()
+        (box.state / "containerd-default.toml").write_text(
+            "".join(line for line in default.splitlines(keepends=True) if "sandbox" not in line)
+        )
+    run = box.run()
+    assert run.returncode != 0
+    assert run.failed_lines() and message in run.failed_lines()[-1], run.output
+    assert count(run.calls, "systemctl restart containerd") == 0

@@ -185,7 +185,9 @@ def test_the_kubeconfig_loads_in_the_kubernetes_client_with_every_credential(def
 
 
 def test_kubeconfig_names_agree():
-    doc = yaml.safe_load(cluster_identity.render_kubeconfig("c", "https://192.0.2.1:6443", "CA", "CERT", "KEY"))
+    text = cluster_identity.render_kubeconfig("c", "https://192.0.2.1:6443", "CA", "CERT", "KEY")
+    assert text.startswith("apiVersion: v1\nkind: Config\nclusters:\n")  # in kubectl's order, for a reader
+    doc = yaml.safe_load(text)
     assert (doc["apiVersion"], doc["kind"], doc["current-context"]) == ("v1", "Config", "c")
     assert doc["contexts"] == [{"name": "c", "context": {"cluster": "c", "user": "testbed-admin"}}]
     assert [c["name"] for c in doc["clusters"]] == ["c"] and [u["name"] for u in doc["users"]] == ["testbed-admin"]

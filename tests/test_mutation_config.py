@@ -1,0 +1,41 @@
+"""The mutation-testing configuration names what exists (the runs themselves are by hand)."""
+
+import configparser
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mutmut_config() -> dict[str, list[str]]:
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "setup.cfg")
+    return {key: [v for v in value.split("\n") if v] for key, value in parser["mutmut"].items()}
+
+
+def shell_runner():
+    spec = importlib.util.spec_from_file_location("mutate_scripts", ROOT / "tools" / "mutate_scripts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mutmut_mutates_existing_modules_inside_its_source_paths():
+    cfg = mutmut_config()
+    assert cfg["only_mutate"] and all((ROOT / m).is_file() for m in cfg["only_mutate"]), cfg["only_mutate"]
+    assert all(any(m.startswith(src + "/") for src in cfg["source_paths"]) for m in cfg["only_mutate"])
+    assert all((ROOT / p).exists() for p in cfg["source_paths"] + cfg["also_copy"])
+    assert "/mutants/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_the_shell_runner_names_existing_scripts_and_tests_and_finds_their_commands():
+    runner = shell_runner()
+    assert all((ROOT / "components" / "scripts" / s).is_file() for s in runner.SCRIPTS)
+    assert all((ROOT / t).is_file() for t in runner.TESTS)
+    text = (ROOT / "components" / "scripts" / "node-common.sh").read_text()
+    lines = text.splitlines()
+    found = [" ".join(lines[a:b]) for a, b in runner.commands(text)]
+    assert "swapoff -a" in found and "systemctl restart containerd" in found
+    (sysctl,) = [c for c in found if "99-testbed-k8s.conf" in c]  # a heredoc is one command
+    assert "net.ipv4.ip_forward = 1" in sysctl
+    assert not [c for c in found if c.startswith(("#", "log ", "set -"))]

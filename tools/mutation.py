@@ -1,0 +1,85 @@
+"""mutmut, one module at a time, against the tests that belong to that module.
+
+    venv/bin/python tools/mutation.py MODULE [...]   e.g. components.network validation.checks
+    venv/bin/python tools/mutation.py --scores       killed/total per module from the last runs
+
+mutmut credits each function with every test that calls it; under the mock engine that is
+every test that runs the program, so one surviving mutant would cost the whole suite. Here
+each module's mutants run only the test files in RELEVANT (the ones that assert what the
+module renders), which is also what the scores in docs/mutation-scores.md mean. The
+configuration (modules, copied files) is [mutmut] in setup.cfg."""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEVANT = {
+    "components.cluster_identity": ("tests/stacks/test_cluster.py", "tests/components/test_bootstrap.py"),
+    "components.network": ("tests/components/test_network.py", "tests/stacks/test_security.py"),
+    "components.bootstrap": (
+        "tests/components/test_bootstrap.py",
+        "tests/components/test_bootstrap_idempotent.py",
+        "tests/stacks/test_artifacts.py",
+    ),
+    "components.ec2": ("tests/stacks/test_infrastructure.py", "tests/stacks/test_security.py"),
+    "components.slinky": ("tests/components/test_slinky.py", "tests/stacks/test_platform.py"),
+    "components.keda": ("tests/stacks/test_platform.py",),
+    "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/stacks/test_platform.py"),
+    "stacks.settings": ("tests/stacks/test_settings.py", "tests/stacks/test_cli.py"),
+    "validation.checks": ("tests/validation/test_checks.py", "tests/validation/test_runner.py"),
+}
+
+
+def module_of(function_key: str) -> str:
+    return function_key.rsplit(".", 1)[0]
+
+
+def run(modules: list[str]) -> None:
+    import mutmut.__main__ as mutmut_main
+    from mutmut.state import state
+
+    collect = mutmut_main.collect_or_load_stats
+
+    def collect_then_restrict(*args, **kwargs):
+        collect(*args, **kwargs)
+        by_function = state().tests_by_mangled_function_name
+        for key, tests in by_function.items():
+            files = RELEVANT.get(module_of(key), ())
+            by_function[key] = {t for t in tests if t.split("::")[0] in files}
+
+    mutmut_main.collect_or_load_stats = collect_then_restrict
+    mutmut_main.cli(["run", "--max-children", "2", *(f"{m}.*" for m in modules)])
+
+
+def scores() -> dict[str, collections.Counter]:
+    from mutmut.stats import status_by_exit_code
+
+    found: dict[str, collections.Counter] = {}
+    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
+        for key, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if code is not None:
+                found.setdefault(module_of(key.split("__mutmut_")[0]), collections.Counter())[
+                    status_by_exit_code[code]
+                ] += 1
+    return found
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--scores"]:
+        for module, counts in scores().items():
+            print(f"{module}: {counts['killed']}/{sum(counts.values())} killed {dict(counts)}")
+        return 0
+    unknown = [m for m in argv if m not in RELEVANT]
+    if not argv or unknown:
+        print(f"tools/mutation.py: modules {unknown or '(none)'} not allowed; expected some of: {', '.join(RELEVANT)}")
+        return 2
+    run(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
