@@ -17,17 +17,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TREE = "tests/stacks/test_components.py"  # every component's type and children
 RELEVANT = {
-    "components.cluster_identity": ("tests/stacks/test_cluster.py", "tests/components/test_bootstrap.py"),
-    "components.network": ("tests/components/test_network.py", "tests/stacks/test_security.py"),
+    "components.cluster_identity": ("tests/stacks/test_cluster.py", "tests/components/test_bootstrap.py", TREE),
+    "components.network": ("tests/components/test_network.py", "tests/stacks/test_security.py", TREE),
     "components.bootstrap": (
         "tests/components/test_bootstrap.py",
         "tests/components/test_bootstrap_idempotent.py",
         "tests/stacks/test_artifacts.py",
     ),
-    "components.ec2": ("tests/stacks/test_infrastructure.py", "tests/stacks/test_security.py"),
-    "components.slinky": ("tests/components/test_slinky.py", "tests/stacks/test_platform.py"),
-    "components.keda": ("tests/stacks/test_platform.py",),
+    "components.ec2": ("tests/stacks/test_infrastructure.py", "tests/stacks/test_security.py", TREE),
+    "components.slinky": ("tests/components/test_slinky.py", "tests/stacks/test_platform.py", TREE),
+    "components.keda": ("tests/stacks/test_platform.py", TREE),
     "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/stacks/test_platform.py"),
     "stacks.settings": ("tests/stacks/test_settings.py", "tests/stacks/test_cli.py"),
     "validation.checks": ("tests/validation/test_checks.py", "tests/validation/test_runner.py"),

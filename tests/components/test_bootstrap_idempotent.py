@@ -674,6 +674,8 @@ def test_gpu_worker_steps_in_order(tmp_path):
             "modprobe nvidia",
             "nvidia-smi -L",
             "curl https://nvidia.github.io/libnvidia-container/gpgkey",
+            "gpg --dearmor",
+            "apt-get update",  # reads the toolkit repository just added
             f"apt-get install nvidia-container-toolkit={toolkit} nvidia-container-toolkit-base={toolkit} "
             f"libnvidia-container-tools={toolkit} libnvidia-container1={toolkit}",
             "nvidia-ctk runtime configure --runtime=containerd --set-as-default",

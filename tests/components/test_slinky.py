@@ -111,3 +111,46 @@ def test_operator_webhook_probe_points_at_the_slurm_controller():
     n = slurm_names("slinky")
     probe = slinky.operator_webhook_probe(n)
     assert probe["spec"]["controllerRef"] == {"name": n.fullname, "namespace": n.namespace}
+
+
+def test_operator_webhook_probe_is_a_nodeset_the_webhook_validates_and_the_operator_ignores():
+    probe = slinky.operator_webhook_probe(slinky.names("slinky"))
+    assert probe == {
+        "apiVersion": "slinky.slurm.net/v1beta1",
+        "kind": "NodeSet",
+        "metadata": {"name": "testbed-webhook-probe", "namespace": "slinky"},
+        "spec": {
+            "controllerRef": {"name": "slurm", "namespace": "slurm"},
+            "replicas": 0,
+            "updateStrategy": {"type": "RollingUpdate"},
+        },
+    }
+
+
+def test_the_shared_directory_is_the_hosts_own_directory_mounted_by_name():
+    v = values()
+    shared = {"name": "shared", "hostPath": {"path": "/mnt/share", "type": "Directory"}}
+    assert shared in v["controller"]["podSpec"]["volumes"] and shared in v["nodesets"]["slinky"]["podSpec"]["volumes"]
+    mount = {"name": "shared", "mountPath": "/mnt/share"}
+    assert v["controller"]["slurmctld"]["volumeMounts"] == [mount]
+    assert v["nodesets"]["slinky"]["slurmd"]["volumeMounts"] == [mount]
+
+
+def test_every_slinky_image_comes_from_the_project_registry_at_the_tag():
+    v = values()
+    tag = "25.11.6-ubuntu24.04"
+    assert v["controller"]["slurmctld"]["image"] == {"repository": "ghcr.io/slinkyproject/slurmctld", "tag": tag}
+    assert v["controller"]["reconfigure"]["image"] == {"repository": "ghcr.io/slinkyproject/slurmctld", "tag": tag}
+    assert v["restapi"]["slurmrestd"]["image"] == {"repository": "ghcr.io/slinkyproject/slurmrestd", "tag": tag}
+    assert v["nodesets"]["slinky"]["slurmd"]["image"] == {"repository": "ghcr.io/slinkyproject/slurmd", "tag": tag}
+
+
+def test_charts_are_the_slinky_oci_charts_at_the_version():
+    charts = {
+        c.release: c for c in (slinky.crds_chart("1.2.3"), slinky.operator_chart("1.2.3"), slinky.slurm_chart("1.2.3"))
+    }
+    assert {n: (c.namespace, c.chart, c.version, c.repo) for n, c in charts.items()} == {
+        "slurm-operator-crds": ("slinky", "oci://ghcr.io/slinkyproject/charts/slurm-operator-crds", "1.2.3", None),
+        "slurm-operator": ("slinky", "oci://ghcr.io/slinkyproject/charts/slurm-operator", "1.2.3", None),
+        "slurm": ("slurm", "oci://ghcr.io/slinkyproject/charts/slurm", "1.2.3", None),
+    }
