@@ -4,6 +4,9 @@ The strings are the contract with the engine: a resource the program registers u
 another type (a renamed class, another provider module) must fail the tests that look
 for it, so each check that filters by type also asserts that the type was found."""
 
+# The stack itself: the root every component hangs from
+STACK = "pulumi:pulumi:Stack"
+
 # AWS (pulumi-aws)
 VPC = "aws:ec2/vpc:Vpc"
 SUBNET = "aws:ec2/subnet:Subnet"

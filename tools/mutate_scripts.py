@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ("node-common.sh", "gpu-worker.sh", "control-plane.sh")
 TESTS = ("tests/components/test_bootstrap_idempotent.py", "tests/components/test_bootstrap.py")
-COPY = ("components", "stacks", "tests", "validation", "values", "dashboards", "jobs", "pytest.ini", "README.md")
+COPY = ("components", "stacks", "tests", "validation", "values", "jobs", "pytest.ini", "README.md")
 COPY += ("Pulumi.yaml", "Pulumi.dev.yaml", "__main__.py")
 NOT_COMMANDS = re.compile(
     r"^\s*(#.*|log .*|set -[A-Za-z]+.*|\. .*testbed-lib\.sh.*|then|else|fi|do|done|\}|\{|esac|;;)?\s*$"

@@ -1,6 +1,7 @@
 """mutmut, one module at a time, against the tests that belong to that module.
 
     venv/bin/python tools/mutation.py MODULE [...]   e.g. components.network validation.checks
+    venv/bin/python tools/mutation.py MUTANT [...]   names as `mutmut results` prints them
     venv/bin/python tools/mutation.py --scores       killed/total per module from the last runs
 
 mutmut credits each function with every test that calls it; under the mock engine that is
@@ -53,7 +54,7 @@ def run(modules: list[str]) -> None:
             by_function[key] = {t for t in tests if t.split("::")[0] in files}
 
     mutmut_main.collect_or_load_stats = collect_then_restrict
-    mutmut_main.cli(["run", "--max-children", "2", *(f"{m}.*" for m in modules)])
+    mutmut_main.cli(["run", "--max-children", "2", *(f"{m}.*" if m in RELEVANT else m for m in modules)])
 
 
 def scores() -> dict[str, collections.Counter]:
@@ -74,7 +75,8 @@ def main(argv: list[str]) -> int:
         for module, counts in scores().items():
             print(f"{module}: {counts['killed']}/{sum(counts.values())} killed {dict(counts)}")
         return 0
-    unknown = [m for m in argv if m not in RELEVANT]
+    # a module runs all its mutants; a mutant's name (as `mutmut results` prints it) runs that one
+    unknown = [m for m in argv if m not in RELEVANT and module_of(m.split("__mutmut_")[0]) not in RELEVANT]
     if not argv or unknown:
         print(f"tools/mutation.py: modules {unknown or '(none)'} not allowed; expected some of: {', '.join(RELEVANT)}")
         return 2

@@ -10,6 +10,7 @@ import yaml
 
 from components import api_hardening, bootstrap, names
 from stacks.offline import reveal
+from tests import tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,7 +116,7 @@ BASELINE_NAMESPACES = {  # the charts here run without host access or extra capa
 
 def test_every_namespace_the_program_installs_into_was_decided(default_run):
     """A new release namespace must be added to one side on purpose."""
-    installed = {r.inputs["namespace"] for r in default_run.of_type("kubernetes:helm.sh/v3:Release")}
+    installed = {r.inputs["namespace"] for r in default_run.of_type(tokens.RELEASE)}
     exempt = set(api_hardening.PRIVILEGED_NAMESPACES)
     assert installed <= exempt | BASELINE_NAMESPACES, installed - exempt - BASELINE_NAMESPACES
     assert not exempt & BASELINE_NAMESPACES

@@ -1,6 +1,7 @@
 """The node bootstrap renderers and scripts, checked directly and as deployed."""
 
 import hashlib
+import ipaddress
 import re
 import subprocess
 import sys
@@ -207,7 +208,9 @@ def test_kubeadm_init_config_is_what_kubeadm_v1beta4_and_flannel_need(default_ru
     assert all(re.fullmatch(BOOTSTRAP_GROUP_PATTERN, g) for g in token["groups"])
     assert token["ttl"] == "8760h0m0s"  # a year: replacement workers still join
     # Flannel's manifest is applied unchanged, so the pod network kubeadm hands out must be its Network.
-    assert cluster["networking"] == {"podSubnet": FLANNEL_NETWORK}
+    assert cluster["networking"] == {"podSubnet": FLANNEL_NETWORK, "serviceSubnet": "10.96.0.0/12"}
+    pods, services = (ipaddress.ip_network(cluster["networking"][k]) for k in ("podSubnet", "serviceSubnet"))
+    assert not pods.overlaps(services) and not pods.overlaps(ipaddress.ip_network(default_run.settings.vpc_cidr))
     assert default_run.settings.flannel_version == FLANNEL_TAG  # a new tag: read its manifest again
     env = written_file(user_data_of(default_run, "testbed-control-instance"), bootstrap.ENV_FILE)
     assert f"FLANNEL_VERSION={FLANNEL_TAG}\n" in env
@@ -236,9 +239,12 @@ def expected_env(s, role: str) -> dict[str, str]:
             "SHARE_EXPORT_CIDR": s.subnet_cidr,
             "SLURM_STATE_DIR": "/var/spool/slurmctld",
             "SLURM_UID": "401",
+            "ADMIN_KUBECONFIG": "/etc/kubernetes/admin.conf",
+            "SSH_USER": "ubuntu",
         }
     return {
         **common,
+        "API_SERVER_PORT": "6443",
         "NVIDIA_DRIVER_BRANCH": s.nvidia_driver_branch,
         "NVIDIA_CONTAINER_TOOLKIT_VERSION": s.nvidia_container_toolkit_version,
         "CONTROL_PLANE_IP": s.control_private_ip,
@@ -300,7 +306,7 @@ def test_rendered_files_keep_a_stable_readable_order(default_run):
     """Byte-identical renders across runs, and in the order people read them."""
     user_data = user_data_of(default_run, "testbed-control-instance")
     env = written_file(user_data, bootstrap.ENV_FILE).splitlines()
-    assert env == sorted(env) and len(env) == 8
+    assert env == sorted(env) and len(env) == 10
     kubeadm = written_file(user_data, bootstrap.KUBEADM_CONFIG)
     assert kubeadm.startswith("apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbootstrapTokens:\n")
     assert "\n---\napiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n" in kubeadm

@@ -727,3 +727,20 @@ def test_node_common_stops_before_restarting_containerd_on_what_it_cannot_read(t
     assert run.returncode != 0
     assert run.failed_lines() and message in run.failed_lines()[-1], run.output
     assert count(run.calls, "systemctl restart containerd") == 0
+
+
+def test_the_control_node_exports_a_share_every_job_user_can_write(tmp_path):
+    box = Sandbox(tmp_path, control_user_data())
+    succeeded(box.run())
+    # sticky and world-writable, like /tmp: Slurm and Kubernetes jobs run as various users
+    assert box.path(host_layout.SHARE_DIR).stat().st_mode & 0o7777 == 0o1777
+
+
+def test_without_the_delivered_ca_kubeadm_init_does_not_run(tmp_path):
+    """kubeadm would mint a CA of its own, and no worker could verify the API server by its hash."""
+    box = Sandbox(tmp_path, control_user_data())
+    box.path("/etc/kubernetes/pki/ca.key").unlink()
+    run = box.run()
+    assert run.returncode != 0
+    assert run.failed_lines() and "the cluster CA was not delivered" in run.failed_lines()[-1], run.output
+    assert count(run.calls, "kubeadm init") == 0

@@ -114,7 +114,7 @@ def test_operator_webhook_probe_points_at_the_slurm_controller():
 
 
 def test_operator_webhook_probe_is_a_nodeset_the_webhook_validates_and_the_operator_ignores():
-    probe = slinky.operator_webhook_probe(slinky.names("slinky"))
+    probe = slinky.operator_webhook_probe(slurm_names("slinky"))
     assert probe == {
         "apiVersion": "slinky.slurm.net/v1beta1",
         "kind": "NodeSet",
@@ -147,7 +147,12 @@ def test_every_slinky_image_comes_from_the_project_registry_at_the_tag():
 
 def test_charts_are_the_slinky_oci_charts_at_the_version():
     charts = {
-        c.release: c for c in (slinky.crds_chart("1.2.3"), slinky.operator_chart("1.2.3"), slinky.slurm_chart("1.2.3"))
+        c.release: c
+        for c in (
+            slinky.crds_chart("1.2.3"),
+            slinky.operator_chart("1.2.3"),
+            slinky.slurm_chart("1.2.3", slurm_names("slinky")),
+        )
     }
     assert {n: (c.namespace, c.chart, c.version, c.repo) for n, c in charts.items()} == {
         "slurm-operator-crds": ("slinky", "oci://ghcr.io/slinkyproject/charts/slurm-operator-crds", "1.2.3", None),

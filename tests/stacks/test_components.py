@@ -1,7 +1,8 @@
 """The component tree: `pulumi up` shows, groups and deletes resources by it, and URNs derive
 from it (a resource that moves to another parent is replaced on the next update)."""
 
-STACK = "pulumi:pulumi:Stack"
+from tests import tokens
+
 COMPONENTS = {
     "testbed-network": "testbed:aws:Network",
     "testbed-ssh": "testbed:aws:SshAccess",
@@ -21,7 +22,7 @@ COMPONENTS = {
 def test_components_have_their_types_and_sit_at_the_top(default_run):
     components = {r.name: r for r in default_run.resources if r.type.startswith("testbed:")}
     assert {name: r.type for name, r in components.items()} == COMPONENTS
-    assert {r.parent.split("::")[2] for r in components.values()} == {STACK}
+    assert {r.parent.split("::")[2] for r in components.values()} == {tokens.STACK}
 
 
 def test_every_resource_belongs_to_the_component_named_in_its_name(default_run):
