@@ -21,7 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TREE = "tests/stacks/test_components.py"  # every component's type and children
 RELEVANT = {
     "components.cluster_identity": ("tests/stacks/test_cluster.py", "tests/components/test_bootstrap.py", TREE),
-    "components.network": ("tests/components/test_network.py", "tests/stacks/test_security.py", TREE),
+    "components.network": (
+        "tests/components/test_network.py",
+        "tests/stacks/test_security.py",
+        "tests/stacks/test_infrastructure.py",
+        TREE,
+    ),
     "components.bootstrap": (
         "tests/components/test_bootstrap.py",
         "tests/components/test_bootstrap_idempotent.py",

@@ -1,13 +1,12 @@
 """The platform layer as the engine sees it: install order, names that must agree, pins."""
 
-import json
 import re
 import shlex
 
 import pytest
 import yaml
 
-from components import names, slinky, training_operator
+from components import helm, names, slinky, training_operator
 from stacks.offline import reveal
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
@@ -326,8 +325,19 @@ def test_every_chart_comes_from_its_upstream_repository(default_run):
 
 
 def test_the_scaled_object_waits_for_kedas_external_metrics_api(default_run):
+    args = step_args(default_run, "testbed-keda-metrics-api")
+    assert (args["TESTBED_STEP"], args["RESOURCE"], args["CONDITION"]) == (
+        "wait-condition.sh",
+        "apiservice/v1beta1.external.metrics.k8s.io",  # the APIService KEDA's metrics server registers
+        "Available",
+    )
+    assert int(args["TIMEOUT_SECONDS"]) == 600
     step = command(default_run, "testbed-keda-metrics-api")
-    sent = json.dumps(reveal({k: v for k, v in step.inputs.items() if k != "connection"}))
-    assert "apiservice/v1beta1.external.metrics.k8s.io" in sent and "Available" in sent
     (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     assert step.urn in so.depends_on and release(default_run, "keda").urn in step.depends_on
+
+
+def test_keda_installs_its_crds_from_the_values_file(default_run):
+    """KEDA's chart installs the ScaledObject CRD only with crds.install (values/keda.yaml)."""
+    values = release(default_run, "keda").inputs["values"]
+    assert values == yaml.safe_load((helm.VALUES_DIR / "keda.yaml").read_text()) and values["crds"]["install"] is True
