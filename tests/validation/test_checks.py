@@ -13,10 +13,12 @@ from validation.checks import (
     check_queued_work,
     check_scale_up,
     check_uuids_read,
+    describe_checks,
     evaluate,
     gpu_return_latency,
     scale_up_bounds,
     scale_up_latency,
+    slurmd_gone,
 )
 from validation.timeline import KubeJob, SlurmJob, Submission
 
@@ -214,3 +216,70 @@ def test_without_slurm_submissions_the_gpu_return_is_unproven():
     tl = handoff_timeline()
     tl.submissions = [s for s in tl.submissions if s.kind != "slurm"]
     assert not check_gpu_return(tl).passed
+
+
+def test_the_plan_describes_each_check_it_will_run():
+    assert describe_checks(Expectations(slurm=True, queueing=True, handoff=True)) == [
+        "run ends before the timeout and was not interrupted",
+        "every submitted job finished successfully",
+        "every pod that held a GPU had its GPU UUID read from inside it",
+        "no GPU UUID held by two pods at overlapping times",
+        "slurmd scaled up after work pended (scale-up latency: first pending -> slurmd Ready)",
+        "slurmd scaled to 0 after the last Slurm job (GPU return latency: last Slurm job done -> slurmd gone)",
+        "work beyond the GPUs waited while every GPU was held, then ran",
+        "a GPU held by slurmd was later held by a Kubernetes job",
+    ]
+    assert len(describe_checks(Expectations(slurm=False, queueing=False, handoff=False))) == 4
+
+
+def test_handoff_names_the_gpus_handed_over_and_says_why_not():
+    passed = check_handoff(handoff_timeline())
+    assert (passed.name, passed.passed, passed.detail) == (
+        "GPU handed from Slurm to Kubernetes",
+        True,
+        "1 GPU(s): GPU-a",
+    )
+    samples = handoff_samples()
+    samples[8] = replace(samples[8], gpu_pods=(kube_pod("ddp", "master-0", 1, GPU_B),))
+    failed = check_handoff(handoff_timeline(samples))
+    assert (failed.name, failed.passed, failed.detail) == (
+        "GPU handed from Slurm to Kubernetes",
+        False,
+        "no GPU went from slurmd to a Kubernetes job",
+    )
+
+
+def test_a_kubernetes_pod_seen_in_slurmds_last_sample_is_no_handoff():
+    """Seen together in one sample, the two held the GPU at once: that is a clash, not a hand-off."""
+    samples = [s for s in handoff_samples() if s.t <= 340]
+    samples[-1] = replace(samples[-1], gpu_pods=(*samples[-1].gpu_pods, kube_pod("ddp", "master-0", 0, GPU_A)))
+    assert not check_handoff(handoff_timeline(samples)).passed
+
+
+def test_slurmd_is_gone_only_with_no_replica_and_no_pod():
+    assert slurmd_gone(sample(0))
+    assert not slurmd_gone(sample(0, 0, 0, pods=[slurmd_pod(0, GPU_A, phase="Terminating")]))
+    assert not slurmd_gone(sample(0, 1, 0))
+
+
+def test_queue_check_names_every_job_that_waited():
+    tl = queue_timeline(late_job_starts=True)
+    tl.submissions.append(Submission("later", "Job", 0, 1, "later"))
+    tl.samples = [
+        replace(s, kube_jobs=(*s.kube_jobs, KubeJob("Job", "later", "running" if s.t >= 20 else "pending")))
+        for s in tl.samples
+    ]
+    check = check_queued_work(tl)
+    assert (check.name, check.passed, check.detail) == (
+        "queued work waited, then ran",
+        True,
+        "late waited 20 s, later waited 20 s",
+    )
+    never = check_queued_work(queue_timeline(late_job_starts=False))
+    assert (never.name, never.passed) == ("queued work waited, then ran", False)
+    idle = check_queued_work(handoff_timeline())
+    assert (idle.name, idle.passed, idle.detail) == (
+        "queued work waited, then ran",
+        False,
+        "no job ever waited while all GPUs were held",
+    )
