@@ -283,3 +283,15 @@ def test_queue_check_names_every_job_that_waited():
         False,
         "no job ever waited while all GPUs were held",
     )
+
+
+def test_without_a_pending_slurm_job_scale_up_is_unproven():
+    samples = [replace(s, slurm_jobs=()) for s in handoff_samples()]
+    check = check_scale_up(handoff_timeline(samples))
+    assert (check.name, check.passed, check.detail) == (
+        "slurmd scaled up",
+        False,
+        "no Slurm job pended, or slurmd never became Ready after it",
+    )
+    ok = check_scale_up(handoff_timeline())
+    assert (ok.name, ok.passed, ok.detail) == ("slurmd scaled up", True, "first pending -> slurmd Ready in 20 s")
