@@ -6,6 +6,8 @@ for it, so each check that filters by type also asserts that the type was found.
 
 # The stack itself: the root every component hangs from
 STACK = "pulumi:pulumi:Stack"
+# The stack's reference to itself (the control-plane guard reads the last deployment's settings)
+STACK_REFERENCE = "pulumi:pulumi:StackReference"
 
 # AWS (pulumi-aws)
 VPC = "aws:ec2/vpc:Vpc"

@@ -60,14 +60,12 @@ def test_workers_pin_the_ca_the_control_plane_is_given(default_run):
 
 
 def test_each_worker_joins_with_its_own_short_lived_token_registered_over_ssh(default_run):
-    import re
-
     init, _ = yaml.safe_load_all(
         written_file(user_data_of(default_run, "testbed-control-instance"), bootstrap.KUBEADM_CONFIG)
     )
     (init_token,) = init["bootstrapTokens"]
     assert init_token["ttl"] == "1h0m0s"  # hours, not a year: no node uses kubeadm init's own token
-    tokens = [init_token["token"]]
+    join_tokens = [init_token["token"]]
     for index, ip in enumerate(default_run.settings.worker_private_ips):
         join = yaml.safe_load(
             written_file(user_data_of(default_run, f"testbed-worker-{index}-instance"), bootstrap.KUBEADM_CONFIG)
@@ -80,15 +78,13 @@ def test_each_worker_joins_with_its_own_short_lived_token_registered_over_ssh(de
         # a replaced worker gets its token registered again
         worker = default_run.named(f"testbed-worker-{index}-instance")
         assert default_run.named(step).inputs["triggers"] == [f"{worker.name}-placeholder"]
-        tokens.append(token)
-    assert all(re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}", t) for t in tokens)
-    assert len(set(tokens)) == len(tokens)
+        join_tokens.append(token)
+    assert all(re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}", t) for t in join_tokens)
+    assert len(set(join_tokens)) == len(join_tokens)
 
 
 def test_no_user_data_holds_a_private_key(default_run):
-    import re
-
-    for node in by_type(default_run, INSTANCE):
+    for node in by_type(default_run, tokens.INSTANCE):
         text = reveal(node.inputs["userData"])
         assert not re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", text), node.name
     key = step_secrets(default_run, "testbed-ca-key")["CA_KEY_PEM"]
@@ -206,7 +202,7 @@ def test_kubeadm_init_config_is_what_kubeadm_v1beta4_and_flannel_need(default_ru
     assert sorted(token["usages"]) == sorted(KNOWN_TOKEN_USAGES)
     assert token["groups"] == ["system:bootstrappers:kubeadm:default-node-token"]  # what kubeadm's RBAC binds
     assert all(re.fullmatch(BOOTSTRAP_GROUP_PATTERN, g) for g in token["groups"])
-    assert token["ttl"] == "8760h0m0s"  # a year: replacement workers still join
+    assert token["ttl"] == "1h0m0s"  # hours, not a year: each worker joins with its own token (join-token.sh)
     # Flannel's manifest is applied unchanged, so the pod network kubeadm hands out must be its Network.
     assert cluster["networking"] == {"podSubnet": FLANNEL_NETWORK, "serviceSubnet": "10.96.0.0/12"}
     pods, services = (ipaddress.ip_network(cluster["networking"][k]) for k in ("podSubnet", "serviceSubnet"))
@@ -241,6 +237,9 @@ def expected_env(s, role: str) -> dict[str, str]:
             "SLURM_UID": "401",
             "ADMIN_KUBECONFIG": "/etc/kubernetes/admin.conf",
             "SSH_USER": "ubuntu",
+            # deliver-ca-key.sh copies the key here over SSH; control-plane.sh waits for it
+            "CA_KEY_FILE": "/etc/kubernetes/pki/ca.key",
+            "CA_KEY_WAIT_SECONDS": "1800",
         }
     return {
         **common,
@@ -248,6 +247,10 @@ def expected_env(s, role: str) -> dict[str, str]:
         "NVIDIA_DRIVER_BRANCH": s.nvidia_driver_branch,
         "NVIDIA_CONTAINER_TOOLKIT_VERSION": s.nvidia_container_toolkit_version,
         "CONTROL_PLANE_IP": s.control_private_ip,
+        "CRI_SOCKET": "unix:///var/run/containerd/containerd.sock",
+        # slurmd at the chart's tag first, then the example jobs' and the Training Operator's images
+        "PREPULL_IMAGES": f"ghcr.io/slinkyproject/slurmd:{s.slurm_image_tag} "
+        "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime alpine:3.10",
     }
 
 
@@ -276,11 +279,18 @@ def test_each_node_gets_its_parameters_files_and_scripts_in_order(default_run, n
         assert script_file["content"] == bootstrap.script(name) and script_file["permissions"] == "0755"
     (command,) = doc["runcmd"]
     chain = " && ".join(f"/opt/testbed/{n}" for n in scripts)
-    assert command == ["bash", "-c", f"set -o pipefail; ({chain}) 2>&1 | tee -a /var/log/testbed-bootstrap.log"]
+    log = "/var/log/testbed-bootstrap.log"  # created 0600 before anything is logged: it may hold tokens' traces
+    assert command == [
+        "bash",
+        "-c",
+        f"set -o pipefail; touch {log} && chmod 0600 {log} && ({chain}) 2>&1 | tee -a {log}",
+    ]
     if role == "control":
         assert files["/etc/kubernetes/pki/ca.crt"]["permissions"] == "0644"
+        # the CA key is not in user-data: deliver-ca-key.sh hands the program's key over SSH
         ca_key = default_run.named("testbed-identity-ca-key").outputs["privateKeyPem"]
-        assert files["/etc/kubernetes/pki/ca.key"]["content"] == ca_key
+        assert "/etc/kubernetes/pki/ca.key" not in files
+        assert step_secrets(default_run, "testbed-ca-key")["CA_KEY_PEM"] == ca_key
     else:
         assert not [p for p in files if p.startswith("/etc/kubernetes/")]  # a worker never holds the CA key
 
@@ -306,7 +316,7 @@ def test_rendered_files_keep_a_stable_readable_order(default_run):
     """Byte-identical renders across runs, and in the order people read them."""
     user_data = user_data_of(default_run, "testbed-control-instance")
     env = written_file(user_data, bootstrap.ENV_FILE).splitlines()
-    assert env == sorted(env) and len(env) == 10
+    assert env == sorted(env) and len(env) == 12
     kubeadm = written_file(user_data, bootstrap.KUBEADM_CONFIG)
     assert kubeadm.startswith("apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbootstrapTokens:\n")
     assert "\n---\napiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n" in kubeadm

@@ -93,7 +93,7 @@ def test_no_remote_step_can_hold_destroy_forever(default_run):
 def test_everything_in_the_cluster_is_deleted_with_the_control_node(default_run):
     """`pulumi destroy` never calls the Kubernetes or SSH provider for a cluster that is going away."""
     (control,) = [r for r in by_type(default_run, tokens.INSTANCE) if r.name == "testbed-control-instance"]
-    in_cluster = [r for r in default_run.resources if r.type.startswith("kubernetes:") or r.type == COMMAND]
+    in_cluster = [r for r in default_run.resources if r.type.startswith("kubernetes:") or r.type == tokens.COMMAND]
     assert len(in_cluster) > 15  # the releases, PV, ConfigMap, ScaledObject and every remote step
     for r in in_cluster:
         assert r.options.get("deletedWith") == control.urn, r.name
@@ -104,7 +104,7 @@ def test_everything_in_the_cluster_is_deleted_with_the_control_node(default_run)
 def test_a_step_that_runs_on_delete_dials_with_a_bounded_budget(default_run):
     gate = default_run.named("testbed-readiness-wait")
     assert reveal(gate.inputs["connection"])["dialErrorLimit"] == -1  # a fresh instance is waited for
-    with_delete = [s for s in by_type(default_run, COMMAND) if "delete" in s.inputs]
+    with_delete = [s for s in by_type(default_run, tokens.COMMAND) if "delete" in s.inputs]
     assert with_delete
     for step in with_delete:
         connection = reveal(step.inputs["connection"])
@@ -117,6 +117,7 @@ def test_remote_script_refuses_a_delete_step_that_would_dial_forever():
     forever = command.remote.ConnectionArgs(host="h", dial_error_limit=-1)
     with pytest.raises(ValueError, match="bounded dial_error_limit"):
         remote_script.run("x", step, forever, parent=None)  # type: ignore[arg-type]
+
 
 def test_the_cluster_ca_is_a_ca_kubeadm_can_sign_with(default_run):
     """kubeadm init keeps a delivered CA and signs every control-plane certificate with it."""
@@ -152,9 +153,14 @@ def test_the_bootstrap_token_is_drawn_from_the_alphabet_kubeadm_accepts(default_
     """The mock returns lowercase alphanumerics whatever it is asked, so the request is checked:
     kubeadm's BootstrapTokenPattern is \\A([a-z0-9]{6})\\.([a-z0-9]{16})\\z
     (kubernetes/kubernetes staging/src/k8s.io/cluster-bootstrap/token/api/consts.go)."""
-    (token_id,) = by_type(default_run, tokens.RANDOM_STRING)
-    (token_secret,) = [p for p in by_type(default_run, tokens.RANDOM_PASSWORD) if "token" in p.name]
-    for part, length in ((token_id, 6), (token_secret, 16)):
+    # kubeadm init's token, and one per worker (join-token.sh registers each)
+    owners = ["identity", *(f"worker-{i}" for i in range(len(default_run.settings.worker_private_ips)))]
+    token_ids = by_type(default_run, tokens.RANDOM_STRING)
+    token_secrets = [p for p in by_type(default_run, tokens.RANDOM_PASSWORD) if "token" in p.name]
+    assert sorted(p.name for p in token_ids) == sorted(f"testbed-{o}-token-id" for o in owners)
+    assert sorted(p.name for p in token_secrets) == sorted(f"testbed-{o}-token-secret" for o in owners)
+    for part in (*token_ids, *token_secrets):
+        length = 6 if part in token_ids else 16
         asked = {k: part.inputs.get(k) for k in ("length", "upper", "lower", "numeric", "special")}
         assert asked == {"length": length, "upper": False, "lower": True, "numeric": True, "special": False}, part.name
 

@@ -2,11 +2,13 @@
 from it (a resource that moves to another parent is replaced on the next update)."""
 
 from tests import tokens
+from tests.conftest import by_type
 
 COMPONENTS = {
     "testbed-network": "testbed:aws:Network",
     "testbed-ssh": "testbed:aws:SshAccess",
     "testbed-identity": "testbed:cluster:Identity",
+    "testbed-node-credentials": "testbed:cluster:NodeCredentials",
     "testbed-control": "testbed:aws:ControlNode",
     **{f"testbed-worker-{i}": "testbed:aws:GpuWorker" for i in range(4)},
     "testbed-readiness": "testbed:cluster:ReadinessGate",
@@ -15,6 +17,7 @@ COMPONENTS = {
     "testbed-monitoring": "testbed:platform:Monitoring",
     "testbed-slinky": "testbed:platform:Slinky",
     "testbed-keda": "testbed:platform:Keda",
+    "testbed-kueue": "testbed:platform:Kueue",
     "testbed-training-operator": "testbed:platform:TrainingOperator",
 }
 
@@ -25,11 +28,28 @@ def test_components_have_their_types_and_sit_at_the_top(default_run):
     assert {r.parent.split("::")[2] for r in components.values()} == {tokens.STACK}
 
 
+WORKERS = [f"testbed-worker-{i}" for i in range(4)]
+# Made for a node by a component that is not the node's own, so named for the node: each worker's
+# join token (minted with the cluster's identity) and what `pulumi up` delivers over SSH.
+FOR_A_NODE = {
+    "testbed-identity": {f"{w}-token-{part}" for w in WORKERS for part in ("id", "secret")},
+    "testbed-node-credentials": {"testbed-ca-key", *(f"{w}-join-token" for w in WORKERS)},
+}
+
+
 def test_every_resource_belongs_to_the_component_named_in_its_name(default_run):
     by_urn = {r.urn: r for r in default_run.resources}
+    (self_reference,) = by_type(default_run, tokens.STACK_REFERENCE)
+    assert self_reference.parent.split("::")[2] == tokens.STACK
+    assert self_reference.name.endswith("/gpu-testbed/dev")  # <organization>/<project>/<stack>
+    for_a_node = {name: set() for name in FOR_A_NODE}
     for r in default_run.resources:
-        if r.type.startswith(("testbed:", "pulumi:providers:")):
+        if r.type.startswith(("testbed:", "pulumi:providers:")) or r is self_reference:
             continue
         parent = by_urn.get(r.parent)
+        if parent is not None and r.name in FOR_A_NODE.get(parent.name, ()):
+            for_a_node[parent.name].add(r.name)
+            continue
         assert parent is not None and parent.type.startswith("testbed:"), r.name
         assert r.name.startswith(parent.name + "-"), (r.name, parent.name)
+    assert for_a_node == FOR_A_NODE  # each made, under the component that makes it

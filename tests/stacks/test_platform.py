@@ -316,6 +316,8 @@ def test_every_chart_comes_from_its_upstream_repository(default_run):
         "slurm-operator": (f"{slinky}/slurm-operator", None, "slinky"),
         "slurm": (f"{slinky}/slurm", None, "slurm"),
         "keda": ("keda", "https://kedacore.github.io/charts", "keda"),
+        # Kueue publishes its chart only as an OCI artifact (kubernetes-sigs/kueue installation docs)
+        "kueue": ("oci://registry.k8s.io/kueue/charts/kueue", None, "kueue-system"),
     }
 
 
