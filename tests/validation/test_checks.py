@@ -209,7 +209,7 @@ def test_a_slurm_job_gone_from_squeue_after_it_finished_stays_finished():
     samples = handoff_samples()
     samples[6] = replace(samples[6], slurm_jobs=())  # squeue forgets completed jobs after MinJobAge
     check = check_gpu_return(handoff_timeline(samples))
-    assert check.passed and check.detail == "last Slurm job done -> slurmd gone in 310 s"
+    assert check.passed and check.detail == "last Slurm job done -> slurmd gone in 310 s (between 300 and 320 s)"
 
 
 def test_without_slurm_submissions_the_gpu_return_is_unproven():
@@ -224,12 +224,14 @@ def test_the_plan_describes_each_check_it_will_run():
         "every submitted job finished successfully",
         "every pod that held a GPU had its GPU UUID read from inside it",
         "no GPU UUID held by two pods at overlapping times",
+        "every process on a GPU runs in a pod allocated that GPU, one pod per GPU at a time (the probe)",
+        "dcgm-exporter's pod per GPU: one at a time, and the GPU the pod read (a second record)",
         "slurmd scaled up after work pended (scale-up latency: first pending -> slurmd Ready)",
         "slurmd scaled to 0 after the last Slurm job (GPU return latency: last Slurm job done -> slurmd gone)",
         "work beyond the GPUs waited while every GPU was held, then ran",
         "a GPU held by slurmd was later held by a Kubernetes job",
     ]
-    assert len(describe_checks(Expectations(slurm=False, queueing=False, handoff=False))) == 4
+    assert len(describe_checks(Expectations(slurm=False, queueing=False, handoff=False))) == 6
 
 
 def test_handoff_names_the_gpus_handed_over_and_says_why_not():
@@ -294,4 +296,8 @@ def test_without_a_pending_slurm_job_scale_up_is_unproven():
         "no Slurm job pended, or slurmd never became Ready after it",
     )
     ok = check_scale_up(handoff_timeline())
-    assert (ok.name, ok.passed, ok.detail) == ("slurmd scaled up", True, "first pending -> slurmd Ready in 20 s")
+    assert (ok.name, ok.passed, ok.detail) == (
+        "slurmd scaled up",
+        True,
+        "first pending -> slurmd Ready in 20 s (between 10 and 30 s)",
+    )
