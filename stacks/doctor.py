@@ -10,7 +10,6 @@ cluster.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
@@ -383,23 +382,7 @@ class KubeApi:
 
 def read_outputs(stack: str) -> dict | str:
     """The stack's outputs with secrets (the SSH key), or why they cannot be read."""
-    try:
-        done = subprocess.run(
-            ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except FileNotFoundError:
-        return "the pulumi CLI is not on PATH"
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"pulumi stack output failed ({error.__class__.__name__})"
-    if done.returncode != 0:
-        return f"stack {stack} has no outputs"
-    try:
-        return json.loads(done.stdout)
-    except ValueError:
-        return "pulumi stack output printed no JSON"
+    return offline.read_stack_outputs(stack, show_secrets=True)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import re
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +273,25 @@ def lifecycle_options(request) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- running
+
+
+def read_stack_outputs(stack: str, show_secrets: bool = False) -> dict | str:
+    """A deployed stack's outputs (`pulumi stack output --json`), or why they cannot be read."""
+    command = ["pulumi", "stack", "output", "--json", "--stack", stack]
+    try:
+        done = subprocess.run(
+            command + (["--show-secrets"] if show_secrets else []), capture_output=True, text=True, timeout=60
+        )
+    except FileNotFoundError:
+        return "the pulumi CLI is not on PATH"
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"pulumi stack output failed ({error.__class__.__name__})"
+    if done.returncode != 0:
+        return f"stack {stack} has no outputs (not deployed, or not this backend)"
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        return "pulumi stack output printed no JSON"
 
 
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:

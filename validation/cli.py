@@ -11,7 +11,6 @@ not answer before the run starts (one line, no traceback).
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import yaml
 
 from components.names import MONITORING_NAMESPACE, PROMETHEUS_PORT, Names
 from stacks import offline, settings
+from stacks.offline import read_stack_outputs
 from validation import probe
 from validation.checks import Expectations, describe_checks, evaluate, expectations
 from validation.scenarios import SCENARIOS, describe, plan
@@ -74,27 +74,6 @@ def parser() -> argparse.ArgumentParser:
 class StackFacts:
     names: Names
     source: str  # where the names came from, as the output says
-
-
-def read_stack_outputs(stack: str) -> dict | str:
-    """The deployed stack's plain outputs, or why they cannot be read."""
-    try:
-        done = subprocess.run(
-            ["pulumi", "stack", "output", "--json", "--stack", stack],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except FileNotFoundError:
-        return "the pulumi CLI is not on PATH"
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"pulumi stack output failed ({error.__class__.__name__})"
-    if done.returncode != 0:
-        return f"stack {stack} has no outputs (not deployed, or not this backend)"
-    try:
-        return json.loads(done.stdout)
-    except ValueError:
-        return "pulumi stack output printed no JSON"
 
 
 def cross_check(names: Names, outputs: dict) -> list[str]:
