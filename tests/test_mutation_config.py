@@ -2,6 +2,7 @@
 
 import configparser
 import importlib.util
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +27,15 @@ def test_mutmut_mutates_existing_modules_inside_its_source_paths():
     assert all(any(m.startswith(src + "/") for src in cfg["source_paths"]) for m in cfg["only_mutate"])
     assert all((ROOT / p).exists() for p in cfg["source_paths"] + cfg["also_copy"])
     assert "/mutants/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_mutmut_copies_every_top_level_entry_the_tests_read():
+    # mutmut runs the tests inside mutants/, a copy of what setup.cfg names (plus tests/ and
+    # setup.cfg itself): a package left out fails every run's collection, not one mutant.
+    cfg = mutmut_config()
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    top = {path.split("/")[0] for path in tracked.splitlines()}
+    assert top - set(cfg["source_paths"]) - set(cfg["also_copy"]) - {"tests", "setup.cfg"} == set()
 
 
 def test_the_shell_runner_names_existing_scripts_and_tests_and_finds_their_commands():
