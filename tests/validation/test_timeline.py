@@ -43,6 +43,16 @@ def test_pytorchjob_phase_is_the_strongest_true_condition():
     assert pytorchjob_phase([created, running, {"type": "Failed", "status": "True"}]) == FAILED
 
 
+def test_a_pytorchjob_kueue_suspends_is_pending_again_and_running_once_resumed():
+    # kubeflow/training-operator@v1.8.1:pkg/controller.v1/common/job.go sets Running False and
+    # Suspended True on suspension (Kueue's eviction), Suspended False on resume, then Running True.
+    created = {"type": "Created", "status": "True"}
+    suspended = [created, {"type": "Running", "status": "False"}, {"type": "Suspended", "status": "True"}]
+    assert pytorchjob_phase(suspended) == PENDING
+    resumed = [created, {"type": "Suspended", "status": "False"}, {"type": "Running", "status": "True"}]
+    assert pytorchjob_phase(resumed) == RUNNING
+
+
 def test_batch_job_counts_as_running_only_once_a_pod_is_ready():
     assert batch_job_phase({"active": 1}) == PENDING  # active includes Pending pods
     assert batch_job_phase({"active": 1, "ready": 1}) == RUNNING
