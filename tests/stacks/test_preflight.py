@@ -45,7 +45,7 @@ def aws_env():
         yield boto3.Session()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def recorded(default_run):
     return preflight.needs(default_run)
 
