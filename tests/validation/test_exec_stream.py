@@ -198,15 +198,16 @@ def test_an_unreachable_api_server_is_a_cluster_error():
         cluster._exec("slurm", "slurm-controller-0", "slurmctld", ["sh", "-c", "true"])
 
 
-# Generous: under a loaded machine the exec's own timeout must not end the run before Ctrl-C does.
-CTRL_C_BUDGET = 60.0
+# mutmut's runs do not deliver this process's SIGINT as KeyboardInterrupt to the test; they mutate
+# nothing these tests cover (tools/mutation.py RELEVANT), so they sit those runs out.
+real_ctrl_c = pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ, reason="under mutmut: no KeyboardInterrupt")
 
 
 def interrupt_when(event: threading.Event) -> threading.Thread:
     """Ctrl-C this process once the client is blocked waiting on the server."""
 
     def fire() -> None:
-        if event.wait(CTRL_C_BUDGET):
+        if event.wait(5):
             time.sleep(0.2)
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -215,18 +216,20 @@ def interrupt_when(event: threading.Event) -> threading.Thread:
     return thread
 
 
+@real_ctrl_c
 def test_ctrl_c_while_the_command_runs_stops_the_exec(serve):
     server = serve([("hang",)])
     thread = interrupt_when(server.connected)
     with pytest.raises(KeyboardInterrupt):
-        run_exec(server, exec_timeout=CTRL_C_BUDGET)
-    thread.join(CTRL_C_BUDGET)
+        run_exec(server)
+    thread.join(5)
 
 
+@real_ctrl_c
 def test_ctrl_c_while_connecting_is_not_swallowed_as_an_api_error(serve):
     """websocket_call catches KeyboardInterrupt and raises ApiException(status=0) instead."""
     server = serve([], handshake_delay_until=threading.Event())
     thread = interrupt_when(server.connected)
     with pytest.raises(KeyboardInterrupt):
-        run_exec(server, exec_timeout=CTRL_C_BUDGET)
-    thread.join(CTRL_C_BUDGET)
+        run_exec(server)
+    thread.join(5)
