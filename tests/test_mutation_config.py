@@ -29,6 +29,13 @@ def test_mutmut_mutates_existing_modules_inside_its_source_paths():
     assert "/mutants/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
+def test_mutmut_runs_the_tests_in_its_own_process():
+    # pytest.ini runs xdist workers; mutmut's stats pass sees only calls made in its own process
+    # ("could not find any test case for any mutant" otherwise).
+    assert "-n auto" in (ROOT / "pytest.ini").read_text()
+    assert "--numprocesses=0" in mutmut_config()["pytest_add_cli_args"]
+
+
 def test_mutmut_copies_every_top_level_entry_the_tests_read():
     # mutmut runs the tests inside mutants/, a copy of what setup.cfg names (plus tests/ and
     # setup.cfg itself): a package left out fails every run's collection, not one mutant.
