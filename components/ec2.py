@@ -24,7 +24,8 @@ class NodeSpec:
     root_volume_gb: int
     user_data: pulumi.Input[str]
     spot: bool = False
-    after: Sequence[pulumi.Resource] = field(default_factory=tuple)  # e.g. the internet route
+    # e.g. the internet route; an Output that resolves to None adds nothing
+    after: Sequence[pulumi.Input[pulumi.Resource]] = field(default_factory=tuple)
     rebuild_generation: int | None = None  # a new value replaces the instance (a deliberate rebuild)
 
 

@@ -142,7 +142,9 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
             node_ips=[s.control_private_ip, *s.worker_private_ips],
             nodes=[infra.control.instance, *(w.instance for w in infra.workers)],
             timeout_seconds=READINESS_TIMEOUT_SECONDS,
-            after=[infra.control.eip_association, *credentials],
+            # and each worker's joined step: it finishes before the device plugin is installed, so it
+            # asks for a GPU only of a worker that replaces one in a running cluster
+            after=[infra.control.eip_association, *credentials, *(w.joined for w in infra.workers)],
         ),
     )
     kubeconfig = identity.kubeconfig(f"testbed-{s.stack}", infra.control.public_ip, host_layout.API_SERVER_PORT)

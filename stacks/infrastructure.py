@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,7 @@ import pulumi_aws as aws
 from components import bootstrap, ec2, images
 from components.cluster_identity import ClusterIdentity
 from components.control_node import ControlNode, ControlNodeArgs
-from components.gpu_worker import GpuWorker
+from components.gpu_worker import GpuWorker, JoinedArgs
 from components.network import Network, NetworkArgs
 from components.ssh_access import SshAccess
 from stacks.settings import Settings
@@ -30,6 +30,7 @@ class Infrastructure:
 
 CONTROL_PLANE_SETTINGS_OUTPUT = "controlPlaneSettings"
 GENERATION = "controlPlaneGeneration"
+WORKER_IPS_OUTPUT = "workerPrivateIps"
 
 
 def control_plane_settings(s: Settings) -> dict[str, str]:
@@ -63,13 +64,27 @@ def rebuild_refusal(deployed: Mapping[str, Any] | None, wanted: Mapping[str, str
     )
 
 
-def guard_control_plane(s: Settings) -> pulumi.Output[dict[str, str]]:
-    """The control-plane settings, once checked against those of the last deployment (read
-    through the stack's reference to itself): refused at preview, before any AWS resource."""
+@dataclass
+class LastDeployment:
+    """What the program reads of the last deployment, through the stack's reference to itself;
+    each None on a first deployment."""
+
+    control_plane: pulumi.Output[Any]  # its controlPlaneSettings
+    worker_ips: pulumi.Output[Any]  # its workerPrivateIps
+
+
+def last_deployment() -> LastDeployment:
+    reference = pulumi.StackReference(f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}")
+    return LastDeployment(
+        control_plane=reference.get_output(CONTROL_PLANE_SETTINGS_OUTPUT),
+        worker_ips=reference.get_output(WORKER_IPS_OUTPUT),
+    )
+
+
+def guard_control_plane(s: Settings, last: LastDeployment) -> pulumi.Output[dict[str, str]]:
+    """The control-plane settings, once checked against those of the last deployment: refused at
+    preview, before any AWS resource."""
     wanted = control_plane_settings(s)
-    deployed = pulumi.StackReference(
-        f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}"
-    ).get_output(CONTROL_PLANE_SETTINGS_OUTPUT)
 
     def check(previous: Mapping[str, Any] | None) -> dict[str, str]:
         problem = rebuild_refusal(previous, wanted)
@@ -77,7 +92,24 @@ def guard_control_plane(s: Settings) -> pulumi.Output[dict[str, str]]:
             raise pulumi.RunError(problem)
         return wanted
 
-    return deployed.apply(check)
+    return last.control_plane.apply(check)
+
+
+def waits_for_previous_worker(
+    index: int,
+    deployed: Mapping[str, Any] | None,
+    deployed_worker_ips: Sequence[str] | None,
+    wanted: Mapping[str, str],
+) -> bool:
+    """Whether worker `index` may be replaced only once the worker before it has joined: on a
+    deployed stack whose control node stays, and for a worker deployed before, so that a
+    worker-only change takes one GPU away at a time. A first deployment boots every worker at
+    once (one at a time would cost ~10 minutes a worker), so do workers added by a larger
+    workerCount, and so does a rebuild (controlPlaneGeneration raised): its cluster starts empty.
+    Where the last worker list is unknown, every worker waits."""
+    if index == 0 or not deployed or deployed.get(GENERATION) != wanted[GENERATION]:
+        return False
+    return deployed_worker_ips is None or index < len(deployed_worker_ips)
 
 
 class ZoneError(ValueError):
@@ -119,7 +151,14 @@ def availability_zone(s: Settings, opts: pulumi.InvokeOptions) -> pulumi.Output[
     return offerings.locations.apply(choose)
 
 
-def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) -> Infrastructure:
+def build(
+    s: Settings,
+    identity: ClusterIdentity,
+    aws_provider: aws.Provider,
+    last: LastDeployment,
+    in_cluster: Callable[[pulumi.Resource], pulumi.ResourceTransformation],
+) -> Infrastructure:
+    """`in_cluster(control)`: what makes a step live, die and be rebuilt with the control node."""
     opts = pulumi.ResourceOptions(provider=aws_provider)
     network = Network(
         "testbed-network",
@@ -195,19 +234,40 @@ def build(s: Settings, identity: ClusterIdentity, aws_provider: aws.Provider) ->
 
     names = [f"testbed-worker-{index}" for index in range(len(s.worker_private_ips))]
     join_tokens = [identity.token(f"{name}-token") for name in names]
-    workers = [
-        GpuWorker(
-            name,
-            node(
-                "gpu-worker",
-                s.worker_instance_type,
-                private_ip,
-                s.worker_root_volume_gb,
-                worker_user_data(token),
-                s.spot_workers,
-            ),
-            opts=opts,
+    joined = JoinedArgs(connection=ssh.connection(control.public_ip), region=s.region, after=[control.eip_association])
+    worker_opts = pulumi.ResourceOptions.merge(
+        opts, pulumi.ResourceOptions(transformations=[in_cluster(control.instance)])
+    )
+    wanted = control_plane_settings(s)
+
+    def once_joined(index: int, step: pulumi.Resource) -> pulumi.Output[Any]:  # the step, or None: none
+        return pulumi.Output.all(last.control_plane, last.worker_ips).apply(
+            lambda v: step if waits_for_previous_worker(index, v[0], v[1], wanted) else None
         )
-        for name, private_ip, token in zip(names, s.worker_private_ips, join_tokens, strict=True)
-    ]
+
+    workers: list[GpuWorker] = []
+    for index, (name, private_ip, token) in enumerate(zip(names, s.worker_private_ips, join_tokens, strict=True)):
+        spec = node(
+            "gpu-worker",
+            s.worker_instance_type,
+            private_ip,
+            s.worker_root_volume_gb,
+            worker_user_data(token),
+            s.spot_workers,
+        )
+        if workers:
+            # Where it must, this worker waits for the previous worker's joined step (an item
+            # that resolves to None is no dependency: pulumi 3.272.0 sdk/python/lib/pulumi/runtime/
+            # _depends_on.py). The SDK sends a registration once every depends_on URN resolved
+            # (runtime/rpc.py _add_dependency), a URN resolves when the engine answers, and the
+            # engine answers once the step applied (pulumi/pulumi@1b5949891b, v3.259.0+14, the
+            # newest engine source at hand: pkg/resource/deploy/source_eval.go RegisterResource
+            # waits on step.done; step.go). The engine decides to replace this worker, deleting it
+            # first, only on its registration: so only after the previous one rejoined. A failed
+            # step cancels the update (step_executor.go cancelDueToError) or, under
+            # --continue-on-error, skips what depends on it (deployment_executor.go). A depends_on
+            # edge is no property dependency, so the previous worker's replacement does not take
+            # this one with it (step_generator.go calculateDependentReplacements).
+            spec = dataclasses.replace(spec, after=[*spec.after, once_joined(index, workers[-1].joined)])
+        workers.append(GpuWorker(name, spec, joined, opts=worker_opts))
     return Infrastructure(network=network, ssh=ssh, control=control, workers=workers, join_tokens=join_tokens)

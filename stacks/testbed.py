@@ -11,7 +11,8 @@ from stacks.settings import PROJECT, Settings
 
 def build(s: Settings) -> dict[str, pulumi.Input]:
     """Create every resource; return the stack outputs (DESIGN section 4 names)."""
-    control_plane = infrastructure.guard_control_plane(s)
+    last = infrastructure.last_deployment()
+    control_plane = infrastructure.guard_control_plane(s, last)
     aws_provider = aws.Provider(
         "testbed-aws",
         # the same region, once the guard passed: no AWS resource is touched when it refuses
@@ -19,7 +20,7 @@ def build(s: Settings) -> dict[str, pulumi.Input]:
         default_tags={"tags": {"testbed:project": PROJECT, "testbed:stack": s.stack}},
     )
     identity = cluster.build_identity()
-    infra = infrastructure.build(s, identity, aws_provider)
+    infra = infrastructure.build(s, identity, aws_provider, last, cluster.lives_and_dies_with)
     access = cluster.build_access(s, infra, identity)
     testbed_platform = platform.build(s, access)
     return {

@@ -9,7 +9,7 @@ import pulumi
 from components import host_layout
 from components.names import SLURMCTLD_CONTAINER, SlurmNames, label_selector
 from stacks.cluster import ClusterAccess
-from stacks.infrastructure import Infrastructure
+from stacks.infrastructure import WORKER_IPS_OUTPUT, Infrastructure
 from stacks.platform import Platform
 from stacks.pricing import CostEstimate
 
@@ -35,7 +35,7 @@ def outputs(
     return {
         "kubeconfig": access.kubeconfig,
         "controlPlanePublicIp": infra.control.public_ip,
-        "workerPrivateIps": [w.private_ip for w in infra.workers],
+        WORKER_IPS_OUTPUT: [w.private_ip for w in infra.workers],  # the next run reads it back
         "sshPrivateKey": infra.ssh.private_key,
         # umask 077: the key file is 0600 from its first byte; chmod: also when it existed before
         "sshCommand": pulumi.Output.concat(

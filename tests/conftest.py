@@ -48,6 +48,24 @@ def spot_run() -> offline.Recording:
     return run_program(spotWorkers=True)
 
 
+def deployed_outputs(**changes: str) -> dict[str, Any]:
+    """The stack outputs of a last deployment with the default settings, but for `changes`."""
+    from stacks import infrastructure
+
+    s = offline.settings_mod.load(config(), offline=True)
+    return {
+        infrastructure.CONTROL_PLANE_SETTINGS_OUTPUT: {**infrastructure.control_plane_settings(s), **changes},
+        infrastructure.WORKER_IPS_OUTPUT: list(s.worker_private_ips),
+    }
+
+
+@pytest.fixture(scope="session")
+def deployed_run() -> offline.Recording:
+    """The default testbed's next `pulumi up` on a deployed stack whose control node stays (the last
+    deployment's outputs mocked), recorded once: tests must not mutate it."""
+    return offline.run(config(), mocks=offline.TestbedMocks(deployed_outputs()))
+
+
 def by_type(rec: offline.Recording, token: str) -> list[offline.RecordedResource]:
     found = rec.of_type(token)
     assert found, f"no {token} registered"

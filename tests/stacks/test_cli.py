@@ -112,9 +112,11 @@ def test_plan_lists_the_cluster_install_order(capsys):
         return index
 
     # over SSH before anything else: the CA key kubeadm init waits for, each worker's join token
-    first = ["testbed-ca-key", *(f"testbed-worker-{i}-join-token" for i in range(4))]
-    assert sorted(position(step) for step in first) == list(range(5))
-    assert position("testbed-readiness-wait") == 5
+    # and the step that waits for the worker to have joined
+    workers = [f"testbed-worker-{i}-{step}" for i in range(4) for step in ("join-token", "joined")]
+    first = ["testbed-ca-key", *workers]
+    assert sorted(position(step) for step in first) == list(range(9))
+    assert position("testbed-readiness-wait") == 9
     assert position("helm cert-manager") < position("cert-manager-webhook-gate") < position("helm slurm-operator 1")
     assert position("helm slurm-operator 1") < position("operator-webhook-gate") < position("helm slurm 1")
     assert position("PersistentVolume") < position("helm slurm 1") < position("ScaledObject")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -71,3 +72,23 @@ def test_a_type_without_a_price_is_named_not_guessed(default_run):
     rec = with_settings(default_run, region="ap-south-1")
     warned = [line for line in artifacts.cost_lines(rec, pricing.estimate(rec.settings)) if "WARNING" in line]
     assert [w.split(" for ")[1].split(" in ")[0] for w in warned] == ["t3.medium", "g4dn.xlarge", "gp3"]
+
+
+def test_plan_json_shows_which_worker_waits_for_which(default_run, deployed_run):
+    """What `plan --json` prints: each worker's dependsOn and its joined step's lifecycle options."""
+
+    def elements(rec):
+        return {e["name"]: e for e in json.loads(json.dumps(artifacts.plan_elements(rec)))}
+
+    first, deployed = elements(default_run), elements(deployed_run)
+    control = first["testbed-control-instance"]["urn"]
+    joined = [f"testbed-worker-{i}-joined" for i in range(4)]
+    for i, name in enumerate(joined):
+        for plan in (first, deployed):
+            step = plan[name]
+            assert plan[f"testbed-worker-{i}-instance"]["urn"] in step["dependsOn"]
+            assert (step["deletedWith"], step["replaceWith"], step["deleteBeforeReplace"]) == (control, [control], True)
+    for i in range(1, 4):
+        waits = set(deployed[f"testbed-worker-{i}-instance"]["dependsOn"])
+        assert waits & {deployed[j]["urn"] for j in joined} == {deployed[joined[i - 1]]["urn"]}
+        assert not set(first[f"testbed-worker-{i}-instance"]["dependsOn"]) & {first[j]["urn"] for j in joined}
