@@ -26,9 +26,10 @@ node_state() {
 
 # A replacement keeps the IP, and so the name, of the node it replaces: that Node object stays, with
 # its last Ready status and GPU count, until the new kubelet reports. Only a live kubelet renews
-# the node's Lease (kube-node-lease/<node>, every 10 s), and the old instance is terminated before
-# its replacement is created (delete-before-replace, components/ec2.py), so a renewal seen after
-# this step started is the new instance's.
+# the node's Lease (kube-node-lease/<node>, every 10 s), and this step starts only once the old
+# instance is gone (delete-before-replace, components/ec2.py; the provider waits for `terminated`,
+# hashicorp/terraform-provider-aws internal/service/ec2 WaitInstanceDeleted) or, after a type
+# change, running again: a renewal seen after this step started is the new kubelet's.
 lease_renewal() {
   [ -n "$1" ] || return 0
   kubectl -n kube-node-lease get lease "$1" -o jsonpath='{.spec.renewTime}' 2>/dev/null || true
