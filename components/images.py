@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from components import slinky, training_operator
+from components import training_operator
+from components.names import GPU_RESOURCE
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs" / "kubernetes"
 
@@ -20,19 +21,41 @@ def _pod_specs(obj: dict) -> list[dict]:
     return [spec["template"]["spec"]]
 
 
+def _example_jobs(jobs_dir: Path) -> list[dict]:
+    return [obj for path in sorted(jobs_dir.glob("*.yaml")) for obj in yaml.safe_load_all(path.read_text())]
+
+
 def example_job_images(jobs_dir: Path = JOBS_DIR) -> list[str]:
     """Every container image the example Kubernetes jobs run."""
     images = []
-    for path in sorted(jobs_dir.glob("*.yaml")):
-        for obj in yaml.safe_load_all(path.read_text()):
-            for pod in _pod_specs(obj):
-                images += [c["image"] for c in (*pod.get("initContainers", []), *pod["containers"])]
+    for obj in _example_jobs(jobs_dir):
+        for pod in _pod_specs(obj):
+            images += [c["image"] for c in (*pod.get("initContainers", []), *pod["containers"])]
     return images
 
 
-def worker_images(slurm_image_tag: str) -> tuple[str, ...]:
-    """slurmd (following slurmImageTag), the example jobs' images, and the init container the
-    Training Operator adds to every PyTorchJob Worker; each once, in a stable order."""
-    slurmd = f"{slinky.IMAGES}/slurmd:{slurm_image_tag}"  # as slinky.slurm_values sets it (tested)
-    found = [slurmd, *example_job_images(), training_operator.INIT_CONTAINER_IMAGE]
+def example_gpu_images(jobs_dir: Path = JOBS_DIR) -> dict[str, str]:
+    """By kind (PyTorchJob, Job): the image of the first example job's container that asks for a GPU."""
+    found: dict[str, str] = {}
+    for obj in _example_jobs(jobs_dir):
+        for pod in _pod_specs(obj):
+            for c in pod["containers"]:
+                if GPU_RESOURCE in c.get("resources", {}).get("limits", {}):
+                    found.setdefault(obj["kind"], c["image"])
+    return found
+
+
+def nodeset_pod_images(slurm_values: dict) -> list[str]:
+    """Both images of a slurmd pod in the rendered slurm chart values: slurmd, and the `logfile`
+    sidecar the operator adds as an init container with restartPolicy Always
+    (SlinkyProject/slurm-operator@v1.0.0:internal/builder/worker_app.go, common.go logfileContainer;
+    helm/slurm/templates/nodeset/nodeset-cr.yaml)."""
+    nodesets = [n for n in slurm_values["nodesets"].values() if n.get("enabled")]
+    return [f"{c['image']['repository']}:{c['image']['tag']}" for n in nodesets for c in (n["slurmd"], n["logfile"])]
+
+
+def worker_images(slurm_values: dict) -> tuple[str, ...]:
+    """The slurmd pod's images (following slurmImageTag), the example jobs' images, and the init
+    container the Training Operator adds to every PyTorchJob Worker; each once, in a stable order."""
+    found = [*nodeset_pod_images(slurm_values), *example_job_images(), training_operator.INIT_CONTAINER_IMAGE]
     return tuple(dict.fromkeys(found))

@@ -10,10 +10,11 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, ec2, images
+from components import bootstrap, ec2, images, slinky
 from components.cluster_identity import ClusterIdentity
 from components.control_node import ControlNode, ControlNodeArgs
 from components.gpu_worker import GpuWorker, JoinedArgs
+from components.names import Names
 from components.network import Network, NetworkArgs
 from components.ssh_access import SshAccess
 from stacks.settings import Settings
@@ -216,6 +217,9 @@ def build(
         opts=opts,
     )
 
+    # the slurm chart values the platform renders: the slurmd pod's images come from them
+    slurm_values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, Names.from_settings(s).slurm, {})
+
     def worker_user_data(token: pulumi.Output[str]) -> pulumi.Output[str]:
         return pulumi.Output.all(bootstrap_token=token, ca_cert_hash=identity.ca_cert_hash).apply(
             lambda v: bootstrap.gpu_worker_user_data(
@@ -226,7 +230,7 @@ def build(
                     nvidia_container_toolkit_version=s.nvidia_container_toolkit_version,
                     control_plane_ip=s.control_private_ip,
                     authorized_keys=authorized_keys,
-                    prepull_images=images.worker_images(s.slurm_image_tag),
+                    prepull_images=images.worker_images(slurm_values),
                     **v,
                 )
             )

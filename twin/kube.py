@@ -5,14 +5,24 @@ Followed:
 * kubernetes/kubernetes@v1.34.0:pkg/scheduler (one queue ordered by priority then creation time;
   a pod binds to a node that has the extended resource free) and the device plugin API
   (NVIDIA/k8s-device-plugin@v0.17.0: each `nvidia.com/gpu: 1` gets one whole GPU, never shared).
-* The kubelet pulls an image once per node (IfNotPresent): `images: cold` pays the pull on each
-  node's first pod of that image; the pull times below are assumptions, labelled as such.
+* The kubelet pulls an image once per node (IfNotPresent: the slurm chart's `imagePullPolicy`,
+  SlinkyProject/slurm-operator@v1.0.0:helm/slurm/values.yaml; the Kubernetes default for a tagged
+  image; the init container's in initcontainer.go), each when its container starts, init
+  containers first (pkg/kubelet/kuberuntime/kuberuntime_container.go startContainer).
+  `images: warm` is every image on every node; `images: cold` is only the images the program
+  pre-pulls on every GPU worker (`components.images.worker_images`), so a pod pays the pull of
+  each other image on its node's first pod of it. The image references come from the program
+  (twin/program.py); the pull times below are assumptions, labelled as such.
 * kubeflow/training-operator@v1.8.1:pkg/controller.v1/pytorch/initcontainer.go and
-  pkg/config/config.go: every Worker has an init container resolving `<job>-master-0`, up to
-  100 tries 2 s apart; the master Service resolves only once the Master runs. On failure the
-  kubelet restarts the init container (restartPolicy OnFailure) with back-off 10 s doubling to
-  300 s (pkg/kubelet/kubelet.go backOff). The job runs once every replica runs and is done when
-  the Master succeeds (pkg/controller.v1/pytorch/pytorchjob_controller.go).
+  pkg/config/config.go: every Worker has an init container (image `alpine:3.10`) resolving
+  `<job>-master-0` up to `--pytorch-init-container-max-tries` times (default 100), 2 s apart; the
+  program's overlay sets the flag (components/training_operator.py, read in twin/program.py). The
+  master Service resolves only once the Master runs. When the tries run out the init container
+  exits 1; the example job's Workers have restartPolicy Never (jobs/kubernetes/pytorchjob-ddp.yaml),
+  so the Worker fails and with it the job (pkg/controller.v1/pytorch/pytorchjob_controller.go
+  UpdateJobStatus: a failed replica with restartPolicy Never sets JobFailed). The twin then frees
+  the job's GPUs; on a cluster its Master, kept by `cleanPodPolicy: None`, holds its GPU until its
+  rendezvous times out. The job runs once every replica runs and is done when the Master succeeds.
 """
 
 from __future__ import annotations
@@ -21,10 +31,12 @@ from dataclasses import dataclass, field
 
 # Assumptions of the twin (seconds), not upstream facts.
 CONTAINER_START = 5.0
-IMAGE_PULL = {"slurmd": 90.0, "pytorch": 240.0, "job": 60.0}
-INIT_TRIES, INIT_INTERVAL = 100, 2.0
-BACKOFF_START, BACKOFF_MAX = 10.0, 300.0
+# One node's pull of each image a pod runs, by its role: the slurmd pod's `logfile` sidecar and
+# slurmd, the Worker's init container, and the several-GB image the example PyTorchJob and Job run.
+IMAGE_PULL = {"logfile": 5.0, "slurmd": 90.0, "init": 5.0, "pytorch": 240.0, "job": 240.0}
 TERMINATION = 5.0  # slurmd preStop + container stop
+# Upstream: the init container's default tries and its sleep (config.go, initcontainer.go).
+INIT_TRIES_DEFAULT, INIT_INTERVAL = 100, 2.0
 
 SLURMD, KUBERNETES = "slurmd", "kubernetes"
 
@@ -34,7 +46,7 @@ class Pod:
     name: str
     holder: str  # SLURMD or KUBERNETES
     owner: str  # Slurm node name for slurmd, the job's name otherwise
-    image: str
+    image: str  # its main container's role in IMAGE_PULL: slurmd, pytorch or job
     created: float
     gpu: int | None = None
     bound_at: float | None = None
@@ -43,7 +55,8 @@ class Pod:
     gone_at: float | None = None
     wait_for: str | None = None  # a Worker waits for this pod (the Master) to run
     init_started: float | None = None
-    init_restarts: int = 0
+    main_pull: float = 0.0  # a Worker's pull of its main image, after its init container
+    own_image: str | None = None  # a scenario's own image for the main container, instead of the role's
 
     def running(self, now: float) -> bool:
         return self.running_at is not None and self.running_at <= now and self.gone_at is None
@@ -62,13 +75,20 @@ class KubeJob:
     replicas: int = 1
     pods: list[Pod] = field(default_factory=list)
     started: float | None = None
-    finished: float | None = None
+    finished: float | None = None  # succeeded or failed: its GPUs are back, Kueue's quota too
+    failed: bool = False
+    image: str | None = None  # the scenario's own image, or None for the example job's
 
 
 @dataclass
 class Kubernetes:
     gpus: int
     cold: bool
+    # The reference each role in IMAGE_PULL runs (the program's, twin/program.py) and the
+    # references on every node at start under `images: cold` (the program's pre-pull list).
+    images: dict[str, str] = field(default_factory=lambda: {role: role for role in IMAGE_PULL})
+    prepulled: frozenset[str] = frozenset()
+    init_tries: int = INIT_TRIES_DEFAULT
     pods: list[Pod] = field(default_factory=list)
     jobs: list[KubeJob] = field(default_factory=list)
     pulled: set[tuple[int, str]] = field(default_factory=set)
@@ -82,10 +102,18 @@ class Kubernetes:
         return pod
 
     def submit(
-        self, name: str, kind: str, replicas: int, runtime: float, now: float, suspended: bool = False
+        self,
+        name: str,
+        kind: str,
+        replicas: int,
+        runtime: float,
+        now: float,
+        suspended: bool = False,
+        image: str | None = None,
     ) -> KubeJob:
         """A job; a suspended one (queued in Kueue) has no pods until it is unsuspended."""
-        job = KubeJob(name, "PyTorchJob" if kind == "pytorchjob" else "Job", runtime, now, replicas=replicas)
+        kind = "PyTorchJob" if kind == "pytorchjob" else "Job"
+        job = KubeJob(name, kind, runtime, now, replicas=replicas, image=image)
         self.jobs.append(job)
         if not suspended:
             self.unsuspend(job, now)
@@ -96,13 +124,15 @@ class Kubernetes:
         name, replicas = job.name, job.replicas
         job.pods = []
         if job.kind == "PyTorchJob":
-            master = Pod(f"{name}-master-0", KUBERNETES, name, "pytorch", now)
+            master = Pod(f"{name}-master-0", KUBERNETES, name, "pytorch", now, own_image=job.image)
             job.pods.append(master)
             for i in range(replicas - 1):
-                worker = Pod(f"{name}-worker-{i}", KUBERNETES, name, "pytorch", now, wait_for=master.name)
+                worker = Pod(
+                    f"{name}-worker-{i}", KUBERNETES, name, "pytorch", now, wait_for=master.name, own_image=job.image
+                )
                 job.pods.append(worker)
         else:
-            job.pods += [Pod(f"{name}-{i}", KUBERNETES, name, "job", now) for i in range(replicas)]
+            job.pods += [Pod(f"{name}-{i}", KUBERNETES, name, "job", now, own_image=job.image) for i in range(replicas)]
         for pod in job.pods:
             self.create_pod(pod)
 
@@ -144,15 +174,32 @@ class Kubernetes:
             else:
                 pod.gpu = free.pop(0)
             pod.bound_at = now
-            pull = IMAGE_PULL[pod.image] if self.cold and (pod.gpu, pod.image) not in self.pulled else 0.0
-            self.pulled.add((pod.gpu, pod.image))
-            pod.init_started = now + pull
+            before, main = self._pulls(pod)
             if pod.wait_for is None:
-                pod.running_at = now + pull + self.container_start
+                pod.running_at = now + before + main + self.container_start
+            else:
+                # its main image is pulled once the init container has found the Master
+                pod.init_started, pod.main_pull = now + before, main
         bound = [p.gpu for p in self.pods if p.gpu is not None and p.gone_at is None]
         self.double_held |= {g for g in bound if bound.count(g) > 1}
         self._init_containers(now)
         self._jobs(now)
+
+    def _pulls(self, pod: Pod) -> tuple[float, float]:
+        """Seconds of pulls on the pod's node before its init container runs and before its main
+        container starts; a node pulls each reference once (one GPU per node: gpu = node)."""
+
+        def pull(role: str, reference: str) -> float:
+            have = not self.cold or reference in self.prepulled or (pod.gpu, reference) in self.pulled
+            self.pulled.add((pod.gpu, reference))
+            return 0.0 if have else IMAGE_PULL[role]
+
+        main = pod.own_image or self.images[pod.image]
+        if pod.holder == SLURMD:  # the logfile sidecar is an init container (restartPolicy Always)
+            return pull("logfile", self.images["logfile"]), pull(pod.image, main)
+        if pod.wait_for is not None:
+            return pull("init", self.images["init"]), pull(pod.image, main)
+        return 0.0, pull(pod.image, main)
 
     def _init_containers(self, now: float) -> None:
         by_name = {p.name: p for p in self.pods if p.live}
@@ -163,11 +210,16 @@ class Kubernetes:
                 continue
             master = by_name.get(pod.wait_for)
             if master is not None and master.running(now):
-                pod.running_at = now + self.container_start
-            elif now >= pod.init_started + INIT_TRIES * INIT_INTERVAL:
-                # the init container gives up; the kubelet restarts it after its back-off
-                pod.init_started = now + min(BACKOFF_MAX, BACKOFF_START * 2**pod.init_restarts)
-                pod.init_restarts += 1
+                pod.running_at = now + pod.main_pull + self.container_start
+            elif now >= pod.init_started + self.init_tries * INIT_INTERVAL:
+                self._fail(pod.owner, now)  # out of tries: the Worker (restartPolicy Never) and its job fail
+
+    def _fail(self, name: str, now: float) -> None:
+        for job in self.jobs:
+            if job.name == name and job.finished is None:
+                job.finished, job.failed = now, True
+                for pod in job.pods:
+                    pod.gone_at = now
 
     def _jobs(self, now: float) -> None:
         for job in self.jobs:

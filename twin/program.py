@@ -1,13 +1,45 @@
 """What the twin takes from the program: the rendered ScaledObject, slurm chart values and Kueue
-objects, for a policy, from the stack's settings (`stacks/settings.py`) through the names contract."""
+objects, the images its pods run and those on every node, and the Training Operator's
+init-container tries, for a policy, from the stack's settings (`stacks/settings.py`) through the
+names contract."""
 
 from __future__ import annotations
 
-from components import keda, kueue, slinky, slurmd_scaling
+import yaml
+
+from components import images, keda, kueue, slinky, slurmd_scaling, training_operator
 from components.names import DEFAULT_PARTITION, Names
 from stacks.settings import Settings
+from twin import kube
 from twin.sim import Setup
 from twin.slurm import SlurmConfig
+
+TRIES_FLAG = "--pytorch-init-container-max-tries="
+
+
+def init_container_tries(training_operator_version: str) -> int:
+    """The tries the program's overlay gives the operator (the flag in its Deployment patch), or
+    the upstream default when it sets none."""
+    for patch in training_operator.kustomization(training_operator_version)["patches"]:
+        for op in yaml.safe_load(patch["patch"]):
+            for arg in op["value"] if op["path"].endswith("/args") else []:
+                if arg.startswith(TRIES_FLAG):
+                    return int(arg.removeprefix(TRIES_FLAG))
+    return kube.INIT_TRIES_DEFAULT
+
+
+def pod_images(slurm_values: dict) -> dict[str, str]:
+    """The reference each of the twin's image roles (kube.IMAGE_PULL) runs: the slurmd pod's two
+    from the rendered chart values, the example jobs' GPU containers, the operator's init container."""
+    slurmd, logfile = images.nodeset_pod_images(slurm_values)
+    gpu = images.example_gpu_images()
+    return {
+        "slurmd": slurmd,
+        "logfile": logfile,
+        "pytorch": gpu["PyTorchJob"],
+        "job": gpu["Job"],
+        "init": training_operator.INIT_CONTAINER_IMAGE,
+    }
 
 
 def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
@@ -39,4 +71,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         workers=names.gpus_total,
         kueue_objects=tuple(kueue.objects(names.shares)),
         kueue_config=kueue.manager_config(s.kueue_version),
+        images=pod_images(values),
+        prepulled=images.worker_images(values),
+        init_tries=init_container_tries(s.training_operator_version),
     )

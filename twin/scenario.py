@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ FAULTS = ("restapi-down", "metrics-outage", "duplicate-scrape")
 IMAGES = ("warm", "cold")
 MAX_DURATION = 7 * 24 * 3600
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+IMAGE_REFERENCE = re.compile(r"[a-z0-9][A-Za-z0-9._/:@-]{0,254}")  # loosely, a registry/name:tag
 
 
 class ScenarioError(Exception):
@@ -39,6 +41,7 @@ class JobSpec:
     replicas: int = 1  # PyTorchJob: Master + Workers, one GPU each
     array: int | None = None  # sbatch --array=0-<array-1>
     throttle: int | None = None  # ...%<throttle>: at most this many tasks run at once
+    image: str | None = None  # a Kubernetes job's own image; None = the example job's (pre-pulled)
 
     @property
     def gpus_wanted(self) -> int:
@@ -108,6 +111,7 @@ _JOB_KEYS = {
     "replicas",
     "array",
     "throttle",
+    "image",
 }
 
 
@@ -167,6 +171,11 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         begin = None if "begin" not in raw else c.number(f"{where}.begin", raw["begin"], 0, MAX_DURATION)
         after = raw.get("after")
         partition = raw.get("partition")
+        image = raw.get("image")
+        if image is not None and (not isinstance(image, str) or not IMAGE_REFERENCE.fullmatch(image)):
+            c.bad(f"{where}.image", image, "an image reference such as registry.example/team/train:1.0")
+        if kind == "slurm" and "image" in raw:
+            c.bad(f"{where}.image", image, "no image on a slurm job (pytorchjob and job only)")
         if kind != "slurm":
             for key in ("nodes", "hold", "release", "after", "begin", "partition", "array", "throttle"):
                 if key in raw:
@@ -195,6 +204,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
                 replicas=replicas or 1,
                 array=array,
                 throttle=throttle,
+                image=image if isinstance(image, str) else None,
             )
         )
     slurm_names = {j.name for j in jobs if j.kind == "slurm"}

@@ -30,6 +30,9 @@ class Setup:
     workers: int
     kueue_objects: tuple[dict, ...] = ()
     kueue_config: dict = field(default_factory=dict)
+    images: dict[str, str] = field(default_factory=lambda: {role: role for role in k8s.IMAGE_PULL})
+    prepulled: tuple[str, ...] = ()  # on every GPU worker before the stack is ready
+    init_tries: int = k8s.INIT_TRIES_DEFAULT
 
 
 def gpu_uuid(i: int) -> str:
@@ -47,7 +50,13 @@ class Run:
     def __post_init__(self) -> None:
         s = self.setup
         self.slurm = Slurmctld(s.slurm)
-        self.kube = k8s.Kubernetes(gpus=self.scenario.workers or s.workers, cold=self.scenario.images == "cold")
+        self.kube = k8s.Kubernetes(
+            gpus=self.scenario.workers or s.workers,
+            cold=self.scenario.images == "cold",
+            images=dict(s.images),
+            prepulled=frozenset(s.prepulled),
+            init_tries=s.init_tries,
+        )
         self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm)
         self.keda = Keda.from_scaled_object(s.scaled_object)
         self.hpa = Hpa(self.keda)
@@ -122,7 +131,9 @@ class Run:
             self.slurm_jobs[spec.name] = self.slurm.submit(spec, now)
         else:
             queued = self.kueue is not None
-            job = self.kube.submit(spec.name, spec.kind, spec.gpus_wanted, spec.runtime, now, suspended=queued)
+            job = self.kube.submit(
+                spec.name, spec.kind, spec.gpus_wanted, spec.runtime, now, suspended=queued, image=spec.image
+            )
             self.kube_jobs[spec.name] = job
             if self.kueue is not None:
                 self.kueue.add(job, spec.gpus_wanted, now)
@@ -230,7 +241,7 @@ class Run:
                     row["reason"] = tasks[0].reason
             else:
                 kj = self.kube_jobs.get(spec.name)
-                outcome = "completed" if kj and kj.finished is not None else "unfinished"
+                outcome = "unfinished" if not kj or kj.finished is None else "failed" if kj.failed else "completed"
                 row = {"started": kj.started if kj else None, "finished": kj.finished if kj else None}
                 if self.kueue is not None:
                     w = next(w for w in self.kueue.workloads if w.job is kj)

@@ -248,8 +248,9 @@ def expected_env(s, role: str) -> dict[str, str]:
         "NVIDIA_CONTAINER_TOOLKIT_VERSION": s.nvidia_container_toolkit_version,
         "CONTROL_PLANE_IP": s.control_private_ip,
         "CRI_SOCKET": "unix:///var/run/containerd/containerd.sock",
-        # slurmd at the chart's tag first, then the example jobs' and the Training Operator's images
-        "PREPULL_IMAGES": f"ghcr.io/slinkyproject/slurmd:{s.slurm_image_tag} "
+        # the slurmd pod's (slurmd at the chart's tag, its logfile sidecar), then the example jobs'
+        # and the Training Operator's images
+        "PREPULL_IMAGES": f"ghcr.io/slinkyproject/slurmd:{s.slurm_image_tag} docker.io/library/alpine:3.22.1 "
         "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime alpine:3.10",
     }
 

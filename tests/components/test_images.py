@@ -7,14 +7,22 @@ from stacks.offline import reveal
 from tests.conftest import by_type
 
 
-def test_slurmd_image_is_the_one_the_slurm_chart_runs():
+def _values(tag: str = "25.11.6-ubuntu24.04") -> dict:
+    return slinky.slurm_values("1.0.0", tag, names.slurm_names("gpu"), {})
+
+
+def test_both_images_of_the_slurmd_pod_follow_the_slurm_chart_values():
+    """slurmd follows slurmImageTag; the logfile sidecar (an init container of every slurmd pod)
+    is the pinned one of values/slurm.yaml, not the chart's `alpine:latest`."""
     tag = "25.11.9-ubuntu24.04"
-    slurmd = slinky.slurm_values("1.0.0", tag, names.slurm_names("gpu"), {})["nodesets"]["gpu"]["slurmd"]["image"]
-    assert images.worker_images(tag)[0] == f"{slurmd['repository']}:{slurmd['tag']}"
+    nodeset = _values(tag)["nodesets"]["gpu"]
+    expected = [f"{c['image']['repository']}:{c['image']['tag']}" for c in (nodeset["slurmd"], nodeset["logfile"])]
+    assert images.worker_images(_values(tag))[:2] == tuple(expected)
+    assert expected == [f"ghcr.io/slinkyproject/slurmd:{tag}", "docker.io/library/alpine:3.22.1"]
 
 
 def test_every_example_job_image_and_the_init_container_are_pulled_once():
-    pulled = images.worker_images("25.11.6-ubuntu24.04")
+    pulled = images.worker_images(_values())
     assert len(pulled) == len(set(pulled))
     for path in sorted(images.JOBS_DIR.glob("*.yaml")):
         text = path.read_text()
@@ -25,7 +33,9 @@ def test_every_example_job_image_and_the_init_container_are_pulled_once():
 
 
 def test_every_worker_pulls_them_in_its_user_data(default_run):
-    expected = " ".join(images.worker_images(default_run.settings.slurm_image_tag))
+    s = default_run.settings
+    values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, names.slurm_names(s.nodeset_name), {})
+    expected = " ".join(images.worker_images(values))
     workers = [r for r in by_type(default_run, "aws:ec2/instance:Instance") if "worker" in r.name]
     assert len(workers) == default_run.settings.worker_count
     for w in workers:

@@ -184,20 +184,6 @@ def test_the_device_plugin_never_gives_one_gpu_to_two_pods():
     assert [p.gpu for p in kube.pods] == [0, None, None] and kube.double_held == set()
 
 
-def test_worker_init_container_waits_for_the_master_and_retries_after_100_tries():
-    """The Worker bound first, the Master Pending behind another pod until 250 s."""
-    kube = Kubernetes(gpus=2, cold=False)
-    worker = kube.create_pod(Pod("ddp-worker-0", KUBERNETES, "ddp", "pytorch", 0, wait_for="ddp-master-0"))
-    blocker = kube.create_pod(Pod("blocker", KUBERNETES, "x", "job", 0.5))
-    master = kube.create_pod(Pod("ddp-master-0", KUBERNETES, "ddp", "pytorch", 1))
-    for t in range(0, 300):
-        if t == 250:
-            blocker.gone_at = t
-        kube.step(t)
-    assert worker.init_restarts == 1  # gave up after 100 x 2 s, restarted after a 10 s back-off
-    assert master.running_at == 255 and worker.running_at == 260
-
-
 def test_a_throttled_array_counts_every_pending_task_and_runs_one_at_a_time():
     slurm = Slurmctld(SlurmConfig("all", "slinky"))
     for i in range(3):

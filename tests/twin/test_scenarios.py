@@ -88,18 +88,6 @@ def test_happy_paths_pass_with_both_policies(name):
         assert sim.ok(result(name, policy)), policy
 
 
-def test_cold_images_delay_the_first_scale_up_and_the_workers_wait_for_the_master():
-    cold = result("cold-start", scaling.SAFE)
-    warm = sim.Run(
-        program.setup(settings_dev(), scaling.SAFE),
-        scenario.parse({**_yaml("cold-start"), "images": "warm"}),
-    ).run()
-    assert cold["latency"]["scale_up_s"] > warm["latency"]["scale_up_s"]
-    ddp_cold = next(j for j in cold["jobs"] if j["name"] == "ddp")
-    ddp_warm = next(j for j in warm["jobs"] if j["name"] == "ddp")
-    assert ddp_cold["started"] - ddp_warm["started"] >= 200  # the pytorch image pull
-
-
 def test_one_hour_twenty_jobs_simulates_in_under_ten_seconds():
     sc = scenario.load(SCENARIOS / "busy-hour.yaml")
     assert sc.duration == 3600 and len(sc.jobs) == 20
@@ -115,12 +103,6 @@ def test_config_overrides_reach_the_twin():
     sc = scenario.load(SCENARIOS / "handoff.yaml")
     quick = sim.Run(program.setup(fast, scaling.SAFE), sc).run()
     assert quick["latency"]["gpu_return_s"] < result("handoff", scaling.SAFE)["latency"]["gpu_return_s"] - 200
-
-
-def _yaml(name: str) -> dict:
-    import yaml
-
-    return yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
 
 
 def test_the_issues_own_example_runs_and_a_job_held_forever_is_unfinished():
