@@ -1,0 +1,92 @@
+"""README's twin tables are the generator's (`python -m stacks simulate --readme-tables`): every
+shipped scenario under every policy of components.slurmd_scaling, Kueue as the scenario says.
+One test per scenario (so the runs spread over the workers) checks its rows; one checks the
+layout around them, so together they compare the whole tables."""
+
+import functools
+import re
+from pathlib import Path
+
+import pytest
+
+from components import slurmd_scaling
+from stacks import offline, settings
+from stacks.__main__ import main
+from twin import cli, kube, scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+STALE = f"README's twin tables differ from what the twin gives; regenerate them: {cli.REGENERATE}"
+
+
+@functools.cache
+def dev() -> settings.Settings:
+    return settings.load(offline.stack_config("dev", []), "dev", offline=True)
+
+
+def block(name: str, text: str | None = None) -> str:
+    text = (ROOT / "README.md").read_text() if text is None else text
+    assert text.count(cli.begin(name)) == 1 and text.count(cli.end(name)) == 1, f"markers of {name}: {STALE}"
+    return text[text.index(cli.begin(name)) : text.index(cli.end(name)) + len(cli.end(name))]
+
+
+def rows(name: str) -> list[str]:
+    return [line for line in block(name).splitlines() if re.match(r"\| `", line)]
+
+
+def with_kubernetes() -> list[str]:
+    return [p.stem for p in cli.shipped() if cli.has_kubernetes_jobs(scenario.load(p))]
+
+
+@pytest.mark.parametrize("path", cli.shipped(), ids=lambda p: p.stem)
+def test_each_scenarios_rows_are_the_twins(path):
+    runs = cli.run_scenario(path, "dev", [], dev())
+    assert cli.policy_row(path.stem, runs) in rows("policies"), STALE
+    expected = cli.kueue_rows(path.stem, runs) if path.stem in with_kubernetes() else []
+    assert [r for r in rows("kueue") if r.startswith(f"| `{path.stem}`, ")] == expected, STALE
+
+
+def test_the_tables_have_one_row_per_scenario_and_policy_around_the_generators_layout():
+    policies, kueue = rows("policies"), rows("kueue")
+    assert [r.split("`")[1] for r in policies] == [f"{p.stem}.yaml" for p in cli.shipped()], STALE
+    assert [r.split(" | ")[0] for r in kueue] == [
+        f"| `{name}`, {policy}" for name in with_kubernetes() for policy in slurmd_scaling.POLICIES
+    ], STALE
+    assert block("policies") == cli.blocks(policies, kueue)["policies"], STALE
+    assert block("kueue") == cli.blocks(policies, kueue)["kueue"], STALE
+
+
+def test_the_figures_are_labelled_modelled_with_the_twins_assumptions():
+    for name in cli.TABLES:
+        assert "Modelled by the twin, not measured. Its assumptions: container start 5 s" in block(name)
+        for role, seconds in kube.IMAGE_PULL.items():
+            assert f"{role} {seconds:g} s" in block(name)
+
+
+def test_readme_tables_rewrites_between_the_markers_and_prints_without_a_file(tmp_path, monkeypatch, capsys):
+    """With the shipped scenarios cut to one (cheap), the command's two modes."""
+    one = [p for p in cli.shipped() if p.stem == "other-partition"]
+    monkeypatch.setattr(cli, "shipped", lambda: one)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{cli.begin('policies')}\nold\n{cli.end('policies')}\nmiddle\n{block('kueue')}\nend\n")
+    assert main(["simulate", "--readme-tables", str(readme)]) == 0
+    fresh = cli.tables(cli.run_shipped("dev", [], dev()))
+    assert readme.read_text() == f"intro\n{fresh['policies']}\nmiddle\n{fresh['kueue']}\nend\n"
+    capsys.readouterr()
+    assert main(["simulate", "--readme-tables"]) == 0
+    assert capsys.readouterr().out == f"{fresh['policies']}\n\n{fresh['kueue']}\n"
+
+
+def test_readme_tables_bad_input_one_line_each(tmp_path, capsys):
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers\n")
+    assert main(["simulate", "--readme-tables", str(bare), "--policy", "seed", "--json"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[:2] == [
+        "--policy: not allowed with --readme-tables, which runs every policy",
+        "--json: not allowed with --readme-tables, which runs every policy",
+    ]
+    assert [line.split(" lacks the markers ")[1] for line in lines[2:]] == [
+        f"{cli.begin(n)} ... {cli.end(n)}" for n in cli.TABLES
+    ]
+    assert main(["simulate", "--readme-tables", "--scenario", "x.yaml"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
