@@ -4,6 +4,7 @@
     python -m stacks render   [--stack dev] [--config KEY=VALUE ...] --out DIR
     python -m stacks validate --scenario NAME [--dry-run] [--kubeconfig FILE] [--timeout S] [--out DIR]
     python -m stacks simulate --scenario FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
+    python -m stacks simulate --readme-tables [README] [--stack S] [--config KEY=VALUE ...]
     python -m stacks preflight [--stack dev] [--config KEY=VALUE ...]
     python -m stacks doctor    [--stack dev] [--config KEY=VALUE ...] [--kubeconfig FILE]
     python -m stacks e2e       [--stack dev] [--keep] [--out DIR]
@@ -51,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--out", required=True, type=Path, help="directory to write")
     sub.add_parser("validate", help="replay a reference experiment on the live testbed (see --help)", add_help=False)
-    sub.add_parser("simulate", help="run a scenario through the hand-off twin (see --help)", add_help=False)
+    sub.add_parser(
+        "simulate", help="run a scenario through the hand-off twin, or the README's tables (see --help)", add_help=False
+    )
     sub.add_parser("preflight", help="read-only checks of your AWS account before `pulumi up`", add_help=False)
     sub.add_parser("doctor", help="health of the deployed testbed, one line per check", add_help=False)
     sub.add_parser("e2e", help="preflight, up, doctor, every scenario, destroy (always): one report", add_help=False)
