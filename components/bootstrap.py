@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,25 @@ USER_DATA_LIMIT = 16384  # EC2's limit on user-data, in bytes
 
 def script(name: str) -> str:
     return (SCRIPTS_DIR / name).read_text()
+
+
+_HEREDOC = re.compile(r"(?<!<)<<-?\s*['\"]?(\w+)['\"]?")
+
+
+def shipped(name: str) -> str:
+    """A node script as user-data carries it: without its comment lines, which only the
+    repository's copy needs (EC2 allows 16 KiB of user-data). Its shebang, shellcheck
+    directives and here-document bodies stay as written."""
+    lines, heredoc_end = [], None
+    for line in script(name).splitlines(keepends=True):
+        if heredoc_end is not None:
+            heredoc_end = None if line.strip() == heredoc_end else heredoc_end
+        elif line.lstrip().startswith("#") and not line.lstrip().startswith(("#!", "# shellcheck ")):
+            continue
+        elif match := _HEREDOC.search(line):
+            heredoc_end = match[1]
+        lines.append(line)
+    return "".join(lines)
 
 
 def discovery_token_ca_cert_hash(ca_public_key_pem: str) -> str:
@@ -133,7 +153,7 @@ def _file(path: str, content: str, permissions: str) -> dict:
 
 
 def _script_files(*names: str) -> list[dict]:
-    return [_file(f"{NODE_SCRIPT_DIR}/{n}", script(n), "0755") for n in (LIBRARY, *names)]
+    return [_file(f"{NODE_SCRIPT_DIR}/{n}", shipped(n), "0755") for n in (LIBRARY, *names)]
 
 
 def _run(*names: str) -> list[list[str]]:
@@ -180,6 +200,7 @@ def _node_user_data(
         "KUBERNETES_MINOR": kubernetes_minor,
         "SHARE_DIR": host_layout.SHARE_DIR,
         "KUBEADM_CONFIG": KUBEADM_CONFIG,
+        "BOOTSTRAP_STATUS": host_layout.BOOTSTRAP_STATUS,
         **role_params,
     }
     files = [

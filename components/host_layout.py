@@ -13,4 +13,6 @@ CONTROL_PLANE_NODE_LABEL = "node-role.kubernetes.io/control-plane"  # set by kub
 CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"  # NoSchedule, kept
 ADMIN_KUBECONFIG = "/etc/kubernetes/admin.conf"
 BOOTSTRAP_LOG = "/var/log/testbed-bootstrap.log"
+# Where the bootstrap records its running, failed or done step (testbed-lib.sh `record`), root-only.
+BOOTSTRAP_STATUS = "/var/log/testbed-bootstrap.status"
 SSH_USER = "ubuntu"

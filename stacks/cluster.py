@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 
 from components import bootstrap, host_layout, remote_script
 from components.cluster_identity import ClusterIdentity
-from components.readiness_gate import ReadinessGate, ReadinessGateArgs
+from components.readiness_gate import BootstrapWatch, ReadinessGate, ReadinessGateArgs
 from stacks.infrastructure import Infrastructure
 from stacks.settings import Settings
 
@@ -77,10 +77,12 @@ def join_token_step(
     token: pulumi.Input[str],
     region: str,
     instance_id: pulumi.Input[str],
+    watch: BootstrapWatch,
     triggers: list[pulumi.Input] | None = None,
 ) -> remote_script.RemoteStep:
     """One worker's own token, valid for hours, registered when the worker (or its replacement)
-    is created and deleted once it is Ready: a replaced or spot-replacement worker joins by itself."""
+    is created and deleted once it is Ready: a replaced or spot-replacement worker joins by itself.
+    A failed bootstrap of the worker or of the control node ends the wait at once (`watch`)."""
     return remote_script.RemoteStep(
         "join-token.sh",
         {
@@ -89,15 +91,22 @@ def join_token_step(
             "INSTANCE_ID": instance_id,
             "TTL_SECONDS": str(bootstrap.JOIN_TOKEN_TTL_SECONDS),
             "TIMEOUT_SECONDS": str(READINESS_TIMEOUT_SECONDS),
+            "NODE_REACH": watch.reach(private_ip),
+            **watch.control_args(),
+            **watch.args(),
         },
-        secrets={"JOIN_TOKEN": token},
+        secrets={"JOIN_TOKEN": token, **watch.secrets()},
         triggers=triggers or [],
         timeout_seconds=READINESS_TIMEOUT_SECONDS + 5 * 60,
     )
 
 
 def deliver_node_credentials(
-    s: Settings, infra: Infrastructure, identity: ClusterIdentity, connection: command.remote.ConnectionArgs
+    s: Settings,
+    infra: Infrastructure,
+    identity: ClusterIdentity,
+    connection: command.remote.ConnectionArgs,
+    watch: BootstrapWatch,
 ) -> list[command.remote.Command]:
     """What `pulumi up` hands the nodes over SSH rather than in user-data: the CA key (again to
     a replaced control node) and each worker's join token (again for a replaced worker)."""
@@ -119,7 +128,7 @@ def deliver_node_credentials(
         steps.append(
             remote_script.run(
                 f"testbed-worker-{index}-join-token",
-                join_token_step(private_ip, token, s.region, worker.instance.id, [worker.instance.id]),
+                join_token_step(private_ip, token, s.region, worker.instance.id, watch, [worker.instance.id]),
                 connection,
                 parent=parent,
                 depends_on=[worker.instance, *ssh_ready],
@@ -133,12 +142,14 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
     pulumi.runtime.register_stack_transformation(lives_and_dies_with(infra.control.instance))
     connection = infra.ssh.connection(infra.control.public_ip)
     # the gate passes once every node is Ready and its join token deleted
-    credentials = deliver_node_credentials(s, infra, identity, connection)
+    watch = BootstrapWatch.over(connection, s.control_private_ip)
+    credentials = deliver_node_credentials(s, infra, identity, connection, watch)
     gate = ReadinessGate(
         "testbed-readiness",
         ReadinessGateArgs(
             connection=connection,
             region=s.region,
+            watch=watch,
             node_ips=[s.control_private_ip, *s.worker_private_ips],
             nodes=[infra.control.instance, *(w.instance for w in infra.workers)],
             timeout_seconds=READINESS_TIMEOUT_SECONDS,

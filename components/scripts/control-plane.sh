@@ -8,7 +8,7 @@ load_env
 require SHARE_DIR SHARE_EXPORT_CIDR SLURM_STATE_DIR SLURM_UID FLANNEL_VERSION KUBEADM_CONFIG ADMIN_KUBECONFIG SSH_USER
 require CA_KEY_FILE CA_KEY_WAIT_SECONDS
 
-log "NFS server exporting ${SHARE_DIR} to ${SHARE_EXPORT_CIDR}"
+step "NFS server exporting ${SHARE_DIR} to ${SHARE_EXPORT_CIDR}"
 apt_get install nfs-kernel-server git  # git: kubectl kustomize fetches remote overlays
 install -d -m 1777 "${ROOT}${SHARE_DIR}"
 install -d -m 0755 "${ROOT}/etc/exports.d"
@@ -16,7 +16,7 @@ echo "${SHARE_DIR} ${SHARE_EXPORT_CIDR}(rw,sync,no_subtree_check)" >"${ROOT}/etc
 systemctl enable --now nfs-server >/dev/null
 exportfs -ra
 
-log "Slurm state directory ${SLURM_STATE_DIR} owned by ${SLURM_UID} (hostPath ignores fsGroup)"
+step "Slurm state directory ${SLURM_STATE_DIR} owned by ${SLURM_UID} (hostPath ignores fsGroup)"
 install -d -m 0750 -o "$SLURM_UID" -g "$SLURM_UID" "${ROOT}${SLURM_STATE_DIR}"
 
 export KUBECONFIG=${ROOT}${ADMIN_KUBECONFIG}
@@ -24,21 +24,23 @@ if [ -f "$KUBECONFIG" ]; then
   log "kubeadm init already done"
 else
   # The CA key is not in user-data: `pulumi up` delivers it over SSH (deliver-ca-key.sh).
-  log "waiting up to ${CA_KEY_WAIT_SECONDS}s for the cluster CA key at ${CA_KEY_FILE}"
+  step "waiting up to ${CA_KEY_WAIT_SECONDS}s for the cluster CA key at ${CA_KEY_FILE}"
   wait_until "$CA_KEY_WAIT_SECONDS" test -s "${ROOT}${CA_KEY_FILE}" \
     || die "the cluster CA key did not arrive at ${CA_KEY_FILE} within ${CA_KEY_WAIT_SECONDS}s (pulumi up delivers it over SSH)"
-  log "kubeadm init"
+  step "kubeadm init"
   # --skip-token-print: the join command with its token never reaches a log or the console
   kubeadm init --config "${ROOT}${KUBEADM_CONFIG}" --upload-certs=false --skip-token-print
 fi
 
+step "the API server answers"
 retry 60 5 kubectl get --raw=/readyz >/dev/null || die "the API server did not become ready"
 
-log "Flannel ${FLANNEL_VERSION}"
+step "Flannel ${FLANNEL_VERSION}"
 retry 10 15 kubectl apply -f \
   "https://raw.githubusercontent.com/flannel-io/flannel/${FLANNEL_VERSION}/Documentation/kube-flannel.yml" \
   || die "cannot apply Flannel ${FLANNEL_VERSION}"
 
+step "admin kubeconfig for ${SSH_USER}"
 install -d -m 0700 -o "$SSH_USER" -g "$SSH_USER" "${ROOT}/home/${SSH_USER}/.kube"
 install -m 0600 -o "$SSH_USER" -g "$SSH_USER" "$KUBECONFIG" "${ROOT}/home/${SSH_USER}/.kube/config"
-log "control-plane done"
+finish "control-plane done"

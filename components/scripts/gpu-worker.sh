@@ -10,7 +10,7 @@ load_env
 require NVIDIA_DRIVER_BRANCH NVIDIA_CONTAINER_TOOLKIT_VERSION CONTROL_PLANE_IP API_SERVER_PORT SHARE_DIR KUBEADM_CONFIG
 require CRI_SOCKET
 
-log "NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver"
+step "NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver"
 if ! nvidia-smi -L >/dev/null 2>&1; then
   # DKMS builds the open kernel module (right for Turing and later) against the running
   # kernel's headers, so the module loads now, without pulling a new kernel and a reboot.
@@ -20,7 +20,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 nvidia-smi -L || die "nvidia-smi sees no GPU"
 
-log "nvidia-container-toolkit ${NVIDIA_CONTAINER_TOOLKIT_VERSION}"
+step "nvidia-container-toolkit ${NVIDIA_CONTAINER_TOOLKIT_VERSION}"
 keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg  # as apt sees it; the file is ${ROOT}${keyring}
 if [ ! -s "${ROOT}${keyring}" ]; then
   retry 5 10 curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey -o "${ROOT}/tmp/nvidia-container.key" \
@@ -54,22 +54,23 @@ systemctl restart containerd
 # module ("Driver/library version mismatch" until reboot): every installed package of the
 # driver branch and the toolkit stay held, as containerd is by node-common (the README says
 # how to upgrade them deliberately).
-log "holding the NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver and the toolkit"
+step "holding the NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver and the toolkit"
 mapfile -t driver_packages < <(installed_packages "*-${NVIDIA_DRIVER_BRANCH}-server*")
 [ "${#driver_packages[@]}" -gt 0 ] || die "no installed NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver package to hold"
 apt-mark hold "${driver_packages[@]}" "${toolkit_packages[@]}" >/dev/null
 
-log "shared directory ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
+step "shared directory ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
 add_line "${ROOT}/etc/fstab" "${CONTROL_PLANE_IP}:${SHARE_DIR} ${SHARE_DIR} nfs4 rw,_netdev,nofail,timeo=600,retrans=5 0 0"
 mountpoint -q "${ROOT}${SHARE_DIR}" || retry 60 20 mount "${ROOT}${SHARE_DIR}" || die "cannot mount ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
 
 if [ -f "${ROOT}/etc/kubernetes/kubelet.conf" ]; then
   log "already joined"
 else
-  log "kubeadm join ${CONTROL_PLANE_IP}:${API_SERVER_PORT} (retried until the control plane answers)"
+  step "kubeadm join ${CONTROL_PLANE_IP}:${API_SERVER_PORT} (retried until the control plane answers)"
   join() { kubeadm join --config "${ROOT}${KUBEADM_CONFIG}" || { kubeadm reset -f >/dev/null 2>&1; false; }; }
   retry 20 30 join || die "kubeadm join did not succeed"
 fi
+step "images for the first slurmd pod and the example jobs"
 # Through the CRI, as the kubelet pulls: the images land in containerd's k8s.io namespace.
 for image in ${PREPULL_IMAGES:-}; do
   if crictl --runtime-endpoint "$CRI_SOCKET" inspecti "$image" >/dev/null 2>&1; then
@@ -79,4 +80,4 @@ for image in ${PREPULL_IMAGES:-}; do
     retry 5 30 crictl --runtime-endpoint "$CRI_SOCKET" pull "$image" >/dev/null || die "cannot pull ${image}"
   fi
 done
-log "gpu-worker done"
+finish "gpu-worker done"

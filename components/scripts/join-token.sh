@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
 # Remote step on the control node, one per worker (re-run when the worker is replaced): registers
 # the worker's own bootstrap token with a short life, waits until the worker is Ready, then
-# deletes the token. Parameters: JOIN_TOKEN (secret, on stdin), NODE_IP, REGION, INSTANCE_ID,
-# TTL_SECONDS, TIMEOUT_SECONDS; KUBECONFIG, TESTBED_LIB.
+# deletes the token. A failed bootstrap of the control node or of the worker ends the wait at
+# once, with the failed step, the log tail and how to reach the node (testbed-lib.sh).
+# Parameters: JOIN_TOKEN and SSH_PRIVATE_KEY (secrets, on stdin), NODE_IP, REGION, INSTANCE_ID,
+# TTL_SECONDS, TIMEOUT_SECONDS, NODE_REACH, CONTROL_IP, CONTROL_REACH, BOOTSTRAP_LOG,
+# BOOTSTRAP_STATUS, SSH_USER; KUBECONFIG, TESTBED_LIB.
 set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$TESTBED_LIB"
 require JOIN_TOKEN NODE_IP REGION INSTANCE_ID TTL_SECONDS TIMEOUT_SECONDS KUBECONFIG
+require NODE_REACH CONTROL_IP CONTROL_REACH BOOTSTRAP_LOG BOOTSTRAP_STATUS SSH_USER SSH_PRIVATE_KEY
+private_dir
 deadline=$((SECONDS + TIMEOUT_SECONDS))
 token_id=${JOIN_TOKEN%%.*}
 secret=bootstrap-token-${token_id}
 
-api_ready() { [ -r "$KUBECONFIG" ] && kubectl get --raw=/readyz >/dev/null 2>&1; }
+# stop_if_failed ROLE IP REACH: end the step at once when that node's bootstrap failed.
+stop_if_failed() {
+  local summary
+  if summary=$(bootstrap_failed "$@"); then die "join token for ${NODE_IP}: ${summary}"; fi
+}
+api_ready() {
+  stop_if_failed control "$CONTROL_IP" "$CONTROL_REACH"
+  [ -r "$KUBECONFIG" ] && kubectl get --raw=/readyz >/dev/null 2>&1
+}
 wait_until $((deadline - SECONDS)) api_ready \
   || die "join token for ${NODE_IP}: the API server did not answer within ${TIMEOUT_SECONDS}s"
 
@@ -30,6 +43,8 @@ log "join token ${token_id} for ${NODE_IP} registered, valid until ${expiration}
 
 # Ready, not only registered: a replaced worker keeps its IP, and so its old Node, NotReady.
 ready() {
+  stop_if_failed control "$CONTROL_IP" "$CONTROL_REACH"
+  stop_if_failed worker "$NODE_IP" "$NODE_REACH"
   kubectl get nodes -o jsonpath='{range .items[*]}{.status.addresses[?(@.type=="InternalIP")].address}{" "}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null \
     | grep -qxF "${NODE_IP} True"
 }

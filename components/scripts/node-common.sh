@@ -7,7 +7,7 @@ set -Eeuo pipefail
 load_env
 require KUBERNETES_VERSION KUBERNETES_MINOR SHARE_DIR
 
-log "kernel modules and sysctls for the pod network"
+step "kernel modules and sysctls for the pod network"
 printf 'overlay\nbr_netfilter\n' >"${ROOT}/etc/modules-load.d/testbed-k8s.conf"
 modprobe overlay
 modprobe br_netfilter
@@ -18,11 +18,11 @@ net.ipv4.ip_forward = 1
 SYSCTL
 sysctl --system >/dev/null
 
-log "swap off (kubelet refuses to start with swap)"
+step "swap off (kubelet refuses to start with swap)"
 swapoff -a
 sed -ri '/\sswap\s/s/^([^#])/#\1/' "${ROOT}/etc/fstab"
 
-log "Kubernetes v${KUBERNETES_VERSION} packages"
+step "Kubernetes v${KUBERNETES_VERSION} packages"
 apt_get update
 apt_get install apt-transport-https ca-certificates curl gpg
 install -d -m 0755 "${ROOT}/etc/apt/keyrings"
@@ -44,7 +44,7 @@ apt_get install --allow-change-held-packages \
 [ -n "$(installed_packages containerd)" ] || apt_get install containerd
 apt-mark hold kubelet kubeadm kubectl containerd >/dev/null
 
-log "containerd: systemd cgroups and the pause image kubeadm expects"
+step "containerd: systemd cgroups and the pause image kubeadm expects"
 containerd_major=$(containerd --version | sed -nE 's/.* v?([0-9]+)\.[0-9]+\.[0-9]+.*/\1/p')
 [ -n "$containerd_major" ] || die "cannot read the containerd version from: $(containerd --version)"
 pause_image=$(kubeadm config images list --kubernetes-version "v${KUBERNETES_VERSION}" 2>/dev/null | grep '/pause:' || true)

@@ -10,17 +10,52 @@ TESTBED_ENV=${TESTBED_ENV:-${ROOT}/etc/testbed/bootstrap.env}
 
 log() { printf '%s testbed: %s\n' "$(date -u +%FT%TZ)" "$*"; }
 
-die() {
-  log "FAILED: $*" >&2
+# stop EXIT MESSAGE: the one way a script gives up; during a node's bootstrap it also records
+# the failed step (see record).
+stop() {
+  log "FAILED: $2" >&2
+  record failed "$1" "$2"
   exit 1
 }
+
+die() { stop 1 "$*"; }
 
 # The scripts run under `set -Eeuo pipefail`: a failing command stops them, and this says which.
 on_error() {
   local status=$?
-  die "${BASH_SOURCE[1]##*/} line ${BASH_LINENO[0]}: ${BASH_COMMAND} (exit ${status})"
+  stop "$status" "${BASH_SOURCE[1]##*/} line ${BASH_LINENO[0]}: ${BASH_COMMAND} (exit ${status})"
 }
 trap on_error ERR
+
+# Bootstrap progress. A node's bootstrap scripts name each step where it starts (`step`), and
+# record in STATUS_FILE (BOOTSTRAP_STATUS of bootstrap.env, beside the bootstrap log; load_env
+# sets it, so remote steps never record) which step runs, failed or that all are done, so the
+# remote steps on the control node can report a failed node as soon as it fails. Root-only, one
+# `key=value` a line, no secrets: the scripts' own step names and FAILED messages (no command
+# of theirs carries a token or key), the exit status and the time.
+STATUS_FILE=
+STEP=start
+
+# record STATE [EXIT MESSAGE]: STATE is running, failed or succeeded.
+record() {
+  [ -n "$STATUS_FILE" ] || return 0
+  local message=${3:-}
+  (umask 077 && printf 'state=%s\nscript=%s\nstep=%s\nexit=%s\ntime=%s\nmessage=%s\n' \
+    "$1" "${0##*/}" "$STEP" "${2:-}" "$(date -u +%FT%TZ)" "${message//$'\n'/ }" >"$STATUS_FILE")
+}
+
+# step NAME...: a step of the bootstrap starts (logged, and recorded as the running step).
+step() {
+  STEP=$*
+  log "$STEP"
+  record running
+}
+
+# finish MESSAGE...: the node's last bootstrap script succeeded.
+finish() {
+  log "$*"
+  record succeeded
+}
 
 # retry ATTEMPTS DELAY_SECONDS COMMAND...: run COMMAND until it succeeds.
 retry() {
@@ -54,6 +89,9 @@ load_env() {
   . "$TESTBED_ENV"
   set +a
   PARAMETER_SOURCE=$TESTBED_ENV
+  require BOOTSTRAP_STATUS
+  STATUS_FILE=${ROOT}${BOOTSTRAP_STATUS}
+  record running
 }
 
 # require NAME...: every named parameter must be set and non-empty.
@@ -87,4 +125,74 @@ add_line() {
 # installed_packages PATTERN...: the installed packages whose names match (dpkg-query globs).
 installed_packages() {
   { dpkg-query -W -f '${db:Status-Status} ${Package}\n' "$@" 2>/dev/null || true; } | sed -n 's/^installed //p'
+}
+
+# Remote steps that wait for nodes read their bootstrap status where it is recorded: the
+# control node's own file, and a worker's over SSH from the control node as SSH_USER with the
+# stack's key (SSH_PRIVATE_KEY, a secret on stdin), which every node authorizes (its EC2 key
+# pair); the security group lets the nodes reach each other. Parameters: BOOTSTRAP_STATUS,
+# BOOTSTRAP_LOG, SSH_USER. (The NFS share is no channel: a worker mounts it late in its
+# bootstrap, root is squashed there and every job user may write it.)
+FAILURE_LOG_LINES=20
+
+# private_dir: a root-only directory for the key and what the step reads, removed on exit.
+private_dir() {
+  PRIVATE_DIR=$(umask 077 && mktemp -d)
+  trap 'rm -rf "$PRIVATE_DIR"' EXIT
+  (umask 077 && printf '%s\n' "${SSH_PRIVATE_KEY%$'\n'}" >"$PRIVATE_DIR/key")
+}
+
+# ssh_node IP COMMAND: run COMMAND on worker IP; exit 255 when it does not answer. A host key is
+# accepted on first use (this step's own known_hosts): the node is in the VPC, it was just
+# created, and only public-key authentication is offered to it.
+ssh_node() {
+  ssh -F /dev/null -i "$PRIVATE_DIR/key" -o IdentitiesOnly=yes -o BatchMode=yes -o ConnectTimeout=10 \
+    -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile="$PRIVATE_DIR/known_hosts" -o LogLevel=ERROR \
+    "${SSH_USER}@$1" "$2"
+}
+
+# printable: what a node sent, without control characters (no terminal escapes in the output).
+printable() { LC_ALL=C tr -d '\000-\010\013-\037\177'; }
+
+# node_status ROLE IP: the node's bootstrap status (empty: none yet). ROLE is control or worker.
+node_status() {
+  if [ "$1" = control ]; then
+    cat "${ROOT}${BOOTSTRAP_STATUS}" 2>/dev/null | printable || :
+  else
+    ssh_node "$2" "sudo cat $(printf %q "$BOOTSTRAP_STATUS") 2>/dev/null || :" 2>/dev/null | printable
+  fi
+}
+
+# field NAME: the value of NAME in a status read on stdin.
+field() { sed -n "s/^$1=//p" | head -n 1; }
+
+node_label() { if [ "$1" = control ]; then echo "control node $2"; else echo "worker $2"; fi; }
+
+# report_bootstrap_failure ROLE IP REACH STATUS: on stderr, the failed step, the last lines of
+# the node's bootstrap log (redacted) and the command that reaches the node; the summary for
+# the step's FAILED line on stdout.
+report_bootstrap_failure() {
+  local role=$1 ip=$2 reach=$3 status=$4 label where
+  label=$(node_label "$role" "$ip")
+  where="$(field script <<<"$status") step \"$(field step <<<"$status")\""
+  {
+    echo "--- ${label}: bootstrap FAILED at ${where}" \
+      "(exit $(field exit <<<"$status"), $(field time <<<"$status")): $(field message <<<"$status")" | redact
+    echo "--- last ${FAILURE_LOG_LINES} lines of ${BOOTSTRAP_LOG} on ${label} (tokens and keys redacted):"
+    if [ "$role" = control ]; then
+      tail -n "$FAILURE_LOG_LINES" "${ROOT}${BOOTSTRAP_LOG}" 2>&1 | printable | redact || :
+    else
+      ssh_node "$ip" "sudo tail -n ${FAILURE_LOG_LINES} $(printf %q "$BOOTSTRAP_LOG")" 2>&1 | printable | redact || :
+    fi
+    echo "--- reach it: ${reach}"
+  } >&2
+  echo "${label} failed its bootstrap at ${where}"
+}
+
+# bootstrap_failed ROLE IP REACH: true (after reporting it) when the node's bootstrap failed.
+bootstrap_failed() {
+  local status
+  status=$(node_status "$1" "$2") || return 1 # a worker that does not answer has not failed yet
+  [ "$(field state <<<"$status")" = failed ] || return 1
+  report_bootstrap_failure "$1" "$2" "$3" "$status"
 }

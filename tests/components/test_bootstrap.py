@@ -72,7 +72,8 @@ def test_each_worker_joins_with_its_own_short_lived_token_registered_over_ssh(de
         )
         token = join["discovery"]["bootstrapToken"]["token"]
         step = f"testbed-worker-{index}-join-token"
-        assert step_secrets(default_run, step) == {"JOIN_TOKEN": token}
+        assert step_secrets(default_run, step).keys() == {"JOIN_TOKEN", "SSH_PRIVATE_KEY"}
+        assert step_secrets(default_run, step)["JOIN_TOKEN"] == token
         assert step_args(default_run, step)["NODE_IP"] == ip
         assert int(step_args(default_run, step)["TTL_SECONDS"]) <= 4 * 3600
         # a replaced worker gets its token registered again
@@ -227,6 +228,7 @@ def expected_env(s, role: str) -> dict[str, str]:
         "KUBERNETES_MINOR": s.kubernetes_minor,
         "SHARE_DIR": "/mnt/share",
         "KUBEADM_CONFIG": "/etc/testbed/kubeadm.yaml",
+        "BOOTSTRAP_STATUS": "/var/log/testbed-bootstrap.status",  # beside the log, where the gate reads it
     }
     if role == "control":
         return {
@@ -277,7 +279,7 @@ def test_each_node_gets_its_parameters_files_and_scripts_in_order(default_run, n
     assert {f["owner"] for f in doc["write_files"]} == {"root:root"}
     for name in ("testbed-lib.sh", *scripts):
         script_file = files[f"/opt/testbed/{name}"]
-        assert script_file["content"] == bootstrap.script(name) and script_file["permissions"] == "0755"
+        assert script_file["content"] == bootstrap.shipped(name) and script_file["permissions"] == "0755"
     (command,) = doc["runcmd"]
     chain = " && ".join(f"/opt/testbed/{n}" for n in scripts)
     log = "/var/log/testbed-bootstrap.log"  # created 0600 before anything is logged: it may hold tokens' traces
@@ -297,10 +299,34 @@ def test_each_node_gets_its_parameters_files_and_scripts_in_order(default_run, n
 
 
 def test_scripts_stay_readable_in_user_data(default_run):
-    """Multi-line files are YAML literal blocks: each script line appears as written."""
+    """Multi-line files are YAML literal blocks: each script line appears as written, but for
+    the comment lines, which stay in the repository (EC2's 16 KiB)."""
     text = user_data_of(default_run, "testbed-control-instance")
-    for line in bootstrap.script("control-plane.sh").splitlines():
+    lines = bootstrap.script("control-plane.sh").splitlines()
+    kept = [line for line in lines if not line.lstrip().startswith("# ") or line.startswith("# shellcheck ")]
+    assert len(kept) < len(lines)
+    for line in kept:
         assert ("    " + line).rstrip() in text.splitlines(), line
+    assert (
+        "    # Control node: NFS export of the shared directory, Slurm state directory, kubeadm init with" not in text
+    )
+
+
+def test_shipped_scripts_keep_the_shebang_shellcheck_directives_code_and_here_documents(tmp_path):
+    (tmp_path / "x.sh").write_text(
+        "#!/usr/bin/env bash\n# why\n  # indented why\n# shellcheck source=lib.sh\n. lib.sh\n"
+        "cat <<'EOF'\n# kept: data\nEOF\nx <<<\"$y\"  # trailing comment kept\n# gone\necho '#'\n"
+    )
+    original = bootstrap.SCRIPTS_DIR
+    try:
+        bootstrap.SCRIPTS_DIR = tmp_path
+        shipped = bootstrap.shipped("x.sh")
+    finally:
+        bootstrap.SCRIPTS_DIR = original
+    assert shipped == (
+        "#!/usr/bin/env bash\n# shellcheck source=lib.sh\n. lib.sh\n"
+        "cat <<'EOF'\n# kept: data\nEOF\nx <<<\"$y\"  # trailing comment kept\necho '#'\n"
+    )
 
 
 def test_user_data_of_exactly_the_ec2_limit_is_accepted():
@@ -317,8 +343,45 @@ def test_rendered_files_keep_a_stable_readable_order(default_run):
     """Byte-identical renders across runs, and in the order people read them."""
     user_data = user_data_of(default_run, "testbed-control-instance")
     env = written_file(user_data, bootstrap.ENV_FILE).splitlines()
-    assert env == sorted(env) and len(env) == 12
+    assert env == sorted(env) and len(env) == 13
     kubeadm = written_file(user_data, bootstrap.KUBEADM_CONFIG)
     assert kubeadm.startswith("apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbootstrapTokens:\n")
     assert "\n---\napiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n" in kubeadm
     assert user_data.startswith("#cloud-config\nwrite_files:\n- path: /etc/testbed/bootstrap.env\n")
+
+
+def test_the_gate_and_the_join_token_steps_read_each_nodes_status_where_its_bootstrap_records_it(default_run):
+    """Where the bootstrap records (its parameter file) is where the steps on the control node read;
+    they reach a worker over SSH with the stack's key, and tell you the command that reaches each node."""
+    s = default_run.settings
+    (eip,) = by_type(default_run, tokens.EIP)
+    public_ip = eip.outputs["publicIp"]
+    nodes = [("testbed-control-instance", s.control_private_ip)] + [
+        (f"testbed-worker-{i}-instance", ip) for i, ip in enumerate(s.worker_private_ips)
+    ]
+    for name, _ in nodes:
+        assert parsed_env(written_file(user_data_of(default_run, name), bootstrap.ENV_FILE))["BOOTSTRAP_STATUS"] == (
+            host_layout.BOOTSTRAP_STATUS
+        )
+    gate = step_args(default_run, "testbed-readiness-wait")
+    reach = {s.control_private_ip: f"ssh ubuntu@{public_ip}"} | {
+        ip: f"ssh -J ubuntu@{public_ip} ubuntu@{ip}" for ip in s.worker_private_ips
+    }
+    assert gate["NODES"].splitlines() == [
+        f"{'control' if ip == s.control_private_ip else 'worker'} {ip} {name}-placeholder {reach[ip]}"
+        for name, ip in nodes
+    ]
+    key = default_run.outputs["sshPrivateKey"]
+    assert step_secrets(default_run, "testbed-readiness-wait")["SSH_PRIVATE_KEY"] == key
+    for index, ip in enumerate(s.worker_private_ips):
+        step = f"testbed-worker-{index}-join-token"
+        args = step_args(default_run, step)
+        assert args["BOOTSTRAP_STATUS"] == gate["BOOTSTRAP_STATUS"] == host_layout.BOOTSTRAP_STATUS
+        assert args["BOOTSTRAP_LOG"] == gate["BOOTSTRAP_LOG"] == host_layout.BOOTSTRAP_LOG
+        assert (args["NODE_REACH"], args["CONTROL_IP"], args["CONTROL_REACH"]) == (
+            reach[ip],
+            s.control_private_ip,
+            reach[s.control_private_ip],
+        )
+        assert args["SSH_USER"] == gate["SSH_USER"] == host_layout.SSH_USER
+        assert step_secrets(default_run, step)["SSH_PRIVATE_KEY"] == key

@@ -326,11 +326,13 @@ class Sandbox:
             f.write(f"{times} {prefix}\n")
 
     def snapshot(self) -> dict[str, bytes]:
-        """Every file under the root but the bootstrap log, which each run appends to by design."""
+        """Every file under the root but the bootstrap log, which each run appends to, and the
+        bootstrap status, which each run rewrites with its time, by design."""
+        moving = (self.path(host_layout.BOOTSTRAP_LOG), self.path(host_layout.BOOTSTRAP_STATUS))
         return {
             str(p.relative_to(self.root)): p.read_bytes()
             for p in sorted(self.root.rglob("*"))
-            if p.is_file() and p != self.path(host_layout.BOOTSTRAP_LOG)
+            if p.is_file() and p not in moving
         }
 
     def log_setup(self) -> list[str]:
@@ -738,3 +740,83 @@ def test_the_control_node_exports_a_share_every_job_user_can_write(tmp_path):
     succeeded(box.run())
     # sticky and world-writable, like /tmp: Slurm and Kubernetes jobs run as various users
     assert box.path(host_layout.SHARE_DIR).stat().st_mode & 0o7777 == 0o1777
+
+
+def recorded_status(box: Sandbox) -> dict[str, str]:
+    path = box.path(host_layout.BOOTSTRAP_STATUS)
+    assert path.stat().st_mode & 0o777 == 0o600  # root-only, like the log beside it
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
+
+
+@pytest.mark.parametrize(
+    "user_data, failing, script, step",
+    [
+        (
+            control_user_data,
+            "modprobe br_netfilter",
+            "node-common.sh",
+            "kernel modules and sysctls for the pod network",
+        ),
+        (control_user_data, "kubeadm init", "control-plane.sh", "kubeadm init"),
+        (control_user_data, "kubectl apply", "control-plane.sh", f"Flannel {S.flannel_version}"),
+        (worker_user_data, "modprobe nvidia", "gpu-worker.sh", f"NVIDIA {S.nvidia_driver_branch}-server driver"),
+        (
+            worker_user_data,
+            "kubeadm join",
+            "gpu-worker.sh",
+            f"kubeadm join {S.control_private_ip}:6443 (retried until the control plane answers)",
+        ),
+        (worker_user_data, "crictl", "gpu-worker.sh", "images for the first slurmd pod and the example jobs"),
+    ],
+    ids=["modprobe-br_netfilter", "kubeadm-init", "flannel", "modprobe-nvidia", "kubeadm-join", "image-pull"],
+)
+def test_a_failing_step_records_its_script_step_and_message_root_only(tmp_path, user_data, failing, script, step):
+    box = Sandbox(tmp_path, user_data())
+    box.fail(failing)
+    run = box.run()
+    assert run.returncode != 0
+    status = recorded_status(box)
+    assert (status["state"], status["script"], status["step"], status["exit"]) == ("failed", script, step, "1")
+    assert f"testbed: FAILED: {status['message']}" == run.failed_lines()[-1].split(" ", 1)[1]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", status["time"])
+
+
+def test_a_failing_command_records_its_own_exit_status(tmp_path):
+    box = Sandbox(tmp_path, control_user_data())
+    (box.bin / "swapoff").write_text(f"#!{shutil.which('bash')}\nexit 7\n")
+    assert box.run().returncode != 0
+    status = recorded_status(box)
+    assert (status["step"], status["exit"]) == ("swap off (kubelet refuses to start with swap)", "7")
+    assert status["message"].startswith("node-common.sh line ") and status["message"].endswith(": swapoff -a (exit 7)")
+
+
+@pytest.mark.parametrize("role", ["control", "worker"])
+def test_a_bootstrap_that_succeeds_records_it_on_every_run(tmp_path, role):
+    box = Sandbox(tmp_path, control_user_data() if role == "control" else worker_user_data())
+    script, last_step = (
+        ("control-plane.sh", "admin kubeconfig for ubuntu")
+        if role == "control"
+        else ("gpu-worker.sh", "images for the first slurmd pod and the example jobs")
+    )
+    for _ in range(2):
+        succeeded(box.run())
+        status = recorded_status(box)
+        assert (status["state"], status["script"], status["step"], status["exit"]) == (
+            "succeeded",
+            script,
+            last_step,
+            "",
+        )
+
+
+def test_the_status_is_recorded_from_the_first_line_of_the_first_script(tmp_path):
+    """A bootstrap that stops before its first step still says where: node-common.sh, at its start."""
+    box = Sandbox(tmp_path, worker_user_data())
+    env = box.read(bootstrap.ENV_FILE)
+    box.write(
+        bootstrap.ENV_FILE, "".join(line for line in env.splitlines(True) if not line.startswith("KUBERNETES_MINOR="))
+    )
+    assert box.run().returncode != 0
+    status = recorded_status(box)
+    assert (status["state"], status["script"], status["step"]) == ("failed", "node-common.sh", "start")
+    assert "parameter KUBERNETES_MINOR is not set" in status["message"]

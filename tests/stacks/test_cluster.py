@@ -8,7 +8,7 @@ import yaml
 from components import cluster_identity, host_layout, remote_script
 from stacks.offline import is_secret, reveal
 from tests import tokens
-from tests.conftest import by_type, step_args
+from tests.conftest import by_type, step_args, step_secrets
 
 
 def test_provider_waits_for_the_readiness_gate(default_run):
@@ -26,10 +26,13 @@ def test_gate_runs_the_readiness_script_on_the_control_node_as_ubuntu(default_ru
     assert is_secret(gate.inputs["connection"])  # it carries the private key
     from components import bootstrap
 
-    assert reveal(gate.inputs["stdin"]) == bootstrap.script("wait-cluster-ready.sh")
+    assert remote_script.script_of(reveal(gate.inputs["stdin"])) == bootstrap.script("wait-cluster-ready.sh")
     args = step_args(default_run, gate.name)
     assert int(args["TIMEOUT_SECONDS"]) >= 30 * 60 and args["REGION"] == default_run.settings.region
     assert args["BOOTSTRAP_LOG"] == host_layout.BOOTSTRAP_LOG and args["KUBECONFIG"] == host_layout.ADMIN_KUBECONFIG
+    # it reads the workers' bootstrap status over SSH from the control node, with the stack's key
+    assert step_secrets(default_run, gate.name) == {"SSH_PRIVATE_KEY": connection["privateKey"]}
+    assert connection["privateKey"] == default_run.outputs["sshPrivateKey"]
 
 
 def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_client_cert(default_run):
