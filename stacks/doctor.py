@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from components import host_layout, names, slurmd_scaling
+from components import host_layout, names, readiness_gate, slurmd_scaling
 from stacks import checklist, offline
 from stacks.checklist import FAIL, OK, Check
 from stacks.settings import Settings, SettingsError, load, show
@@ -111,10 +111,10 @@ class Ssh:
         self.control = control_public_ip
 
     def command(self, private_ip: str, is_control: bool) -> list[str]:
+        """The command the readiness gate tells you to reach the node with, this key's config added."""
         remote = f"sudo tail -n {LOG_LINES} {host_layout.BOOTSTRAP_LOG}"
-        hop = [] if is_control else ["-J", f"{host_layout.SSH_USER}@{self.control}"]
-        target = self.control if is_control else private_ip
-        return ["ssh", "-F", str(self.config), *hop, f"{host_layout.SSH_USER}@{target}", remote]
+        ssh, *reach = readiness_gate.ssh_command(self.control, None if is_control else private_ip)
+        return [ssh, "-F", str(self.config), *reach, remote]
 
     def log_tail(self, private_ip: str, is_control: bool) -> str:
         try:

@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError
 
-from components import host_layout, keda, names, slurmd_scaling
+from components import host_layout, keda, names, readiness_gate, slurmd_scaling
 from stacks import doctor
 from stacks.checklist import FAIL, OK
 from stacks.settings import load
@@ -170,6 +170,17 @@ def test_a_missing_and_a_notready_worker_bring_their_log_tails_redacted(tmp_path
     config_text = (tmp_path / "ssh_config").read_text()
     assert "BatchMode yes" in config_text and f"ConnectTimeout {doctor.SSH_CONNECT_TIMEOUT}" in config_text
     assert oct((tmp_path / "id_testbed").stat().st_mode & 0o777) == "0o600"
+
+
+def test_doctor_reaches_each_node_with_the_command_the_readiness_gate_prints(tmp_path):
+    s = settings()
+    ssh = ssh_logs(tmp_path)
+    for ip, is_control in ((s.control_private_ip, True), (s.worker_private_ips[0], False)):
+        words = ssh.command(ip, is_control)
+        assert words[1:3] == ["-F", str(tmp_path / "ssh_config")]
+        printed = readiness_gate.ssh_command(PUBLIC_IP, None if is_control else ip)
+        assert [words[0], *words[3:-1]] == printed
+    assert printed == ["ssh", "-J", f"ubuntu@{PUBLIC_IP}", f"ubuntu@{s.worker_private_ips[0]}"]
 
 
 def test_the_control_node_log_is_read_directly(tmp_path, stub_ssh):
