@@ -26,6 +26,7 @@ from stacks.settings import Settings, SettingsError, load, show
 GPU_RESOURCE = "nvidia.com/gpu"
 LOG_LINES = 40
 SSH_CONNECT_TIMEOUT = 10
+EXEC_TIMEOUT_SECONDS = 30  # a command in a pod, e.g. sinfo in slurmctld
 
 # Namespaces of the platform's releases: every pod in them must be Ready (or Succeeded).
 PLATFORM_NAMESPACES = (
@@ -305,10 +306,13 @@ class KubeApi:
     def __init__(self, api_client: Any, n: names.Names):
         from kubernetes import client
 
+        from validation.cluster import KubeCluster
+
         self.api, self.n = api_client, n
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.autoscaling = client.AutoscalingV2Api(api_client)
+        self.cluster = KubeCluster(api_client, n.slurm, exec_timeout=EXEC_TIMEOUT_SECONDS)
 
     def _plain(self, obj: Any) -> Any:
         return self.api.sanitize_for_serialization(obj)
@@ -329,30 +333,15 @@ class KubeApi:
             self.custom.create_cluster_custom_object(group, version, plural, obj, dry_run="All")
 
     def exec(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str]:
-        from kubernetes.stream import stream
+        """Through validation's exec, the one reading of the kubernetes client's exec stream; a
+        command that could not run (no connection, no exit status, no end in time) exits 1 with why."""
+        from validation.cluster import ClusterError
 
-        ws = stream(
-            self.core.connect_get_namespaced_pod_exec,
-            pod,
-            namespace,
-            container=container,
-            command=command,
-            stdin=False,
-            stdout=True,
-            stderr=True,
-            tty=False,
-            _preload_content=False,
-        )
         try:
-            ws.run_forever(timeout=30)
-            out = ws.read_stdout(timeout=0) + ws.read_stderr(timeout=0)
-            try:
-                code = ws.returncode
-            except (TypeError, ValueError):  # no or an InternalError status frame (kubernetes 34.1.0 ws_client)
-                code = None
-        finally:
-            ws.close()
-        return (1 if code is None else code), out
+            code, out, err = self.cluster._exec(namespace, pod, container, command)
+        except ClusterError as error:
+            return 1, str(error)
+        return code, out + err
 
     def get(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)

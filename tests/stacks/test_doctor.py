@@ -16,6 +16,7 @@ from stacks import doctor
 from stacks.checklist import FAIL, OK
 from stacks.settings import load
 from tests.conftest import config
+from tests.validation.test_exec_stream import NON_ZERO, SUCCESS, FakeExecServer, status
 
 PUBLIC_IP = "198.51.100.10"
 TOKEN = "abcdef.0123456789abcdef"
@@ -343,3 +344,28 @@ def test_a_missing_object_is_a_failed_check_not_a_crash():
 
     failed = [c for c in doctor.Doctor(s, NoScaledObject(s), None).run() if c.status == FAIL]
     assert [(c.name, c.detail) for c in failed] == [("scaledobject", "API error 404 Not Found")]
+
+
+def test_the_real_adapter_execs_through_validations_exec_stream():
+    """doctor's exec is validation's (KubeCluster._exec), against a fake API server speaking the
+    exec websocket: output and exit code come back, and a stream without an exit status is exit 1
+    with why, not a crash."""
+    from kubernetes import client
+
+    servers = [
+        FakeExecServer([("send", 1, "gpu* up 4 idle\n"), ("send", 2, "warn\n"), status(SUCCESS), ("close",)]),
+        FakeExecServer([("send", 2, "no\n"), status(NON_ZERO), ("close",)]),
+        FakeExecServer([("send", 1, "gpu"), ("close",)]),
+    ]
+    try:
+        answers = []
+        for server in servers:
+            configuration = client.Configuration(host=f"http://127.0.0.1:{server.port}")
+            kube = doctor.KubeApi(client.ApiClient(configuration), names.Names.from_settings(settings()))
+            answers.append(kube.exec("slurm", "slurm-controller-0", "slurmctld", ["sinfo"]))
+    finally:
+        for server in servers:
+            server.stop()
+    assert answers[:2] == [(0, "gpu* up 4 idle\nwarn\n"), (3, "no\n")]
+    assert answers[2][0] == 1 and answers[2][1].startswith("exec sinfo in slurm/slurm-controller-0: ")
+    assert servers[0].requests[0]["path"] == "/api/v1/namespaces/slurm/pods/slurm-controller-0/exec"
