@@ -41,7 +41,8 @@ record() {
   [ -n "$STATUS_FILE" ] || return 0
   local message=${3:-}
   (umask 077 && printf 'state=%s\nscript=%s\nstep=%s\nexit=%s\ntime=%s\nmessage=%s\n' \
-    "$1" "${0##*/}" "$STEP" "${2:-}" "$(date -u +%FT%TZ)" "${message//$'\n'/ }" >"$STATUS_FILE")
+    "$1" "${0##*/}" "$STEP" "${2:-}" "$(date -u +%FT%TZ)" "${message//$'\n'/ }" >"$STATUS_FILE") \
+    || log "cannot record the bootstrap status in ${STATUS_FILE}" # the log still says it all
 }
 
 # step NAME...: a step of the bootstrap starts (logged, and recorded as the running step).
@@ -164,7 +165,7 @@ node_status() {
 }
 
 # field NAME: the value of NAME in a status read on stdin.
-field() { sed -n "s/^$1=//p" | head -n 1; }
+field() { sed -n "/^$1=/{s///p;q}"; }
 
 node_label() { if [ "$1" = control ]; then echo "control node $2"; else echo "worker $2"; fi; }
 
