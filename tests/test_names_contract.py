@@ -48,7 +48,7 @@ def test_no_artifact_names_the_default_nodeset_or_four_gpus(renamed):
 def test_the_readiness_gate_waits_for_exactly_the_configured_nodes(renamed):
     rec, _ = renamed
 
-    assert len(step_args(rec, "testbed-readiness-wait")["NODES"].split()) == 1 + SETTINGS["workerCount"]
+    assert len(step_args(rec, "testbed-readiness-wait")["NODES"].splitlines()) == 1 + SETTINGS["workerCount"]
 
 
 def test_the_runner_dry_run_agrees_with_the_artifacts(capsys):

@@ -143,26 +143,24 @@ private_dir() {
   (umask 077 && printf '%s\n' "${SSH_PRIVATE_KEY%$'\n'}" >"$PRIVATE_DIR/key")
 }
 
-# ssh_node IP COMMAND: run COMMAND on worker IP; exit 255 when it does not answer. A host key is
-# accepted on first use (this step's own known_hosts): the node is in the VPC, it was just
-# created, and only public-key authentication is offered to it.
-ssh_node() {
-  ssh -F /dev/null -i "$PRIVATE_DIR/key" -o IdentitiesOnly=yes -o BatchMode=yes -o ConnectTimeout=10 \
-    -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile="$PRIVATE_DIR/known_hosts" -o LogLevel=ERROR \
-    "${SSH_USER}@$1" "$2"
-}
-
-# printable: what a node sent, without control characters (no terminal escapes in the output).
-printable() { LC_ALL=C tr -d '\000-\010\013-\037\177'; }
-
-# node_status ROLE IP: the node's bootstrap status (empty: none yet). ROLE is control or worker.
-node_status() {
+# on_node ROLE IP COMMAND FILE: COMMAND FILE as root on the node (ROLE control: this one; worker:
+# over SSH, exit 255 when it does not answer), its output without control characters (no
+# terminal escapes from a node). A worker's host key is accepted on first use, into this step's
+# own known_hosts: the node is in the VPC, just created, and only a public key is offered to it.
+on_node() {
   if [ "$1" = control ]; then
-    cat "${ROOT}${BOOTSTRAP_STATUS}" 2>/dev/null | printable || :
+    # shellcheck disable=SC2086 # COMMAND is words, e.g. "tail -n 20"
+    $3 "${ROOT}$4"
   else
-    ssh_node "$2" "sudo cat $(printf %q "$BOOTSTRAP_STATUS") 2>/dev/null || :" 2>/dev/null | printable
-  fi
+    ssh -F /dev/null -i "$PRIVATE_DIR/key" -o IdentitiesOnly=yes -o BatchMode=yes -o ConnectTimeout=10 \
+      -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile="$PRIVATE_DIR/known_hosts" -o LogLevel=ERROR \
+      "${SSH_USER}@$2" "sudo $3 $(printf %q "$4")"
+  fi | LC_ALL=C tr -d '\000-\010\013-\037\177'
 }
+
+# node_status ROLE IP: the node's bootstrap status, empty when it has none yet; fails only when
+# a worker does not answer.
+node_status() { on_node "$1" "$2" cat "$BOOTSTRAP_STATUS" 2>/dev/null || [ $? -ne 255 ]; }
 
 # field NAME: the value of NAME in a status read on stdin.
 field() { sed -n "/^$1=/{s///p;q}"; }
@@ -170,30 +168,25 @@ field() { sed -n "/^$1=/{s///p;q}"; }
 node_label() { if [ "$1" = control ]; then echo "control node $2"; else echo "worker $2"; fi; }
 
 # report_bootstrap_failure ROLE IP REACH STATUS: on stderr, the failed step, the last lines of
-# the node's bootstrap log (redacted) and the command that reaches the node; the summary for
-# the step's FAILED line on stdout.
+# the node's bootstrap log (redacted) and the command that reaches the node; on stdout the
+# summary for the step's FAILED line.
 report_bootstrap_failure() {
-  local role=$1 ip=$2 reach=$3 status=$4 label where
-  label=$(node_label "$role" "$ip")
-  where="$(field script <<<"$status") step \"$(field step <<<"$status")\""
+  local label where
+  label=$(node_label "$1" "$2")
+  where="$(field script <<<"$4") step \"$(field step <<<"$4")\""
   {
-    echo "--- ${label}: bootstrap FAILED at ${where}" \
-      "(exit $(field exit <<<"$status"), $(field time <<<"$status")): $(field message <<<"$status")" | redact
+    echo "--- ${label}: bootstrap FAILED at ${where} (exit $(field exit <<<"$4"), $(field time <<<"$4")):" \
+      "$(field message <<<"$4")" | redact
     echo "--- last ${FAILURE_LOG_LINES} lines of ${BOOTSTRAP_LOG} on ${label} (tokens and keys redacted):"
-    if [ "$role" = control ]; then
-      tail -n "$FAILURE_LOG_LINES" "${ROOT}${BOOTSTRAP_LOG}" 2>&1 | printable | redact || :
-    else
-      ssh_node "$ip" "sudo tail -n ${FAILURE_LOG_LINES} $(printf %q "$BOOTSTRAP_LOG")" 2>&1 | printable | redact || :
-    fi
-    echo "--- reach it: ${reach}"
+    on_node "$1" "$2" "tail -n ${FAILURE_LOG_LINES}" "$BOOTSTRAP_LOG" 2>&1 | redact || :
+    echo "--- reach it: $3"
   } >&2
   echo "${label} failed its bootstrap at ${where}"
 }
 
-# bootstrap_failed ROLE IP REACH: true (after reporting it) when the node's bootstrap failed.
+# bootstrap_failed ROLE IP REACH: true, after reporting it, when the node's bootstrap failed.
 bootstrap_failed() {
   local status
-  status=$(node_status "$1" "$2") || return 1 # a worker that does not answer has not failed yet
-  [ "$(field state <<<"$status")" = failed ] || return 1
-  report_bootstrap_failure "$1" "$2" "$3" "$status"
+  status=$(node_status "$1" "$2") && [ "$(field state <<<"$status")" = failed ] || return 1
+  report_bootstrap_failure "$@" "$status"
 }

@@ -65,10 +65,10 @@ done
 dir=$STUB/nodes.d/${1#*@}
 [ -d "$dir" ] || { echo "ssh: connect to host ${1#*@} port 22: Connection timed out" >&2; exit 255; }
 case $2 in
-  "sudo cat /var/log/testbed-bootstrap.status 2>/dev/null || :")
+  "sudo cat /var/log/testbed-bootstrap.status")
     reads=$(($(cat "$dir/reads" 2>/dev/null || echo 0) + 1))
     echo "$reads" >"$dir/reads"
-    if [ -f "$dir/fail_after" ] && [ "$reads" -gt "$(cat "$dir/fail_after")" ]; then cat "$dir/failed"; else cat "$dir/status" 2>/dev/null || :; fi ;;
+    if [ -f "$dir/fail_after" ] && [ "$reads" -gt "$(cat "$dir/fail_after")" ]; then cat "$dir/failed"; else cat "$dir/status"; fi ;;
   "sudo tail -n 20 /var/log/testbed-bootstrap.log") tail -n 20 "$dir/log" ;;
   *) echo "stub ssh: unexpected command $2" >&2; exit 2 ;;
 esac
@@ -350,7 +350,7 @@ def test_readiness_gate_passes_once_every_node_is_ready_with_its_bootstrap_done(
     assert len(calls) == 2 and not [c for c in calls if "10.0.0.10" in c]  # the control node's own file is local
     for call, ip in zip(sorted(calls), ("10.0.0.20", "10.0.0.21"), strict=True):
         assert call.startswith("ssh -F /dev/null -i ") and " -o BatchMode=yes " in call
-        assert call.endswith(f" ubuntu@{ip} sudo cat {host_layout.BOOTSTRAP_STATUS} 2>/dev/null || :")
+        assert call.endswith(f" ubuntu@{ip} sudo cat {host_layout.BOOTSTRAP_STATUS}")
     assert_key_handled_privately(stub, result)
 
 

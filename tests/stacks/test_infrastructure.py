@@ -24,9 +24,9 @@ def test_worker_count_changes_instances_gate_and_outputs(count):
     worker_ips = sorted(w.inputs["privateIp"] for w in workers)
     assert sorted(rec.outputs["workerPrivateIps"]) == worker_ips
     gate = rec.named("testbed-readiness-wait")
-    waited_for = step_args(rec, gate.name)["NODES"].split()
+    waited_for = [line.split()[1:3] for line in step_args(rec, gate.name)["NODES"].splitlines()]  # ROLE IP ID REACH
     nodes = [*instances(rec, "control-plane"), *workers]
-    assert sorted(waited_for) == sorted(f"{n.inputs['privateIp']}={n.name}-placeholder" for n in nodes)
+    assert sorted(waited_for) == sorted([n.inputs["privateIp"], f"{n.name}-placeholder"] for n in nodes)
     assert {w.urn for w in workers} <= set(gate.depends_on)
 
 
