@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from components.names import AI_LOCAL_QUEUE, GPU_RESOURCE
+from components.names import AI_CLUSTER_QUEUE, AI_LOCAL_QUEUE, GPU_RESOURCE
 from twin.kube import KubeJob, Kubernetes
 
 # requeuingStrategy backoffBaseSeconds and backoffMaxSeconds defaults (apis/config/v1beta2/configuration_types.go)
@@ -89,6 +89,7 @@ class Workload:
     ready: bool = False
     evictions: int = 0
     requeue_at: float = 0.0
+    cluster_queue: str = AI_CLUSTER_QUEUE
 
 
 @dataclass
@@ -109,6 +110,16 @@ class Kueue:
     @property
     def used(self) -> int:
         return sum(w.gpus for w in self.workloads if w.admitted_at is not None and w.job.finished is None)
+
+    def pending_gpus(self, cluster_queue: str) -> int:
+        """What `kueue_cluster_queue_resource_pending{cluster_queue, resource="nvidia.com/gpu"}` reads:
+        the GPUs requested by the queue's workloads not admitted, waiting or backing off
+        (pkg/cache/queue/cluster_queue.go pendingResources: heap, inadmissible and in flight)."""
+        return sum(
+            w.gpus
+            for w in self.workloads
+            if w.cluster_queue == cluster_queue and w.admitted_at is None and w.job.finished is None
+        )
 
     def step(self, kube: Kubernetes, now: float) -> None:
         for w in self.workloads:

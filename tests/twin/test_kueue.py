@@ -8,10 +8,11 @@ import pytest
 
 from components import kueue as program_kueue
 from components import slurmd_scaling as scaling
-from components.names import GpuShares
+from components.names import AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE, GpuShares
 from stacks import offline, settings
 from twin import kube, program, scenario, sim
-from twin.kueue import Kueue, quota_for_local_queue
+from twin.kube import Kubernetes
+from twin.kueue import Kueue, Quota, quota_for_local_queue
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -93,3 +94,17 @@ def test_the_kueue_switch_is_a_boolean_named_in_the_problem_line():
     with pytest.raises(scenario.ScenarioError) as error:
         scenario.parse({"duration": 10, "kueue": "on"})
     assert error.value.problems == ['kueue: "on" is not allowed; expected true or false']
+
+
+def test_pending_gpus_counts_what_waits_in_each_cluster_queue():
+    """B's scaler reads this as kueue_cluster_queue_resource_pending: only not-admitted work."""
+    kueue = Kueue(Quota(nominal=2, borrowing_limit=None, lendable=0), pods_ready_timeout=600.0)
+    kube = Kubernetes(gpus=2, cold=False)
+    fits = kube.submit("fits", "job", 2, 100.0, 0.0, suspended=True)
+    waits = kube.submit("waits", "pytorchjob", 3, 100.0, 0.0, suspended=True)
+    kueue.add(fits, 2, 0.0)
+    kueue.add(waits, 3, 1.0)
+    assert kueue.pending_gpus(AI_CLUSTER_QUEUE) == 5
+    kueue.step(kube, 2.0)
+    assert kueue.pending_gpus(AI_CLUSTER_QUEUE) == 3
+    assert kueue.pending_gpus(HPC_CLUSTER_QUEUE) == 0
