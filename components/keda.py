@@ -11,7 +11,17 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm, remote_script, slurmd_scaling
-from components.names import KEDA_NAMESPACE, NODESET_GROUP, NODESET_KIND, NODESET_VERSION, Names, SlurmNames
+from components.names import (
+    AI_CLUSTER_QUEUE,
+    GPU_RESOURCE,
+    JOBS_NAMESPACE,
+    KEDA_NAMESPACE,
+    NODESET_GROUP,
+    NODESET_KIND,
+    NODESET_VERSION,
+    Names,
+    SlurmNames,
+)
 
 REPO = "https://kedacore.github.io/charts"
 EXTERNAL_METRICS_API = "apiservice/v1beta1.external.metrics.k8s.io"
@@ -45,7 +55,33 @@ def scaling_target(names: SlurmNames) -> slurmd_scaling.Target:
         # The RestApi's Deployment and Service share one name, Key() = ServiceKey()
         # (SlinkyProject/slurm-operator@v1.0.0:api/v1beta1/restapi_keys.go).
         restapi_deployment=names.restapi_service,
+        ai_cluster_queue=AI_CLUSTER_QUEUE,
+        ai_namespace=JOBS_NAMESPACE,
+        gpu_resource=GPU_RESOURCE,
     )
+
+
+def _demand_aware(n: Names) -> dict:
+    """What the demand-aware policy changes: the triggers are combined by a formula, and the
+    cooldown (kedaCooldownSeconds) lives in its `recently_busy` query, so KEDA's cooldownPeriod and
+    the HPA's scale-down window are 0 and a GPU goes back as soon as the formula says so.
+    kedacore/keda@v2.16.1: apis/keda/v1alpha1/scaledobject_types.go (ScalingModifiers, a
+    cooldownPeriod pointer: 0 is 0, pkg/scaling/executor/scale_scaledobjects.go), controllers/keda/
+    hpa.go (the composite metric with this target and metricType; behavior passed through).
+    An unset scale-down window would be the controller's 300 s default (kubernetes/kubernetes@
+    v1.34.0:pkg/apis/autoscaling/v2/defaults.go leaves it nil); the policies stay the defaults."""
+    return {
+        "cooldownPeriod": 0,
+        "advanced": {
+            "scalingModifiers": {
+                "formula": slurmd_scaling.formula(scaling_target(n.slurm)),
+                "target": "1",
+                "activationTarget": "0",
+                "metricType": "AverageValue",
+            },
+            "horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}},
+        },
+    }
 
 
 def scaled_object(a: KedaArgs) -> dict:
@@ -66,7 +102,10 @@ def scaled_object(a: KedaArgs) -> dict:
             "maxReplicaCount": n.slurmd_max_replicas,
             "cooldownPeriod": n.cooldown_seconds,
             "pollingInterval": n.polling_seconds,
-            "triggers": slurmd_scaling.keda_triggers(n.prometheus_url, scaling_target(n.slurm), a.policy),
+            "triggers": slurmd_scaling.keda_triggers(
+                n.prometheus_url, scaling_target(n.slurm), a.policy, n.cooldown_seconds
+            ),
+            **(_demand_aware(n) if a.policy == slurmd_scaling.DEMAND_AWARE else {}),
         },
     }
 

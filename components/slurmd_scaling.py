@@ -31,13 +31,41 @@ runnable. On top of that:
   (SlinkyProject/slurm-operator@v1.0.0:internal/controller/slurmclient/slurmclient_sync.go,
   internal/controller/nodeset/slurmcontrol/slurmcontrol.go, nodeset/utils/sort.go).
 
-Policies "previous" (busy + max(largest, pending) on `all`, `sum()` and `or vector(0)`) and
-"seed" (the seed article's three triggers) stay selectable for comparison in the twin.
+Policy "demand-aware" (the default) keeps every trigger of "safe" and adds who waits for a GPU:
+replicas = the safe rule's demand, and, only while no Kubernetes GPU work waits, at least
+min(nodes busy at some point in the last kedaCooldownSeconds, slurmd pods that exist). Warmth
+lives in the query, so KEDA's cooldownPeriod and the HPA's scale-down window are 0: with AI
+waiting, the last job's GPU goes back one scrape plus one poll after it ends; with nobody
+waiting, slurmd stays for the cooldown as under "safe".
 
-HPA arithmetic: each trigger is an External metric with metricType AverageValue and
-threshold "1", for which the HPA wants ceil(value / 1) = value replicas; with several
-triggers it takes the largest. KEDA is active while any trigger's value exceeds
-activationThreshold 0; inactive for cooldownPeriod, it scales to idleReplicaCount 0.
+* Waiting AI work is invisible to kube-state-metrics while Kueue keeps it suspended (no pods):
+  Kueue's `kueue_cluster_queue_resource_pending{cluster_queue="ai",resource="nvidia.com/gpu"}`
+  (kubernetes-sigs/kueue@v0.19.2:pkg/metrics/metrics.go, reported by pkg/cache/queue/metrics.go
+  only with the manager's `metrics.enableClusterQueueResources`) sees it. An admitted job whose
+  pods wait at kube-scheduler behind slurmd (Kueue's quota does not see slurmd) is seen by
+  kube-state-metrics' `kube_pod_status_unschedulable` (PodScheduled False; kubernetes/
+  kube-state-metrics internal/store/pod.go) in the jobs' namespace. Both `or vector(0)`: a Kueue
+  or kube-state-metrics outage reads as "nobody waits" (warmth as today), never as a freeze.
+* Oscillation: warmth never adds a pod (the min() with the pods that exist) and stays off for
+  AI_WAIT_MEMORY_SECONDS after anyone last waited, longer than one kube-state-metrics scrape
+  plus a pod's termination. So Slurm does not take a GPU back the moment the AI job is admitted
+  (pending drops to 0) and before its pods run. Only new Slurm work (pending) scales out.
+  With slurmd pods under Kueue too, a pod created while AI holds the quota waits gated; the
+  guard does not depend on that.
+* The formula runs in KEDA 2.16.1 (`advanced.scalingModifiers`, expr-lang/expr v1.16.9, whose
+  builtins include variadic `max`/`min` and `?:`; kedacore/keda@v2.16.1:pkg/scaling/modifiers/
+  formula.go): trigger names are its variables, so they are identifiers. Any trigger error makes
+  the composite metric an error for the HPA and the ScaledObject inactive-with-error for KEDA
+  (pkg/scaling/scale_handler.go GetScaledObjectMetrics, getScaledObjectState): the freeze holds.
+
+Policies "previous" (busy + max(largest, pending) on `all`, `sum()` and `or vector(0)`) and
+"seed" (the seed article's three triggers) stay selectable for comparison in the twin, with
+"safe" as the one before "demand-aware".
+
+HPA arithmetic: each trigger (or the composite metric) is an External metric with metricType
+AverageValue and threshold "1", for which the HPA wants ceil(value / 1) = value replicas; with
+several triggers it takes the largest. KEDA is active while any trigger's value (the formula's)
+exceeds activationThreshold 0; inactive for cooldownPeriod, it scales to idleReplicaCount 0.
 """
 
 from __future__ import annotations
@@ -58,16 +86,24 @@ BUSY_NODE_METRICS = (NODES_ALLOC, NODES_MIXED)
 # kube-state-metrics (in kube-prometheus-stack): the restapi Deployment and the NodeSet's pods.
 RESTAPI_AVAILABLE = "kube_deployment_status_replicas_available"
 POD_INFO = "kube_pod_info"
+POD_UNSCHEDULABLE = "kube_pod_status_unschedulable"
+# Kueue 0.19.2 (pkg/metrics/metrics.go), labels cluster_queue, resource, replica_role.
+KUEUE_PENDING = "kueue_cluster_queue_resource_pending"
 
-SAFE, PREVIOUS, SEED = "safe", "previous", "seed"
-POLICIES = (SAFE, PREVIOUS, SEED)
-DEFAULT_POLICY = SAFE
+DEMAND_AWARE, SAFE, PREVIOUS, SEED = "demand-aware", "safe", "previous", "seed"
+POLICIES = (DEMAND_AWARE, SAFE, PREVIOUS, SEED)
+DEFAULT_POLICY = DEMAND_AWARE
+# Policies that count held/stalled work, every partition, and refuse jobs that can never fit.
+GUARDED_POLICIES = (DEMAND_AWARE, SAFE)
 
 # Slurm's main scheduler runs at least every sched_interval (60 s, SchedMD/slurm@slurm-25-11-0-1:
 # doc/man/man5/slurm.conf.5) and on every submit: two cycles with idle nodes and no start is a stall.
 STALL_SECONDS = 120
 STALL_MEMORY_SECONDS = 1800  # how long work found stalled stays discounted
 SUBQUERY_STEP = "30s"  # the slurmctld scrape interval
+# Warmth stays off this long after AI work last waited: one 30 s kube-state-metrics scrape, a
+# slurmd pod's termination and the next scrape, with margin (see "Oscillation" above).
+AI_WAIT_MEMORY_SECONDS = 120
 
 
 @dataclass(frozen=True)
@@ -79,6 +115,9 @@ class Target:
     namespace: str
     nodeset: str  # NodeSet object name (kube_pod_info created_by_name)
     restapi_deployment: str
+    ai_cluster_queue: str  # Kueue ClusterQueue of the Kubernetes GPU jobs
+    ai_namespace: str  # where their pods run
+    gpu_resource: str  # the resource name Kueue reports pending
 
 
 @dataclass(frozen=True)
@@ -105,6 +144,25 @@ def desired_replicas(
     if max(wishes) <= 0:
         return 0  # inactive: idleReplicaCount once the cooldown has passed
     return max(min_replicas, min(max_replicas, max(math.ceil(w / 1) for w in wishes)))
+
+
+def demand_aware_replicas(
+    m: PartitionMetrics,
+    min_replicas: int,
+    max_replicas: int,
+    ai_waiting: bool,
+    recently_busy: int,
+    pods: int,
+    stalled_pending: int = 0,
+    restapi_down_pods: int = 0,
+) -> int:
+    """The demand-aware policy: the safe rule, kept warm (never grown) by the nodes busy in the last
+    cooldown unless Kubernetes GPU work waits (or waited in the last AI_WAIT_MEMORY_SECONDS)."""
+    demand = desired_replicas(m, min_replicas, max_replicas, stalled_pending, restapi_down_pods)
+    warm = 0 if ai_waiting else min(recently_busy, pods)
+    if max(demand, warm) <= 0:
+        return 0
+    return max(min_replicas, min(max_replicas, max(demand, warm)))
 
 
 # ------------------------------------------------------------------ PromQL
@@ -137,18 +195,50 @@ def _runnable(t: Target) -> str:
     return f"clamp_min({_pending(t)} - {_stalled_pending(t)}, 0)"
 
 
-def _safe_queries(t: Target) -> list[tuple[str, str]]:
+def _pods(t: Target) -> str:
+    # No pods is a real zero (or vector(0)).
+    selector = f'{POD_INFO}{{namespace="{t.namespace}", created_by_kind="NodeSet", created_by_name="{t.nodeset}"}}'
+    return f"(count({selector}) or vector(0))"
+
+
+def _safe_queries(t: Target, sep: str = "-") -> list[tuple[str, str]]:
+    def name(*words: str) -> str:
+        return sep.join(w.replace("-", sep) for w in words)
+
     runnable = _runnable(t)
-    queries = [("busy-plus-runnable-jobs", f"{_busy(t)} + {runnable}")]
+    queries = [(name("busy-plus-runnable-jobs"), f"{_busy(t)} + {runnable}")]
     queries += [
-        (f"busy-plus-largest-job-{p}", f"{_busy(t)} + {_m(LARGEST_PENDING_JOB_NODES, p)} * ({runnable} > bool 0)")
+        (name("busy-plus-largest-job", p), f"{_busy(t)} + {_m(LARGEST_PENDING_JOB_NODES, p)} * ({runnable} > bool 0)")
         for p in t.partitions
     ]
-    pods = f'count({POD_INFO}{{namespace="{t.namespace}", created_by_kind="NodeSet", created_by_name="{t.nodeset}"}})'
     restapi = f'max({RESTAPI_AVAILABLE}{{namespace="{t.namespace}", deployment="{t.restapi_deployment}"}})'
-    # No pods is a real zero (or vector(0)); a missing restapi series is an outage (an error, a freeze).
-    queries.append(("hold-while-restapi-down", f"({pods} or vector(0)) * ({restapi} < bool 1)"))
+    # A missing restapi series is an outage (an error, a freeze).
+    queries.append((name("hold-while-restapi-down"), f"{_pods(t)} * ({restapi} < bool 1)"))
     return queries
+
+
+# The demand-aware policy's extra triggers, named for the formula.
+RECENTLY_BUSY, SLURMD_PODS, AI_WAITING = "recently_busy", "slurmd_pods", "ai_waiting"
+
+
+def _demand_aware_queries(t: Target, warm_seconds: int) -> list[tuple[str, str]]:
+    pending = f'max({KUEUE_PENDING}{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}})'
+    unschedulable = f'count({POD_UNSCHEDULABLE}{{namespace="{t.ai_namespace}"}})'
+    waiting = f"(({pending} or vector(0)) + ({unschedulable} or vector(0)))"
+    return [
+        *_safe_queries(t, "_"),
+        # Empty once the Slurm target has been gone for the window; the Slurm triggers above err at once.
+        (RECENTLY_BUSY, f"max_over_time({_busy(t)}[{warm_seconds}s:{SUBQUERY_STEP}])"),
+        (SLURMD_PODS, _pods(t)),
+        (AI_WAITING, f"max_over_time({waiting}[{AI_WAIT_MEMORY_SECONDS}s:{SUBQUERY_STEP}])"),
+    ]
+
+
+def formula(t: Target) -> str:
+    """KEDA scalingModifiers formula (expr-lang) over the demand-aware triggers: the safe demand,
+    and warmth (never more pods than exist) only while no AI work waits."""
+    demand = [name for name, _ in _safe_queries(t, "_")]
+    return f"max({', '.join(demand)}, {AI_WAITING} > 0 ? 0.0 : min({RECENTLY_BUSY}, {SLURMD_PODS}))"
 
 
 def _previous_term(aggregate: str, metric: str, partition: str) -> str:
@@ -172,15 +262,17 @@ def _seed_queries(t: Target) -> list[tuple[str, str]]:
     ]
 
 
-def queries(t: Target, policy: str = DEFAULT_POLICY) -> list[tuple[str, str]]:
-    """(trigger name, PromQL) for a policy."""
+def queries(t: Target, policy: str = DEFAULT_POLICY, warm_seconds: int = 300) -> list[tuple[str, str]]:
+    """(trigger name, PromQL) for a policy; `warm_seconds` is kedaCooldownSeconds (demand-aware only)."""
+    if policy == DEMAND_AWARE:
+        return _demand_aware_queries(t, warm_seconds)
     return {SAFE: _safe_queries, PREVIOUS: _previous_queries, SEED: _seed_queries}[policy](t)
 
 
-def keda_triggers(server_address: str, t: Target, policy: str = DEFAULT_POLICY) -> list[dict]:
+def keda_triggers(server_address: str, t: Target, policy: str = DEFAULT_POLICY, warm_seconds: int = 300) -> list[dict]:
     # ignoreNullValues defaults to true (kedacore/keda@v2.16.1:pkg/scalers/prometheus_scaler.go):
-    # the older policies keep the default, the safe one turns an empty result into an error.
-    extra = {"ignoreNullValues": "false"} if policy == SAFE else {}
+    # the older policies keep the default, the guarded ones turn an empty result into an error.
+    extra = {"ignoreNullValues": "false"} if policy in GUARDED_POLICIES else {}
     return [
         {
             "type": "prometheus",
@@ -194,5 +286,5 @@ def keda_triggers(server_address: str, t: Target, policy: str = DEFAULT_POLICY) 
                 **extra,
             },
         }
-        for name, query in queries(t, policy)
+        for name, query in queries(t, policy, warm_seconds)
     ]

@@ -10,19 +10,27 @@ Followed:
 * pkg/scalers/prometheus_scaler.go: empty result -> 0, or an error with ignoreNullValues "false";
   more than one series -> error; +-Inf -> 0 or error.
 * controllers/keda/hpa.go: HPA min = max(1, minReplicaCount), max = maxReplicaCount, behavior from
-  `advanced` (nil here -> the Kubernetes defaults).
+  `advanced.horizontalPodAutoscalerConfig` (none -> the Kubernetes defaults); with
+  `advanced.scalingModifiers` the HPA gets one composite External metric (target, metricType).
+* pkg/scaling/modifiers/formula.go and scale_handler.go: the formula (expr-lang/expr v1.16.9,
+  wrapped in float()) runs over the triggers' values by trigger name; the composite value is set
+  in milli-units (truncated); activation is the formula's value > activationTarget; any trigger
+  error makes the ScaledObject inactive-with-error and the composite metric an error for the HPA.
 * kubernetes/kubernetes@v1.34.0:pkg/controller/podautoscaler/horizontal.go and
   replica_calculator.go: sync every 15 s; External AverageValue -> ceil(value / target), kept at
   the current count within the 0.1 tolerance; the largest of several metrics; no change when every
   metric is invalid or some are and the rest would scale down; scale to 0 replicas disables the
-  HPA; default behavior: scale-down keeps the highest recommendation of the last 300 s, scale-up
-  at most max(2x, +4) per 15 s.
+  HPA; behavior (pkg/apis/autoscaling/v2/defaults.go fills what is unset): scale-down keeps the
+  highest recommendation of its stabilizationWindowSeconds (unset: 300 s), scale-up the lowest of
+  its window (0 s), at most max(2x, +4) per 15 s; the default policies only (others are refused).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from twin.promql import Evaluator, PromQLError, scalar_result
 
@@ -61,6 +69,147 @@ class Trigger:
         return v
 
 
+# ------------------------------------------------------------------ the formula (expr-lang subset)
+
+_EXPR_TOKEN = re.compile(
+    r"\s*(?:(?P<num>\d+(?:\.\d+)?)|(?P<op>>=|<=|==|!=|&&|\|\||[-+*/(),?:<>])|(?P<id>[A-Za-z_]\w*))"
+)
+_EXPR_FUNCS = {"max": max, "min": min, "float": float}
+
+
+class Formula:
+    """What the program's formulas use of expr-lang v1.16.9 (docs/language-definition.md): numbers,
+    trigger names, + - * /, comparisons, && ||, `c ? a : b`, and the builtins max, min, float.
+    Anything else is refused, so a new formula shape fails loudly in the tests."""
+
+    def __init__(self, text: str):
+        self.tokens, pos = [], 0
+        while pos < len(text.rstrip()):
+            m = _EXPR_TOKEN.match(text, pos)
+            if m is None or m.end() == pos:
+                raise ValueError(f"formula: cannot read {text[pos : pos + 20]!r}")
+            self.tokens.append(m.group(m.lastgroup))
+            pos = m.end()
+        self.text = text
+
+    def __call__(self, env: dict[str, float]) -> float:
+        self._i, self._env = 0, env
+        value = self._ternary()
+        if self._i != len(self.tokens):
+            raise ValueError(f"formula: unexpected {self.tokens[self._i]!r} in {self.text!r}")
+        return float(value)
+
+    def _peek(self) -> str | None:
+        return self.tokens[self._i] if self._i < len(self.tokens) else None
+
+    def _take(self, want: str | None = None) -> str:
+        tok = self._peek()
+        if tok is None or (want is not None and tok != want):
+            raise ValueError(f"formula: expected {want or 'more'} in {self.text!r}")
+        self._i += 1
+        return tok
+
+    def _ternary(self):
+        cond = self._binary(0)
+        if self._peek() != "?":
+            return cond
+        self._take("?")
+        yes = self._ternary()
+        self._take(":")
+        no = self._ternary()
+        return yes if cond else no
+
+    _LEVELS: ClassVar[tuple] = (("||",), ("&&",), ("==", "!=", "<", ">", "<=", ">="), ("+", "-"), ("*", "/"))
+    _OPS: ClassVar[dict] = {
+        "||": lambda a, b: a or b,
+        "&&": lambda a, b: a and b,
+        "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b,
+        "<": lambda a, b: a < b,
+        ">": lambda a, b: a > b,
+        "<=": lambda a, b: a <= b,
+        ">=": lambda a, b: a >= b,
+        "+": lambda a, b: a + b,
+        "-": lambda a, b: a - b,
+        "*": lambda a, b: a * b,
+        "/": lambda a, b: a / b,
+    }
+
+    def _binary(self, level: int):
+        if level == len(self._LEVELS):
+            return self._unary()
+        left = self._binary(level + 1)
+        while self._peek() in self._LEVELS[level]:
+            op = self._take()
+            left = self._OPS[op](left, self._binary(level + 1))
+        return left
+
+    def _unary(self):
+        if self._peek() == "-":
+            self._take()
+            return -self._unary()
+        return self._primary()
+
+    def _primary(self):
+        tok = self._take()
+        if tok == "(":
+            value = self._ternary()
+            self._take(")")
+            return value
+        if tok[0].isdigit():
+            return float(tok)
+        if tok in _EXPR_FUNCS and self._peek() == "(":
+            self._take("(")
+            args = [self._ternary()]
+            while self._peek() == ",":
+                self._take(",")
+                args.append(self._ternary())
+            self._take(")")
+            return _EXPR_FUNCS[tok](*args)
+        if tok[0].isalpha() or tok[0] == "_":
+            if tok not in self._env:
+                raise ValueError(f"formula: unknown name {tok!r}")
+            return self._env[tok]
+        raise ValueError(f"formula: unexpected {tok!r} in {self.text!r}")
+
+
+@dataclass(frozen=True)
+class Modifiers:
+    formula: Formula
+    target: float
+    activation: float
+
+    @classmethod
+    def from_advanced(cls, advanced: dict, trigger_names: list[str]) -> Modifiers | None:
+        sm = advanced.get("scalingModifiers") or {}
+        if not sm:
+            return None
+        if sm.get("metricType", "AverageValue") != "AverageValue":
+            raise ValueError("the twin models scalingModifiers with metricType AverageValue only")
+        f = Formula(sm["formula"])
+        f({name: -1.0 for name in trigger_names})  # KEDA's validation: run once with dummy values
+        return cls(f, float(sm["target"]), float(sm.get("activationTarget") or 0))
+
+    def value(self, values: dict[str, float]) -> float:
+        return math.trunc(self.formula(values) * 1000) / 1000  # Quantity.SetMilli(int64(out * 1000))
+
+
+@dataclass(frozen=True)
+class Behavior:
+    down_window: float = DOWNSCALE_WINDOW
+    up_window: float = 0.0
+
+    @classmethod
+    def from_advanced(cls, advanced: dict) -> Behavior:
+        behavior = (advanced.get("horizontalPodAutoscalerConfig") or {}).get("behavior") or {}
+        for direction in ("scaleUp", "scaleDown"):
+            if {"policies", "selectPolicy", "tolerance"} & set(behavior.get(direction) or {}):
+                raise ValueError(f"the twin models only the default HPA {direction} policies")
+        down = (behavior.get("scaleDown") or {}).get("stabilizationWindowSeconds")
+        up = (behavior.get("scaleUp") or {}).get("stabilizationWindowSeconds")
+        return cls(DOWNSCALE_WINDOW if down is None else float(down), 0.0 if up is None else float(up))
+
+
 @dataclass
 class Keda:
     triggers: list[Trigger]
@@ -70,6 +219,8 @@ class Keda:
     cooldown: float
     polling: float
     fallback: int | None = None
+    modifiers: Modifiers | None = None
+    behavior: Behavior = field(default_factory=Behavior)
     last_active: float | None = None
     errors: int = 0
 
@@ -77,25 +228,40 @@ class Keda:
     def from_scaled_object(cls, so: dict) -> Keda:
         spec = so["spec"]
         fallback = (spec.get("fallback") or {}).get("replicas")
+        triggers = [Trigger.from_manifest(t) for t in spec["triggers"]]
+        advanced = spec.get("advanced") or {}
         return cls(
-            triggers=[Trigger.from_manifest(t) for t in spec["triggers"]],
+            triggers=triggers,
             min_replicas=int(spec.get("minReplicaCount", 0)),
             max_replicas=int(spec.get("maxReplicaCount", 100)),
             idle_replicas=spec.get("idleReplicaCount"),
             cooldown=float(spec.get("cooldownPeriod", 300)),
             polling=float(spec.get("pollingInterval", 30)),
             fallback=fallback,
+            modifiers=Modifiers.from_advanced(advanced, [t.name for t in triggers]),
+            behavior=Behavior.from_advanced(advanced),
         )
 
-    def poll(self, ev: Evaluator, now: float, current: int) -> int:
-        active = error = False
+    def metrics(self, ev: Evaluator, now: float) -> tuple[list[tuple[float, float, float]], bool]:
+        """(value, target, activation) per metric the HPA sees, and whether any trigger erred. With
+        scalingModifiers that is the one composite metric, and none when a trigger errs."""
+        values, error = {}, False
         for t in self.triggers:
             try:
-                v = t.value(ev, now)
+                values[t.name] = t.value(ev, now)
             except PromQLError:
                 error = True
-                continue
-            active = active or v > t.activation  # NaN is never active
+        if self.modifiers is None:
+            by_name = {t.name: t for t in self.triggers}
+            return [(v, by_name[n].threshold, by_name[n].activation) for n, v in values.items()], error
+        if error:
+            return [], True
+        m = self.modifiers
+        return [(m.value(values), m.target, m.activation)], False
+
+    def poll(self, ev: Evaluator, now: float, current: int) -> int:
+        metrics, error = self.metrics(ev, now)
+        active = any(v > activation for v, _, activation in metrics)  # NaN is never active
         self.errors += error
         if active:
             if (self.idle_replicas is not None and current < self.min_replicas) or current == 0:
@@ -124,28 +290,28 @@ class Hpa:
     def sync(self, ev: Evaluator, now: float, current: int) -> int:
         if current == 0:
             return 0  # ScalingDisabled while the target has 0 replicas
-        proposals, invalid = [], 0
-        for t in self.keda.triggers:
-            try:
-                v = t.value(ev, now)
-            except PromQLError:
-                invalid += 1
-                continue
+        metrics, _ = self.keda.metrics(ev, now)
+        expected = 1 if self.keda.modifiers is not None else len(self.keda.triggers)
+        proposals, invalid = [], expected - len(metrics)
+        for v, target, _ in metrics:
             if math.isnan(v):
                 invalid += 1
                 continue
-            ratio = v / (t.threshold * current)
-            proposals.append(current if abs(ratio - 1.0) <= TOLERANCE else math.ceil(v / t.threshold))
+            ratio = v / (target * current)
+            proposals.append(current if abs(ratio - 1.0) <= TOLERANCE else math.ceil(v / target))
         desired = max(proposals, default=0)
-        if invalid == len(self.keda.triggers) or (invalid and desired < current):
+        if invalid == expected or (invalid and desired < current):
             return current
         desired = min(self.keda.max_replicas, max(self.min_replicas, desired))
-        self.recommendations = [(t, r) for t, r in self.recommendations if t > now - DOWNSCALE_WINDOW]
+        b = self.keda.behavior
+        keep = max(b.down_window, b.up_window)
+        self.recommendations = [(t, r) for t, r in self.recommendations if t > now - keep]
         self.recommendations.append((now, desired))
         stabilized = current
-        if stabilized < desired:
-            stabilized = desired
-        down = max(r for _, r in self.recommendations)
+        up = min([r for t, r in self.recommendations if t > now - b.up_window] + [desired])
+        if stabilized < up:
+            stabilized = up
+        down = max([r for t, r in self.recommendations if t > now - b.down_window] + [desired])
         if stabilized > down:
             stabilized = down
         if stabilized > current:

@@ -54,7 +54,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         policy=policy,
     )
     # The older policies ran with the chart's unlimited partitions and no job_submit plugin.
-    max_nodes = names.slurmd_max_replicas if policy == slurmd_scaling.SAFE else None
+    max_nodes = names.slurmd_max_replicas if policy in slurmd_scaling.GUARDED_POLICIES else None
     values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, names.slurm, {}, max_nodes)
     limit = values["partitions"][DEFAULT_PARTITION]["configMap"].get("MaxNodes")
     conf = values["controller"].get("extraConfMap") or {}

@@ -304,7 +304,7 @@ class Evaluator:
         first = math.ceil((t - rng) / step) * step
         acc: dict[frozenset, float] = {}
         pick = min if name == "min_over_time" else max
-        steps = round((t - first) / step) + 1
+        steps = math.floor((t - first) / step + 1e-9) + 1  # never a step after t
         for k in range(steps):
             for labels, value in self._step(inner, first + k * step).items():
                 acc[labels] = pick(acc[labels], value) if labels in acc else value

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from components.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, HPC_CLUSTER_QUEUE, JOBS_NAMESPACE
 from twin import kube as k8s
 from twin.autoscale import HPA_SYNC, Hpa, Keda
 from twin.kueue import Kueue
@@ -70,6 +71,7 @@ class Run:
             Target("slurm-controller", "slurm-controller:6817", self._slurm_metrics),
             Target("slurm-controller", "slurm-controller-dup:6817", self._slurm_metrics),
             Target("kube-state-metrics", "kube-state-metrics:8080", self._kube_state),
+            Target("kueue", "kueue-controller-manager-metrics-service:8443", self._kueue_metrics),
         ]
         self.ev = Evaluator(self.prom.db)
         self.killed: list[str] = []
@@ -80,6 +82,10 @@ class Run:
         # GPU-seconds each side holds while both have work waiting or running (contention)
         self.contended = {"slurm": 0.0, "kubernetes": 0.0, "seconds": 0.0}
         self.zero_spans: list[list[float]] = []  # [start, end] of times slurmd held no GPU
+        self.held: list[int] = []  # GPUs slurmd held, per second
+        self.gpu_holder: dict[int, str] = {}
+        self.owner_changes = 0  # a GPU going from slurmd to a Kubernetes job or back
+        self.waiting_at_end: list[tuple[SlurmJob, list[k8s.KubeJob]]] = []  # Slurm job ends while AI waits
         self._events = sorted(self.scenario.jobs, key=lambda j: j.submit)
         self._releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
         self.now = 0.0
@@ -107,10 +113,25 @@ class Run:
             if pod.holder == k8s.SLURMD and pod.live:
                 labels = {"__name__": "kube_pod_info", "namespace": s.namespace, "pod": pod.name}
                 out.append(({**labels, "created_by_kind": "NodeSet", "created_by_name": s.nodeset}, 1.0))
+            elif pod.live and pod.gpu is None and pod.terminating_at is None:
+                # PodScheduled False: kube-scheduler found no free GPU (kube-state-metrics pod.go)
+                labels = {"__name__": "kube_pod_status_unschedulable", "namespace": JOBS_NAMESPACE}
+                out.append(({**labels, "pod": pod.name}, 1.0))
         return out
+
+    def _kueue_metrics(self, now: float) -> list[tuple[dict, float]]:
+        if self.kueue is None:
+            return []
+        name = "kueue_cluster_queue_resource_pending"
+        return [
+            ({"__name__": name, "cluster_queue": cq, "resource": GPU_RESOURCE}, float(self.kueue.pending_gpus(cq)))
+            for cq in (AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE)
+        ]
 
     def _target_down(self, target: Target) -> bool:
         now = self.now
+        if target.job == "kueue":
+            return self.scenario.fault_active("kueue-metrics-outage", now)
         if target.job != "slurm-controller":
             return False
         if self.scenario.fault_active("metrics-outage", now):
@@ -159,16 +180,34 @@ class Run:
             self.kueue.step(self.kube, now)
         self.kube.step(now)
         self.slurm.step(now)
+        self._note_ends(now)
         self._account(now)
         if tick % int(SAMPLE_INTERVAL) == 0:
             self.samples.append(self._sample(now))
 
+    def _note_ends(self, now: float) -> None:
+        """Each Slurm job that ends while a Kubernetes job waits (queued in Kueue or Pending)."""
+        waiting = [j for j in self.kube.jobs if j.started is None and j.finished is None]
+        if waiting:
+            noted = {id(j) for j, _ in self.waiting_at_end}
+            self.waiting_at_end += [
+                (j, waiting)
+                for j in self.slurm.jobs
+                if j.finished == now and j.state == COMPLETED and id(j) not in noted
+            ]
+
     def _account(self, now: float) -> None:
+        for p in self.kube.pods:
+            if p.live and p.gpu is not None and p.running(now):
+                if self.gpu_holder.get(p.gpu, p.holder) != p.holder:
+                    self.owner_changes += 1
+                self.gpu_holder[p.gpu] = p.holder
         busy = self.slurm.busy_nodes()
         self.idle_gpu_s += sum(
             1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner not in busy
         )
         self.held_now = sum(1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None)
+        self.held.append(self.held_now)
         slurm_waits = any(j.finished is None for j in self.slurm.jobs if j.state != REFUSED)
         kube_waits = any(j.finished is None for j in self.kube.jobs)
         if slurm_waits and kube_waits:
@@ -265,12 +304,49 @@ class Run:
                 "gpus_held_by_slurmd": self.held_now,
             },
             "latency": {"scale_up_s": max(waits) if waits else None, "gpu_return_s": gpu_return},
+            "returns": self._returns(),
             "slurmd_starts": self.nodeset.starts,
+            "gpu_owner_changes": self.owner_changes,
             "slurmd_idle_gpu_s": self.idle_gpu_s,
             "trigger_errors": self.keda.errors,
             "kueue": self.kueue is not None,
             "contention": self._contention(),
         }
+
+    def _returns(self) -> list[dict]:
+        """For each Slurm job that ended while a Kubernetes job waited: `last` (no other Slurm job
+        ran) or `partial` (others kept running), the seconds until slurmd held one GPU fewer
+        (`gpu_freed_s`) and until a waiting Kubernetes job ran (`kube_running_s`). Ends after
+        which Slurm still had work pending (not held), or started another job before a GPU was freed,
+        are left out: the rule keeps GPUs for that work."""
+        out = []
+        for job, waiting in self.waiting_at_end:
+            end = job.finished
+            if any(self._pending_at(o, end) for o in self.slurm.jobs if o is not job):
+                continue
+            others = [o for o in self.slurm.jobs if o is not job and o.started is not None]
+            running = any(o.started <= end and (o.finished is None or o.finished > end) for o in others)
+            before = self.held[int(end) - 1] if end >= 1 else 0
+            freed = next((t - end for t in range(int(end), len(self.held)) if self.held[t] < before), None)
+            if any(end <= o.started <= end + (freed if freed is not None else float("inf")) for o in others):
+                continue
+            starts = [j.started for j in waiting if j.started is not None and j.started >= end]
+            out.append(
+                {
+                    "slurm_job": job.spec.name,
+                    "ended": end,
+                    "kind": "partial" if running else "last",
+                    "gpu_freed_s": freed,
+                    "kube_running_s": min(starts) - end if starts else None,
+                }
+            )
+        return out
+
+    @staticmethod
+    def _pending_at(j: SlurmJob, t: float) -> bool:
+        if j.state == REFUSED or j.spec.submit > t or (j.started is not None and j.started <= t):
+            return False
+        return not (j.spec.hold and (j.spec.release is None or j.spec.release > t))
 
     def _contention(self) -> dict:
         """Each side's share of the GPU time used while both had work waiting or running: a slurmd

@@ -14,7 +14,7 @@ from components import keda
 from components import slurmd_scaling as scaling
 from components.names import slurm_names
 from components.slurmd_scaling import PartitionMetrics as M
-from twin.autoscale import Trigger
+from twin.autoscale import Modifiers, Trigger
 from twin.promql import TSDB, Evaluator, PromQLError
 
 WORKERS = 4
@@ -56,6 +56,9 @@ def input_series(case: dict) -> list[tuple[dict, str]]:
             for name, value in _series(m).items():
                 labels = {"__name__": name, "partition": partition, "instance": instance, "job": "slurm"}
                 notation = f"{value:g}x{HISTORY}"
+                if name == scaling.NODES_ALLOC and "was_busy" in case:  # busy until sample `until`, idle since
+                    busy, until = case["was_busy"]
+                    notation = f"{busy}x{until} 0x{HISTORY - until - 1}"
                 if case.get("vanished"):
                     notation = f"{value:g}x{HISTORY - 10} stale"
                 if case.get("no_slurm"):
@@ -72,6 +75,14 @@ def input_series(case: dict) -> list[tuple[dict, str]]:
             f"{restapi}x{HISTORY}",
         )
     )
+    if "kueue" in case:  # Kueue's pending GPUs for the AI ClusterQueue: a number, or promtool notation
+        kueue = case["kueue"]
+        labels = {"__name__": scaling.KUEUE_PENDING, "cluster_queue": TARGET.ai_cluster_queue}
+        labels |= {"resource": TARGET.gpu_resource, "replica_role": "leader", "job": "kueue"}
+        out.append((labels, kueue if isinstance(kueue, str) else f"{kueue:g}x{HISTORY}"))
+    for i in range(case.get("unschedulable", 0)):
+        labels = {"__name__": scaling.POD_UNSCHEDULABLE, "namespace": TARGET.ai_namespace, "pod": f"ddp-worker-{i}"}
+        out.append((labels, f"1x{HISTORY}"))
     for i in range(case.get("pods", 0)):
         labels = {"__name__": scaling.POD_INFO, "namespace": TARGET.namespace, "pod": f"{TARGET.nodeset}-{i}"}
         out.append(({**labels, "created_by_kind": "NodeSet", "created_by_name": TARGET.nodeset}, f"1x{HISTORY}"))
@@ -87,12 +98,15 @@ def evaluator(case: dict) -> Evaluator:
 def tsdb(case: dict) -> TSDB:
     db = TSDB()
     for labels, notation in input_series(case):
-        parts = notation.split()
-        value, count = parts[0].split("x")
-        for i in range(int(count) + 1):
-            db.add(labels, i * 30.0, float(value))
-        if len(parts) > 1:  # stale
-            db.add(labels, (int(count) + 1) * 30.0, math.nan)
+        t = 0.0
+        for part in notation.split():  # `VxN` is N + 1 samples of V (promtool's expanding notation)
+            if part == "stale":
+                db.add(labels, t, math.nan)
+                continue
+            value, count = part.split("x")
+            for _ in range(int(count) + 1):
+                db.add(labels, t, float(value))
+                t += 30.0
     return db
 
 
@@ -112,6 +126,19 @@ def wanted(triggers: list[dict], case: dict) -> int | None:
 
 def triggers(policy: str = scaling.SAFE) -> list[dict]:
     return scaling.keda_triggers("http://prometheus:9090", TARGET, policy)
+
+
+def wanted_demand_aware(case: dict) -> int | None:
+    """KEDA's formula over the demand-aware triggers, then the HPA on the composite metric."""
+    ev = evaluator(case)
+    trigs = list(map(Trigger.from_manifest, triggers(scaling.DEMAND_AWARE)))
+    advanced = {"scalingModifiers": {"formula": scaling.formula(TARGET), "target": "1", "activationTarget": "0"}}
+    modifiers = Modifiers.from_advanced(advanced, [t.name for t in trigs])
+    try:
+        value = modifiers.value({t.name: t.value(ev, EVAL) for t in trigs})
+    except PromQLError:
+        return None
+    return 0 if value <= modifiers.activation else max(1, min(WORKERS, math.ceil(value / modifiers.target)))
 
 
 # (case, metrics (per partition, or `nodes` for both), replicas the safe policy wants)
@@ -163,6 +190,38 @@ EXTRA = [
 ]
 
 
+# The demand-aware policy: (case, series, replicas). Busy until sample 12 of 16 is busy 2 min ago
+# (inside the 300 s cooldown); until sample 4, 6 min ago (outside it).
+AI = [
+    ("AI waits in Kueue, Slurm idle: back at once", {"was_busy": (2, 12), "pods": 2, "kueue": 1}, 0),
+    ("AI pod unschedulable, Slurm idle: back at once", {"was_busy": (2, 12), "pods": 2, "unschedulable": 1}, 0),
+    ("nobody waits: warm for the cooldown", {"was_busy": (2, 12), "pods": 2}, 2),
+    ("nobody waits, cooldown over: 0", {"was_busy": (2, 4), "pods": 2}, 0),
+    ("warmth never adds a pod", {"was_busy": (2, 12), "pods": 1}, 1),
+    ("Kueue reports 0 pending: warm", {"was_busy": (2, 12), "pods": 2, "kueue": 0}, 2),
+    ("Kueue series vanished (stale): as today, warm", {"was_busy": (2, 12), "pods": 2, "kueue": "1x5 stale"}, 2),
+    (
+        "AI admitted 60 s ago: no warmth yet (oscillation guard)",
+        {"was_busy": (2, 12), "pods": 2, "kueue": "1x13 0x2"},
+        0,
+    ),
+    ("AI admitted 3 min ago: warm again", {"was_busy": (2, 12), "pods": 2, "kueue": "1x9 0x6"}, 2),
+    ("AI waits, Slurm busy: Slurm keeps its nodes", {"nodes": M(nodes_alloc=2), "pods": 2, "kueue": 3}, 2),
+    (
+        "AI waits, runnable Slurm job: still scales out",
+        {ALL: M(jobs_pending=1, largest_pending_job_nodes=1), "kueue": 1},
+        1,
+    ),
+    (
+        "AI waits, restapi down: every pod stays",
+        {"nodes": M(nodes_mixed=1), "restapi_down": True, "pods": 3, "kueue": 1},
+        3,
+    ),
+    ("AI waits, Slurm series absent: freeze", {"no_slurm": True, "pods": 2, "kueue": 1}, None),
+    ("AI waits, Slurm target vanished: freeze", {"nodes": M(nodes_mixed=2), "vanished": True, "kueue": 1}, None),
+]
+
+
 def _table_metrics(case: dict) -> M:
     """The pure rule reads one partition; fold the table's partitions into one."""
     nodes = case.get("nodes", M())
@@ -187,6 +246,23 @@ def test_rule_table(case, metrics, want):
 @pytest.mark.parametrize("case, metrics, want", TABLE + EXTRA, ids=[t[0] for t in TABLE + EXTRA])
 def test_triggers_implement_the_rule(case, metrics, want):
     assert wanted(triggers(), metrics) == want
+
+
+@pytest.mark.parametrize("case, metrics, want", TABLE + EXTRA + AI, ids=[t[0] for t in TABLE + EXTRA + AI])
+def test_demand_aware_triggers_and_formula(case, metrics, want):
+    """Without anyone waiting, the safe rule's answer (TABLE, EXTRA); the AI cases above."""
+    assert wanted_demand_aware(metrics) == want
+
+
+@pytest.mark.parametrize(
+    "ai_waiting, recently_busy, pods, want",
+    [(True, 2, 2, 0), (False, 2, 2, 2), (False, 2, 1, 1), (False, 0, 3, 0), (True, 0, 0, 0)],
+)
+def test_demand_aware_rule(ai_waiting, recently_busy, pods, want):
+    idle = M()
+    assert scaling.demand_aware_replicas(idle, 1, WORKERS, ai_waiting, recently_busy, pods) == want
+    busy = M(nodes_alloc=1)
+    assert scaling.demand_aware_replicas(busy, 1, WORKERS, ai_waiting, recently_busy, pods) == max(1, want)
 
 
 def test_previous_policy_fails_where_the_issue_says():
@@ -244,6 +320,7 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
     plan = [(scaling.SAFE, c) for c in TABLE + EXTRA] + [
         (policy, c) for policy in (scaling.PREVIOUS, scaling.SEED) for c in EXTRA[:1] + EXTRA[3:4] + TABLE[8:9]
     ]
+    plan += [(scaling.DEMAND_AWARE, c) for c in AI + EXTRA]
     for policy, (case, metrics, _) in plan:
         ev = evaluator(metrics)
         tests = []

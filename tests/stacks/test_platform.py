@@ -151,19 +151,25 @@ def test_keda_bounds_follow_the_worker_count(workers):
     spec = so.inputs["spec"]
     assert spec["maxReplicaCount"] == workers
     assert (spec["idleReplicaCount"], spec["minReplicaCount"]) == (0, 1)
-    assert spec["cooldownPeriod"] == 300
+    assert spec["cooldownPeriod"] == 0  # the demand-aware policy keeps slurmd warm in its query
+    assert "[300s:30s]" in _trigger(spec, "recently_busy")["metadata"]["query"]
+
+
+def _trigger(spec: dict, name: str) -> dict:
+    return next(t for t in spec["triggers"] if t["name"] == name)
 
 
 def test_keda_settings_flow_into_the_scaled_object():
     rec = run_program(kedaCooldownSeconds=120, kedaPollingSeconds=15, kedaMaxReplicas=3, kedaMinReplicas=2)
     (so,) = by_type(rec, tokens.SCALED_OBJECT)
     spec = so.inputs["spec"]
-    assert (spec["cooldownPeriod"], spec["pollingInterval"], spec["minReplicaCount"], spec["maxReplicaCount"]) == (
-        120,
-        15,
-        2,
-        3,
-    )
+    assert (spec["pollingInterval"], spec["minReplicaCount"], spec["maxReplicaCount"]) == (15, 2, 3)
+    # kedaCooldownSeconds is how long slurmd stays warm when nobody waits: the query's window
+    assert "[120s:30s]" in _trigger(spec, "recently_busy")["metadata"]["query"]
+    assert spec["cooldownPeriod"] == 0
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == {
+        "scaleDown": {"stabilizationWindowSeconds": 0}
+    }
 
 
 def test_nodeset_name_changes_every_place_it_must():
@@ -289,12 +295,15 @@ def test_each_keda_trigger_is_a_prometheus_query_keda_can_use(default_run):
     assert so.inputs["metadata"] == {"name": "slurmd", "namespace": "slurm"}
     triggers = so.inputs["spec"]["triggers"]
     assert triggers and len({t["name"] for t in triggers}) == len(triggers)
+    formula = so.inputs["spec"]["advanced"]["scalingModifiers"]["formula"]
     for t in triggers:
         assert t["type"] == "prometheus" and t["metricType"] == "AverageValue", t["name"]
         assert {"serverAddress", "query", "threshold", "activationThreshold"} <= set(t["metadata"]), t["name"]
         assert (t["metadata"]["threshold"], t["metadata"]["activationThreshold"]) == ("1", "0")
-        assert "slurm_partition_" in t["metadata"]["query"] or "restapi" in t["name"], t["name"]
+        assert re.search(r"\b(slurm_partition|kube|kueue)_\w+\{", t["metadata"]["query"]), t["name"]
         assert all(isinstance(v, str) for v in t["metadata"].values()), t["name"]
+        # scalingModifiers' formula names triggers as expr-lang variables (modifiers/formula.go)
+        assert re.fullmatch(r"[A-Za-z_]\w*", t["name"]) and re.search(rf"\b{t['name']}\b", formula), t["name"]
 
 
 def test_every_chart_comes_from_its_upstream_repository(default_run):
