@@ -95,6 +95,9 @@ def manager_config(version: str) -> dict:
             "blockAdmission": False,  # one stuck gang must not hold every other admission
         },
         "resources": {"quotaCheckStrategy": QUOTA_CHECK_STRATEGY},
+        # kueue_cluster_queue_resource_pending, which the slurmd scaler reads, is reported only
+        # with this on (kubernetes-sigs/kueue@v0.19.2:pkg/cache/queue/metrics.go, cmd/kueue/main.go).
+        "metrics": {"enableClusterQueueResources": True},
     }
     return helm.deep_merge(base, derived)
 
