@@ -10,7 +10,7 @@ import pulumi
 import pulumi_command as command
 import pulumi_kubernetes as k8s
 
-from components import helm, remote_script, slurmd_scaling
+from components import helm, monitoring, remote_script, slurmd_scaling
 from components.names import (
     AI_CLUSTER_QUEUE,
     GPU_RESOURCE,
@@ -137,6 +137,33 @@ class Keda(pulumi.ComponentResource):
             args.control_connection,
             parent=self,
             depends_on=[self.release],
+        )
+        # What the demand-aware triggers read of Kueue: after Kueue (its namespace and ClusterRole)
+        # and the monitoring stack (the ServiceMonitor CRD), both in release_after.
+        scrape_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.release_after))
+        sa, token, binding, monitor = monitoring.kueue_scrape_manifests()
+        scraper = k8s.core.v1.ServiceAccount(f"{name}-kueue-scraper", metadata=sa["metadata"], opts=scrape_opts)
+        # The token controller deletes a token Secret whose service account does not exist yet.
+        k8s.core.v1.Secret(
+            f"{name}-kueue-scraper-token",
+            metadata=token["metadata"],
+            type=token["type"],
+            opts=pulumi.ResourceOptions.merge(scrape_opts, pulumi.ResourceOptions(depends_on=[scraper])),
+        )
+        k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-kueue-scraper",
+            metadata=binding["metadata"],
+            role_ref=binding["roleRef"],
+            subjects=binding["subjects"],
+            opts=scrape_opts,
+        )
+        k8s.apiextensions.CustomResource(
+            f"{name}-kueue-service-monitor",
+            api_version=monitor["apiVersion"],
+            kind=monitor["kind"],
+            metadata=monitor["metadata"],
+            spec=monitor["spec"],
+            opts=scrape_opts,
         )
         manifest = scaled_object(args)
         self.scaled_object = k8s.apiextensions.CustomResource(

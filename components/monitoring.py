@@ -13,7 +13,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from components import dashboard, helm, host_layout
-from components.names import MONITORING_NAMESPACE, MONITORING_RELEASE, Names
+from components.names import KUEUE_NAMESPACE, KUEUE_RELEASE, MONITORING_NAMESPACE, MONITORING_RELEASE, Names
 
 PROMETHEUS_REPO = "https://prometheus-community.github.io/helm-charts"
 DCGM_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
@@ -72,6 +72,80 @@ def dcgm_values(version: str) -> dict:
             "extraEnv": DCGM_ENV,
         },
     )
+
+
+# Kueue's metrics (the demand-aware scaler reads its pending GPUs) are served over HTTPS on
+# 8443 behind controller-runtime's authn/authz filter: the scraper needs a token allowed to GET
+# the /metrics non-resource URL (kubernetes-sigs/kueue@v0.19.2: cmd/kueue/main.go
+# SecureServing + WithAuthenticationAndAuthorization; the chart's ClusterRole
+# <release>-metrics-reader, charts/kueue/templates/rbac/metrics_reader_role.yaml). The chart's
+# own ServiceMonitor (enablePrometheus) carries no `release` label, so this Prometheus would not
+# select it, and its RoleBinding names kube-prometheus' service accounts (prometheus-k8s), not
+# this stack's. So the program scrapes with its own ServiceMonitor and a service account that can
+# read /metrics and nothing else, not Prometheus' own token (which reads the whole cluster).
+# With Kueue's internal certificate management the metrics certificate is self-signed in memory
+# (main.go: no certificate watcher), so there is no CA to verify: insecureSkipVerify, as the
+# chart's ServiceMonitor does; the token sent can only read metrics.
+KUEUE_SCRAPER = "prometheus-kueue-metrics"
+
+
+def kueue_scrape_manifests() -> list[dict]:
+    """The ServiceMonitor for Kueue's metrics Service and the token it scrapes with."""
+    sa = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": KUEUE_SCRAPER, "namespace": KUEUE_NAMESPACE},
+    }
+    token = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/service-account-token",  # the token controller fills it
+        "metadata": {
+            "name": KUEUE_SCRAPER,
+            "namespace": KUEUE_NAMESPACE,
+            "annotations": {"kubernetes.io/service-account.name": KUEUE_SCRAPER},
+        },
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": KUEUE_SCRAPER},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": f"{KUEUE_RELEASE}-metrics-reader",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": KUEUE_SCRAPER, "namespace": KUEUE_NAMESPACE}],
+    }
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {
+            "name": f"{KUEUE_RELEASE}-metrics",
+            "namespace": KUEUE_NAMESPACE,
+            "labels": service_monitor_labels(),
+        },
+        "spec": {
+            # the chart's metrics Service labels (charts/kueue/templates/_helpers.tpl kueue.metricsService.labels)
+            "selector": {
+                "matchLabels": {
+                    "app.kubernetes.io/name": "kueue",
+                    "app.kubernetes.io/instance": KUEUE_RELEASE,
+                    "app.kubernetes.io/component": "metrics-service",
+                }
+            },
+            "endpoints": [
+                {
+                    "port": "https",
+                    "scheme": "https",
+                    "path": "/metrics",
+                    "authorization": {"type": "Bearer", "credentials": {"name": KUEUE_SCRAPER, "key": "token"}},
+                    "tlsConfig": {"insecureSkipVerify": True},
+                }
+            ],
+        },
+    }
+    return [sa, token, binding, monitor]
 
 
 def dashboard_config_maps(n: Names) -> list[dict]:

@@ -30,6 +30,7 @@ CUSTOM_RESOURCES = {
     ("kueue.x-k8s.io/v1beta2", "ClusterQueue"): ("cohortName", "resourceGroups"),
     ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("clusterQueue",),
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): (),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
 }
 
 

@@ -6,7 +6,7 @@ import shlex
 import pytest
 import yaml
 
-from components import helm, names, slinky, training_operator
+from components import helm, monitoring, names, slinky, training_operator
 from stacks.offline import reveal
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
@@ -347,3 +347,49 @@ def test_keda_installs_its_crds_from_the_values_file(default_run):
     """KEDA's chart installs the ScaledObject CRD only with crds.install (values/keda.yaml)."""
     values = release(default_run, "keda").inputs["values"]
     assert values == yaml.safe_load((helm.VALUES_DIR / "keda.yaml").read_text()) and values["crds"]["install"] is True
+
+
+def test_prometheus_scrapes_the_kueue_metric_the_scaler_reads(default_run):
+    """The demand-aware trigger reads kueue_cluster_queue_resource_pending for the AI ClusterQueue:
+    Kueue must report it (metrics.enableClusterQueueResources), and a ServiceMonitor this Prometheus
+    selects must scrape Kueue's metrics Service with a token allowed to read /metrics
+    (kubernetes-sigs/kueue@v0.19.2: pkg/cache/queue/metrics.go, cmd/kueue/main.go, charts/kueue)."""
+    (so,) = by_type(default_run, tokens.SCALED_OBJECT)
+    (ai_waiting,) = [t for t in so.inputs["spec"]["triggers"] if t["name"] == "ai_waiting"]
+    kueue_values = release(default_run, "kueue").inputs["values"]
+    manager = yaml.safe_load(kueue_values["managerConfig"]["controllerManagerConfigYaml"])
+    assert manager["metrics"]["enableClusterQueueResources"] is True
+    (local_queue,) = by_type(default_run, "kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")
+    query = ai_waiting["metadata"]["query"]
+    assert f'cluster_queue="{local_queue.inputs["spec"]["clusterQueue"]}"' in query
+    assert f'kube_pod_status_unschedulable{{namespace="{local_queue.inputs["metadata"]["namespace"]}"}}' in query
+
+    (monitor,) = [
+        r
+        for r in by_type(default_run, "kubernetes:monitoring.coreos.com/v1:ServiceMonitor")
+        if r.inputs["metadata"]["namespace"] == release(default_run, "kueue").inputs["namespace"]
+    ]
+    stack = release(default_run, "monitoring")
+    assert monitor.inputs["metadata"]["labels"] == {"release": stack.inputs["name"]}  # the stack's selector
+    spec = monitoring.stack_values(default_run.settings.kube_prometheus_stack_version)["prometheus"]["prometheusSpec"]
+    assert spec["serviceMonitorSelectorNilUsesHelmValues"] is True
+    labels = monitor.inputs["spec"]["selector"]["matchLabels"]
+    assert labels["app.kubernetes.io/instance"] == release(default_run, "kueue").inputs["name"]
+    assert labels["app.kubernetes.io/component"] == "metrics-service"
+    (endpoint,) = monitor.inputs["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"]) == ("https", "https")
+    secret_name = endpoint["authorization"]["credentials"]["name"]
+    (secret,) = [
+        s for s in by_type(default_run, "kubernetes:core/v1:Secret") if s.inputs["metadata"]["name"] == secret_name
+    ]
+    assert secret.inputs["type"] == "kubernetes.io/service-account-token"
+    account = secret.inputs["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    (binding,) = [
+        b
+        for b in by_type(default_run, "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+        if b.inputs["metadata"]["name"] == account
+    ]
+    assert binding.inputs["roleRef"]["name"] == f"{release(default_run, 'kueue').inputs['name']}-metrics-reader"
+    assert binding.inputs["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": secret.inputs["metadata"]["namespace"]}
+    ]
