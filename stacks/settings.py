@@ -526,7 +526,7 @@ SETTINGS: tuple[Setting, ...] = (
         "kedaCooldownSeconds",
         int,
         300,
-        "Idle seconds before slurmd scales to 0 (KEDA cooldownPeriod).",
+        "Idle seconds slurmd stays warm while no Kubernetes GPU work waits (the demand-aware query's window).",
         "1 to 86400",
         _int_range(1, 86400),
     ),

@@ -134,3 +134,14 @@ def _yaml(name: str) -> dict:
     import yaml
 
     return yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
+
+
+@pytest.mark.parametrize("offset", range(0, 30, 6))
+def test_every_phase_of_the_scrape_and_poll_stays_within_the_bound(offset):
+    """The last Slurm job of ai-waits ending at each phase of the 30 s scrape/poll cycle."""
+    data = _yaml("ai-waits")
+    data["jobs"] = [j | {"runtime": j["runtime"] + offset} if j["name"] == "post" else j for j in data["jobs"]]
+    r = sim.Run(setup(DA), scenario.parse(data)).run()
+    (last,) = [x for x in r["returns"] if x["kind"] == "last"]
+    assert last["gpu_freed_s"] <= RETURN_BOUND_S and last["kube_running_s"] <= RETURN_BOUND_S
+    assert sim.ok(r)
