@@ -138,9 +138,21 @@ class Keda(pulumi.ComponentResource):
             parent=self,
             depends_on=[self.release],
         )
+        manifest = scaled_object(args)
+        self.scaled_object = k8s.apiextensions.CustomResource(
+            f"{name}-scaled-object",
+            api_version=manifest["apiVersion"],
+            kind=manifest["kind"],
+            metadata=manifest["metadata"],
+            spec=manifest["spec"],
+            opts=pulumi.ResourceOptions(
+                parent=self, provider=args.provider, depends_on=[self.release, metrics_api, *args.scaled_object_after]
+            ),
+        )
         # What the demand-aware triggers read of Kueue: after Kueue (its namespace and ClusterRole)
-        # and the monitoring stack (the ServiceMonitor CRD), both in release_after.
-        scrape_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.release_after))
+        # and the monitoring stack (the ServiceMonitor CRD), which the KEDA release waits for, and,
+        # like every apply, after KEDA's metrics API serves.
+        scrape_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[metrics_api])
         sa, token, binding, monitor = monitoring.kueue_scrape_manifests()
         scraper = k8s.core.v1.ServiceAccount(f"{name}-kueue-scraper", metadata=sa["metadata"], opts=scrape_opts)
         # The token controller deletes a token Secret whose service account does not exist yet.
@@ -151,7 +163,7 @@ class Keda(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions.merge(scrape_opts, pulumi.ResourceOptions(depends_on=[scraper])),
         )
         k8s.rbac.v1.ClusterRoleBinding(
-            f"{name}-kueue-scraper",
+            f"{name}-kueue-scraper-binding",
             metadata=binding["metadata"],
             role_ref=binding["roleRef"],
             subjects=binding["subjects"],
@@ -164,16 +176,5 @@ class Keda(pulumi.ComponentResource):
             metadata=monitor["metadata"],
             spec=monitor["spec"],
             opts=scrape_opts,
-        )
-        manifest = scaled_object(args)
-        self.scaled_object = k8s.apiextensions.CustomResource(
-            f"{name}-scaled-object",
-            api_version=manifest["apiVersion"],
-            kind=manifest["kind"],
-            metadata=manifest["metadata"],
-            spec=manifest["spec"],
-            opts=pulumi.ResourceOptions(
-                parent=self, provider=args.provider, depends_on=[self.release, metrics_api, *args.scaled_object_after]
-            ),
         )
         self.register_outputs({"scaledObject": args.names.scaled_object})

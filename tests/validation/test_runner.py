@@ -45,9 +45,10 @@ def test_latencies_follow_the_simulated_cluster():
     # at 30 and wakes the NodeSet to 1; the pod runs at 38 and registers with Slurm at 53, seen
     # Ready at 55. Sampling blurs by up to one interval.
     assert scale_up_latency(timeline) == 50
-    # The job ends at 173 (seen at 175); KEDA's last active poll was 150, so it scales to 0 at
-    # 150 + 300 = 450 and the pod is gone 5 s later, seen at 460: cooldown minus up to a poll.
-    assert gpu_return_latency(timeline) == 285
+    # The job ends at 173 (seen at 175); the last scrape that saw the node busy was 150, so the
+    # demand-aware warmth (busy within the last 300 s) ends after 450, KEDA's poll at 480 scales
+    # to 0 and the pod is gone 5 s later, seen at 490: the cooldown plus up to a scrape.
+    assert gpu_return_latency(timeline) == 315
 
 
 def test_uuids_are_read_once_per_pod():
