@@ -37,7 +37,11 @@ RELEVANT = {
     "components.keda": ("tests/stacks/test_platform.py", TREE),
     "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/stacks/test_platform.py"),
     "stacks.settings": ("tests/stacks/test_settings.py", "tests/stacks/test_cli.py"),
-    "validation.checks": ("tests/validation/test_checks.py", "tests/validation/test_runner.py"),
+    "validation.checks": (
+        "tests/validation/test_checks.py",
+        "tests/validation/test_runner.py",
+        "tests/validation/test_process_proof.py",  # the process, leak-probe and dcgm checks (issue 9)
+    ),
 }
 
 
