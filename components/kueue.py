@@ -1,11 +1,14 @@
-"""Kueue: the one admission point for Kubernetes GPU work, and the HPC/AI split of the GPUs.
+"""Kueue: the one admission point for GPU work on both sides, and the HPC/AI split of the GPUs.
 
 PyTorchJobs and batch Jobs labelled with the AI LocalQueue are admitted whole or not at all
-against the AI ClusterQueue's GPU quota; the two ClusterQueues share one cohort, so the AI side
-borrows HPC's share only when the policy says so. slurmd stays outside Kueue (README, "Kueue":
-the `pod` integration's webhook would fail closed for slurmctld's own pods), so the split
-between the two sides is carried by Kueue's quota here and by KEDA's replica cap
-(`Names.slurmd_max_replicas`).
+against the AI ClusterQueue's GPU quota; every slurmd pod is its own 1-GPU workload in the HPC
+ClusterQueue (the `pod` integration; the NodeSet's pod labels name the queue), so Kueue's quota
+counts the GPUs Slurm holds and admission is exact. The two ClusterQueues share one cohort: each
+side's nominalQuota is its share, lent to the other only when the policy says so. No queue may
+preempt a slurmd pod (Kueue preempts by deleting the pod, which kills the Slurm job):
+`hpc_preemption_problems` refuses any configuration that would allow it. Kueue's two pod
+webhooks are narrowed to pods that carry the queue label, so a Kueue outage never blocks
+slurmctld, slurmrestd or any other pod.
 
 Evidence (kubernetes-sigs/kueue@v0.19.2): charts/kueue/values.yaml, templates/manager/
 manager-config.yaml, templates/webhook/manifests.yaml; apis/config/v1beta2/configuration_types.go
@@ -24,7 +27,7 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 import yaml
 
-from components import helm, host_layout, training_operator
+from components import helm, host_layout, remote_script, training_operator
 from components.names import (
     AI_CLUSTER_QUEUE,
     AI_LOCAL_QUEUE,
@@ -33,32 +36,51 @@ from components.names import (
     GPU_FLAVOR,
     GPU_RESOURCE,
     HPC_CLUSTER_QUEUE,
+    HPC_LOCAL_QUEUE,
+    HPC_PRIORITY_CLASS,
     JOBS_NAMESPACE,
     KUEUE_GROUP_VERSION,
     KUEUE_NAMESPACE,
+    KUEUE_POD_WEBHOOKS,
     KUEUE_RELEASE,
     QUEUE_NAME_LABEL,
+    SLURM_NAMESPACE,
     GpuShares,
+    kueue_webhook_configuration,
 )
 from components.webhook_gate import webhook_gate
+from stacks.settings import SettingsError
 
 CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
-# Only these: the chart's default list also turns on `pod`, `deployment` and `statefulset`,
-# whose webhooks then fail closed for every pod in a managed namespace (manifests.yaml).
-FRAMEWORKS = ("batch/job", "kubeflow.org/pytorchjob")
+# `pod` manages the slurmd pods. Not `deployment` or `statefulset` (the chart's default list has
+# them): their webhooks would then fail closed for slurmrestd's Deployment and slurmctld's
+# StatefulSet in namespace slurm (manifests.yaml: failurePolicy Fail only when enabled).
+FRAMEWORKS = ("batch/job", "kubeflow.org/pytorchjob", "pod")
+# What the two pod webhooks act on once patched: only pods that name a queue. Without it their
+# only scope is managedJobsNamespaceSelector, and with `pod` on they fail closed (manifests.yaml)
+# for every pod in namespace slurm, slurmctld's too. The API server matches an UPDATE if the old
+# or the new object matches (kubernetes/kubernetes@v1.34.0: staging/src/k8s.io/apiserver/pkg/
+# admission/plugin/webhook/predicates/object/matcher.go).
+POD_WEBHOOK_OBJECT_SELECTOR = {"matchExpressions": [{"key": QUEUE_NAME_LABEL, "operator": "Exists"}]}
 # waitForPodsReady is on in 0.19 whatever the config says (defaults.go; only the deprecated
 # alpha gate DisableWaitForPodsReady turns it off). With images pre-pulled on every worker an
-# admitted workload whose pods are not all Ready after this long is stuck behind GPUs Kueue
-# cannot see (slurmd's): evicting it gives back what it holds and requeues it (60 s backoff,
-# doubling). A PyTorchJob counts as ready once its Master runs (JobRunning).
+# admitted workload whose pods are not all Ready after this long is stuck: evicting it gives
+# back what it holds and requeues it (60 s backoff, doubling). A PyTorchJob counts as ready once
+# its Master runs (JobRunning); a slurmd pod once it is Ready, so the timeout only ever evicts a
+# slurmd pod that never became Ready, which runs no Slurm job.
 PODS_READY_TIMEOUT = "10m"
-# "0s" turns the recovery check off (configuration_types.go): Kueue never evicts running work
-# because one of its pods went unready; the jobs' own restart policies decide instead.
+# "0s" turns the recovery check off (configuration_types.go RecoveryTimeout): Kueue never evicts
+# running work because one of its pods went unready, so a slurmd pod whose readiness flaps keeps
+# its Slurm job; the jobs' own restart policies decide instead.
 PODS_READY_RECOVERY_TIMEOUT = "0s"
 # Only the GPUs are contended: CPU and memory stay the scheduler's business (Beta, on in 0.19).
 QUOTA_CHECK_STRATEGY = "IgnoreUndeclared"
-PRIORITY_VALUES = dict(zip(AI_PRIORITY_CLASSES, (100, 1000), strict=True))
+# The slurmd pods' priority equals ai-normal's: between the two sides, Kueue orders by "within
+# nominal quota first", then priority, then age (pkg/scheduler/scheduler.go classicalIterator),
+# so neither side jumps the other's share. Priority only ever evicts within `ai`.
+PRIORITY_VALUES = {**dict(zip(AI_PRIORITY_CLASSES, (100, 1000), strict=True)), HPC_PRIORITY_CLASS: 100}
+NEVER = "Never"
 
 
 @dataclass
@@ -69,6 +91,9 @@ class KueueArgs:
     control_connection: command.remote.ConnectionArgs
     # The Training Operator: the pytorchjob integration starts at once only if its CRD exists.
     after: Sequence[pulumi.Resource]
+    # The slurm namespace's objects (the LocalQueue `hpc`) need the namespace; the slurm chart
+    # release itself comes after Kueue (platform.py), so the namespace is created here.
+    slurm_namespace: pulumi.Resource | None = None
 
 
 def chart(version: str) -> helm.Chart:
@@ -76,9 +101,11 @@ def chart(version: str) -> helm.Chart:
 
 
 def managed_namespaces() -> tuple[str, ...]:
-    """Where Kueue's job webhooks (failurePolicy Fail) act: only where AI users submit, so a
-    Kueue outage never blocks system pods, Slurm's pods or Helm hook Jobs elsewhere."""
-    return (JOBS_NAMESPACE,)
+    """Where Kueue's webhooks (failurePolicy Fail) act: where AI users submit and where the slurmd
+    pods are created, so a Kueue outage never blocks system pods or Helm hook Jobs elsewhere.
+    The slurm chart 1.0.0 creates no Job (SlinkyProject/slurm-operator@v1.0.0:helm/slurm/
+    templates), and the pod webhooks are narrowed to labelled pods (`pod_webhook_patches`)."""
+    return (JOBS_NAMESPACE, SLURM_NAMESPACE)
 
 
 def manager_config(version: str) -> dict:
@@ -130,9 +157,10 @@ def _gpu_quota(nominal: int, **limits: int) -> dict:
 
 
 def cluster_queues(shares: GpuShares) -> list[dict]:
-    """HPC's share and AI's in one cohort. The HPC queue admits nothing (slurmd is outside
-    Kueue): it holds HPC's share in the cohort, lent to AI only when the policy allows."""
-    never = {"reclaimWithinCohort": "Never", "borrowWithinCohort": {"policy": "Never"}, "withinClusterQueue": "Never"}
+    """HPC's share (the slurmd pods) and AI's in one cohort. Each lends its share to the other
+    only if the policy allows (lendingLimit 0 otherwise). No queue reclaims or preempts across
+    the cohort, and nothing preempts within `hpc`: Kueue preempts by deleting the pod."""
+    never = {"reclaimWithinCohort": NEVER, "borrowWithinCohort": {"policy": NEVER}, "withinClusterQueue": NEVER}
     hpc = _object(
         "ClusterQueue",
         HPC_CLUSTER_QUEUE,
@@ -141,8 +169,11 @@ def cluster_queues(shares: GpuShares) -> list[dict]:
             "resourceGroups": [
                 _gpu_quota(shares.hpc_gpus, lendingLimit=shares.hpc_gpus if shares.ai_borrows_hpc_gpus else 0)
             ],
-            "preemption": never,
-            # No namespaceSelector: a null selector admits from no namespace (clusterqueue_types.go).
+            # One 1-GPU workload per slurmd pod: StrictFIFO admits them in the order the NodeSet
+            # created them, and a 1-GPU head never blocks a smaller one.
+            "queueingStrategy": "StrictFIFO",
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: SLURM_NAMESPACE}},
+            "preemption": copy.deepcopy(never),
         },
     )
     ai = _object(
@@ -150,19 +181,62 @@ def cluster_queues(shares: GpuShares) -> list[dict]:
         AI_CLUSTER_QUEUE,
         {
             "cohortName": GPU_COHORT,
-            "resourceGroups": [_gpu_quota(shares.ai_guaranteed_gpus)],
+            "resourceGroups": [
+                _gpu_quota(
+                    shares.ai_guaranteed_gpus,
+                    lendingLimit=shares.ai_guaranteed_gpus if shares.hpc_borrows_ai_gpus else 0,
+                )
+            ],
             # Not StrictFIFO: there every workload that does not fit goes straight back to the head
             # (pkg/cache/queue/cluster_queue.go RequeueIfNotPresent), so one job larger than the
             # AI side can ever get would stop the whole queue. Priority orders it either way.
             "queueingStrategy": "BestEffortFIFO",
             "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: JOBS_NAMESPACE}},
-            # Kueue preempts by deleting: AI never takes back what it lent or borrowed; only a
-            # higher-priority AI workload may evict a lower one, and only if the policy says so.
+            # AI never takes back what it lent, nor preempts to borrow; only a higher-priority AI
+            # workload may evict a lower one, within `ai`, and only if the policy says so.
             "preemption": never
-            | {"withinClusterQueue": "LowerPriority" if shares.ai_preempts_lower_priority else "Never"},
+            | {"withinClusterQueue": "LowerPriority" if shares.ai_preempts_lower_priority else NEVER},
         },
     )
     return [hpc, ai]
+
+
+def hpc_preemption_problems(queues: Sequence[dict], manager: dict) -> list[str]:
+    """Every field of the rendered ClusterQueues (and the manager configuration) that would let
+    Kueue preempt a slurmd pod, one line each; empty when none can be. A preempted slurmd pod is
+    deleted with its Slurm job (pkg/controller/jobs/pod/pod_controller.go Stop), and there is no
+    per-workload flag against it: a workload is preempted only by another workload of its own
+    ClusterQueue (withinClusterQueue) or of its cohort (reclaimWithinCohort, borrowWithinCohort),
+    or by fair sharing (apis/kueue/v1beta2/clusterqueue_types.go ClusterQueuePreemption; the
+    kubebuilder defaults are Never)."""
+    problems = []
+    by_name = {q["metadata"]["name"]: q for q in queues}
+    hpc = by_name.get(HPC_CLUSTER_QUEUE)
+    if hpc is None:
+        return [f"ClusterQueue {HPC_CLUSTER_QUEUE}: missing; the slurmd pods need it"]
+    cohort = hpc["spec"].get("cohortName")
+    for name, q in sorted(by_name.items()):
+        preemption = q["spec"].get("preemption", {})
+        fields = (
+            [("withinClusterQueue", preemption.get("withinClusterQueue", NEVER))] if name == HPC_CLUSTER_QUEUE else []
+        )
+        if cohort is not None and q["spec"].get("cohortName") == cohort:
+            fields += [
+                ("reclaimWithinCohort", preemption.get("reclaimWithinCohort", NEVER)),
+                ("borrowWithinCohort.policy", preemption.get("borrowWithinCohort", {}).get("policy", NEVER)),
+            ]
+        problems += [
+            f"ClusterQueue {name}: preemption.{field} {value!r} is not allowed; expected {NEVER!r}: it would let "
+            "Kueue preempt a slurmd pod, which deletes the pod and kills its Slurm job"
+            for field, value in fields
+            if value != NEVER
+        ]
+    if manager.get("fairSharing", {}).get("enable"):
+        problems.append(
+            "Kueue configuration: fairSharing.enable true is not allowed; expected false: fair sharing "
+            "preempts across the cohort by share, slurmd pods included"
+        )
+    return problems
 
 
 def objects(shares: GpuShares) -> list[dict]:
@@ -170,11 +244,56 @@ def objects(shares: GpuShares) -> list[dict]:
     gpu_key, gpu_value = host_layout.GPU_NODE_LABEL
     flavor = _object("ResourceFlavor", GPU_FLAVOR, {"nodeLabels": {gpu_key: gpu_value}})
     priorities = [
-        _object("WorkloadPriorityClass", name, value=value, description=f"AI work, {name.removeprefix('ai-')} priority")
+        _object("WorkloadPriorityClass", name, value=value, description=_PRIORITY_DESCRIPTIONS[name])
         for name, value in PRIORITY_VALUES.items()
     ]
-    local = _object("LocalQueue", AI_LOCAL_QUEUE, {"clusterQueue": AI_CLUSTER_QUEUE}, namespace=JOBS_NAMESPACE)
-    return [flavor, *priorities, *cluster_queues(shares), local]
+    locals_ = [
+        _object("LocalQueue", AI_LOCAL_QUEUE, {"clusterQueue": AI_CLUSTER_QUEUE}, namespace=JOBS_NAMESPACE),
+        _object("LocalQueue", HPC_LOCAL_QUEUE, {"clusterQueue": HPC_CLUSTER_QUEUE}, namespace=SLURM_NAMESPACE),
+    ]
+    return [flavor, *priorities, *cluster_queues(shares), *locals_]
+
+
+_PRIORITY_DESCRIPTIONS = {
+    "ai-normal": "AI work, normal priority",
+    "ai-high": "AI work, high priority",
+    HPC_PRIORITY_CLASS: "slurmd pods (HPC); never preempted: components/kueue.py hpc_preemption_problems",
+}
+
+
+def pod_webhook_patches() -> list[dict]:
+    """The server-side-apply patches that narrow the chart's two pod webhooks to labelled pods.
+    `webhooks` is a map list keyed by name (k8s.io/api admissionregistration/v1 types.go
+    +listType=map +listMapKey=name), so the patch owns this one field of one entry; Kueue's
+    certificate rotation rewrites only each webhook's clientConfig.caBundle on the object it
+    read (open-policy-agent/cert-controller@v0.16.0: pkg/rotator/rotator.go injectCertToWebhook),
+    and a Helm upgrade's three-way merge leaves a field that neither manifest sets."""
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": f"{kind.capitalize()}WebhookConfiguration",
+            "metadata": {"name": kueue_webhook_configuration(kind)},
+            "webhooks": [{"name": webhook, "objectSelector": copy.deepcopy(POD_WEBHOOK_OBJECT_SELECTOR)}],
+        }
+        for kind, webhook in KUEUE_POD_WEBHOOKS.items()
+    ]
+
+
+def pod_webhook_scope_steps(triggers: Sequence[pulumi.Input] = ()) -> dict[str, remote_script.RemoteStep]:
+    """Per webhook configuration: passes once the API server serves its pod webhook with the
+    objectSelector, read back from the live object (`kubectl wait --for=jsonpath`)."""
+    key = POD_WEBHOOK_OBJECT_SELECTOR["matchExpressions"][0]["key"]
+    steps = {}
+    for patch in pod_webhook_patches():
+        webhook = patch["webhooks"][0]["name"]
+        path = f'{{.webhooks[?(@.name=="{webhook}")].objectSelector.matchExpressions[0].key}}'
+        args = {
+            "TIMEOUT_SECONDS": "300",
+            "RESOURCE": f"{patch['kind'].lower()}/{patch['metadata']['name']}",
+            "CONDITION": f"jsonpath={path}={key}",
+        }
+        steps[webhook] = remote_script.RemoteStep("wait-condition.sh", args, triggers=triggers)
+    return steps
 
 
 def references(obj: dict) -> list[tuple[str, str]]:
@@ -198,18 +317,25 @@ def webhook_probe() -> dict:
 
 def policy_lines(shares: GpuShares) -> list[str]:
     """The fairness policy in words, as `plan` prints it."""
-    ai_max = shares.ai_max_gpus
+    lent = {True: "lends its idle share", False: "never lends its share"}
     return [
-        f"GPUs: {shares.gpus_total} (cohort {GPU_COHORT})",
-        f"  HPC (slurmd, outside Kueue): up to {shares.hpc_gpus}; guaranteed only while no AI work holds them"
-        if shares.ai_borrows_hpc_gpus
-        else f"  HPC (slurmd, outside Kueue): {shares.hpc_gpus}, never lent to AI",
-        f"  AI (LocalQueue {JOBS_NAMESPACE}/{AI_LOCAL_QUEUE}): {shares.ai_guaranteed_gpus} guaranteed (slurmd never takes them), "
-        f"up to {ai_max} admitted at once",
-        "  preemption: none across the cohort; within AI "
+        f"GPUs: {shares.gpus_total} (cohort {GPU_COHORT}; every slurmd pod and every queued AI job is a Kueue workload)",
+        f"  HPC (slurmd pods, LocalQueue {SLURM_NAMESPACE}/{HPC_LOCAL_QUEUE}): {shares.hpc_gpus} guaranteed, "
+        f"up to {shares.hpc_max_gpus} at once; {lent[shares.ai_borrows_hpc_gpus]} to AI",
+        f"  AI (LocalQueue {JOBS_NAMESPACE}/{AI_LOCAL_QUEUE}): {shares.ai_guaranteed_gpus} guaranteed, "
+        f"up to {shares.ai_max_gpus} admitted at once; {lent[shares.hpc_borrows_ai_gpus]} to HPC",
+        "  a borrowed GPU comes back when the work on it ends: a slurmd pod is never preempted",
+        "  preemption: none across the cohort, none of slurmd pods; within AI "
         + ("higher priority evicts lower" if shares.ai_preempts_lower_priority else "none"),
         "  priorities: " + ", ".join(f"{n}={v}" for n, v in PRIORITY_VALUES.items()),
     ]
+
+
+def refuse_hpc_preemption(shares: GpuShares, version: str) -> None:
+    """Refuse, before anything is created, a configuration that would let Kueue preempt a slurmd pod."""
+    problems = hpc_preemption_problems(cluster_queues(shares), manager_config(version))
+    if problems:
+        raise SettingsError(problems)
 
 
 class KubernetesObject(pulumi.CustomResource):
@@ -222,7 +348,12 @@ class KubernetesObject(pulumi.CustomResource):
 
 
 class Kueue(pulumi.ComponentResource):
+    """Kueue, its pod webhooks narrowed, its gate, then the queues. The slurm chart waits for
+    `ready` (platform.py): no slurmd pod is created before the narrowed webhooks and the LocalQueue
+    `hpc` exist, so none slips past Kueue or waits on a queue that is not there."""
+
     def __init__(self, name: str, args: KueueArgs, opts: pulumi.ResourceOptions | None = None):
+        refuse_hpc_preemption(args.shares, args.version)
         super().__init__("testbed:platform:Kueue", name, None, opts)
         self.release = helm.release(
             f"{name}-release",
@@ -232,6 +363,25 @@ class Kueue(pulumi.ComponentResource):
             parent=self,
             depends_on=args.after,
         )
+        child = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.release])
+        patches = [
+            cls(
+                f"{name}-{patch['webhooks'][0]['name']}-scope",
+                metadata=patch["metadata"],
+                webhooks=patch["webhooks"],
+                opts=child,
+            )
+            for patch in pod_webhook_patches()
+            for cls in [
+                k8s.admissionregistration.v1.MutatingWebhookConfigurationPatch
+                if patch["kind"] == "MutatingWebhookConfiguration"
+                else k8s.admissionregistration.v1.ValidatingWebhookConfigurationPatch
+            ]
+        ]
+        scopes = [
+            remote_script.run(f"{name}-{webhook}-scope-check", step, args.control_connection, self, patches)
+            for webhook, step in pod_webhook_scope_steps(helm.upgrade_triggers(self.release)).items()
+        ]
         # Kueue's job webhooks fail closed: nothing queued is created before they serve.
         self.webhook_gate = webhook_gate(
             f"{name}-webhook-gate", webhook_probe(), None, args.control_connection, parent=self, release=self.release
@@ -239,13 +389,21 @@ class Kueue(pulumi.ComponentResource):
         created: dict[tuple[str, str], KubernetesObject] = {}
         for obj in objects(args.shares):
             kind, obj_name = obj["kind"], obj["metadata"]["name"]
+            namespaced = [args.slurm_namespace] if obj["metadata"].get("namespace") == SLURM_NAMESPACE else []
             created[kind, obj_name] = KubernetesObject(
                 f"{name}-{kind.lower()}-{obj_name}",
                 obj,
                 pulumi.ResourceOptions(
                     parent=self,
                     provider=args.provider,
-                    depends_on=[self.webhook_gate, *(created[ref] for ref in references(obj))],
+                    depends_on=[
+                        self.webhook_gate,
+                        *(r for r in namespaced if r is not None),
+                        *(created[ref] for ref in references(obj)),
+                    ],
                 ),
             )
-        self.register_outputs({"localQueue": f"{JOBS_NAMESPACE}/{AI_LOCAL_QUEUE}"})
+        self.ready: list[pulumi.Resource] = [self.webhook_gate, *scopes, *created.values()]
+        self.register_outputs(
+            {"localQueue": f"{JOBS_NAMESPACE}/{AI_LOCAL_QUEUE}", "slurmdQueue": f"{SLURM_NAMESPACE}/{HPC_LOCAL_QUEUE}"}
+        )

@@ -63,17 +63,32 @@ QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"  # pkg/controller/constants/const
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"  # constants.go WorkloadPriorityClassLabel
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COHORT = "gpus"  # the cohort both sides' ClusterQueues share
-HPC_CLUSTER_QUEUE = "hpc"  # HPC's share of the GPUs (slurmd stays outside Kueue: README)
+HPC_CLUSTER_QUEUE = "hpc"  # HPC's share of the GPUs: admits the slurmd pods
+HPC_LOCAL_QUEUE = "hpc"  # in SLURM_NAMESPACE, named on the NodeSet's pod labels
+HPC_PRIORITY_CLASS = "hpc-slurmd"  # the slurmd pods' WorkloadPriorityClass
 AI_CLUSTER_QUEUE = "ai"
 AI_LOCAL_QUEUE = "ai"  # in JOBS_NAMESPACE; never `default`, which Kueue treats as a catch-all
 GPU_FLAVOR = "gpu-worker"
 AI_PRIORITY_CLASSES = ("ai-normal", "ai-high")  # lowest first; the example jobs use the first
+# The chart's webhook configurations, `<kueue.fullname>-{mutating,validating}-webhook-configuration`,
+# and its two pod webhooks (charts/kueue/templates/webhook/manifests.yaml).
+KUEUE_POD_WEBHOOKS = {"mutating": "mpod.kb.io", "validating": "vpod.kb.io"}
 
 
 def helm_fullname(release: str, chart: str = SLURM_CHART) -> str:
     """`slurm.fullname`: the release name if it contains the chart name, else `<release>-<chart>`."""
     name = release if chart in release else f"{release}-{chart}"
     return name[:63].rstrip("-")
+
+
+def kueue_webhook_configuration(kind: str) -> str:
+    """`kind` is `mutating` or `validating`; `kueue.fullname` is the release (it contains `kueue`)."""
+    return f"{helm_fullname(KUEUE_RELEASE, 'kueue')}-{kind}-webhook-configuration"
+
+
+def slurmd_queue_labels() -> dict[str, str]:
+    """The labels that make each slurmd pod its own Kueue workload in queue `hpc`."""
+    return {QUEUE_NAME_LABEL: HPC_LOCAL_QUEUE, PRIORITY_CLASS_LABEL: HPC_PRIORITY_CLASS}
 
 
 def label_selector(labels: dict[str, str]) -> str:
@@ -154,26 +169,30 @@ def slurm_names(nodeset: str) -> SlurmNames:
 
 @dataclass(frozen=True)
 class GpuShares:
-    """How the workers' GPUs are split between HPC (slurmd) and AI (Kueue-admitted jobs).
-
-    slurmd is outside Kueue (README, "Kueue"), so Kueue's quota and KEDA's replica cap carry
-    the split between them: slurmd never scales onto the AI side's guaranteed GPUs, and Kueue
-    admits AI work onto HPC's share only if `ai_borrows_hpc_gpus`."""
+    """How the workers' GPUs are split between HPC (slurmd pods) and AI (queued jobs). Both are
+    Kueue workloads in one cohort: each side's nominalQuota is its share, and each lends its idle
+    share to the other only if the policy says so (lendingLimit 0 otherwise)."""
 
     gpus_total: int
     ai_guaranteed_gpus: int
     ai_borrows_hpc_gpus: bool
     ai_preempts_lower_priority: bool
+    hpc_borrows_ai_gpus: bool = True
 
     @property
     def hpc_gpus(self) -> int:
-        """GPUs slurmd may hold: everything the AI side is not guaranteed."""
+        """HPC's share: everything AI's is not."""
         return self.gpus_total - self.ai_guaranteed_gpus
 
     @property
     def ai_max_gpus(self) -> int:
         """The most GPUs Kueue admits AI work onto at once."""
         return self.gpus_total if self.ai_borrows_hpc_gpus else self.ai_guaranteed_gpus
+
+    @property
+    def hpc_max_gpus(self) -> int:
+        """The most slurmd pods Kueue admits at once."""
+        return self.gpus_total if self.hpc_borrows_ai_gpus else self.hpc_gpus
 
 
 @dataclass(frozen=True)
@@ -197,9 +216,10 @@ class Names:
             polling_seconds=s.keda_polling_seconds,
             shares=GpuShares(
                 gpus_total=s.worker_count * GPUS_PER_WORKER,
-                ai_guaranteed_gpus=s.ai_guaranteed_gpus,
+                ai_guaranteed_gpus=s.ai_gpus,
                 ai_borrows_hpc_gpus=s.ai_borrows_hpc_gpus,
                 ai_preempts_lower_priority=s.ai_preempts_lower_priority,
+                hpc_borrows_ai_gpus=s.hpc_borrows_ai_gpus,
             ),
         )
 

@@ -12,7 +12,7 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm, host_layout
-from components.names import DEFAULT_PARTITION, SLINKY_OPERATOR_NAMESPACE, SLURM_CHART, SlurmNames
+from components.names import DEFAULT_PARTITION, SLINKY_OPERATOR_NAMESPACE, SLURM_CHART, SlurmNames, slurmd_queue_labels
 from components.webhook_gate import webhook_gate
 
 CHARTS = "oci://ghcr.io/slinkyproject/charts"
@@ -100,6 +100,10 @@ def slurm_values(
         {
             "enabled": True,
             "replicas": 0,  # KEDA owns the count from here on
+            # On every slurmd pod (nodeset/nodeset-cr.yaml -> internal/builder/worker_app.go
+            # PodMetadata): each pod is its own 1-GPU Kueue workload in queue `hpc`, gated until
+            # admitted, so Kueue's quota sees the GPUs Slurm holds (components/kueue.py).
+            "metadata": {"labels": slurmd_queue_labels()},
             "slurmd": {
                 "image": _image("slurmd", image_tag),
                 "resources": {"limits": {"nvidia.com/gpu": 1}},

@@ -2,7 +2,9 @@
 
 Order, as dependencies: cert-manager -> its webhook gate -> slurm-operator -> its gate;
 monitoring (ServiceMonitor CRD) and the statesave PV -> slurm chart; Training Operator (the
-PyTorchJob CRD) -> Kueue (its own certificates, no cert-manager) -> its webhook gate -> queues;
+PyTorchJob CRD) -> Kueue (its own certificates, no cert-manager) -> its pod webhooks narrowed
+(checked) and its webhook gate -> queues -> slurm chart: every slurmd pod is a Kueue workload, so
+none may be created before the narrowed webhooks and its LocalQueue exist;
 everything else -> KEDA (its metrics API disturbs discovery while it starts) -> ScaledObject.
 The device plugin and the Training Operator need only the cluster."""
 
@@ -10,12 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pulumi
+import pulumi_kubernetes as k8s
+
 from components.cert_manager import CertManager, CertManagerArgs
 from components.device_plugin import DevicePlugin, DevicePluginArgs
 from components.keda import Keda, KedaArgs
 from components.kueue import Kueue, KueueArgs
 from components.monitoring import Monitoring, MonitoringArgs, service_monitor_labels
-from components.names import Names
+from components.names import SLURM_NAMESPACE, Names
 from components.slinky import Slinky, SlinkyArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from stacks.cluster import ClusterAccess
@@ -56,6 +61,27 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
             provider=provider,
         ),
     )
+    training_operator = TrainingOperator(
+        "testbed-training-operator",
+        TrainingOperatorArgs(version=s.training_operator_version, control_connection=ssh, after=[access.gate]),
+    )
+    # The LocalQueue of the slurmd pods lives in the slurm namespace, before the slurm chart.
+    slurm_namespace = k8s.core.v1.Namespace(
+        "testbed-slurm-namespace",
+        metadata={"name": SLURM_NAMESPACE},
+        opts=pulumi.ResourceOptions(provider=provider, depends_on=[access.gate]),
+    )
+    kueue = Kueue(
+        "testbed-kueue",
+        KueueArgs(
+            version=s.kueue_version,
+            shares=names.shares,
+            provider=provider,
+            control_connection=ssh,
+            after=[training_operator],
+            slurm_namespace=slurm_namespace,
+        ),
+    )
     slinky = Slinky(
         "testbed-slinky",
         SlinkyArgs(
@@ -66,22 +92,8 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
             provider=provider,
             control_connection=ssh,
             operator_after=[cert_manager.webhook_gate],
-            cluster_after=[monitoring.stack],
+            cluster_after=[monitoring.stack, *kueue.ready],
             max_nodes=names.slurmd_max_replicas,
-        ),
-    )
-    training_operator = TrainingOperator(
-        "testbed-training-operator",
-        TrainingOperatorArgs(version=s.training_operator_version, control_connection=ssh, after=[access.gate]),
-    )
-    kueue = Kueue(
-        "testbed-kueue",
-        KueueArgs(
-            version=s.kueue_version,
-            shares=names.shares,
-            provider=provider,
-            control_connection=ssh,
-            after=[training_operator],
         ),
     )
     keda = Keda(

@@ -519,8 +519,8 @@ SETTINGS: tuple[Setting, ...] = (
         "kedaMaxReplicas",
         int,
         0,
-        "Most slurmd replicas (KEDA maxReplicaCount); 0 means workerCount - aiGuaranteedGpus.",
-        "0 to workerCount - aiGuaranteedGpus",
+        "Most slurmd replicas (KEDA maxReplicaCount); 0 means every GPU slurmd may hold (workerCount, or HPC's share).",
+        "0 to workerCount (to HPC's share when hpcBorrowsAiGpus is false)",
     ),
     Setting(
         "kedaCooldownSeconds",
@@ -553,26 +553,33 @@ SETTINGS: tuple[Setting, ...] = (
         "0.19",
         "the tested minor: the v1beta2 queues and the manager configuration the program writes are those of 0.19",
     ),
-    # GPU fairness between HPC (slurmd) and AI (Kueue-admitted jobs): components/kueue.py
+    # GPU fairness between HPC (slurmd pods) and AI (queued jobs), both admitted by Kueue: components/kueue.py
     Setting(
         "aiGuaranteedGpus",
         int,
-        0,
-        "GPUs only Kubernetes GPU work uses: Kueue's AI queue owns them and slurmd never scales onto them.",
-        "0 to workerCount - 1",
+        -1,
+        "AI's share of the GPUs (Kueue nominalQuota of queue ai); HPC's is the rest. -1: half, rounded down.",
+        "-1 (half of workerCount, rounded down) or 0 to workerCount - 1",
     ),
     Setting(
         "aiBorrowsHpcGpus",
         bool,
         True,
-        "Kueue may admit AI work onto HPC's share of the GPUs (false keeps that share for slurmd alone).",
+        "Kueue may admit AI work onto HPC's idle share (false keeps that share for slurmd alone).",
+        "true or false",
+    ),
+    Setting(
+        "hpcBorrowsAiGpus",
+        bool,
+        True,
+        "slurmd pods may take AI's idle share, so a Slurm job may span every worker (false caps slurmd at HPC's share).",
         "true or false",
     ),
     Setting(
         "aiPreemptsLowerPriority",
         bool,
         False,
-        "A waiting ai-high job may evict running ai-normal jobs; false: Kueue never evicts running AI work.",
+        "A waiting ai-high job may evict running ai-normal jobs (never a slurmd pod); false: Kueue never evicts running AI work.",
         "true or false",
     ),
 )
@@ -617,6 +624,7 @@ class Settings:
     kueue_version: str
     ai_guaranteed_gpus: int
     ai_borrows_hpc_gpus: bool
+    hpc_borrows_ai_gpus: bool
     ai_preempts_lower_priority: bool
     stack: str = field(default="dev")
 
@@ -639,9 +647,22 @@ class Settings:
         return [str(subnet[FIRST_WORKER_HOST_INDEX + i]) for i in range(self.worker_count)]
 
     @property
+    def ai_gpus(self) -> int:
+        """AI's share of the GPUs (-1: half of them, rounded down)."""
+        return _ai_gpus(self.worker_count, self.ai_guaranteed_gpus)
+
+    @property
     def slurmd_max_replicas(self) -> int:
-        """slurmd holds one GPU per pod and never the AI side's guaranteed ones."""
-        return self.keda_max_replicas or self.worker_count - self.ai_guaranteed_gpus
+        """slurmd holds one GPU per pod: every GPU if it may borrow AI's idle share, else HPC's share."""
+        return self.keda_max_replicas or _hpc_max_gpus(self.worker_count, self.ai_gpus, self.hpc_borrows_ai_gpus)
+
+
+def _ai_gpus(worker_count: int, ai_guaranteed_gpus: int) -> int:
+    return worker_count // 2 if ai_guaranteed_gpus == -1 else ai_guaranteed_gpus
+
+
+def _hpc_max_gpus(worker_count: int, ai_gpus: int, hpc_borrows_ai_gpus: bool) -> int:
+    return worker_count if hpc_borrows_ai_gpus else worker_count - ai_gpus
 
 
 def max_workers_for_subnet() -> int:
@@ -765,24 +786,26 @@ def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str
                 f"availabilityZone: {raw('availabilityZone')} is not allowed; expected a zone of region {region}: "
                 f"{listed}{known}, or empty to pick one that offers the worker type"
             )
-    if ok("aiGuaranteedGpus", "workerCount") and not 0 <= v["ai_guaranteed_gpus"] < v["worker_count"]:
+    if ok("aiGuaranteedGpus", "workerCount") and not -1 <= v["ai_guaranteed_gpus"] < v["worker_count"]:
         out.append(
-            f"aiGuaranteedGpus: {raw('aiGuaranteedGpus')} is not allowed; expected an integer from 0 to "
-            f"workerCount - 1 ({v['worker_count'] - 1}): one GPU per worker, and slurmd needs at least one"
+            f"aiGuaranteedGpus: {raw('aiGuaranteedGpus')} is not allowed; expected -1 (half) or an integer from 0 to "
+            f"workerCount - 1 ({v['worker_count'] - 1}): one GPU per worker, and HPC's share needs at least one"
         )
-    if ok("aiGuaranteedGpus", "aiBorrowsHpcGpus") and v["ai_guaranteed_gpus"] == 0 and not v["ai_borrows_hpc_gpus"]:
+    fair = ok("aiGuaranteedGpus", "workerCount")
+    ai_gpus = _ai_gpus(v["worker_count"], v["ai_guaranteed_gpus"]) if fair else 0
+    if fair and ok("aiBorrowsHpcGpus") and ai_gpus == 0 and not v["ai_borrows_hpc_gpus"]:
         out.append(
-            f"aiBorrowsHpcGpus: {raw('aiBorrowsHpcGpus')} is not allowed with aiGuaranteedGpus 0: Kueue would "
+            f"aiBorrowsHpcGpus: {raw('aiBorrowsHpcGpus')} is not allowed with an AI share of 0 GPUs: Kueue would "
             "admit no Kubernetes GPU work at all; expected true, or aiGuaranteedGpus of 1 or more"
         )
-    if ok("kedaMinReplicas", "kedaMaxReplicas", "workerCount", "aiGuaranteedGpus"):
-        hpc_gpus = v["worker_count"] - v["ai_guaranteed_gpus"]
-        max_replicas = v["keda_max_replicas"] or hpc_gpus
-        if not 0 <= v["keda_max_replicas"] <= hpc_gpus:
+    if fair and ok("kedaMinReplicas", "kedaMaxReplicas", "hpcBorrowsAiGpus"):
+        hpc_max = _hpc_max_gpus(v["worker_count"], ai_gpus, v["hpc_borrows_ai_gpus"])
+        max_replicas = v["keda_max_replicas"] or hpc_max
+        if not 0 <= v["keda_max_replicas"] <= hpc_max:
             out.append(
-                f"kedaMaxReplicas: {raw('kedaMaxReplicas')} is not allowed; expected 0 (= workerCount - "
-                f"aiGuaranteedGpus) or an integer from 1 to workerCount - aiGuaranteedGpus ({hpc_gpus}): each "
-                "slurmd pod holds one worker's GPU, and never one guaranteed to AI"
+                f"kedaMaxReplicas: {raw('kedaMaxReplicas')} is not allowed; expected 0 (= the GPUs slurmd may hold) "
+                f"or an integer from 1 to {hpc_max} (workerCount, or HPC's share when hpcBorrowsAiGpus is false): "
+                "each slurmd pod holds one worker's GPU"
             )
         elif not 1 <= v["keda_min_replicas"] <= max_replicas:
             out.append(
