@@ -91,9 +91,6 @@ class KueueArgs:
     control_connection: command.remote.ConnectionArgs
     # The Training Operator: the pytorchjob integration starts at once only if its CRD exists.
     after: Sequence[pulumi.Resource]
-    # The slurm namespace's objects (the LocalQueue `hpc`) need the namespace; the slurm chart
-    # release itself comes after Kueue (platform.py), so the namespace is created here.
-    slurm_namespace: pulumi.Resource | None = None
 
 
 def chart(version: str) -> helm.Chart:
@@ -386,10 +383,17 @@ class Kueue(pulumi.ComponentResource):
         self.webhook_gate = webhook_gate(
             f"{name}-webhook-gate", webhook_probe(), None, args.control_connection, parent=self, release=self.release
         )
+        # The LocalQueue of the slurmd pods needs namespace slurm before the slurm chart exists
+        # (it installs after Kueue: platform.py); the chart's create_namespace then finds it.
+        self.slurm_namespace = k8s.core.v1.Namespace(
+            f"{name}-slurm-namespace",
+            metadata={"name": SLURM_NAMESPACE},
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider),
+        )
         created: dict[tuple[str, str], KubernetesObject] = {}
         for obj in objects(args.shares):
             kind, obj_name = obj["kind"], obj["metadata"]["name"]
-            namespaced = [args.slurm_namespace] if obj["metadata"].get("namespace") == SLURM_NAMESPACE else []
+            namespaced = [self.slurm_namespace] if obj["metadata"].get("namespace") == SLURM_NAMESPACE else []
             created[kind, obj_name] = KubernetesObject(
                 f"{name}-{kind.lower()}-{obj_name}",
                 obj,
@@ -398,7 +402,7 @@ class Kueue(pulumi.ComponentResource):
                     provider=args.provider,
                     depends_on=[
                         self.webhook_gate,
-                        *(r for r in namespaced if r is not None),
+                        *namespaced,
                         *(created[ref] for ref in references(obj)),
                     ],
                 ),

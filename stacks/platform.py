@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pulumi
-import pulumi_kubernetes as k8s
-
 from components.cert_manager import CertManager, CertManagerArgs
 from components.device_plugin import DevicePlugin, DevicePluginArgs
 from components.keda import Keda, KedaArgs
 from components.kueue import Kueue, KueueArgs
 from components.monitoring import Monitoring, MonitoringArgs, service_monitor_labels
-from components.names import SLURM_NAMESPACE, Names
+from components.names import Names
 from components.slinky import Slinky, SlinkyArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from stacks.cluster import ClusterAccess
@@ -65,12 +62,6 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
         "testbed-training-operator",
         TrainingOperatorArgs(version=s.training_operator_version, control_connection=ssh, after=[access.gate]),
     )
-    # The LocalQueue of the slurmd pods lives in the slurm namespace, before the slurm chart.
-    slurm_namespace = k8s.core.v1.Namespace(
-        "testbed-slurm-namespace",
-        metadata={"name": SLURM_NAMESPACE},
-        opts=pulumi.ResourceOptions(provider=provider, depends_on=[access.gate]),
-    )
     kueue = Kueue(
         "testbed-kueue",
         KueueArgs(
@@ -79,7 +70,6 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
             provider=provider,
             control_connection=ssh,
             after=[training_operator],
-            slurm_namespace=slurm_namespace,
         ),
     )
     slinky = Slinky(

@@ -571,7 +571,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "hpcBorrowsAiGpus",
         bool,
-        True,
+        False,
         "slurmd pods may take AI's idle share, so a Slurm job may span every worker (false caps slurmd at HPC's share).",
         "true or false",
     ),

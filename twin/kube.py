@@ -5,6 +5,9 @@ Followed:
 * kubernetes/kubernetes@v1.34.0:pkg/scheduler (one queue ordered by priority then creation time;
   a pod binds to a node that has the extended resource free) and the device plugin API
   (NVIDIA/k8s-device-plugin@v0.17.0: each `nvidia.com/gpu: 1` gets one whole GPU, never shared).
+* A pod with a scheduling gate (Kueue's `kueue.x-k8s.io/admission`) is not tried by kube-scheduler
+  until the gate is removed (kubernetes/kubernetes@v1.34.0: pkg/scheduler/framework/plugins/
+  schedulinggates); it holds no GPU meanwhile.
 * The kubelet pulls an image once per node (IfNotPresent: the slurm chart's `imagePullPolicy`,
   SlinkyProject/slurm-operator@v1.0.0:helm/slurm/values.yaml; the Kubernetes default for a tagged
   image; the init container's in initcontainer.go), each when its container starts, init
@@ -57,6 +60,7 @@ class Pod:
     init_started: float | None = None
     main_pull: float = 0.0  # a Worker's pull of its main image, after its init container
     own_image: str | None = None  # a scenario's own image for the main container, instead of the role's
+    gated: bool = False  # Kueue's admission scheduling gate: kube-scheduler does not try it
 
     def running(self, now: float) -> bool:
         return self.running_at is not None and self.running_at <= now and self.gone_at is None
@@ -165,7 +169,8 @@ class Kubernetes:
         held = {p.gpu for p in self.pods if p.live and p.gpu is not None}
         free = [g for g in range(self.gpus) if g not in held]
         for pod in sorted(
-            (p for p in self.pods if p.gpu is None and p.live and p.terminating_at is None), key=lambda p: p.created
+            (p for p in self.pods if p.gpu is None and p.live and p.terminating_at is None and not p.gated),
+            key=lambda p: p.created,
         ):
             if self.double_books_slurmd and pod.holder == SLURMD:
                 pod.gpu = 0

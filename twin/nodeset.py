@@ -8,6 +8,8 @@ Followed: SlinkyProject/slurm-operator@v1.0.0
 * internal/controller/nodeset/utils/sort.go (ActivePods.Less): unassigned first, Pending before
   Running, not ready before ready, earlier Slurm deadline first (none = idle = first), cordoned
   first, then the highest ordinal.
+* A slurmd pod gated by Kueue is an active pod like any other: it counts toward `.spec.replicas`
+  (nodeset_sync.go), and as unassigned and Pending it is condemned first on scale-in (sort.go).
 * internal/controller/nodeset/slurmcontrol/slurmcontrol.go: with no Slurm client, MakeNodeDrain
   does nothing, IsNodeDrained returns true and GetNodeDeadlines is empty.
 * internal/controller/slurmclient/slurmclient_sync.go: the client exists only while the restapi
@@ -43,8 +45,10 @@ class NodeSetController:
     def _ordinal(self, pod: Pod) -> int:
         return int(pod.name.rsplit("-", 1)[1])
 
-    def reconcile(self, now: float, client: bool) -> list[str]:
-        """One sync; returns the Slurm jobs killed by pods deleted under them."""
+    def reconcile(self, now: float, client: bool, can_create: bool = True) -> list[str]:
+        """One sync; returns the Slurm jobs killed by pods deleted under them. `can_create` false:
+        the API server refuses new pods (Kueue's pod webhook, failurePolicy Fail, is down); the
+        controller tries again on its next sync."""
         killed: list[str] = []
         for pod in self.pods():
             if pod.running(now) and now >= pod.running_at + self.register_delay:
@@ -53,6 +57,8 @@ class NodeSetController:
         if len(pods) < self.replicas:
             for pod in pods:
                 self._uncordon(pod, client)
+            if not can_create:
+                return killed
             used = {self._ordinal(p) for p in pods} | {
                 self._ordinal(p) for p in self.kube.pods if p.holder == SLURMD and p.live
             }

@@ -74,4 +74,5 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         images=pod_images(values),
         prepulled=images.worker_images(values),
         init_tries=init_container_tries(s.training_operator_version),
+        slurmd_labels=values["nodesets"][names.slurm.nodeset]["metadata"]["labels"],
     )

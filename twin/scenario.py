@@ -12,7 +12,7 @@ import yaml
 from stacks.settings import show
 
 KINDS = ("slurm", "pytorchjob", "job")
-FAULTS = ("restapi-down", "metrics-outage", "duplicate-scrape", "kueue-metrics-outage")
+FAULTS = ("restapi-down", "metrics-outage", "duplicate-scrape", "kueue-metrics-outage", "kueue-down")
 IMAGES = ("warm", "cold")
 MAX_DURATION = 7 * 24 * 3600
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from components.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, HPC_CLUSTER_QUEUE, JOBS_NAMESPACE
+from components.names import (
+    AI_CLUSTER_QUEUE,
+    GPU_RESOURCE,
+    GPUS_PER_WORKER,
+    HPC_CLUSTER_QUEUE,
+    JOBS_NAMESPACE,
+    QUEUE_NAME_LABEL,
+)
 from twin import kube as k8s
 from twin.autoscale import HPA_SYNC, Hpa, Keda
 from twin.kueue import Kueue
@@ -34,6 +41,9 @@ class Setup:
     images: dict[str, str] = field(default_factory=lambda: {role: role for role in k8s.IMAGE_PULL})
     prepulled: tuple[str, ...] = ()  # on every GPU worker before the stack is ready
     init_tries: int = k8s.INIT_TRIES_DEFAULT
+    # The NodeSet's pod labels (components/slinky.py): with the queue label, each slurmd pod is a
+    # 1-GPU Kueue workload; without it, slurmd is outside Kueue.
+    slurmd_labels: dict = field(default_factory=dict)
 
 
 def gpu_uuid(i: int) -> str:
@@ -66,6 +76,9 @@ class Run:
             if self.scenario.kueue and s.kueue_objects
             else None
         )
+        self.slurmd_queued = self.kueue is not None and QUEUE_NAME_LABEL in s.slurmd_labels
+        self._queued_pods: set[int] = set()  # id() of the slurmd pods Kueue has a workload for
+        self._refused: list[JobSpec] = []  # Kubernetes jobs whose create was refused (Kueue down)
         self.prom = Prometheus()
         self.prom.targets = [
             Target("slurm-controller", "slurm-controller:6817", self._slurm_metrics),
@@ -130,8 +143,8 @@ class Run:
 
     def _target_down(self, target: Target) -> bool:
         now = self.now
-        if target.job == "kueue":
-            return self.scenario.fault_active("kueue-metrics-outage", now)
+        if target.job == "kueue":  # its metrics endpoint is down too while Kueue is
+            return self.scenario.fault_active("kueue-metrics-outage", now) or self._kueue_down(now)
         if target.job != "slurm-controller":
             return False
         if self.scenario.fault_active("metrics-outage", now):
@@ -150,6 +163,8 @@ class Run:
     def submit(self, spec: JobSpec, now: float) -> None:
         if spec.kind == "slurm":
             self.slurm_jobs[spec.name] = self.slurm.submit(spec, now)
+        elif self.kueue is not None and self._kueue_down(now):
+            self._refused.append(spec)  # the job webhook fails closed; the user submits it again
         else:
             queued = self.kueue is not None
             job = self.kube.submit(
@@ -162,6 +177,9 @@ class Run:
     def tick(self, tick: int) -> None:
         """One second: submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
         now = self.now = float(tick)
+        retry, self._refused = self._refused, []
+        for spec in retry:
+            self.submit(spec, now)
         while self._events and self._events[0].submit <= now:
             self.submit(self._events.pop(0), now)
         while self._releases and self._releases[0][0] <= now:
@@ -175,9 +193,12 @@ class Run:
         if tick % HPA_SYNC == 0:
             self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
         client = not self.scenario.fault_active("restapi-down", now)
-        self.killed += self.nodeset.reconcile(now, client)
+        down = self._kueue_down(now)
+        self.killed += self.nodeset.reconcile(now, client, can_create=not (self.slurmd_queued and down))
         if self.kueue is not None:
-            self.kueue.step(self.kube, now)
+            if self.slurmd_queued:
+                self._queue_new_slurmd_pods(now)
+            self.kueue.step(self.kube, now, up=not down)
         self.kube.step(now)
         self.slurm.step(now)
         self._note_ends(now)
@@ -195,6 +216,16 @@ class Run:
                 for j in self.slurm.jobs
                 if j.finished == now and j.state == COMPLETED and id(j) not in noted
             ]
+
+    def _kueue_down(self, now: float) -> bool:
+        return self.scenario.fault_active("kueue-down", now)
+
+    def _queue_new_slurmd_pods(self, now: float) -> None:
+        """Kueue's pod webhook gates each new labelled slurmd pod and makes it a workload."""
+        for pod in self.kube.pods:
+            if pod.holder == k8s.SLURMD and id(pod) not in self._queued_pods:
+                self._queued_pods.add(id(pod))
+                self.kueue.add_pod(pod, self.setup.slurmd_labels, GPUS_PER_WORKER, now)
 
     def _account(self, now: float) -> None:
         for p in self.kube.pods:
@@ -282,7 +313,7 @@ class Run:
                 kj = self.kube_jobs.get(spec.name)
                 outcome = "unfinished" if not kj or kj.finished is None else "failed" if kj.failed else "completed"
                 row = {"started": kj.started if kj else None, "finished": kj.finished if kj else None}
-                if self.kueue is not None:
+                if self.kueue is not None and kj is not None:
                     w = next(w for w in self.kueue.workloads if w.job is kj)
                     row |= {"admitted": w.first_admitted, "evictions": w.evictions}
             jobs.append({"name": spec.name, "kind": spec.kind, "outcome": outcome, "submitted": spec.submit, **row})
@@ -310,6 +341,8 @@ class Run:
             "slurmd_idle_gpu_s": self.idle_gpu_s,
             "trigger_errors": self.keda.errors,
             "kueue": self.kueue is not None,
+            "slurmd_in_kueue": self.slurmd_queued,
+            "kueue_pod_evictions": self.kueue.pod_evictions if self.kueue is not None else 0,
             "contention": self._contention(),
         }
 

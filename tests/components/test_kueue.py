@@ -285,7 +285,7 @@ def test_install_order_gate_and_objects_in_the_recorded_program(default_run):
     (ai_cq,) = [r for r in kueue_objects if r.name.endswith(f"clusterqueue-{names.AI_CLUSTER_QUEUE}")]
     assert depends(rec, ai_cq, rec.named(f"testbed-kueue-resourceflavor-{names.GPU_FLAVOR}"))
     (hpc_lq,) = [r for r in kueue_objects if r.name.endswith(f"localqueue-{names.HPC_LOCAL_QUEUE}")]
-    assert depends(rec, hpc_lq, rec.named("testbed-slurm-namespace"))
+    assert depends(rec, hpc_lq, rec.named("testbed-kueue-slurm-namespace"))
 
 
 def test_no_slurmd_pod_can_be_created_before_kueue_admits_it(default_run):
@@ -326,11 +326,11 @@ def test_default_run_quota_is_every_gpu_and_plan_shows_the_policy(default_run):
         if r.type == "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue"
     }
     assert sum(gpu_quota(cq)["nominalQuota"] for cq in cqs.values()) == s.gpus_total
-    # the default split: half each (aiGuaranteedGpus -1), each lending its idle share to the other
+    # the default split: half each (aiGuaranteedGpus -1); HPC lends its idle share to AI, not back
     assert [gpu_quota(cqs[q])["nominalQuota"] for q in ("hpc", "ai")] == [2, 2]
-    assert [gpu_quota(cqs[q])["lendingLimit"] for q in ("hpc", "ai")] == [2, 2]
+    assert [gpu_quota(cqs[q])["lendingLimit"] for q in ("hpc", "ai")] == [2, 0]  # hpcBorrowsAiGpus false
     (scaled_object,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
-    assert scaled_object.inputs["spec"]["maxReplicaCount"] == s.hpc_max_gpus == s.gpus_total
+    assert scaled_object.inputs["spec"]["maxReplicaCount"] == s.hpc_max_gpus == s.hpc_gpus
     text = artifacts.plan_text(default_run)
     assert "helm kueue 0.19.2 (ns kueue-system)" in text
     policy = text.split("GPU fairness policy (Kueue):\n", 1)[1]

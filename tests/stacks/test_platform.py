@@ -149,7 +149,7 @@ def test_keda_bounds_follow_the_worker_count(workers):
     rec = run_program(workerCount=workers)
     (so,) = by_type(rec, tokens.SCALED_OBJECT)
     spec = so.inputs["spec"]
-    assert spec["maxReplicaCount"] == workers
+    assert spec["maxReplicaCount"] == workers - workers // 2  # HPC's share: AI is guaranteed half
     assert (spec["idleReplicaCount"], spec["minReplicaCount"]) == (0, 1)
     assert spec["cooldownPeriod"] == 0  # the demand-aware policy keeps slurmd warm in its query
     assert "[300s:30s]" in _trigger(spec, "recently_busy")["metadata"]["query"]
@@ -160,7 +160,9 @@ def _trigger(spec: dict, name: str) -> dict:
 
 
 def test_keda_settings_flow_into_the_scaled_object():
-    rec = run_program(kedaCooldownSeconds=120, kedaPollingSeconds=15, kedaMaxReplicas=3, kedaMinReplicas=2)
+    rec = run_program(
+        kedaCooldownSeconds=120, kedaPollingSeconds=15, kedaMaxReplicas=3, kedaMinReplicas=2, hpcBorrowsAiGpus="true"
+    )
     (so,) = by_type(rec, tokens.SCALED_OBJECT)
     spec = so.inputs["spec"]
     assert (spec["pollingInterval"], spec["minReplicaCount"], spec["maxReplicaCount"]) == (15, 2, 3)
