@@ -27,6 +27,10 @@ def _is_kubernetes_object(r: RecordedResource) -> bool:
     return r.type.startswith("kubernetes:") and r.type != HELM_RELEASE and "apiVersion" in r.inputs
 
 
+def _is_patch(r: RecordedResource) -> bool:
+    return r.type.endswith("Patch")
+
+
 def plan_elements(rec: Recording) -> list[dict[str, Any]]:
     return [
         {
@@ -258,7 +262,15 @@ def render(rec: Recording, out: Path) -> list[Path]:
         for f in yaml.safe_load(user_data).get("write_files", []):
             if f["path"].endswith(".sh"):
                 add_script(Path(f["path"]).name, f["content"])
-    manifests = [reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r)]
+    manifests = [reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r) and not _is_patch(r)]
+    # A server-side-apply patch is a few fields of an object another release owns, not an object:
+    # written apart, so nothing applies or validates it as a whole one.
+    for r in rec.resources:
+        if _is_kubernetes_object(r) and _is_patch(r):
+            patch = reveal(r.inputs)
+            path = out / "patches" / f"{patch['kind']}-{patch['metadata']['name']}.yaml"
+            _write(path, yaml.safe_dump(patch, sort_keys=True))
+            written.append(path)
     for cmd in rec.of_type(REMOTE_COMMAND):
         add_script(step_arguments(cmd)[remote_script.STEP_NAME], remote_script.script_of(reveal(cmd.inputs["stdin"])))
         manifests += embedded_manifests(cmd)

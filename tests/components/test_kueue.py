@@ -365,3 +365,14 @@ def test_an_oversized_job_cannot_stop_the_ai_queue():
     # StrictFIFO requeues every unfit workload at the head (kueue@v0.19.2 pkg/cache/queue/cluster_queue.go)
     ai_cq = by_kind(kueue.objects(shares()))["ClusterQueue", names.AI_CLUSTER_QUEUE]
     assert ai_cq["spec"]["queueingStrategy"] == "BestEffortFIFO"
+
+
+def test_render_writes_the_pod_webhook_patches_apart_from_whole_objects(tmp_path, default_run):
+    artifacts.render(default_run, tmp_path)
+    patches = {p.name: yaml.safe_load(p.read_text()) for p in (tmp_path / "patches").glob("*.yaml")}
+    assert sorted(patches) == [
+        "MutatingWebhookConfiguration-kueue-mutating-webhook-configuration.yaml",
+        "ValidatingWebhookConfiguration-kueue-validating-webhook-configuration.yaml",
+    ]
+    assert [p["webhooks"] for p in patches.values()] == [p["webhooks"] for p in kueue.pod_webhook_patches()]
+    assert not any("WebhookConfiguration" in p.name for p in (tmp_path / "manifests").glob("*.yaml"))
