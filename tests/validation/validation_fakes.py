@@ -85,6 +85,7 @@ class FakeCluster:
                 f"nodesetName={self.names.nodeset}",
                 f"kedaCooldownSeconds={int(self.cooldown)}",
                 f"kedaMaxReplicas={self.max_replicas}",
+                "hpcBorrowsAiGpus=true",  # slurmd may take every worker's GPU, as these runs assume
             )
         )
         self.twin = sim.Run(program.setup(s), Scenario(duration=FOREVER, workers=s.worker_count))
