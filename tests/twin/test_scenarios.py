@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from components import slurmd_scaling as scaling
 from stacks import offline, settings
@@ -93,7 +94,7 @@ def test_happy_paths_pass_with_both_policies(name):
 
 
 def test_one_hour_twenty_jobs_simulates_in_under_ten_seconds():
-    sc = scenario.parse({**_yaml("busy-hour"), "duration": 3600})
+    sc = scenario.parse({**yaml.safe_load((SCENARIOS / "busy-hour.yaml").read_text()), "duration": 3600})
     assert len(sc.jobs) == 20
     started = time.perf_counter()
     r = sim.Run(program.setup(settings_dev(), scaling.SAFE), sc).run()
