@@ -361,7 +361,11 @@ def test_prometheus_scrapes_the_kueue_metric_the_scaler_reads(default_run):
     kueue_values = release(default_run, "kueue").inputs["values"]
     manager = yaml.safe_load(kueue_values["managerConfig"]["controllerManagerConfigYaml"])
     assert manager["metrics"]["enableClusterQueueResources"] is True
-    (local_queue,) = by_type(default_run, "kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")
+    (local_queue,) = [  # the AI side's; the slurmd pods have their own (slurm/hpc)
+        q
+        for q in by_type(default_run, "kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")
+        if q.inputs["metadata"]["name"] == names.AI_LOCAL_QUEUE
+    ]
     query = ai_waiting["metadata"]["query"]
     assert f'cluster_queue="{local_queue.inputs["spec"]["clusterQueue"]}"' in query
     assert f'kube_pod_status_unschedulable{{namespace="{local_queue.inputs["metadata"]["namespace"]}"}}' in query
