@@ -42,7 +42,8 @@ waiting, slurmd stays for the cooldown as under "safe".
   Kueue's `kueue_cluster_queue_resource_pending{cluster_queue="ai",resource="nvidia.com/gpu"}`
   (kubernetes-sigs/kueue@v0.19.2:pkg/metrics/metrics.go, reported by pkg/cache/queue/metrics.go
   only with the manager's `metrics.enableClusterQueueResources`) sees it. An admitted job whose
-  pods wait at kube-scheduler behind slurmd (Kueue's quota does not see slurmd) is seen by
+  pods still wait at kube-scheduler (for a GPU Kueue's quota does not count: an unlabelled GPU
+  pod, or slurmd with the NodeSet left outside Kueue) is seen by
   kube-state-metrics' `kube_pod_status_unschedulable` (PodScheduled False; kubernetes/
   kube-state-metrics internal/store/pod.go) in the jobs' namespace. Both `or vector(0)`: a Kueue
   or kube-state-metrics outage reads as "nobody waits" (warmth as today), never as a freeze.
