@@ -87,6 +87,8 @@ class Tools:
     validate: Callable[[list[str]], int]
     scenarios: list[str]
     select_stack: Callable[[str], Any]  # -> an Automation API Stack (up, destroy)
+    # (scenario, stack) -> why the stack's settings cannot run it (validation.cli.scenario_blocker)
+    scenario_blocker: Callable[[str, str], str | None] = lambda scenario, stack: None
 
 
 def real_tools() -> Tools:
@@ -94,6 +96,7 @@ def real_tools() -> Tools:
 
     from stacks import doctor, preflight
     from validation.cli import main as validate_main
+    from validation.cli import scenario_blocker
     from validation.scenarios import SCENARIOS
 
     return Tools(
@@ -102,6 +105,7 @@ def real_tools() -> Tools:
         validate=validate_main,
         scenarios=list(SCENARIOS),
         select_stack=lambda name: auto.select_stack(stack_name=name, work_dir=str(offline.ROOT)),
+        scenario_blocker=scenario_blocker,
     )
 
 
@@ -195,6 +199,10 @@ class Run:
                     self.report.phases.append(
                         Phase(f"validate {scenario}", "skipped", detail="an earlier phase failed")
                     )
+                    continue
+                blocker = self.tools.scenario_blocker(scenario, self.stack)
+                if blocker:
+                    self.report.phases.append(Phase(f"validate {scenario}", "skipped", detail=blocker))
                     continue
                 ok = self._phase(f"validate {scenario}", lambda s=scenario: self._validate(s)) and ok
         except KeyboardInterrupt:

@@ -27,7 +27,7 @@ from stacks import offline, settings
 from stacks.offline import read_stack_outputs
 from validation import probe
 from validation.checks import Expectations, describe_checks, evaluate, expectations
-from validation.scenarios import SCENARIOS, describe, plan
+from validation.scenarios import SCENARIOS, Scenario, describe, plan
 from validation.timeline import Timeline
 
 WORK_SECONDS = 2400.0  # heavy-mixed queues for about this long; the default timeout adds the cooldown
@@ -106,6 +106,29 @@ def stack_facts(
     if problems:
         raise UsageError(*problems)
     return StackFacts(names, f"settings of stack {stack}, cross-checked with its deployed outputs")
+
+
+def needs_every_gpu(scenario: Scenario, exp: Expectations, names: Names) -> str | None:
+    """Why the stack cannot run the scenario, if it cannot: the leak probe waits for Slurm to hold
+    every GPU, and the queueing check for every GPU to be held, but Kueue's split
+    (components/kueue.py) may keep slurmd to HPC's share."""
+    if names.slurmd_max_replicas >= names.gpus_total:
+        return None
+    if not (exp.queueing or any(w.every_gpu for w in scenario.workloads)):
+        return None
+    return (
+        f"--scenario {scenario.name}: needs Slurm to be able to hold every GPU ({names.gpus_total}), "
+        f"but this stack lets slurmd hold {names.slurmd_max_replicas} (HPC's share); run it on a stack "
+        "with hpcBorrowsAiGpus true and kedaMaxReplicas 0"
+    )
+
+
+def scenario_blocker(scenario_name: str, stack: str) -> str | None:
+    """For e2e: why `validate --scenario NAME --stack STACK` would refuse the stack's settings."""
+    scenario = SCENARIOS[scenario_name]
+    names = stack_facts(stack, [], read_outputs=lambda _: "not read").names
+    planned = plan(scenario, "e2e", gpus_total=names.gpus_total)
+    return needs_every_gpu(scenario, expectations(scenario, planned, names.gpus_total), names)
 
 
 def load_kubeconfig(path: Path | None) -> dict:
@@ -211,6 +234,9 @@ def _main(argv: list[str]) -> int:
     run_id = "dryrun" if args.dry_run else now.strftime("r%m%d%H%M%S")
     planned = plan(scenario, run_id, gpus_total=names.gpus_total)
     exp = expectations(scenario, planned, names.gpus_total)
+    blocker = needs_every_gpu(scenario, exp, names)
+    if blocker:
+        raise UsageError(blocker)
     out = args.out or Path("out") / f"validate-{scenario.name}-{now.strftime('%Y%m%dT%H%M%SZ')}"
 
     if args.dry_run:

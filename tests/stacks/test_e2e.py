@@ -13,6 +13,7 @@ import pytest
 from pulumi import automation as auto
 
 from stacks import e2e, offline
+from validation import cli as validation_cli
 
 STUB = f"""#!{sys.executable}
 import json, os, sys
@@ -128,6 +129,21 @@ def test_a_passing_run_in_order_with_its_report(tmp_path, stub_pulumi):
     text = (out / "report.txt").read_text()
     assert "mixed: first slurmd Ready after 95 s" in text and "pulumi destroy" in text
     assert "testbed-network-vpc created" in (out / "pulumi.log").read_text()
+
+
+def test_a_scenario_the_stack_cannot_run_is_skipped_with_the_reason_and_the_rest_run(tmp_path, stub_pulumi):
+    fakes = Fakes()
+    tools = fakes.tools()
+    tools.scenarios = ["leak-probe", "mixed"]
+    tools.scenario_blocker = validation_cli.scenario_blocker  # the real one, on stack dev's default split
+    out = tmp_path / "report"
+    assert e2e.Run("dev", False, out, tools).execute() == 0
+    assert fakes.calls == ["preflight", "doctor", "validate mixed"]
+    (skipped,) = [
+        p for p in json.loads((out / "report.json").read_text())["phases"] if p["name"] == "validate leak-probe"
+    ]
+    assert skipped["status"] == "skipped" and "lets slurmd hold 2 (HPC's share)" in skipped["detail"]
+    assert pulumi_verbs(stub_pulumi) == ["up", "destroy"]
 
 
 @pytest.mark.parametrize(

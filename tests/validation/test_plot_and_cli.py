@@ -63,7 +63,9 @@ def test_the_plot_is_a_png_with_a_lane_per_gpu(fixture, tmp_path):
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_dry_run_prints_submissions_and_checks_without_a_cluster(name, capsys, tmp_path):
-    assert main(["--scenario", name, "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    # slurmd may take every GPU, which leak-probe and heavy-mixed need (see the refusal test below)
+    argv = ["--scenario", name, "--dry-run", "--out", str(tmp_path / "o"), "--config", "hpcBorrowsAiGpus=true"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     first, second, *_ = out.splitlines()
     assert first.startswith("stack dev: NodeSet slurm/slurm-worker-slinky, 4 GPUs, cooldown 300 s (from settings")
@@ -85,8 +87,21 @@ def test_dry_run_of_mixed_shows_both_user_paths(capsys):
     assert "queued" not in out  # 4 GPUs of demand on 4 GPUs: nothing has to wait
 
 
+def test_a_scenario_that_needs_every_gpu_for_slurm_is_refused_on_the_default_split(capsys):
+    # Kueue's default split keeps slurmd to HPC's half: the leak probe would wait forever for Slurm
+    # to hold every GPU, and the queueing check would see AI's idle half.
+    for name in ("leak-probe", "heavy-mixed"):
+        assert main(["--scenario", name, "--dry-run"]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line == (
+            f"validate: --scenario {name}: needs Slurm to be able to hold every GPU (4), but this stack "
+            "lets slurmd hold 2 (HPC's share); run it on a stack with hpcBorrowsAiGpus true and kedaMaxReplicas 0"
+        )
+    assert main(["--scenario", "hpc-parallel", "--dry-run"]) == 0  # fits HPC's share over time
+
+
 def test_dry_run_of_heavy_mixed_expects_queueing_and_handoff_expects_the_handoff(capsys):
-    main(["--scenario", "heavy-mixed", "--dry-run"])
+    main(["--scenario", "heavy-mixed", "--dry-run", "--config", "hpcBorrowsAiGpus=true"])
     assert "work beyond the GPUs waited while every GPU was held, then ran" in capsys.readouterr().out
     main(["--scenario", "handoff", "--dry-run"])
     out = capsys.readouterr().out
