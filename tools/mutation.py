@@ -31,8 +31,15 @@ RELEVANT = {
         "tests/components/test_bootstrap.py",
         "tests/components/test_bootstrap_idempotent.py",
         "tests/stacks/test_artifacts.py",
+        "tests/stacks/test_infrastructure.py",  # the SSH key in every node's user-data
+        "tests/components/test_api_hardening.py",  # the control node's API server files
     ),
-    "components.ec2": ("tests/stacks/test_infrastructure.py", "tests/stacks/test_security.py", TREE),
+    "components.ec2": (
+        "tests/stacks/test_infrastructure.py",
+        "tests/stacks/test_security.py",
+        "tests/stacks/test_day2.py",  # the rolling replacement's depends_on, the rebuild trigger
+        TREE,
+    ),
     "components.slinky": ("tests/components/test_slinky.py", "tests/stacks/test_platform.py", TREE),
     "components.keda": ("tests/stacks/test_platform.py", TREE),
     "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/stacks/test_platform.py"),
