@@ -214,43 +214,34 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.recorded: list[RecordedResource] = []
 
+    def _record(self, request, urn: str, properties, **options) -> None:
+        self.recorded.append(
+            RecordedResource(
+                urn=urn,
+                type=request.type,
+                name=request.name,
+                parent=request.parent,
+                depends_on=sorted(set(request.dependencies)),
+                inputs=whole_numbers(rpc.deserialize_properties(properties, keep_unknowns=True)),
+                outputs=self.resources[urn].state,
+                provider=request.provider,
+                **options,
+            )
+        )
+
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
-            inputs = whole_numbers(rpc.deserialize_properties(request.object, keep_unknowns=True))
-            self.recorded.append(
-                RecordedResource(
-                    urn=response.urn,
-                    type=request.type,
-                    name=request.name,
-                    parent=request.parent,
-                    depends_on=sorted(set(request.dependencies)),
-                    inputs=inputs,
-                    outputs=self.resources[response.urn].state,
-                    provider=request.provider,
-                    custom_timeouts={
-                        k: v for k in ("create", "update", "delete") if (v := getattr(request.customTimeouts, k))
-                    },
-                    options=lifecycle_options(request),
-                )
+            timeouts = {k: v for k in ("create", "update", "delete") if (v := getattr(request.customTimeouts, k))}
+            self._record(
+                request, response.urn, request.object, custom_timeouts=timeouts, options=lifecycle_options(request)
             )
         return response
 
     def ReadResource(self, request):
         """A read resource (the stack's reference to itself) is recorded too: others depend on it."""
         response = super().ReadResource(request)
-        self.recorded.append(
-            RecordedResource(
-                urn=response.urn,
-                type=request.type,
-                name=request.name,
-                parent=request.parent,
-                depends_on=sorted(set(request.dependencies)),
-                inputs=whole_numbers(rpc.deserialize_properties(request.properties, keep_unknowns=True)),
-                outputs=self.resources[response.urn].state,
-                provider=request.provider,
-            )
-        )
+        self._record(request, response.urn, request.properties)
         return response
 
 
