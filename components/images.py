@@ -4,6 +4,7 @@ every node's bootstrap, so the stack is ready only once they are on every worker
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import yaml
@@ -22,7 +23,14 @@ def _pod_specs(obj: dict) -> list[dict]:
 
 
 def _example_jobs(jobs_dir: Path) -> list[dict]:
-    return [obj for path in sorted(jobs_dir.glob("*.yaml")) for obj in yaml.safe_load_all(path.read_text())]
+    # parsed once per version of the files: the twin asks for them on every run it sets up
+    files = tuple((path, path.stat().st_mtime_ns) for path in sorted(jobs_dir.glob("*.yaml")))
+    return _parsed_jobs(files)
+
+
+@functools.cache
+def _parsed_jobs(files: tuple[tuple[Path, int], ...]) -> list[dict]:
+    return [obj for path, _ in files for obj in yaml.safe_load_all(path.read_text())]
 
 
 def example_job_images(jobs_dir: Path = JOBS_DIR) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -112,5 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_as_command() -> int:
+    """main(), for a shell: output cut short by a pipe's reader (`| head`) ends quietly, no
+    traceback (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush fails otherwise
+        return 1
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_as_command())

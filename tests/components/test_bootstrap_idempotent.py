@@ -757,6 +757,7 @@ def recorded_status(box: Sandbox) -> dict[str, str]:
             "node-common.sh",
             "kernel modules and sysctls for the pod network",
         ),
+        (control_user_data, "gpg", "node-common.sh", f"Kubernetes v{S.kubernetes_version} packages"),
         (control_user_data, "kubeadm init", "control-plane.sh", "kubeadm init"),
         (control_user_data, "kubectl apply", "control-plane.sh", f"Flannel {S.flannel_version}"),
         (worker_user_data, "modprobe nvidia", "gpu-worker.sh", f"NVIDIA {S.nvidia_driver_branch}-server driver"),
@@ -768,7 +769,7 @@ def recorded_status(box: Sandbox) -> dict[str, str]:
         ),
         (worker_user_data, "crictl", "gpu-worker.sh", "images for the first slurmd pod and the example jobs"),
     ],
-    ids=["modprobe-br_netfilter", "kubeadm-init", "flannel", "modprobe-nvidia", "kubeadm-join", "image-pull"],
+    ids=["modprobe-br_netfilter", "k8s-keyring", "kubeadm-init", "flannel", "modprobe-nvidia", "kubeadm-join", "image-pull"],
 )
 def test_a_failing_step_records_its_script_step_and_message_root_only(tmp_path, user_data, failing, script, step):
     box = Sandbox(tmp_path, user_data())

@@ -173,3 +173,16 @@ def test_a_zone_that_does_not_offer_the_worker_type_exits_2_in_one_line(capsys):
     assert cli.main(["plan", "--config", "availabilityZone=us-east-1f"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith('availabilityZone: "us-east-1f" does not offer g4dn.xlarge; zones that do: us-east-1a')
+
+
+def test_output_cut_short_by_a_closed_pipe_ends_with_1_and_no_traceback(monkeypatch, capsys):
+    """`python -m stacks plan --json | head -1`: the reader goes away mid-output."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as closed_pipe:
+        monkeypatch.setattr(sys, "stdout", closed_pipe)
+        monkeypatch.setattr(cli, "main", lambda: print("{}\n" * 100_000) or 0)
+        assert cli.run_as_command() == 1
+        # the quiet end points stdout at /dev/null, so the interpreter's last flush succeeds
+        print("x" * 100_000, flush=True)
+    assert capsys.readouterr().err == ""
