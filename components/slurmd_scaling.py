@@ -263,14 +263,14 @@ def _seed_queries(t: Target) -> list[tuple[str, str]]:
     ]
 
 
-def queries(t: Target, policy: str = DEFAULT_POLICY, warm_seconds: int = 300) -> list[tuple[str, str]]:
+def queries(t: Target, policy: str, warm_seconds: int) -> list[tuple[str, str]]:
     """(trigger name, PromQL) for a policy; `warm_seconds` is kedaCooldownSeconds (demand-aware only)."""
     if policy == DEMAND_AWARE:
         return _demand_aware_queries(t, warm_seconds)
     return {SAFE: _safe_queries, PREVIOUS: _previous_queries, SEED: _seed_queries}[policy](t)
 
 
-def keda_triggers(server_address: str, t: Target, policy: str = DEFAULT_POLICY, warm_seconds: int = 300) -> list[dict]:
+def keda_triggers(server_address: str, t: Target, policy: str, warm_seconds: int) -> list[dict]:
     # ignoreNullValues defaults to true (kedacore/keda@v2.16.1:pkg/scalers/prometheus_scaler.go):
     # the older policies keep the default, the guarded ones turn an empty result into an error.
     extra = {"ignoreNullValues": "false"} if policy in GUARDED_POLICIES else {}

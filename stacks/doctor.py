@@ -276,14 +276,16 @@ class Doctor:
         )
 
     def prometheus(self) -> None:
-        # The queries the deployed ScaledObject runs (components/keda.py, default policy). slurmctld
+        # The queries the deployed ScaledObject runs (components/keda.py: the default policy, the
+        # stack's cooldown as the warmth window). slurmctld
         # emits every metric for every partition, zeros included, so an empty result means
         # Prometheus lacks a target (SchedMD/slurm@slurm-25-11-0-1:
         # src/plugins/metrics/openmetrics/openmetrics.c), and KEDA's trigger errors.
         from components import keda
 
         empty, values = [], []
-        for name, query in slurmd_scaling.queries(keda.scaling_target(self.n.slurm)):
+        target = keda.scaling_target(self.n.slurm)
+        for name, query in slurmd_scaling.queries(target, slurmd_scaling.DEFAULT_POLICY, self.n.cooldown_seconds):
             result = self.kube.prometheus(query)
             if result:
                 values.append(f"{name}={result[0]['value'][1]}")

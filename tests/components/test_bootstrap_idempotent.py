@@ -769,7 +769,15 @@ def recorded_status(box: Sandbox) -> dict[str, str]:
         ),
         (worker_user_data, "crictl", "gpu-worker.sh", "images for the first slurmd pod and the example jobs"),
     ],
-    ids=["modprobe-br_netfilter", "k8s-keyring", "kubeadm-init", "flannel", "modprobe-nvidia", "kubeadm-join", "image-pull"],
+    ids=[
+        "modprobe-br_netfilter",
+        "k8s-keyring",
+        "kubeadm-init",
+        "flannel",
+        "modprobe-nvidia",
+        "kubeadm-join",
+        "image-pull",
+    ],
 )
 def test_a_failing_step_records_its_script_step_and_message_root_only(tmp_path, user_data, failing, script, step):
     box = Sandbox(tmp_path, user_data())

@@ -23,6 +23,7 @@ TARGET = keda.scaling_target(NAMES)
 ALL, OWN = TARGET.partitions
 HISTORY = 16  # samples 30 s apart: 8 minutes, several stall windows
 EVAL = HISTORY * 30
+COOLDOWN = 300  # kedaCooldownSeconds, the warmth window the demand-aware cases are written for
 
 
 def _series(m: M) -> dict[str, float]:
@@ -125,7 +126,7 @@ def wanted(triggers: list[dict], case: dict) -> int | None:
 
 
 def triggers(policy: str = scaling.SAFE) -> list[dict]:
-    return scaling.keda_triggers("http://prometheus:9090", TARGET, policy)
+    return scaling.keda_triggers("http://prometheus:9090", TARGET, policy, COOLDOWN)
 
 
 def wanted_demand_aware(case: dict) -> int | None:
@@ -263,6 +264,31 @@ def test_demand_aware_rule(ai_waiting, recently_busy, pods, want):
     assert scaling.demand_aware_replicas(idle, 1, WORKERS, ai_waiting, recently_busy, pods) == want
     busy = M(nodes_alloc=1)
     assert scaling.demand_aware_replicas(busy, 1, WORKERS, ai_waiting, recently_busy, pods) == max(1, want)
+
+
+def test_the_rules_defaults_are_nothing_stalled_and_the_restapi_up():
+    two_jobs = M(jobs_pending=2, largest_pending_job_nodes=1)
+    assert scaling.desired_replicas(two_jobs, 1, WORKERS) == 2
+    assert scaling.demand_aware_replicas(two_jobs, 1, WORKERS, False, 0, 0) == 2
+
+
+def test_demand_aware_passes_the_caps_stalls_and_restapi_to_the_safe_rule():
+    four_jobs = M(jobs_pending=4, largest_pending_job_nodes=1)
+    assert scaling.demand_aware_replicas(four_jobs, 1, 2, False, 0, 0) == 2
+    assert scaling.demand_aware_replicas(four_jobs, 1, WORKERS, False, 0, 0, stalled_pending=4) == 0
+    assert scaling.demand_aware_replicas(M(), 1, WORKERS, False, 0, 3, restapi_down_pods=3) == 3
+
+
+def test_previous_policy_scales_to_the_largest_pending_job_of_the_default_partition():
+    assert wanted(triggers(scaling.PREVIOUS), {ALL: M(jobs_pending=1, largest_pending_job_nodes=3)}) == 3
+
+
+def test_seed_triggers_read_the_default_partition_and_keep_kedas_null_default():
+    seed = triggers(scaling.SEED)
+    assert all(f'partition="{ALL}"' in t["metadata"]["query"] for t in seed)
+    for policy in (scaling.PREVIOUS, scaling.SEED):
+        assert all("ignoreNullValues" not in t["metadata"] for t in triggers(policy))
+    assert wanted(seed, {"no_slurm": True}) == 0, "a lost target reads as no demand, as in the article"
 
 
 def test_previous_policy_fails_where_the_issue_says():

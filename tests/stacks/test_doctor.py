@@ -56,7 +56,14 @@ class FakeKube:
         self.refuse: set[str] = set()
         self.sinfo = (0, "".join(f"{p} up 4 idle\n" for p in self.n.slurm.partitions))
         self.scaled = {"status": {"conditions": [_ready()]}}
-        self.queries = dict(slurmd_scaling.queries(keda.scaling_target(self.n.slurm)))
+        # what components/keda.py deploys for this stack
+        triggers = slurmd_scaling.keda_triggers(
+            self.n.prometheus_url,
+            keda.scaling_target(self.n.slurm),
+            slurmd_scaling.DEFAULT_POLICY,
+            self.n.cooldown_seconds,
+        )
+        self.queries = {t["name"]: t["metadata"]["query"] for t in triggers}
         self.series = {name: [{"value": [0, "0"]}] for name in self.queries}
         self.calls: list[tuple] = []
 
@@ -247,6 +254,17 @@ def test_scaled_object_not_ready_and_prometheus_without_slurmctld():
     failed = {c.name: c.detail for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL}
     assert failed["scaledobject"] == "slurmd not Ready: trigger error"
     assert failed["prometheus"].startswith(f"no series for {last}:")
+
+
+def test_prometheus_is_asked_the_deployed_queries_with_the_stacks_cooldown():
+    s = settings(kedaCooldownSeconds="600")
+    kube = FakeKube(s)
+    asked = []
+    answer = kube.prometheus
+    kube.prometheus = lambda query: asked.append(query) or answer(query)
+    checks = {c.name: c.status for c in doctor.Doctor(s, kube, None).run()}
+    assert checks["prometheus"] == OK
+    assert sorted(asked) == sorted(kube.queries.values()) and any("[600s:" in q for q in asked)
 
 
 def test_redaction_of_a_block_the_tail_cut():
