@@ -21,7 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ("node-common.sh", "gpu-worker.sh", "control-plane.sh")
-TESTS = ("tests/components/test_bootstrap_idempotent.py", "tests/components/test_bootstrap.py")
+TESTS = (
+    "tests/components/test_bootstrap_idempotent.py",
+    "tests/components/test_bootstrap.py",
+    "tests/components/test_gpu_enforcement.py",  # the toolkit settings, the package holds
+)
 COPY = ("components", "stacks", "tests", "validation", "values", "jobs", "pytest.ini", "README.md")
 COPY += ("Pulumi.yaml", "Pulumi.dev.yaml", "__main__.py")
 NOT_COMMANDS = re.compile(

@@ -760,7 +760,25 @@ def recorded_status(box: Sandbox) -> dict[str, str]:
         (control_user_data, "gpg", "node-common.sh", f"Kubernetes v{S.kubernetes_version} packages"),
         (control_user_data, "kubeadm init", "control-plane.sh", "kubeadm init"),
         (control_user_data, "kubectl apply", "control-plane.sh", f"Flannel {S.flannel_version}"),
+        (
+            control_user_data,
+            "containerd --version",
+            "node-common.sh",
+            "containerd: systemd cgroups and the pause image kubeadm expects",
+        ),
         (worker_user_data, "modprobe nvidia", "gpu-worker.sh", f"NVIDIA {S.nvidia_driver_branch}-server driver"),
+        (
+            worker_user_data,
+            "nvidia-ctk runtime",
+            "gpu-worker.sh",
+            f"nvidia-container-toolkit {S.nvidia_container_toolkit_version}",
+        ),
+        (
+            worker_user_data,
+            "dpkg-query -W -f ${db:Status-Status} ${Package}\\n *-",  # no driver package to hold
+            "gpu-worker.sh",
+            f"holding the NVIDIA {S.nvidia_driver_branch}-server driver and the toolkit",
+        ),
         (
             worker_user_data,
             "kubeadm join",
@@ -774,7 +792,10 @@ def recorded_status(box: Sandbox) -> dict[str, str]:
         "k8s-keyring",
         "kubeadm-init",
         "flannel",
+        "containerd-version",
         "modprobe-nvidia",
+        "nvidia-ctk",
+        "driver-hold",
         "kubeadm-join",
         "image-pull",
     ],
@@ -818,14 +839,15 @@ def test_a_bootstrap_that_succeeds_records_it_on_every_run(tmp_path, role):
         )
 
 
-def test_the_status_is_recorded_from_the_first_line_of_the_first_script(tmp_path):
-    """A bootstrap that stops before its first step still says where: node-common.sh, at its start."""
+@pytest.mark.parametrize("parameter, script", [("KUBERNETES_MINOR", "node-common.sh"), ("CRI_SOCKET", "gpu-worker.sh")])
+def test_a_missing_parameter_stops_its_script_at_the_start_and_is_recorded(tmp_path, parameter, script):
+    """A bootstrap that stops before its script's first step still says where: that script, at its start."""
     box = Sandbox(tmp_path, worker_user_data())
     env = box.read(bootstrap.ENV_FILE)
     box.write(
-        bootstrap.ENV_FILE, "".join(line for line in env.splitlines(True) if not line.startswith("KUBERNETES_MINOR="))
+        bootstrap.ENV_FILE, "".join(line for line in env.splitlines(True) if not line.startswith(f"{parameter}="))
     )
     assert box.run().returncode != 0
     status = recorded_status(box)
-    assert (status["state"], status["script"], status["step"]) == ("failed", "node-common.sh", "start")
-    assert "parameter KUBERNETES_MINOR is not set" in status["message"]
+    assert (status["state"], status["script"], status["step"]) == ("failed", script, "start")
+    assert f"parameter {parameter} is not set" in status["message"]
