@@ -540,6 +540,7 @@ def test_kubeadm_init_waits_for_the_ca_key_and_names_it_when_it_never_comes(tmp_
     assert run.returncode != 0
     assert f"FAILED: the cluster CA key did not arrive at {bootstrap.CA_KEY_FILE} within 0s" in run.output
     assert count(run.calls, "kubeadm init") == 0
+    assert recorded_status(box)["step"] == f"waiting up to 0s for the cluster CA key at {bootstrap.CA_KEY_FILE}"
 
 
 def test_a_containerd_config_without_the_keys_to_set_stops_node_common(tmp_path):
@@ -809,6 +810,23 @@ def test_a_failing_step_records_its_script_step_and_message_root_only(tmp_path, 
     assert (status["state"], status["script"], status["step"], status["exit"]) == ("failed", script, step, "1")
     assert f"testbed: FAILED: {status['message']}" == run.failed_lines()[-1].split(" ", 1)[1]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", status["time"])
+
+
+@pytest.mark.parametrize(
+    "user_data, failing, step",
+    [
+        (control_user_data, "exportfs", "NFS server exporting "),
+        (control_user_data, "install -d -m 0750", "Slurm state directory "),
+        (control_user_data, "kubectl get --raw", "the API server answers"),
+        (worker_user_data, "mount /", "shared directory "),
+    ],
+    ids=["nfs-export", "slurm-state-dir", "api-server", "share-mount"],
+)
+def test_every_step_of_the_scripts_is_the_one_recorded_when_its_command_fails(tmp_path, user_data, failing, step):
+    box = Sandbox(tmp_path, user_data())
+    box.fail(failing)
+    assert box.run().returncode != 0
+    assert recorded_status(box)["step"].startswith(step)
 
 
 def test_a_failing_command_records_its_own_exit_status(tmp_path):
