@@ -41,7 +41,7 @@ RELEVANT = {
         TREE,
     ),
     "components.slinky": ("tests/components/test_slinky.py", "tests/stacks/test_platform.py", TREE),
-    "components.keda": ("tests/stacks/test_platform.py", TREE),
+    "components.keda": ("tests/stacks/test_platform.py", "tests/components/test_slurmd_scaling.py", TREE),
     "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/stacks/test_platform.py"),
     "stacks.settings": ("tests/stacks/test_settings.py", "tests/stacks/test_cli.py"),
     "validation.checks": (

@@ -363,3 +363,22 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
     test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": groups}))
     done = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("policy", scaling.POLICIES)
+def test_only_the_demand_aware_policy_moves_the_cooldown_into_its_query(policy):
+    """The older policies keep KEDA's cooldownPeriod (kedaCooldownSeconds) and no formula; the
+    twin compares them with exactly these objects (twin/program.py)."""
+    from components.names import Names
+    from stacks import offline, settings
+
+    s = settings.load(offline.stack_config("dev", ["kedaCooldownSeconds=240"]), "dev", offline=True)
+    n = Names.from_settings(s)
+    args = keda.KedaArgs(s.keda_version, n, 1, None, None, (), policy=policy)
+    spec = keda.scaled_object(args)["spec"]
+    if policy == scaling.DEMAND_AWARE:
+        (recently_busy,) = [t for t in spec["triggers"] if t["name"] == scaling.RECENTLY_BUSY]
+        assert spec["cooldownPeriod"] == 0 and "[240s:" in recently_busy["metadata"]["query"]
+        assert spec["advanced"]["scalingModifiers"]["formula"] == scaling.formula(keda.scaling_target(n.slurm))
+    else:
+        assert spec["cooldownPeriod"] == 240 and "advanced" not in spec

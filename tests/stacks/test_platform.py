@@ -96,6 +96,42 @@ def test_scaled_object_targets_the_nodeset_the_slurm_release_creates(default_run
     assert so.inputs["metadata"]["namespace"] == slurm.inputs["namespace"]
 
 
+def test_the_queries_select_the_objects_the_releases_create(default_run):
+    """The NodeSet pods by the namespace and name KEDA scales, the RestApi by the Deployment the
+    operator names `<release>-restapi` (SlinkyProject/slurm-operator@v1.0.0:api/v1beta1/restapi_keys.go),
+    and Kueue's pending GPUs by the resource the example jobs ask for."""
+    (so,) = by_type(default_run, tokens.SCALED_OBJECT)
+    slurm = release(default_run, "slurm")
+    queries = {t["name"]: t["metadata"]["query"] for t in so.inputs["spec"]["triggers"]}
+    pods = f'{{namespace="{slurm.inputs["namespace"]}", created_by_kind="NodeSet", '
+    pods += f'created_by_name="{so.inputs["spec"]["scaleTargetRef"]["name"]}"}}'
+    assert pods in queries["slurmd_pods"] and pods in queries["hold_while_restapi_down"]
+    restapi = f'{{namespace="{slurm.inputs["namespace"]}", deployment="{slurm.inputs["name"]}-restapi"}}'
+    assert restapi in queries["hold_while_restapi_down"]
+    asked = {key for limits in _example_job_limits() for key in limits if key.endswith("/gpu")}
+    assert asked and {f'resource="{r}"' for r in asked} == set(re.findall(r'resource="[^"]+"', queries["ai_waiting"]))
+
+
+def _example_job_limits() -> list[dict]:
+    from components import images
+
+    return [
+        c.get("resources", {}).get("limits", {})
+        for obj in images._example_jobs(images.JOBS_DIR)
+        for pod in images._pod_specs(obj)
+        for c in pod["containers"]
+    ]
+
+
+def test_the_demand_aware_modifiers_are_the_fields_kedas_crd_defines(default_run):
+    """ScalingModifiers (kedacore/keda@v2.16.1:apis/keda/v1alpha1/scaledobject_types.go): formula,
+    target, activationTarget, metricType; unknown keys would be pruned by the API server."""
+    (so,) = by_type(default_run, tokens.SCALED_OBJECT)
+    modifiers = so.inputs["spec"]["advanced"]["scalingModifiers"]
+    assert set(modifiers) == {"formula", "target", "activationTarget", "metricType"}
+    assert (modifiers["target"], modifiers["activationTarget"], modifiers["metricType"]) == ("1", "0", "AverageValue")
+
+
 def test_scaled_object_reads_the_prometheus_of_the_monitoring_release(default_run):
     (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     stack = reveal(release(default_run, "monitoring").inputs)
@@ -399,3 +435,22 @@ def test_prometheus_scrapes_the_kueue_metric_the_scaler_reads(default_run):
     assert binding.inputs["subjects"] == [
         {"kind": "ServiceAccount", "name": account, "namespace": secret.inputs["metadata"]["namespace"]}
     ]
+
+
+def test_kueues_metrics_token_belongs_to_the_service_account_the_binding_names(default_run):
+    """A service-account token Secret is filled by the token controller only for an existing
+    account named in its annotation, and it is deleted if that account is missing
+    (kubernetes/kubernetes@v1.34.0:pkg/controller/serviceaccount/tokens_controller.go)."""
+    account = default_run.named("testbed-keda-kueue-scraper")
+    token = default_run.named("testbed-keda-kueue-scraper-token")
+    binding = default_run.named("testbed-keda-kueue-scraper-binding")
+    sa = account.inputs["metadata"]
+    assert token.inputs["type"] == "kubernetes.io/service-account-token"
+    assert token.inputs["metadata"]["annotations"]["kubernetes.io/service-account.name"] == sa["name"]
+    assert token.inputs["metadata"]["namespace"] == sa["namespace"]
+    assert {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]} in binding.inputs["subjects"]
+    assert depends(default_run, token, account)
+    # API discovery fails while KEDA's metrics APIService is registered but not serving
+    metrics_api = command(default_run, "testbed-keda-metrics-api")
+    for later in (account, token, binding, default_run.named("testbed-keda-kueue-service-monitor")):
+        assert depends(default_run, later, metrics_api), later.name
