@@ -148,10 +148,9 @@ def slurm_values(
 
 def statesave_volume(n: SlurmNames) -> dict:
     """A hostPath PV pre-bound to the chart's own PVC: the 1.0.0 chart cannot name a claim or a
-    class, and kubeadm has no provisioner. No storageClassName, so the class-less PVC matches."""
+    class, and kubeadm has no provisioner. No storageClassName, so the class-less PVC matches.
+    Its metadata and spec: the PersistentVolume resource sets apiVersion and kind."""
     return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
         "metadata": {
             "name": n.statesave_volume,
             # The PVC outlives the release; do not hold `pulumi destroy` on the PV's finalizer.

@@ -454,3 +454,35 @@ def test_kueues_metrics_token_belongs_to_the_service_account_the_binding_names(d
     metrics_api = command(default_run, "testbed-keda-metrics-api")
     for later in (account, token, binding, default_run.named("testbed-keda-kueue-service-monitor")):
         assert depends(default_run, later, metrics_api), later.name
+
+
+def test_the_operator_gate_dry_runs_a_nodeset_the_operators_webhook_validates(default_run):
+    probe = yaml.safe_load(step_args(default_run, "testbed-slinky-operator-webhook-gate")["PROBE_MANIFEST"])
+    assert (probe["apiVersion"], probe["kind"]) == ("slinky.slurm.net/v1beta1", "NodeSet")
+
+
+@pytest.mark.parametrize("name", ["slurm-operator-crds", "slurm-operator"])
+def test_the_operator_releases_take_their_values_files(default_run, name):
+    from_file = yaml.safe_load((helm.VALUES_DIR / f"{name}.yaml").read_text()) or {}
+    assert release(default_run, name).inputs["values"] == from_file
+
+
+def test_every_slurm_image_follows_slurm_image_tag_and_slurmd_pods_join_the_hpc_queue(default_run):
+    values = release(default_run, "slurm").inputs["values"]
+    (nodeset,) = [n for n in values["nodesets"].values() if n.get("enabled")]
+    assert {values["controller"]["slurmctld"]["image"]["tag"], nodeset["slurmd"]["image"]["tag"]} == {
+        default_run.settings.slurm_image_tag
+    }
+    # nodeset-cr.yaml passes .metadata to the NodeSet's pod template (worker_app.go PodMetadata)
+    (hpc_queue,) = [
+        q
+        for q in by_type(default_run, "kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")
+        if q.inputs["metadata"]["namespace"] == release(default_run, "slurm").inputs["namespace"]
+    ]
+    assert nodeset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == hpc_queue.inputs["metadata"]["name"]
+
+
+def test_the_statesave_volume_does_not_hold_destroy_on_its_claim(default_run):
+    """pulumi-kubernetes waits on no PV carrying skipAwait; the PVC outlives the release."""
+    (pv,) = by_type(default_run, "kubernetes:core/v1:PersistentVolume")
+    assert pv.inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
