@@ -490,7 +490,9 @@ def test_a_retried_step_that_never_succeeds_is_retried_the_stated_number_of_time
     [
         (control_user_data, "KUBERNETES_MINOR", "node-common.sh"),
         (control_user_data, "SLURM_UID", "control-plane.sh"),
+        (control_user_data, "CA_KEY_WAIT_SECONDS", "control-plane.sh"),
         (worker_user_data, "CONTROL_PLANE_IP", "gpu-worker.sh"),
+        (worker_user_data, "CRI_SOCKET", "gpu-worker.sh"),
     ],
 )
 def test_a_missing_parameter_stops_the_script_before_it_changes_anything(tmp_path, user_data, missing, script):
