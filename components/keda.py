@@ -61,6 +61,11 @@ def scaling_target(names: SlurmNames) -> slurmd_scaling.Target:
     )
 
 
+def triggers(n: Names, policy: str = slurmd_scaling.DEFAULT_POLICY) -> list[dict]:
+    """The ScaledObject's triggers for a stack: the doctor asks Prometheus the same queries."""
+    return slurmd_scaling.keda_triggers(n.prometheus_url, scaling_target(n.slurm), policy, n.cooldown_seconds)
+
+
 def _demand_aware(n: Names) -> dict:
     """What the demand-aware policy changes: the triggers are combined by a formula, and the
     cooldown (kedaCooldownSeconds) lives in its `recently_busy` query, so KEDA's cooldownPeriod and
@@ -102,9 +107,7 @@ def scaled_object(a: KedaArgs) -> dict:
             "maxReplicaCount": n.slurmd_max_replicas,
             "cooldownPeriod": n.cooldown_seconds,
             "pollingInterval": n.polling_seconds,
-            "triggers": slurmd_scaling.keda_triggers(
-                n.prometheus_url, scaling_target(n.slurm), a.policy, n.cooldown_seconds
-            ),
+            "triggers": triggers(n, a.policy),
             **(_demand_aware(n) if a.policy == slurmd_scaling.DEMAND_AWARE else {}),
         },
     }

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from components import host_layout, names, readiness_gate, slurmd_scaling
+from components import host_layout, names, readiness_gate
 from stacks import checklist, offline
 from stacks.checklist import FAIL, OK, Check
 from stacks.settings import Settings, SettingsError, load, show
@@ -284,8 +284,8 @@ class Doctor:
         from components import keda
 
         empty, values = [], []
-        target = keda.scaling_target(self.n.slurm)
-        for name, query in slurmd_scaling.queries(target, slurmd_scaling.DEFAULT_POLICY, self.n.cooldown_seconds):
+        for trigger in keda.triggers(self.n):
+            name, query = trigger["name"], trigger["metadata"]["query"]
             result = self.kube.prometheus(query)
             if result:
                 values.append(f"{name}={result[0]['value'][1]}")

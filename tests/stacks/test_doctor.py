@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError
 
-from components import host_layout, keda, names, readiness_gate, slurmd_scaling
+from components import host_layout, keda, names, readiness_gate
 from stacks import doctor
 from stacks.checklist import FAIL, OK
 from stacks.settings import load
@@ -57,13 +57,7 @@ class FakeKube:
         self.sinfo = (0, "".join(f"{p} up 4 idle\n" for p in self.n.slurm.partitions))
         self.scaled = {"status": {"conditions": [_ready()]}}
         # what components/keda.py deploys for this stack
-        triggers = slurmd_scaling.keda_triggers(
-            self.n.prometheus_url,
-            keda.scaling_target(self.n.slurm),
-            slurmd_scaling.DEFAULT_POLICY,
-            self.n.cooldown_seconds,
-        )
-        self.queries = {t["name"]: t["metadata"]["query"] for t in triggers}
+        self.queries = {t["name"]: t["metadata"]["query"] for t in keda.triggers(self.n)}
         self.series = {name: [{"value": [0, "0"]}] for name in self.queries}
         self.calls: list[tuple] = []
 

@@ -6,7 +6,7 @@ import shlex
 import pytest
 import yaml
 
-from components import helm, monitoring, names, slinky, training_operator
+from components import helm, images, monitoring, names, slinky, training_operator
 from stacks.offline import reveal
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
@@ -108,19 +108,8 @@ def test_the_queries_select_the_objects_the_releases_create(default_run):
     assert pods in queries["slurmd_pods"] and pods in queries["hold_while_restapi_down"]
     restapi = f'{{namespace="{slurm.inputs["namespace"]}", deployment="{slurm.inputs["name"]}-restapi"}}'
     assert restapi in queries["hold_while_restapi_down"]
-    asked = {key for limits in _example_job_limits() for key in limits if key.endswith("/gpu")}
-    assert asked and {f'resource="{r}"' for r in asked} == set(re.findall(r'resource="[^"]+"', queries["ai_waiting"]))
-
-
-def _example_job_limits() -> list[dict]:
-    from components import images
-
-    return [
-        c.get("resources", {}).get("limits", {})
-        for obj in images._example_jobs(images.JOBS_DIR)
-        for pod in images._pod_specs(obj)
-        for c in pod["containers"]
-    ]
+    assert images.example_gpu_images()  # the example jobs ask for GPU_RESOURCE
+    assert re.findall(r'resource="[^"]+"', queries["ai_waiting"]) == [f'resource="{names.GPU_RESOURCE}"']
 
 
 def test_the_demand_aware_modifiers_are_the_fields_kedas_crd_defines(default_run):
