@@ -202,9 +202,18 @@ def test_an_unreachable_api_server_is_a_cluster_error():
 # server's end of its handshake delay; a broken interrupt path still fails, only later.
 CTRL_C_BUDGET = 60.0
 
-# mutmut's runs do not deliver this process's SIGINT as KeyboardInterrupt to the test; they mutate
-# nothing these tests cover (tools/mutation.py RELEVANT), so they sit those runs out.
-real_ctrl_c = pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ, reason="under mutmut: no KeyboardInterrupt")
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own Ctrl-C handler, as an interactive `python -m stacks validate` has it.
+
+    A process started as a background job of a non-interactive shell (`.ci/run &`), or by
+    mutmut's fork server, inherits SIGINT ignored, and Python then installs no handler (docs:
+    signal, "SIGINT is translated into a KeyboardInterrupt exception if the parent process has
+    not changed it"): the Ctrl-C below would be ignored and both tests fail after a minute."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def interrupt_when(event: threading.Event) -> threading.Thread:
@@ -220,8 +229,7 @@ def interrupt_when(event: threading.Event) -> threading.Thread:
     return thread
 
 
-@real_ctrl_c
-def test_ctrl_c_while_the_command_runs_stops_the_exec(serve):
+def test_ctrl_c_while_the_command_runs_stops_the_exec(serve, ctrl_c_raises):
     server = serve([("hang",)])
     thread = interrupt_when(server.connected)
     with pytest.raises(KeyboardInterrupt):
@@ -229,8 +237,7 @@ def test_ctrl_c_while_the_command_runs_stops_the_exec(serve):
     thread.join(CTRL_C_BUDGET)
 
 
-@real_ctrl_c
-def test_ctrl_c_while_connecting_is_not_swallowed_as_an_api_error(serve):
+def test_ctrl_c_while_connecting_is_not_swallowed_as_an_api_error(serve, ctrl_c_raises):
     """websocket_call catches KeyboardInterrupt and raises ApiException(status=0) instead."""
     server = serve([], handshake_delay_until=threading.Event())
     thread = interrupt_when(server.connected)
