@@ -100,10 +100,19 @@ class Kubernetes:
     container_start: float = CONTAINER_START
     # A broken device plugin that hands slurmd pods GPUs already held (the validation checks' fault).
     double_books_slurmd: bool = False
+    # The pods not yet gone, in creation order; `pods` keeps every pod ever made, which a long
+    # scenario would otherwise walk several times a tick.
+    _live: list[Pod] = field(default_factory=list)
 
     def create_pod(self, pod: Pod) -> Pod:
         self.pods.append(pod)
+        self._live.append(pod)
         return pod
+
+    def live_pods(self) -> list[Pod]:
+        """Every pod not gone, in creation order (as `[p for p in pods if p.live]`)."""
+        self._live = [p for p in self._live if p.gone_at is None]
+        return self._live
 
     def submit(
         self,
@@ -161,15 +170,16 @@ class Kubernetes:
             pod.terminating_at = now
 
     def step(self, now: float) -> None:
-        for pod in self.pods:
+        pods = self.live_pods()
+        for pod in pods:
             # an unbound pod goes at once; a bound one after its termination
             gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + TERMINATION)
             if gone and pod.gone_at is None:
                 pod.gone_at = now
-        held = {p.gpu for p in self.pods if p.live and p.gpu is not None}
+        held = {p.gpu for p in pods if p.live and p.gpu is not None}
         free = [g for g in range(self.gpus) if g not in held]
         for pod in sorted(
-            (p for p in self.pods if p.gpu is None and p.live and p.terminating_at is None and not p.gated),
+            (p for p in pods if p.gpu is None and p.live and p.terminating_at is None and not p.gated),
             key=lambda p: p.created,
         ):
             if self.double_books_slurmd and pod.holder == SLURMD:
@@ -185,7 +195,7 @@ class Kubernetes:
             else:
                 # its main image is pulled once the init container has found the Master
                 pod.init_started, pod.main_pull = now + before, main
-        bound = [p.gpu for p in self.pods if p.gpu is not None and p.gone_at is None]
+        bound = [p.gpu for p in pods if p.gpu is not None and p.gone_at is None]
         self.double_held |= {g for g in bound if bound.count(g) > 1}
         self._init_containers(now)
         self._jobs(now)
@@ -207,8 +217,9 @@ class Kubernetes:
         return 0.0, pull(pod.image, main)
 
     def _init_containers(self, now: float) -> None:
-        by_name = {p.name: p for p in self.pods if p.live}
-        for pod in self.pods:
+        pods = self.live_pods()
+        by_name = {p.name: p for p in pods}
+        for pod in pods:
             if pod.wait_for is None or pod.running_at is not None or pod.init_started is None or not pod.live:
                 continue
             if pod.init_started > now:

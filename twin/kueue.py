@@ -129,6 +129,9 @@ class Kueue:
     priorities: dict[str, int]  # WorkloadPriorityClass -> value
     pods_ready_timeout: float
     workloads: list[Workload] = field(default_factory=list)
+    # The workloads not done, in creation order: a done one never counts again (no quota, not
+    # pending, never a head), and every tick would otherwise walk every workload ever made.
+    open_workloads: list[Workload] = field(default_factory=list)
     pod_evictions: int = 0  # slurmd pods waitForPodsReady deleted (never Ready: no Slurm job ran)
 
     @classmethod
@@ -144,6 +147,7 @@ class Kueue:
         """A queued Kubernetes job (the example jobs' priority class, the lowest AI one)."""
         w = Workload(gpus, now, self.local_queues[local_queue], self.priorities[AI_PRIORITY_CLASSES[0]], job=job)
         self.workloads.append(w)
+        self.open_workloads.append(w)
         return w
 
     def add_pod(self, pod: Pod, labels: dict[str, str], gpus: int, now: float) -> Workload:
@@ -152,12 +156,15 @@ class Kueue:
         cq = self.local_queues[labels[QUEUE_NAME_LABEL]]
         w = Workload(gpus, now, cq, self.priorities.get(labels.get(PRIORITY_CLASS_LABEL, ""), 0), pod=pod)
         self.workloads.append(w)
+        self.open_workloads.append(w)
         return w
 
     def usage(self, cluster_queue: str, reserved: dict[str, int] | None = None) -> int:
         """GPUs the queue's admitted workloads hold, as Kueue counts them (until it sees them end),
         plus what this scheduling cycle holds back for it."""
-        held = sum(w.gpus for w in self.workloads if w.cluster_queue == cluster_queue and w.admitted_at is not None)
+        held = sum(
+            w.gpus for w in self.open_workloads if w.cluster_queue == cluster_queue and w.admitted_at is not None
+        )
         return held + (reserved or {}).get(cluster_queue, 0)
 
     def available(self, cluster_queue: str, reserved: dict[str, int] | None = None) -> int:
@@ -185,16 +192,14 @@ class Kueue:
         (pkg/cache/queue/cluster_queue.go pendingResources: heap, inadmissible and in flight)."""
         return sum(
             w.gpus
-            for w in self.workloads
-            if w.cluster_queue == cluster_queue and w.admitted_at is None and not w.done and not w.ended()
+            for w in self.open_workloads
+            if w.cluster_queue == cluster_queue and w.admitted_at is None and not w.ended()
         )
 
     def step(self, kube: Kubernetes, now: float, up: bool = True) -> None:
         if not up:
             return  # no admission, no eviction, no finalizer removed
-        for w in self.workloads:
-            if w.done:
-                continue
+        for w in self.open_workloads:
             if w.ended():
                 w.done = True  # the job finished or the pod is gone: its quota is free (finalizer removed)
                 w.admitted_at = None
@@ -205,6 +210,7 @@ class Kueue:
                 w.ready = True  # recoveryTimeout 0s: never evicted once ready
             if not w.ready and now >= w.admitted_at + self.pods_ready_timeout:
                 self._evict(w, kube, now)
+        self.open_workloads = [w for w in self.open_workloads if not w.done]
         self._admit(kube, now)
 
     def _evict(self, w: Workload, kube: Kubernetes, now: float) -> None:
@@ -261,10 +267,9 @@ class Kueue:
         """The queue's next workload: by priority, then age (cluster_queue.go heap order)."""
         waiting = [
             w
-            for w in self.workloads
+            for w in self.open_workloads
             if w.cluster_queue == cluster_queue
             and w.admitted_at is None
-            and not w.done
             and not w.ended()
             and now >= w.requeue_at
             and id(w) not in passed

@@ -40,7 +40,7 @@ class NodeSetController:
 
     def pods(self) -> list[Pod]:
         """Active pods: live and not being deleted."""
-        return [p for p in self.kube.pods if p.holder == SLURMD and p.live and p.terminating_at is None]
+        return [p for p in self.kube.live_pods() if p.holder == SLURMD and p.terminating_at is None]
 
     def _ordinal(self, pod: Pod) -> int:
         return int(pod.name.rsplit("-", 1)[1])
@@ -60,7 +60,7 @@ class NodeSetController:
             if not can_create:
                 return killed
             used = {self._ordinal(p) for p in pods} | {
-                self._ordinal(p) for p in self.kube.pods if p.holder == SLURMD and p.live
+                self._ordinal(p) for p in self.kube.live_pods() if p.holder == SLURMD
             }
             ordinal = 0
             for _ in range(self.replicas - len(pods)):

@@ -77,7 +77,7 @@ class Run:
             else None
         )
         self.slurmd_queued = self.kueue is not None and QUEUE_NAME_LABEL in s.slurmd_labels
-        self._queued_pods: set[int] = set()  # id() of the slurmd pods Kueue has a workload for
+        self._pods_seen_by_kueue = 0  # kube.pods is append-only: the pods before this index are seen
         self._refused: list[JobSpec] = []  # Kubernetes jobs whose create was refused (Kueue down)
         self.prom = Prometheus()
         self.prom.targets = [
@@ -122,7 +122,7 @@ class Run:
                 restapi,
             )
         ]
-        for pod in self.kube.pods:
+        for pod in self.kube.live_pods():
             if pod.holder == k8s.SLURMD and pod.live:
                 labels = {"__name__": "kube_pod_info", "namespace": s.namespace, "pod": pod.name}
                 out.append(({**labels, "created_by_kind": "NodeSet", "created_by_name": s.nodeset}, 1.0))
@@ -222,29 +222,30 @@ class Run:
 
     def _queue_new_slurmd_pods(self, now: float) -> None:
         """Kueue's pod webhook gates each new labelled slurmd pod and makes it a workload."""
-        for pod in self.kube.pods:
-            if pod.holder == k8s.SLURMD and id(pod) not in self._queued_pods:
-                self._queued_pods.add(id(pod))
+        new, self._pods_seen_by_kueue = self.kube.pods[self._pods_seen_by_kueue :], len(self.kube.pods)
+        for pod in new:
+            if pod.holder == k8s.SLURMD:
                 self.kueue.add_pod(pod, self.setup.slurmd_labels, GPUS_PER_WORKER, now)
 
     def _account(self, now: float) -> None:
-        for p in self.kube.pods:
+        pods = self.kube.live_pods()
+        for p in pods:
             if p.live and p.gpu is not None and p.running(now):
                 if self.gpu_holder.get(p.gpu, p.holder) != p.holder:
                     self.owner_changes += 1
                 self.gpu_holder[p.gpu] = p.holder
         busy = self.slurm.busy_nodes()
         self.idle_gpu_s += sum(
-            1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner not in busy
+            1 for p in pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner not in busy
         )
-        self.held_now = sum(1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None)
+        self.held_now = sum(1 for p in pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None)
         self.held.append(self.held_now)
         slurm_waits = any(j.finished is None for j in self.slurm.jobs if j.state != REFUSED)
         kube_waits = any(j.finished is None for j in self.kube.jobs)
         if slurm_waits and kube_waits:
             self.contended["seconds"] += 1
             self.contended["slurm"] += sum(
-                1 for p in self.kube.pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner in busy
+                1 for p in pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner in busy
             )
             self.contended["kubernetes"] += sum(
                 len(j.pods) for j in self.kube.jobs if j.started is not None and j.finished is None
@@ -284,8 +285,7 @@ class Run:
                     "container": "slurmd" if p.holder == k8s.SLURMD else "pytorch",
                     "uuids": [gpu_uuid(p.gpu)] if p.gpu is not None and p.running(now) else [],
                 }
-                for p in self.kube.pods
-                if p.live
+                for p in self.kube.live_pods()
             ],
         }
 
