@@ -7,8 +7,14 @@
 mutmut credits each function with every test that calls it; under the mock engine that is
 every test that runs the program, so one surviving mutant would cost the whole suite. Here
 each module's mutants run only the test files in RELEVANT (the ones that assert what the
-module renders), which is also what the scores in docs/mutation-scores.md mean. The
-configuration (modules, copied files) is [mutmut] in setup.cfg."""
+module renders), which is also what the scores in docs/mutation-scores.md mean.
+
+A function that runs only while its module is imported (stacks.settings' rule factories build
+the settings table) is called by no test, so mutmut would leave its mutants untested. Each
+mutant therefore runs in a process that imports the project afresh with the mutant active
+(mutmut's fork server, warmed up with third-party modules only: tools/mutation-preload.txt),
+and such a function is credited with every test file of its module. The configuration
+(modules, copied files, isolation) is [mutmut] in setup.cfg."""
 
 from __future__ import annotations
 
@@ -43,7 +49,11 @@ RELEVANT = {
     "components.slinky": ("tests/components/test_slinky.py", "tests/stacks/test_platform.py", TREE),
     "components.keda": ("tests/stacks/test_platform.py", "tests/components/test_slurmd_scaling.py", TREE),
     "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/stacks/test_platform.py"),
-    "stacks.settings": ("tests/stacks/test_settings.py", "tests/stacks/test_cli.py"),
+    "stacks.settings": (
+        "tests/stacks/test_settings.py",
+        "tests/stacks/test_settings_refusals.py",
+        "tests/stacks/test_cli.py",
+    ),
     "validation.checks": (
         "tests/validation/test_checks.py",
         "tests/validation/test_runner.py",
@@ -65,12 +75,25 @@ def run(modules: list[str]) -> None:
     def collect_then_restrict(*args, **kwargs):
         collect(*args, **kwargs)
         by_function = state().tests_by_mangled_function_name
+        every_test = set().union(*by_function.values())
         for key, tests in by_function.items():
             files = RELEVANT.get(module_of(key), ())
             by_function[key] = {t for t in tests if t.split("::")[0] in files}
+        for key in mutated_functions():
+            files = RELEVANT.get(module_of(key), ())
+            if not by_function.get(key):  # called only at import time, or never
+                by_function[key] = {t for t in every_test if t.split("::")[0] in files}
 
     mutmut_main.collect_or_load_stats = collect_then_restrict
     mutmut_main.cli(["run", "--max-children", "2", *(f"{m}.*" if m in RELEVANT else m for m in modules)])
+
+
+def mutated_functions() -> set[str]:
+    return {
+        key.split("__mutmut_")[0]
+        for meta in (ROOT / "mutants").rglob("*.py.meta")
+        for key in json.loads(meta.read_text())["exit_code_by_key"]
+    }
 
 
 def scores() -> dict[str, collections.Counter]:
