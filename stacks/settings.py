@@ -115,7 +115,6 @@ class SettingsError(Exception):
 
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY|PuTTY-User-Key-File|-----BEGIN PGP PRIVATE")
 _AWS_ACCESS_KEY = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", '"': '\\"', "\\": "\\\\"}
 
 
 def secret_kind(text: str) -> str | None:
@@ -132,7 +131,9 @@ def escaped(text: str, limit: int = SHOWN_CHARS) -> str:
     cut at `limit` characters."""
     out, length = [], 0
     for ch in text:
-        piece = _ESCAPES.get(ch) or (ch if " " <= ch <= "~" else ascii(ch)[1:-1])
+        # ascii() leaves printable ASCII as it is and escapes the rest, the backslash included,
+        # as Python writes them (\n, \x1b, \u0661); the quote the value is shown in, too
+        piece = '\\"' if ch == '"' else ascii(ch)[1:-1]
         if length + len(piece) > limit:
             return "".join(out) + f"… ({len(text)} characters)"
         out.append(piece)
@@ -144,7 +145,7 @@ def show(raw: Any) -> str:
     """A value as a problem line echoes it: quoted and escaped, or hidden if it looks secret."""
     if isinstance(raw, Mapping) and "secure" in raw:
         return "(value hidden: encrypted with secure:)"
-    text = raw if isinstance(raw, str) else str(raw)
+    text = str(raw)
     kind = secret_kind(text)
     return f"(value hidden: {kind})" if kind else f'"{escaped(text)}"'
 
@@ -172,7 +173,7 @@ def _optional(rule: Rule) -> Rule:
 _NUMBER = r"(0|[1-9][0-9]{0,3})"  # ASCII digits only: `\d` and str.isdigit() accept any script's digits
 
 
-def _release(series: str, tested: str, why: str, *, first_patch: int = 0, leading_v: bool = False) -> Rule:
+def _release(series: str, tested: str, why: str, *, first_patch: int, leading_v: bool) -> Rule:
     """A release in the tested series: `series` fixes MAJOR (e.g. "80") or MAJOR.MINOR ("1.34")."""
     v = "v" if leading_v else ""
     fixed = tuple(int(p) for p in series.split("."))
@@ -680,11 +681,11 @@ def _parse(setting: Setting, raw: Any) -> tuple[Any, str | None]:
             return text.lower() == "true", None
         return None, "true or false"
     if setting.kind is int:
-        m = re.fullmatch(r"(-?)([0-9]+)", text)
+        m = re.fullmatch(r"-?([0-9]+)", text)
         if not m:
             return None, "a whole number in ASCII digits"
-        if len(m[2].lstrip("0")) > MAX_INT_DIGITS:  # out of every range: let the range say so
-            return (-1 if m[1] else 1) * 10**MAX_INT_DIGITS, None
+        if len(m[1].lstrip("0")) > MAX_INT_DIGITS:  # out of every range, whatever its sign: let the range say so
+            return 10**MAX_INT_DIGITS, None
         return int(text), None
     return text, None
 

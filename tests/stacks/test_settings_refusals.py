@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from stacks import offline, settings
+from stacks import instance_types, offline, settings
 from stacks.settings import PROJECT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -335,7 +335,6 @@ def test_the_table_has_at_least_150_rows():
 
 def test_the_rules_agree_with_the_names_contract():
     from components import names
-    from stacks import instance_types
 
     assert settings.RESERVED_NODESET_NAMES[0] == names.DEFAULT_PARTITION
     accepted = instance_types.accepted_workers()
@@ -402,6 +401,12 @@ ACCEPTED = [
     {"workerCount": "007", "kedaMaxReplicas": "0"},
     {"nodesetName": "all-gpus"},
     {"pulumi:tags": "{}", "other-tool:setting": "x"},  # other namespaces belong to other tools
+    # the edges of every range: the subnet's capacity, the root volumes' limits
+    {"workerCount": "235"},
+    {"controlRootVolumeGb": "20", "workerRootVolumeGb": "16384"},
+    {"amiId": ""},  # given empty: the lookup, as the default
+    {"amiId": "ami-0123456789abcdef0"},
+    {"sshPublicKey": ED25519 + " " + "c" * (settings.SSH_KEY_MAX_CHARS - len(ED25519) - 1)},  # the longest line
 ]
 
 
@@ -537,3 +542,190 @@ def test_a_broken_stack_file_is_one_line_naming_the_file(tmp_path, text, fragmen
         offline.stack_config("odd", root=tmp_path)
     (line,) = error.value.problems
     assert line.startswith("Pulumi.odd.yaml: ") and fragment in line
+
+
+# Whole lines: what a user reads for each kind of refusal (the thing, its value as shown, what
+# is wrong and what is allowed), word for word.
+ALLOWED_KEY = (
+    "one OpenSSH public key line (ssh-ed25519, ecdsa-sha2-nistp256/384/521, or ssh-rsa of 2048 bits or more), "
+    "at most 1600 characters"
+)
+DNS_LABEL = (
+    "a DNS label: lower-case letters, digits and '-', 1-32 characters, starting and ending with a letter or "
+    "digit, and none of all, default"
+)
+AWS_EXPLICIT = (
+    "the program's AWS provider is explicit: its region is the setting region and its credentials come from "
+    "the environment (AWS_PROFILE or AWS_ACCESS_KEY_ID)"
+)
+LONG_KEY = ED25519 + " " + "c" * (settings.SSH_KEY_MAX_CHARS - len(ED25519))
+WHOLE_LINES = [
+    (
+        {"sshPublicKey": "ssh-ed25519"},
+        f'sshPublicKey: "ssh-ed25519" is not allowed; expected {ALLOWED_KEY}, e.g. ssh-ed25519 AAAA... me@host',
+    ),
+    (
+        {"sshPublicKey": "ssh-ed25519 AAAA"},
+        'sshPublicKey: "ssh-ed25519 AAAA" is not a readable key (damaged base64 or a type that does not match '
+        f"its label); expected {ALLOWED_KEY}",
+    ),
+    (
+        {"sshPublicKey": LONG_KEY},
+        f'sshPublicKey: "{LONG_KEY[:60]}… (1601 characters)" is 1601 characters long (every node\'s user-data '
+        f"carries it, within 16 KiB); expected {ALLOWED_KEY}",
+    ),
+    ({"nodesetName": "GPU"}, f'nodesetName: "GPU" is not allowed; expected {DNS_LABEL}'),
+    (
+        {"nodesetName": "all"},
+        f'nodesetName: "all" clashes with the Slurm partition `all` the Slinky chart defines; expected {DNS_LABEL}',
+    ),
+    (
+        {"nodesetName": "default"},
+        f'nodesetName: "default" is Slurm\'s keyword for partition defaults (PartitionName=DEFAULT); expected {DNS_LABEL}',
+    ),
+    # escaping: the quote the value is shown in, a backslash, a tab, non-ASCII; cut after 60 characters
+    ({"nodesetName": 'a"b\\c\t\u00e9'}, f'nodesetName: "a\\"b\\\\c\\t\\xe9" is not allowed; expected {DNS_LABEL}'),
+    ({"nodesetName": "n" * 60}, f'nodesetName: "{"n" * 60}" is not allowed; expected {DNS_LABEL}'),
+    ({"nodesetName": "n" * 61}, f'nodesetName: "{"n" * 60}… (61 characters)" is not allowed; expected {DNS_LABEL}'),
+    ({"nodesetName": "insecure-"}, f'nodesetName: "insecure-" is not allowed; expected {DNS_LABEL}'),  # not `secure:`
+    ({"workerCount": "x"}, 'workerCount: "x" is not allowed; expected a whole number in ASCII digits'),
+    ({"spotWorkers": "maybe"}, 'spotWorkers: "maybe" is not allowed; expected true or false'),
+    (
+        {"workerCount": ["1", "2"]},
+        "workerCount: \"['1', '2']\" is not allowed; expected a plain value (not encrypted, not a list or mapping)",
+    ),
+    (
+        {"workerCount": {"secure": "v1:abc"}},
+        "workerCount: (value hidden: encrypted with secure:) is not allowed; expected a plain value (not encrypted, "
+        "not a list or mapping)",
+    ),
+    (
+        {"region": "east1"},
+        'region: "east1" is not allowed; expected a region of the commercial AWS partition, e.g. us-east-1',
+    ),
+    (
+        {"region": "useast-1"},
+        'region: "useast-1" is not allowed; expected a region of the commercial AWS partition, e.g. us-east-1 '
+        "(did you mean us-east-1?)",
+    ),
+    (
+        {"region": "ap-south-1", "availabilityZone": "ap-south-1h"},
+        'availabilityZone: "ap-south-1h" is not allowed; expected a zone of region ap-south-1: ap-south-1a, '
+        "ap-south-1b, ap-south-1c, ap-south-1d, ap-south-1e, ap-south-1f (the offerings are checked again at run "
+        "time), or empty to pick one that offers the worker type",
+    ),
+    (
+        {"adminCidr": "bad"},
+        'adminCidr: "bad" is not allowed; expected an IPv4 network in CIDR form with no host bits set, e.g. '
+        "203.0.113.7/32 (the testbed is IPv4 only)",
+    ),
+    (
+        {"adminCidr": "81.0.0.0/8"},
+        'adminCidr: "81.0.0.0/8" opens SSH and the API server to 16,777,216 addresses (wider than /16); expected '
+        "your own address range, or set allowOpenIngress true to accept that",
+    ),
+    (
+        {"adminCidr": "203.0.113.7/32"},
+        'adminCidr: "203.0.113.7/32" is a documentation example address nobody connects from; expected your own, '
+        'e.g. pulumi config set adminCidr "$(curl -s https://checkip.amazonaws.com)/32"',
+    ),
+    (
+        {"adminCidr": "10.0.0.0/16"},
+        'adminCidr: "10.0.0.0/16" is not an internet address range (private, shared, loopback, multicast or '
+        "reserved), and SSH and the API server are reached at the control node's public address; expected the "
+        "address you connect from, e.g. the output of curl -s https://checkip.amazonaws.com, as a.b.c.d/32",
+    ),
+    (
+        {"workerCount": "1", "aiBorrowsHpcGpus": "false"},
+        'aiBorrowsHpcGpus: "false" is not allowed with an AI share of 0 GPUs: Kueue would admit no Kubernetes GPU '
+        "work at all; expected true, or aiGuaranteedGpus of 1 or more",
+    ),
+    (
+        {"kedaMaxReplicas": "99999999999"},
+        'kedaMaxReplicas: "99999999999" is not allowed; expected 0 (= the GPUs slurmd may hold) or an integer '
+        "from 1 to 2 (workerCount, or HPC's share when hpcBorrowsAiGpus is false): each slurmd pod holds one "
+        "worker's GPU",
+    ),
+    (
+        {"kedaVersion": "2.17.0"},
+        'kedaVersion: "2.17.0" is not allowed; expected a release 2.16.N (MAJOR.MINOR.PATCH in ASCII digits): '
+        "the tested chart minor; e.g. 2.16.1",
+    ),
+    (
+        {"certManagerVersion": "1.19.2"},
+        'certManagerVersion: "1.19.2" is not allowed; expected a release v1.19.N (vMAJOR.MINOR.PATCH in ASCII '
+        "digits, with its leading v): the tested chart minor; e.g. v1.19.2",
+    ),
+    (
+        {"nvidiaContainerToolkitVersion": "1.18.0"},
+        'nvidiaContainerToolkitVersion: "1.18.0" is not allowed; expected a release 1.18.N (MAJOR.MINOR.PATCH in '
+        "ASCII digits, N from 1): 1.18.0 wrote its containerd drop-in to the wrong directory; e.g. 1.18.1",
+    ),
+    (
+        {"kubePrometheusStackVersion": "79.0.0"},
+        'kubePrometheusStackVersion: "79.0.0" is not allowed; expected a release 80.N.N (MAJOR.MINOR.PATCH in ASCII '
+        "digits): the tested chart major (a new major changes CRDs and values); e.g. 80.9.2",
+    ),
+    ({"zzzz": "1"}, 'zzzz: "1" is not a setting of gpu-testbed'),
+    (
+        {"aws:region": "eu-west-1"},
+        f'aws:region: "eu-west-1" is not read: {AWS_EXPLICIT}; expected the setting region instead, e.g. pulumi '
+        'config set region "eu-west-1"',
+    ),
+    # the namespace ends at the first colon
+    (
+        {"kubernetes:config:context": "x"},
+        "kubernetes:config:context: not read: the program's Kubernetes provider is explicit and uses the "
+        "kubeconfig the program mints",
+    ),
+    # near the project's name: a similarity ratio of exactly 0.8 is near
+    (
+        {"gpu-testx:workerCount": "2"},
+        "gpu-testx:workerCount: not read: the project is gpu-testbed, so its keys start with gpu-testbed:; did "
+        "you mean gpu-testbed:workerCount?",
+    ),
+    (
+        {"gpu-testbd:zzzz": "2"},
+        "gpu-testbd:zzzz: not read: the project is gpu-testbed, so its keys start with gpu-testbed:",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "values, line", WHOLE_LINES, ids=[f"{i}-{next(iter(v))}" for i, (v, _) in enumerate(WHOLE_LINES)]
+)
+def test_a_refusal_reads_word_for_word(values, line):
+    assert line in _problems(values)
+
+
+@pytest.mark.parametrize(
+    "value, line",
+    [
+        (
+            "g4dn.xlarg",
+            'workerInstanceType: "g4dn.xlarg" is not in the instance catalogue (did you mean g4dn.xlarge?); ',
+        ),
+        ("zz", 'workerInstanceType: "zz" is not in the instance catalogue; '),
+    ],
+)
+def test_an_unknown_instance_type_is_refused_with_the_catalogue(value, line):
+    (problem,) = _problems({"workerInstanceType": value})
+    listed = ", ".join(instance_types.accepted_workers())
+    assert problem == f"{line}expected a GPU worker type from stacks/instance_types.py: {listed}"
+
+
+@pytest.mark.parametrize(
+    "values, refused",
+    [
+        ({"adminCidr": "0.0.0.0/0", "allowOpenIngress": "yes"}, ["allowOpenIngress"]),
+        ({"region": "nowhere", "availabilityZone": "nowhere-a"}, ["region"]),
+        ({"availabilityZone": "AKIAIOSFODNN7EXAMPLE"}, ["availabilityZone"]),
+        ({"aiGuaranteedGpus": "0", "aiBorrowsHpcGpus": "maybe"}, ["aiBorrowsHpcGpus"]),
+        ({"hpcBorrowsAiGpus": "yes", "kedaMaxReplicas": "4"}, ["hpcBorrowsAiGpus"]),
+        ({"kedaMinReplicas": "x", "kedaMaxReplicas": "1"}, ["kedaMinReplicas"]),
+        ({"kedaMaxReplicas": "x", "kedaMinReplicas": "2"}, ["kedaMaxReplicas"]),
+        ({"workerCount": "x", "aiGuaranteedGpus": "9"}, ["workerCount"]),
+    ],
+)
+def test_a_setting_refused_on_its_own_is_not_refused_again_by_a_rule_between_settings(values, refused):
+    assert [p.split(": ")[0] for p in _problems(values)] == refused
