@@ -708,11 +708,8 @@ def _foreign_key(key: str, raw: Any) -> str | None:
                 f"expected the setting region instead, e.g. pulumi config set region {show(raw)}"
             )
         return f"{shown_key}: not read: {EXPLICIT_PROVIDER_NAMESPACES[namespace]}"
-    squashed = re.sub(r"[^a-z0-9]", "", namespace.lower())
-    near = squashed == re.sub(r"[^a-z0-9]", "", PROJECT) or (
-        difflib.SequenceMatcher(None, namespace.lower(), PROJECT).ratio() >= 0.8
-    )
-    if not near:
+    # case and punctuation typos too: gpu_testbed, GPU-testbed, gputestbed are all near
+    if difflib.SequenceMatcher(None, namespace.lower(), PROJECT).ratio() < 0.8:
         return None  # another tool's configuration
     close = difflib.get_close_matches(name, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
     suggestion = f"; did you mean {PROJECT}:{close[0]}?" if close else ""
