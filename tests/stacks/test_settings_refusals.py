@@ -706,6 +706,7 @@ def test_a_refusal_reads_word_for_word(values, line):
             'workerInstanceType: "g4dn.xlarg" is not in the instance catalogue (did you mean g4dn.xlarge?); ',
         ),
         ("zz", 'workerInstanceType: "zz" is not in the instance catalogue; '),
+        ("g4dnxl", 'workerInstanceType: "g4dnxl" is not in the instance catalogue; '),  # 0.71 like g4dn.xlarge: no hint
     ],
 )
 def test_an_unknown_instance_type_is_refused_with_the_catalogue(value, line):
