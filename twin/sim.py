@@ -123,10 +123,10 @@ class Run:
             )
         ]
         for pod in self.kube.live_pods():
-            if pod.holder == k8s.SLURMD and pod.live:
+            if pod.holder == k8s.SLURMD:
                 labels = {"__name__": "kube_pod_info", "namespace": s.namespace, "pod": pod.name}
                 out.append(({**labels, "created_by_kind": "NodeSet", "created_by_name": s.nodeset}, 1.0))
-            elif pod.live and pod.gpu is None and pod.terminating_at is None:
+            elif pod.gpu is None and pod.terminating_at is None:
                 # PodScheduled False: kube-scheduler found no free GPU (kube-state-metrics pod.go)
                 labels = {"__name__": "kube_pod_status_unschedulable", "namespace": JOBS_NAMESPACE}
                 out.append(({**labels, "pod": pod.name}, 1.0))
@@ -230,22 +230,20 @@ class Run:
     def _account(self, now: float) -> None:
         pods = self.kube.live_pods()
         for p in pods:
-            if p.live and p.gpu is not None and p.running(now):
+            if p.gpu is not None and p.running(now):
                 if self.gpu_holder.get(p.gpu, p.holder) != p.holder:
                     self.owner_changes += 1
                 self.gpu_holder[p.gpu] = p.holder
         busy = self.slurm.busy_nodes()
-        self.idle_gpu_s += sum(
-            1 for p in pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner not in busy
-        )
-        self.held_now = sum(1 for p in pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None)
+        self.idle_gpu_s += sum(1 for p in pods if p.holder == k8s.SLURMD and p.gpu is not None and p.owner not in busy)
+        self.held_now = sum(1 for p in pods if p.holder == k8s.SLURMD and p.gpu is not None)
         self.held.append(self.held_now)
         slurm_waits = any(j.finished is None for j in self.slurm.jobs if j.state != REFUSED)
         kube_waits = any(j.finished is None for j in self.kube.jobs)
         if slurm_waits and kube_waits:
             self.contended["seconds"] += 1
             self.contended["slurm"] += sum(
-                1 for p in pods if p.holder == k8s.SLURMD and p.live and p.gpu is not None and p.owner in busy
+                1 for p in pods if p.holder == k8s.SLURMD and p.gpu is not None and p.owner in busy
             )
             self.contended["kubernetes"] += sum(
                 len(j.pods) for j in self.kube.jobs if j.started is not None and j.finished is None
