@@ -7,24 +7,36 @@ Without this script `sbatch --gpus=2` (no -N) is a 1-node job: sbatch leaves min
 min 1, max 0 (src/slurmctld/job_mgr.c), and the partition metric KEDA scales on, MAX(max_nodes,
 min_nodes) (src/slurmctld/statistics.c), asks for one slurmd pod, on which the job never starts.
 
-What the script does, for a job in any partition (every node of this cluster is a one-GPU slurmd pod):
-  * --gpus=N (or --gpus-per-task=G with -n T: N = G*T) and no -N: min_nodes = max_nodes = N, or a
-    refusal when N exceeds the MaxNodes of one of the job's partitions;
-  * --gpus=N with a -N whose largest node count holds fewer than N GPUs: a refusal (it never runs);
-  * --gpus-per-node / --gres=gpu:K with K > 1: a refusal (no node has K GPUs).
+What the script does, for a job in any partition (every node of this cluster is a one-GPU slurmd pod).
+The limits are the configured ones (the partition's MaxNodes), never the nodes registered now: Slinky
+runs slurmd as dynamic nodes, so with slurmd scaled to 0 no node is registered, and slurm.conf keeps
+EnforcePartLimits=NO so that slurmctld does not refuse jobs against that empty partition
+(src/slurmctld/job_mgr.c _part_access_check, _valid_job_part).
+  * a GPU count from --gpus=N, --gpus-per-task=G or --tres-per-task=gres/gpu:G (N = G * tasks): with
+    no -N, min_nodes = max_nodes = N; with a -N whose largest node count holds fewer than N GPUs, a
+    refusal (it never runs);
+  * --gpus-per-node, --gres=gpu:K or --gpus-per-socket asking more than one GPU on a node: a refusal
+    (no node has K GPUs);
+  * a node count (-N, or the one set above) over the MaxNodes of one of the job's partitions: a
+    refusal naming the limit, instead of a job that pends forever (PartitionNodeLimit).
 A refusal prints the reason on the user's terminal (slurm.log_user; the client prints it as an
 error, src/common/slurm_protocol_pack.c) followed by the Slurm error of the return code.
 
-The job_desc fields read and set here, and the partition records (max_nodes, flag_default), are those
-of src/plugins/job_submit/lua/job_submit_lua.c; slurm.NO_VAL, slurm.INFINITE, slurm.log_user and the
-slurm.ESLURM_* codes are registered by src/lua/slurm_lua.c. The testbed's twin models this file
-(twin/slurm.py job_submit) and a test runs both on the same cases.
+The job_desc fields read and set here, and the partition records (max_nodes: the configured MaxNodes,
+flag_default), are those of src/plugins/job_submit/lua/job_submit_lua.c; slurm.NO_VAL, slurm.INFINITE,
+slurm.log_user and the slurm.ESLURM_* codes are registered by src/lua/slurm_lua.c (both at
+slurm-25-11-6-1). Slurm records GPU requests as TRES strings: "gres/gpu:2" (--gpus, --gpus-per-node,
+--gres), "gres/gpu=1" (--gpus-per-task), "gres/gpu:tesla:2", "gres/gpu" (one). The testbed's twin models
+this file (twin/slurm.py job_submit); a test runs both on the same cases, and the real-Slurm tests run
+it inside slurmctld.
 ]]
 
 local GPUS_PER_NODE = 1
+-- How to raise the limit a refusal names: the NodeSet's largest size follows these settings.
+local LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"
 
--- The GPU count of a TRES string: "gres/gpu:2", "gres/gpu:tesla:2", "gres/gpu" (1), comma-separated
--- entries summed (src/common/proc_args.c xfmt_tres writes "gres/gpu:<--gpus value>"). nil: no GPUs.
+-- The GPU count of a TRES string: entries separated by commas, each "gres/gpu", "gres/gpu:N",
+-- "gres/gpu=N", "gres/gpu:<type>:N" or "gres/gpu:<type>=N", summed. nil: no GPUs asked.
 local function gpu_count(tres)
 	if tres == nil then
 		return nil
@@ -32,15 +44,9 @@ local function gpu_count(tres)
 	local total = nil
 	for entry in string.gmatch(tres, "[^,]+") do
 		local spec = entry:gsub("^gres[/:]", "")
-		local fields = {}
-		for field in string.gmatch(spec, "[^:]+") do
-			fields[#fields + 1] = field
-		end
-		if fields[1] == "gpu" then
-			local count = 1
-			if #fields > 1 and fields[#fields]:match("^%d+$") then
-				count = tonumber(fields[#fields])
-			end
+		local name = spec:match("^[^:=]+")
+		if name == "gpu" then
+			local count = tonumber(spec:match("[:=](%d+)$") or "1")
 			total = (total or 0) + count
 		end
 	end
@@ -70,8 +76,39 @@ local function partitions(job_desc, part_list)
 	return found
 end
 
-function slurm_job_submit(job_desc, part_list, submit_uid)
+-- A refusal when `nodes` exceeds the configured MaxNodes of one of the job's partitions.
+local function over_limit(job_desc, part_list, nodes, what)
+	for _, p in ipairs(partitions(job_desc, part_list)) do
+		local limit = p.record.max_nodes
+		if is_set(limit) and nodes > limit then
+			slurm.log_user(
+				"testbed: %s need %d nodes (one GPU per slurmd pod); partition %s has MaxNodes=%d, the most slurmd pods this testbed runs (%s)",
+				what,
+				nodes,
+				p.name,
+				limit,
+				LIMIT_SETTINGS
+			)
+			return true
+		end
+	end
+	return false
+end
+
+-- GPUs asked on each node: --gpus-per-node and --gres (tres_per_node), or --gpus-per-socket times
+-- the sockets per node (at least one).
+local function gpus_per_node(job_desc)
 	local per_node = gpu_count(job_desc.tres_per_node)
+	local per_socket = gpu_count(job_desc.tres_per_socket)
+	if per_socket ~= nil then
+		local sockets = is_set(job_desc.sockets_per_node) and job_desc.sockets_per_node or 1
+		per_node = math.max(per_node or 0, per_socket * sockets)
+	end
+	return per_node
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+	local per_node = gpus_per_node(job_desc)
 	if per_node ~= nil and per_node > GPUS_PER_NODE then
 		slurm.log_user(
 			"testbed: %d GPUs per node asked, but each node (slurmd pod) has %d; ask --gpus=<total> instead",
@@ -87,18 +124,21 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 		local tasks = is_set(job_desc.num_tasks) and job_desc.num_tasks or 1
 		gpus = per_task * tasks
 	end
-	if gpus == nil or gpus == 0 then
-		return slurm.SUCCESS
+	if gpus == 0 then
+		gpus = nil
 	end
-	local nodes = math.ceil(gpus / GPUS_PER_NODE)
+	local nodes = gpus and math.ceil(gpus / GPUS_PER_NODE)
 
 	if is_set(job_desc.min_nodes) then
-		-- An explicit -N: kept, unless its largest node count cannot hold the GPUs.
+		-- An explicit -N: kept, unless it can never run.
+		if over_limit(job_desc, part_list, job_desc.min_nodes, string.format("-N %d", job_desc.min_nodes)) then
+			return slurm.ESLURM_INVALID_NODE_COUNT
+		end
 		local most = job_desc.min_nodes
 		if is_set(job_desc.max_nodes) and job_desc.max_nodes > most then
 			most = job_desc.max_nodes
 		end
-		if most * GPUS_PER_NODE < gpus then
+		if gpus ~= nil and most * GPUS_PER_NODE < gpus then
 			slurm.log_user(
 				"testbed: %d GPUs on at most %d node(s) can never run: each node (slurmd pod) has %d GPU; drop -N or ask -N %d",
 				gpus,
@@ -110,19 +150,12 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 		end
 		return slurm.SUCCESS
 	end
+	if gpus == nil then
+		return slurm.SUCCESS
+	end
 
-	for _, p in ipairs(partitions(job_desc, part_list)) do
-		local limit = p.record.max_nodes
-		if is_set(limit) and nodes > limit then
-			slurm.log_user(
-				"testbed: %d GPUs need %d nodes (one GPU per slurmd pod); partition %s has MaxNodes=%d",
-				gpus,
-				nodes,
-				p.name,
-				limit
-			)
-			return slurm.ESLURM_INVALID_NODE_COUNT
-		end
+	if over_limit(job_desc, part_list, nodes, string.format("%d GPUs", gpus)) then
+		return slurm.ESLURM_INVALID_NODE_COUNT
 	end
 	job_desc.min_nodes = nodes
 	job_desc.max_nodes = nodes

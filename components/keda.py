@@ -19,6 +19,7 @@ from components.names import (
     NODESET_GROUP,
     NODESET_KIND,
     NODESET_VERSION,
+    SLURM_METRICS_INTERVAL_SECONDS,
     Names,
     SlurmNames,
 )
@@ -46,7 +47,7 @@ def chart(version: str) -> helm.Chart:
     return helm.Chart("keda", KEDA_NAMESPACE, "keda", version, REPO)
 
 
-def scaling_target(names: SlurmNames) -> slurmd_scaling.Target:
+def scaling_target(names: SlurmNames, scrape_seconds: int = SLURM_METRICS_INTERVAL_SECONDS) -> slurmd_scaling.Target:
     return slurmd_scaling.Target(
         partitions=names.partitions,
         nodeset_partition=names.nodeset,  # the chart's nodesets.<key>.partition, named after the key
@@ -58,12 +59,14 @@ def scaling_target(names: SlurmNames) -> slurmd_scaling.Target:
         ai_cluster_queue=AI_CLUSTER_QUEUE,
         ai_namespace=JOBS_NAMESPACE,
         gpu_resource=GPU_RESOURCE,
+        scrape_seconds=scrape_seconds,
     )
 
 
 def triggers(n: Names, policy: str = slurmd_scaling.DEFAULT_POLICY) -> list[dict]:
     """The ScaledObject's triggers for a stack: the doctor asks Prometheus the same queries."""
-    return slurmd_scaling.keda_triggers(n.prometheus_url, scaling_target(n.slurm), policy, n.cooldown_seconds)
+    target = scaling_target(n.slurm, n.metrics_interval_seconds)
+    return slurmd_scaling.keda_triggers(n.prometheus_url, target, policy, n.cooldown_seconds)
 
 
 def _demand_aware(n: Names) -> dict:

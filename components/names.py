@@ -31,6 +31,7 @@ SLURMD_CONTAINER = "slurmd"
 STATESAVE_VOLUME = "statesave"
 SLURMCTLD_PORT = 6817
 SLURMRESTD_PORT = 6820
+SLURM_METRICS_INTERVAL_SECONDS = 30  # slurmMetricsIntervalSeconds' default
 NODESET_GROUP = "slinky.slurm.net"
 NODESET_VERSION = "v1beta1"
 NODESET_PLURAL = "nodesets"
@@ -205,6 +206,7 @@ class Names:
     cooldown_seconds: int
     polling_seconds: int
     shares: GpuShares
+    metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # slurmctld's scrape interval
 
     @classmethod
     def from_settings(cls, s: Settings) -> Names:
@@ -221,6 +223,7 @@ class Names:
                 ai_preempts_lower_priority=s.ai_preempts_lower_priority,
                 hpc_borrows_ai_gpus=s.hpc_borrows_ai_gpus,
             ),
+            metrics_interval_seconds=s.slurm_metrics_interval_seconds,
         )
 
     @property

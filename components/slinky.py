@@ -12,7 +12,14 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm, host_layout
-from components.names import DEFAULT_PARTITION, SLINKY_OPERATOR_NAMESPACE, SLURM_CHART, SlurmNames, slurmd_queue_labels
+from components.names import (
+    DEFAULT_PARTITION,
+    SLINKY_OPERATOR_NAMESPACE,
+    SLURM_CHART,
+    SLURM_METRICS_INTERVAL_SECONDS,
+    SlurmNames,
+    slurmd_queue_labels,
+)
 from components.webhook_gate import webhook_gate
 
 CHARTS = "oci://ghcr.io/slinkyproject/charts"
@@ -35,6 +42,7 @@ class SlinkyArgs:
     operator_after: Sequence[pulumi.Resource]  # the cert-manager webhook gate
     cluster_after: Sequence[pulumi.Resource]  # the ServiceMonitor CRD (monitoring stack)
     max_nodes: int | None = None  # partition MaxNodes, enforced at submit; None: unlimited
+    metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # the ServiceMonitor's scrape interval
 
 
 CHART_DEFAULT_NODESET = "slinky"  # the key of the chart's own entry under `nodesets:`
@@ -64,12 +72,20 @@ def _shared_volume() -> tuple[dict, dict]:
 
 
 def _partition_limits(max_nodes: int) -> dict:
-    """A job that can never fit the NodeSet is refused at submit instead of pending forever:
-    EnforcePartLimits=ALL rejects a job over a partition's MaxNodes (SchedMD/slurm@slurm-25-11-0-1:
-    doc/man/man5/slurm.conf.5). `controller.extraConfMap` and `partitions.<p>.configMap` become
-    slurm.conf lines (SlinkyProject/slurm-operator@v1.0.0:helm/slurm/templates/controller/_helpers.tpl),
-    `nodesets.<k>.partition.configMap` the NodeSet's own partition line (nodeset/nodeset-cr.yaml)."""
+    """The most nodes a job may ask: the NodeSet's largest size. job_submit.lua refuses a job over it
+    at submit (from this configured value), instead of a job that pends forever. `controller.extraConfMap`
+    and `partitions.<p>.configMap` become slurm.conf lines (SlinkyProject/slurm-operator@v1.0.0:
+    helm/slurm/templates/controller/_helpers.tpl), `nodesets.<k>.partition.configMap` the NodeSet's own
+    partition line (nodeset/nodeset-cr.yaml); components/slurm_config.py assembles them."""
     return {"MaxNodes": max_nodes}
+
+
+# Never a limit that depends on how many slurmd pods exist at submit: Slinky's slurmd are dynamic
+# nodes, deleted on scale-in, so with slurmd at 0 the partitions hold no node, and any other value
+# makes slurmctld compare each job with that empty partition and refuse it ("More processors
+# requested than permitted"; SchedMD/slurm@slurm-25-11-6-1:src/slurmctld/job_mgr.c _part_access_check,
+# _valid_job_part). Seen on the real slurmctld (tests/engines/test_slurm_submit.py).
+ENFORCE_PART_LIMITS = "NO"
 
 
 def _job_submit_plugin() -> dict:
@@ -91,6 +107,7 @@ def slurm_values(
     n: SlurmNames,
     service_monitor_labels: dict[str, str],
     max_nodes: int | None = None,
+    metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS,
 ) -> dict:
     volume, mount = _shared_volume()
     gpu_key, gpu_value = host_layout.GPU_NODE_LABEL
@@ -134,13 +151,21 @@ def slurm_values(
                 },
                 "volumes": [volume],
             },
-            "metrics": {"enabled": True, "serviceMonitor": {"enabled": True, "labels": dict(service_monitor_labels)}},
+            # The scrape interval is the triggers' subquery step (components/slurmd_scaling.py).
+            "metrics": {
+                "enabled": True,
+                "serviceMonitor": {
+                    "enabled": True,
+                    "labels": dict(service_monitor_labels),
+                    "interval": f"{metrics_interval_seconds}s",
+                },
+            },
         },
         "restapi": {"slurmrestd": {"image": _image("slurmrestd", image_tag)}},
         "nodesets": nodesets,
     }
     if max_nodes:
-        computed["controller"]["extraConfMap"] = {"EnforcePartLimits": "ALL", **_job_submit_plugin()}
+        computed["controller"]["extraConfMap"] = {"EnforcePartLimits": ENFORCE_PART_LIMITS, **_job_submit_plugin()}
         computed["partitions"] = {DEFAULT_PARTITION: {"configMap": _partition_limits(max_nodes)}}
         computed["configFiles"] = {JOB_SUBMIT_LUA.name: JOB_SUBMIT_LUA.read_text()}
     return helm.deep_merge(base, computed)
@@ -230,7 +255,14 @@ class Slinky(pulumi.ComponentResource):
         self.cluster = helm.release(
             f"{name}-cluster",
             slurm_chart(args.version, self.names),
-            slurm_values(args.version, args.image_tag, self.names, args.service_monitor_labels, args.max_nodes),
+            slurm_values(
+                args.version,
+                args.image_tag,
+                self.names,
+                args.service_monitor_labels,
+                args.max_nodes,
+                args.metrics_interval_seconds,
+            ),
             args.provider,
             parent=self,
             depends_on=[operator_gate, self.statesave_volume, *args.cluster_after],

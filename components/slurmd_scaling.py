@@ -10,7 +10,12 @@ runnable. On top of that:
   (SchedMD/slurm@slurm-25-11-0-1:src/slurmctld/statistics.c counts held jobs in jobs_pending).
 * Work that stays pending next to enough idle nodes for STALL_SECONDS is not runnable
   (a dependency, a begin time, a throttled array: Slurm would have started it); that much
-  pending work stops counting for STALL_MEMORY_SECONDS, so the idle nodes go back.
+  pending work stops counting for STALL_MEMORY_SECONDS, so the idle nodes go back. An idle node
+  is one Slurm may start a job on: IDLE minus DRAINED, never below 0. The NodeSet drains a node
+  before every scale-in, and a drained node that runs nothing still reads IDLE; counting it would
+  call work stalled that only waits for a node. A down node with the drain flag is DRAINED but not
+  IDLE, so the difference can undercount idle nodes while one is going: work is then called
+  runnable, never the other way round.
 * Pending work in every partition the NodeSet serves counts (the default partition `all`
   and the NodeSet's own); busy nodes are read from the NodeSet's partition only (every node
   is in both).
@@ -74,11 +79,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from components.names import SLURM_METRICS_INTERVAL_SECONDS
+
 # Slurm 25.11 openmetrics (SchedMD/slurm@slurm-25-11-0-1 src/plugins/metrics/openmetrics/openmetrics.c),
 # served by slurmctld at /metrics/partitions, label `partition`.
 NODES_ALLOC = "slurm_partition_nodes_alloc"
 NODES_MIXED = "slurm_partition_nodes_mixed"
 NODES_IDLE = "slurm_partition_nodes_idle"
+# IDLE counts a drained node that runs nothing; DRAINED counts it too, and a down node with the
+# drain flag (src/slurmctld/statistics.c IS_NODE_DRAINED; seen on the real slurmctld, tests/engines).
+NODES_DRAINED = "slurm_partition_nodes_drained"
 PENDING_JOBS = "slurm_partition_jobs_pending"
 HELD_JOBS = "slurm_partition_jobs_hold"
 # MAX(max_nodes, min_nodes) over pending, not held, jobs (src/slurmctld/statistics.c).
@@ -101,7 +111,6 @@ GUARDED_POLICIES = (DEMAND_AWARE, SAFE)
 # doc/man/man5/slurm.conf.5) and on every submit: two cycles with idle nodes and no start is a stall.
 STALL_SECONDS = 120
 STALL_MEMORY_SECONDS = 1800  # how long work found stalled stays discounted
-SUBQUERY_STEP = "30s"  # the slurmctld scrape interval
 # Warmth stays off this long after AI work last waited: one 30 s kube-state-metrics scrape, a
 # slurmd pod's termination and the next scrape, with margin (see "Oscillation" above).
 AI_WAIT_MEMORY_SECONDS = 120
@@ -119,6 +128,7 @@ class Target:
     ai_cluster_queue: str  # Kueue ClusterQueue of the Kubernetes GPU jobs
     ai_namespace: str  # where their pods run
     gpu_resource: str  # the resource name Kueue reports pending
+    scrape_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # slurmctld's scrape interval: the subquery step
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,7 @@ class PartitionMetrics:
     jobs_pending: int = 0
     jobs_hold: int = 0
     largest_pending_job_nodes: int = 0  # _nohold
+    nodes_drained: int = 0  # idle (or down) with the drain flag
 
 
 def desired_replicas(
@@ -182,14 +193,23 @@ def _pending(t: Target) -> str:
     return "(" + " + ".join(f"{_m(PENDING_JOBS, p)} - {_m(HELD_JOBS, p)}" for p in t.partitions) + ")"
 
 
+def _window(t: Target, seconds: int) -> str:
+    """A subquery covering the last `seconds` with a sample at both ends. Prometheus 3 windows are
+    left-open, (t - range, t] (Prometheus 3 migration guide): one step more keeps the sample at
+    t - seconds, as Prometheus 2's closed windows did. Measured with Prometheus 3.5.3's promtool
+    (tests/components/test_slurmd_scaling.py)."""
+    return f"[{seconds + t.scrape_seconds}s:{t.scrape_seconds}s]"
+
+
+def _usable_idle(t: Target) -> str:
+    return f"clamp_min({_m(NODES_IDLE, t.nodeset_partition)} - {_m(NODES_DRAINED, t.nodeset_partition)}, 0)"
+
+
 def _stalled_pending(t: Target) -> str:
-    idle = _m(NODES_IDLE, t.nodeset_partition)
+    idle = _usable_idle(t)
     fits = " * ".join(f"({idle} - {_m(LARGEST_PENDING_JOB_NODES, p)} >= bool 0)" for p in t.partitions)
     stalled_now = f"({_pending(t)} * {fits} * ({idle} >= bool 1))"
-    return (
-        f"max_over_time(min_over_time({stalled_now}[{STALL_SECONDS}s:{SUBQUERY_STEP}])"
-        f"[{STALL_MEMORY_SECONDS}s:{SUBQUERY_STEP}])"
-    )
+    return f"max_over_time(min_over_time({stalled_now}{_window(t, STALL_SECONDS)}){_window(t, STALL_MEMORY_SECONDS)})"
 
 
 def _runnable(t: Target) -> str:
@@ -229,9 +249,9 @@ def _demand_aware_queries(t: Target, warm_seconds: int) -> list[tuple[str, str]]
     return [
         *_safe_queries(t, "_"),
         # Empty once the Slurm target has been gone for the window; the Slurm triggers above err at once.
-        (RECENTLY_BUSY, f"max_over_time({_busy(t)}[{warm_seconds}s:{SUBQUERY_STEP}])"),
+        (RECENTLY_BUSY, f"max_over_time({_busy(t)}{_window(t, warm_seconds)})"),
         (SLURMD_PODS, _pods(t)),
-        (AI_WAITING, f"max_over_time({waiting}[{AI_WAIT_MEMORY_SECONDS}s:{SUBQUERY_STEP}])"),
+        (AI_WAITING, f"max_over_time({waiting}{_window(t, AI_WAIT_MEMORY_SECONDS)})"),
     ]
 
 

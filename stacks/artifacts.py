@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from components import keda, kueue, remote_script
-from components.names import Names
+from components import keda, kueue, remote_script, slurm_config
+from components.names import SLURM_CHART, Names, SlurmNames
 from stacks import pricing
 from stacks.offline import RecordedResource, Recording, redact, reveal
 from stacks.pricing import CostEstimate
@@ -244,6 +244,15 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def slurm_files(rec: Recording) -> dict[str, str]:
+    """slurmctld's /etc/slurm as slurm-operator assembles it from the slurm release's values."""
+    (release,) = [r for r in rec.of_type(HELM_RELEASE) if reveal(r.inputs)["chart"].endswith(f"/{SLURM_CHART}")]
+    inputs = reveal(release.inputs)
+    values = inputs.get("values") or {}
+    (nodeset,) = [key for key, nodeset in values.get("nodesets", {}).items() if nodeset.get("enabled")]
+    return slurm_config.slurm_files(values, SlurmNames(inputs["name"], inputs["namespace"], nodeset))
+
+
 def render(rec: Recording, out: Path) -> list[Path]:
     """Write every deployed artifact under `out`; return the files written."""
     scripts: dict[str, str] = {}
@@ -294,6 +303,10 @@ def render(rec: Recording, out: Path) -> list[Path]:
     path = out / "releases.json"
     _write(path, json.dumps(releases, indent=2, sort_keys=True) + "\n")
     written.append(path)
+    for name, text in slurm_files(rec).items():
+        path = out / "slurm" / name
+        _write(path, text)
+        written.append(path)
 
     for obj in manifests:
         manifest = {

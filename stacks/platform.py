@@ -84,6 +84,7 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
             operator_after=[cert_manager.webhook_gate],
             cluster_after=[monitoring.stack, *kueue.ready],
             max_nodes=names.slurmd_max_replicas,
+            metrics_interval_seconds=names.metrics_interval_seconds,
         ),
     )
     keda = Keda(

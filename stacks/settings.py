@@ -539,6 +539,14 @@ SETTINGS: tuple[Setting, ...] = (
         "1 to 3600",
         _int_range(1, 3600),
     ),
+    Setting(
+        "slurmMetricsIntervalSeconds",
+        int,
+        30,
+        "How often Prometheus scrapes slurmctld's metrics (the ServiceMonitor's interval; the triggers' subquery step).",
+        "5 to 300",
+        _int_range(5, 300),
+    ),
     _version(
         "trainingOperatorVersion",
         "v1.8.1",
@@ -621,6 +629,7 @@ class Settings:
     keda_max_replicas: int
     keda_cooldown_seconds: int
     keda_polling_seconds: int
+    slurm_metrics_interval_seconds: int
     training_operator_version: str
     kueue_version: str
     ai_guaranteed_gpus: int

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import yaml
 
-from components import images, keda, kueue, slinky, slurmd_scaling, training_operator
+from components import images, keda, kueue, slinky, slurm_config, slurmd_scaling, training_operator
 from components.names import DEFAULT_PARTITION, Names
 from stacks.settings import Settings
 from twin import kube
@@ -55,15 +55,21 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     )
     # The older policies ran with the chart's unlimited partitions and no job_submit plugin.
     max_nodes = names.slurmd_max_replicas if policy in slurmd_scaling.GUARDED_POLICIES else None
-    values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, names.slurm, {}, max_nodes)
-    limit = values["partitions"][DEFAULT_PARTITION]["configMap"].get("MaxNodes")
-    conf = values["controller"].get("extraConfMap") or {}
-    enforce = conf.get("EnforcePartLimits") == "ALL"
-    lua = conf.get("JobSubmitPlugins") == "lua" and slinky.JOB_SUBMIT_LUA.name in values.get("configFiles", {})
-    target = keda.scaling_target(names.slurm)
+    values = slinky.slurm_values(
+        s.slinky_version, s.slurm_image_tag, names.slurm, {}, max_nodes, names.metrics_interval_seconds
+    )
+    conf = slurm_config.slurm_files(values, names.slurm)
+    slurm_conf = conf["slurm.conf"]
+    limit = slurm_config.partition_max_nodes(slurm_conf)[DEFAULT_PARTITION]
+    # Slurm's default is NO (src/common/read_config.c); ALL and ANY both check registered nodes.
+    enforce = slurm_config.global_setting(slurm_conf, "EnforcePartLimits", "NO").upper() != "NO"
+    lua = "lua" in slurm_config.global_setting(slurm_conf, "JobSubmitPlugins", "") and (
+        slurm_config.JOB_SUBMIT_SCRIPT in conf
+    )
+    target = keda.scaling_target(names.slurm, names.metrics_interval_seconds)
     return Setup(
         scaled_object=keda.scaled_object(args),
-        slurm=SlurmConfig(DEFAULT_PARTITION, target.nodeset_partition, int(limit) if limit else None, enforce, lua),
+        slurm=SlurmConfig(DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua),
         namespace=target.namespace,
         nodeset=target.nodeset,
         host_prefix=names.slurm.nodeset,
@@ -75,4 +81,5 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         prepulled=images.worker_images(values),
         init_tries=init_container_tries(s.training_operator_version),
         slurmd_labels=values["nodesets"][names.slurm.nodeset]["metadata"]["labels"],
+        scrape_interval=names.metrics_interval_seconds,
     )

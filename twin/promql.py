@@ -6,11 +6,12 @@ comparisons with and without `bool`, `and`/`or` (optionally `on()`), numbers, `v
 Anything else is refused at parse time, so a new query shape fails loudly in the tests,
 which cross-check this evaluator against a real `promtool test rules`.
 
-Semantics followed (prometheus/prometheus@v2.42.0, the Debian build in .ci/run):
-promql/engine.go (instant selectors look back 5 m and stop at a staleness marker; vector
-matching is one-to-one on the label set without `__name__`; `on()` matches on no labels;
-comparisons filter unless `bool`; subquery steps are multiples of the step within [t-R, t]),
-promql/functions.go (vector, clamp_*, *_over_time), promql/aggregations in engine.go.
+Semantics followed (Prometheus 3, the major version kube-prometheus-stack 80.9.2 deploys; checked
+against Prometheus 3.5.3's promtool, tests/engines): promql/engine.go (instant selectors look back
+5 m, left-open, and stop at a staleness marker; vector matching is one-to-one on the label set
+without `__name__`; `on()` matches on no labels; comparisons filter unless `bool`; subquery steps
+are multiples of the step within (t-R, t], left-open since Prometheus 3), promql/functions.go
+(vector, clamp_*, *_over_time), promql/aggregations in engine.go.
 """
 
 from __future__ import annotations
@@ -301,7 +302,7 @@ class Evaluator:
         if sub[0] != "subquery":
             raise PromQLError(f"{name} needs a subquery argument")
         _, inner, rng, step = sub
-        first = math.ceil((t - rng) / step) * step
+        first = (math.floor((t - rng) / step + 1e-9) + 1) * step  # left-open: never the step at t - R
         acc: dict[frozenset, float] = {}
         pick = min if name == "min_over_time" else max
         steps = math.floor((t - first) / step + 1e-9) + 1  # never a step after t

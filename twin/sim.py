@@ -20,7 +20,7 @@ from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
 from twin.scenario import JobSpec, Scenario
-from twin.slurm import COMPLETED, KILLED, REFUSED, RUNNING, SlurmConfig, Slurmctld, SlurmJob
+from twin.slurm import COMPLETED, REFUSED, RUNNING, SlurmConfig, Slurmctld, SlurmJob
 
 SAMPLE_INTERVAL = 15.0
 
@@ -44,6 +44,7 @@ class Setup:
     # The NodeSet's pod labels (components/slinky.py): with the queue label, each slurmd pod is a
     # 1-GPU Kueue workload; without it, slurmd is outside Kueue.
     slurmd_labels: dict = field(default_factory=dict)
+    scrape_interval: int = SCRAPE_INTERVAL  # slurmMetricsIntervalSeconds (the ServiceMonitor's interval)
 
 
 def gpu_uuid(i: int) -> str:
@@ -185,7 +186,7 @@ class Run:
         while self._releases and self._releases[0][0] <= now:
             self.slurm.release(self._releases.pop(0)[1])
         self.slurm.step(now)
-        if tick % SCRAPE_INTERVAL == 0:
+        if tick % self.setup.scrape_interval == 0:
             self.prom.scrape(now, self._target_down)
         self.ev.final_before = now
         if tick % int(self.keda.polling) == 0:
@@ -294,11 +295,12 @@ class Run:
                 tasks = self.slurm_jobs.get(spec.name, [])
                 states = {t.state for t in tasks}
                 outcome = "unfinished"
-                for state, word in ((REFUSED, "refused"), (KILLED, "killed")):
-                    if state in states:
-                        outcome = word
                 if tasks and states == {COMPLETED}:
                     outcome = "completed"
+                if REFUSED in states:
+                    outcome = "refused"
+                if any(t.restarts for t in tasks):  # requeued: the work it had done was lost
+                    outcome = "killed"
                 starts = [t.started for t in tasks if t.started is not None]
                 ends = [t.finished for t in tasks]
                 row = {
@@ -315,7 +317,7 @@ class Run:
                     w = next(w for w in self.kueue.workloads if w.job is kj)
                     row |= {"admitted": w.first_admitted, "evictions": w.evictions}
             jobs.append({"name": spec.name, "kind": spec.kind, "outcome": outcome, "submitted": spec.submit, **row})
-        slurm_done = [j.finished for j in self.slurm.jobs if j.state in (COMPLETED, KILLED)]
+        slurm_done = [j.finished for j in self.slurm.jobs if j.state == COMPLETED]
         gpu_return = None
         if slurm_done:
             last = max(slurm_done)

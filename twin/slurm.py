@@ -12,8 +12,10 @@ Followed: SchedMD/slurm@slurm-25-11-0-1
   (the rest pend with reason JobArrayTaskLimit).
 * src/slurmctld/job_mgr.c: a job without -N has min_nodes 1, max_nodes 0; `--gpus=N` alone does not
   raise min_nodes (the select plugin spreads the GPUs over nodes when it allocates).
-* doc/man/man5/slurm.conf.5 EnforcePartLimits=ALL: a job over a partition's MaxNodes is rejected at
-  submission ("Node count specification invalid").
+* src/slurmctld/job_mgr.c _part_access_check and _valid_job_part: under EnforcePartLimits ALL or ANY a
+  job is compared with the nodes registered *now*: with none, "More processors requested than
+  permitted"; with fewer than its -N, "Node count specification invalid" (seen on the real
+  slurmctld 26.05.5, tests/engines). The program sets NO; the twin keeps the other value expressible.
 * src/slurmctld/job_mgr.c validate_job_create_req: the job_submit plugins run first, on what the client
   sent; the program's components/job_submit.lua (`job_submit` below) sizes a GPU-only job.
 Scheduling is modelled as priority (submit) order with first-fit backfill on every tick: a job
@@ -26,8 +28,13 @@ from dataclasses import dataclass, field
 
 from twin.scenario import JobSpec
 
-PENDING, RUNNING, COMPLETED, KILLED, REFUSED = "PENDING", "RUNNING", "COMPLETED", "NODE_FAIL", "REFUSED"
+PENDING, RUNNING, COMPLETED, REFUSED = "PENDING", "RUNNING", "COMPLETED", "REFUSED"
 CANCELLED = "CANCELLED"
+# A batch job whose node goes down is requeued, eligible again after the requeue delay: the
+# SchedulerParameters requeue_delay, else the credential lifetime, 120 s, plus 1
+# (SchedMD/slurm@slurm-25-11-6-1:src/slurmctld/job_mgr.c _requeue_delay; the real slurmctld 26.05.5
+# requeued a job whose node the preStop set down and deleted, Restarts=1, EligibleTime 121 s later).
+REQUEUE_DELAY = 121
 
 
 @dataclass
@@ -42,6 +49,8 @@ class SlurmJob:
     held: bool = False
     reason: str = ""
     sized: int | None = None  # min_nodes = max_nodes as job_submit.lua set them
+    restarts: int = 0  # times its node went down under it: its work was lost each time
+    eligible_at: float = 0.0  # a requeued job waits for the requeue delay
 
     @property
     def min_nodes(self) -> int:
@@ -69,32 +78,44 @@ class SlurmConfig:
     default_partition: str
     nodeset_partition: str
     max_nodes: int | None = None  # partition MaxNodes (both partitions), None = UNLIMITED
-    enforce_part_limits: bool = False  # EnforcePartLimits=ALL
+    enforce_part_limits: bool = False  # EnforcePartLimits ALL or ANY (not NO)
     job_submit_lua: bool = False  # JobSubmitPlugins=lua with components/job_submit.lua
 
 
 GPUS_PER_NODE = 1  # components/job_submit.lua GPUS_PER_NODE (names.GPUS_PER_WORKER)
 
 
+LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"
+
+
 def job_submit(nodes: int | None, gpus: int | None, partition: str, max_nodes: int | None) -> tuple[int | None, str]:
-    """components/job_submit.lua slurm_job_submit for the scenario's -N, --gpus and -p (one partition,
-    MaxNodes `max_nodes`, None for UNLIMITED): (the node count it sets, or None; the message it refuses
-    with, or ""). A test runs the Lua file itself on the same cases and compares."""
-    if not gpus:
-        return None, ""
-    need = -(-gpus // GPUS_PER_NODE)
+    """components/job_submit.lua slurm_job_submit for the scenario's -N, --gpus (or --gpus-per-task times
+    the tasks) and -p (one partition, MaxNodes `max_nodes`, None for UNLIMITED): (the node count it sets,
+    or None; the message it refuses with, or ""). A test runs the Lua file itself on the same cases,
+    and the real-Slurm tests run it inside slurmctld."""
+
+    def over(need: int, what: str) -> str:
+        if max_nodes is not None and need > max_nodes:
+            return (
+                f"testbed: {what} need {need} nodes (one GPU per slurmd pod); partition {partition} has "
+                f"MaxNodes={max_nodes}, the most slurmd pods this testbed runs ({LIMIT_SETTINGS})"
+            )
+        return ""
+
+    gpus = gpus or None
+    need = -(-gpus // GPUS_PER_NODE) if gpus else 0
     if nodes is not None:
-        if nodes * GPUS_PER_NODE < gpus:
-            return None, (
+        refusal = over(nodes, f"-N {nodes}")
+        if not refusal and gpus and nodes * GPUS_PER_NODE < gpus:
+            refusal = (
                 f"testbed: {gpus} GPUs on at most {nodes} node(s) can never run: each node (slurmd pod) has "
                 f"{GPUS_PER_NODE} GPU; drop -N or ask -N {need}"
             )
+        return None, refusal
+    if not gpus:
         return None, ""
-    if max_nodes is not None and need > max_nodes:
-        return None, (
-            f"testbed: {gpus} GPUs need {need} nodes (one GPU per slurmd pod); partition {partition} has MaxNodes={max_nodes}"
-        )
-    return need, ""
+    refusal = over(need, f"{gpus} GPUs")
+    return (None, refusal) if refusal else (need, "")
 
 
 @dataclass
@@ -116,11 +137,14 @@ class Slurmctld:
             job_submit(spec.nodes, spec.gpus, partition, limit) if self.config.job_submit_lua else (None, "")
         )
         jobs = [SlurmJob(spec, job_id, partition, held=spec.hold, sized=sized) for _ in range(spec.array or 1)]
-        failed = "sbatch: error: Batch job submission failed: Node count specification invalid"
+        failed = "sbatch: error: Batch job submission failed: "
+        registered = len(self.nodes)  # every node is in both partitions
         if refusal:  # the client prints the plugin's message, then the error of its return code
-            reason = f"sbatch: error: {refusal}; {failed}"
-        elif self.config.enforce_part_limits and limit is not None and jobs[0].min_nodes > limit:
-            reason = f"{failed} (--nodes={jobs[0].min_nodes}; partition {partition} MaxNodes={limit})"
+            reason = f"sbatch: error: {refusal}; {failed}Node count specification invalid"
+        elif self.config.enforce_part_limits and registered == 0:
+            reason = f"{failed}More processors requested than permitted"
+        elif self.config.enforce_part_limits and jobs[0].min_nodes > min(registered, limit or registered):
+            reason = f"{failed}Node count specification invalid"
         else:
             reason = ""
         if reason:
@@ -145,12 +169,22 @@ class Slurmctld:
         self.nodes.setdefault(name, SlurmNode(name, now))
 
     def node_gone(self, name: str, now: float) -> list[SlurmJob]:
-        """slurmd's preStop sets the node down (SlinkyProject/slurm-operator@v1.0.0:
-        internal/builder/worker_app.go) and the pod goes: a job on it ends NODE_FAIL."""
+        """slurmd's preStop sets the node down, then deletes it (SlinkyProject/slurm-operator@v1.0.0:
+        internal/builder/worker_app.go)."""
+        killed = self.set_down(name, now)
         self.nodes.pop(name, None)
+        return killed
+
+    def set_down(self, name: str, now: float) -> list[SlurmJob]:
+        """`scontrol update state=down` (or a failed node): its batch jobs are killed and requeued,
+        eligible again after REQUEUE_DELAY (src/slurmctld/job_mgr.c; seen on the real slurmctld)."""
+        if name in self.nodes:
+            self.nodes[name].down = True
         killed = [j for j in self.jobs if j.state == RUNNING and name in j.nodes]
         for job in killed:
-            job.state, job.finished = KILLED, now
+            job.state, job.nodes, job.started = PENDING, (), None
+            job.restarts += 1
+            job.eligible_at = now + REQUEUE_DELAY
         return killed
 
     def set_drain(self, name: str, drain: bool) -> None:
@@ -173,7 +207,7 @@ class Slurmctld:
     # ------------------------------------------------------------ scheduling
 
     def eligible(self, job: SlurmJob, now: float) -> bool:
-        if job.state != PENDING or job.held:
+        if job.state != PENDING or job.held or now < job.eligible_at:
             return False
         if job.spec.begin is not None and now < job.spec.begin:
             return False
@@ -203,9 +237,14 @@ class Slurmctld:
     # ------------------------------------------------------------ metrics
 
     def partition_metrics(self, now: float) -> dict[str, dict[str, float]]:
+        """As src/slurmctld/statistics.c counts them (checked on the real slurmctld, tests/engines): a
+        drained node that runs nothing is IDLE and DRAINED, a down one DOWN and, if drained, DRAINED;
+        a drained node with a job is MIXED and DRAINING."""
         busy = self.busy_nodes()
-        alloc = sum(1 for n in self.nodes.values() if n.name in busy)
-        idle = sum(1 for n in self.nodes.values() if n.name not in busy and not n.drain)
+        up = [n for n in self.nodes.values() if not n.down]
+        alloc = sum(1 for n in up if n.name in busy)
+        idle = sum(1 for n in up if n.name not in busy)
+        drained = sum(1 for n in self.nodes.values() if n.drain and n.name not in busy)
         out = {}
         for p in self.partitions:
             pending = [j for j in self.jobs if j.partition == p and j.state == PENDING]
@@ -215,6 +254,9 @@ class Slurmctld:
                 "slurm_partition_nodes_alloc": 0.0,
                 "slurm_partition_nodes_mixed": float(alloc),
                 "slurm_partition_nodes_idle": float(idle),
+                "slurm_partition_nodes_drained": float(drained),
+                "slurm_partition_nodes_draining": float(sum(1 for n in up if n.drain and n.name in busy)),
+                "slurm_partition_nodes_down": float(len(self.nodes) - len(up)),
                 "slurm_partition_nodes": float(len(self.nodes)),
                 "slurm_partition_jobs_pending": float(len(pending)),
                 "slurm_partition_jobs_hold": float(len(pending) - len(nohold)),

@@ -111,6 +111,28 @@ def test_gpu_only_jobs_get_one_node_per_gpu_or_a_clear_refusal(tmp_path):
         ),
         "-N 3 --gres=gpu:1 (kept)": ({"tres_per_node": "gres/gpu:1", "min_nodes": 3}, (SUCCESS, 3, NO_VAL, "")),
         "no GPUs (kept)": ({"tres_per_node": "gres/shard:2"}, (SUCCESS, NO_VAL, NO_VAL, "")),
+        # 25.11 and 26.05 record --gpus-per-task with `=` (seen on the real slurmctld, tests/engines).
+        "-n 2 --gpus-per-task=1": ({"tres_per_task": "gres/gpu=1", "num_tasks": 2}, (SUCCESS, 2, 2, "")),
+        "-n 2 --gpus-per-task=tesla:1": ({"tres_per_task": "gres/gpu:tesla=1", "num_tasks": 2}, (SUCCESS, 2, 2, "")),
+        "-n 5 --gpus-per-task=1": (
+            {"tres_per_task": "gres/gpu=1", "num_tasks": 5},
+            (ESLURM_INVALID_NODE_COUNT, NO_VAL, NO_VAL, "5 GPUs need 5 nodes"),
+        ),
+        "-N 5 (no GPUs)": (
+            {"min_nodes": 5, "max_nodes": 5},
+            (
+                ESLURM_INVALID_NODE_COUNT,
+                5,
+                5,
+                "-N 5 need 5 nodes (one GPU per slurmd pod); partition all has MaxNodes=4",
+            ),
+        ),
+        "-N 5 -p wide (UNLIMITED, kept)": ({"min_nodes": 5, "max_nodes": 5, "partition": "wide"}, (SUCCESS, 5, 5, "")),
+        "--gpus-per-socket=1 --sockets-per-node=2": (
+            {"tres_per_socket": "gres/gpu:1", "sockets_per_node": 2},
+            (ESLURM_INVALID_GRES, NO_VAL, NO_VAL, "2 GPUs per node asked"),
+        ),
+        "--gpus-per-socket=1 (kept)": ({"tres_per_socket": "gres/gpu:1"}, (SUCCESS, NO_VAL, NO_VAL, "")),
     }
     got = run_lua([job for job, _ in cases.values()], tmp_path)
     for (label, (_, (rc, lo, hi, msg))), (g_rc, g_lo, g_hi, g_msg) in zip(cases.items(), got, strict=True):
@@ -146,4 +168,5 @@ def test_the_slurm_chart_gets_the_script_and_the_plugin():
     v = slinky.slurm_values("1.0.0", "25.11.6-ubuntu24.04", n, {}, max_nodes=4)
     assert v["configFiles"]["job_submit.lua"] == slinky.JOB_SUBMIT_LUA.read_text()
     assert "gres.conf" in v["configFiles"], "the base values' gres.conf stays"
-    assert v["controller"]["extraConfMap"] == {"EnforcePartLimits": "ALL", "JobSubmitPlugins": "lua"}
+    # NO: any other value checks each job against the nodes registered now, none at slurmd 0.
+    assert v["controller"]["extraConfMap"] == {"EnforcePartLimits": "NO", "JobSubmitPlugins": "lua"}

@@ -258,7 +258,7 @@ def test_prometheus_is_asked_the_deployed_queries_with_the_stacks_cooldown():
     kube.prometheus = lambda query: asked.append(query) or answer(query)
     checks = {c.name: c.status for c in doctor.Doctor(s, kube, None).run()}
     assert checks["prometheus"] == OK
-    assert sorted(asked) == sorted(kube.queries.values()) and any("[600s:" in q for q in asked)
+    assert sorted(asked) == sorted(kube.queries.values()) and any("[630s:" in q for q in asked)
 
 
 def test_redaction_of_a_block_the_tail_cut():

