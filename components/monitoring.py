@@ -12,7 +12,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from components import dashboard, helm, host_layout
+from components import dashboard, helm, host_layout, keda, slurmd_scaling
 from components.names import KUEUE_NAMESPACE, KUEUE_RELEASE, MONITORING_NAMESPACE, MONITORING_RELEASE, Names
 
 PROMETHEUS_REPO = "https://prometheus-community.github.io/helm-charts"
@@ -41,8 +41,16 @@ def service_monitor_labels() -> dict[str, str]:
     return {"release": MONITORING_RELEASE}
 
 
-def stack_values(version: str) -> dict:
-    return helm.merged_values(stack_chart(version), {"fullnameOverride": MONITORING_RELEASE})
+def stack_values(version: str, n: Names) -> dict:
+    """The stack's values, with the rule that alerts while slurmctld's metrics are missing
+    (`additionalPrometheusRulesMap` becomes PrometheusRule objects the stack's Prometheus selects:
+    prometheus-community/helm-charts@kube-prometheus-stack-80.9.2:charts/kube-prometheus-stack/
+    templates/prometheus/additionalPrometheusRules.yaml)."""
+    target = keda.scaling_target(n.slurm, n.metrics_interval_seconds)
+    rules = {"testbed-slurm-metrics": {"groups": [slurmd_scaling.metrics_alert_rules(target)]}}
+    return helm.merged_values(
+        stack_chart(version), {"fullnameOverride": MONITORING_RELEASE, "additionalPrometheusRulesMap": rules}
+    )
 
 
 # dcgm-exporter watches every GPU of its node without being allocated one. The toolkit on the
@@ -172,7 +180,7 @@ class Monitoring(pulumi.ComponentResource):
         self.grafana_password = pulumi.Output.secret(password.result)
         values = self.grafana_password.apply(
             lambda p: helm.deep_merge(
-                stack_values(args.kube_prometheus_stack_version), {"grafana": {"adminPassword": p}}
+                stack_values(args.kube_prometheus_stack_version, args.names), {"grafana": {"adminPassword": p}}
             )
         )
         self.stack = helm.release(

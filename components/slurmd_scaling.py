@@ -290,6 +290,36 @@ def queries(t: Target, policy: str, warm_seconds: int) -> list[tuple[str, str]]:
     return {SAFE: _safe_queries, PREVIOUS: _previous_queries, SEED: _seed_queries}[policy](t)
 
 
+METRICS_MISSING_ALERT = "SlurmMetricsMissing"
+METRICS_MISSING_FOR = "2m"  # a slurmctld restart's gap is not an outage
+
+
+def metrics_alert_rules(t: Target) -> dict:
+    """A Prometheus rule group: the alert that fires while slurmctld's partition metrics are missing.
+    A slurmctld without MetricsType answers /metrics/partitions with 200 and an empty body, so its
+    target is `up` while every Slurm trigger is empty and the scale is frozen (seen on the real
+    slurmctld 26.05, tests/engines); a lost target looks the same to the triggers."""
+    return {
+        "name": "testbed-slurm-metrics",
+        "rules": [
+            {
+                "alert": METRICS_MISSING_ALERT,
+                "expr": f'absent({PENDING_JOBS}{{partition="{t.partitions[0]}"}})',
+                "for": METRICS_MISSING_FOR,
+                "labels": {"severity": "critical"},
+                "annotations": {
+                    "summary": "slurmctld's partition metrics are missing: slurmd scaling is frozen",
+                    "description": (
+                        "No slurm_partition_* series: slurmctld is not scraped, or it runs without "
+                        "MetricsType=metrics/openmetrics (any PrivateData hides them too). KEDA's Slurm "
+                        "triggers err and the NodeSet keeps its size until the metrics are back."
+                    ),
+                },
+            }
+        ],
+    }
+
+
 def keda_triggers(server_address: str, t: Target, policy: str, warm_seconds: int) -> list[dict]:
     # ignoreNullValues defaults to true (kedacore/keda@v2.16.1:pkg/scalers/prometheus_scaler.go):
     # the older policies keep the default, the guarded ones turn an empty result into an error.

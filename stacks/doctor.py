@@ -293,7 +293,13 @@ class Doctor:
                 empty.append(name)
         if empty:
             self.checks.append(
-                Check("prometheus", FAIL, f"no series for {', '.join(empty)}: Prometheus is not scraping slurmctld")
+                Check(
+                    "prometheus",
+                    FAIL,
+                    f"no series for {', '.join(empty)}: slurmctld's metrics are missing in Prometheus (its "
+                    "target is down, or slurmctld runs without MetricsType=metrics/openmetrics and serves "
+                    "/metrics/partitions empty); slurmd scaling is frozen (alert SlurmMetricsMissing)",
+                )
             )
         else:
             self.checks.append(Check("prometheus", OK, f"scrapes slurmctld: {', '.join(values)}"))

@@ -1,6 +1,6 @@
 import json
 
-from components import cert_manager, dashboard, device_plugin, helm, monitoring, names
+from components import cert_manager, dashboard, device_plugin, helm, keda, monitoring, names
 from stacks.offline import is_secret, reveal
 from tests import tokens
 from tests.conftest import by_type, run_program
@@ -39,8 +39,15 @@ def test_dcgm_exporter_runs_on_gpu_workers_and_keeps_the_holder_labels():
     assert values["serviceMonitor"]["additionalLabels"] == monitoring.service_monitor_labels()
 
 
+def _names(**settings_) -> names.Names:
+    from stacks import settings
+    from tests.conftest import config
+
+    return names.Names.from_settings(settings.load(config(**settings_), offline=True))
+
+
 def test_prometheus_stack_is_light_and_selects_by_release_label():
-    values = monitoring.stack_values("80.9.2")
+    values = monitoring.stack_values("80.9.2", _names())
     assert values["alertmanager"]["enabled"] is False and values["grafana"]["enabled"] is True
     assert values["fullnameOverride"] == names.MONITORING_RELEASE
     assert monitoring.service_monitor_labels() == {"release": names.MONITORING_RELEASE}
@@ -59,3 +66,15 @@ def test_device_plugin_never_sets_fail_on_init_error_and_toggles_feature_discove
 def test_cert_manager_installs_its_crds():
     values = helm.base_values(cert_manager.chart("v1.19.2"))
     assert values["crds"]["enabled"] is True and "installCRDs" not in values
+
+
+def test_an_alert_fires_while_slurmctlds_metrics_are_missing():
+    """The rule reads the partition KEDA's triggers read; the real Prometheus runs it against a
+    slurmctld without MetricsType in tests/engines/test_handoff_loop.py."""
+    n = _names(nodesetName="gpu")
+    (group,) = monitoring.stack_values("80.9.2", n)["additionalPrometheusRulesMap"]["testbed-slurm-metrics"]["groups"]
+    (rule,) = group["rules"]
+    assert rule["alert"] == "SlurmMetricsMissing" and rule["for"] == "2m"
+    assert rule["expr"] == 'absent(slurm_partition_jobs_pending{partition="all"})'
+    triggers = [t["metadata"]["query"] for t in keda.triggers(n)]
+    assert sum('slurm_partition_jobs_pending{partition="all"}' in q for q in triggers) >= 1

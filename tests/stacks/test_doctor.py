@@ -248,6 +248,7 @@ def test_scaled_object_not_ready_and_prometheus_without_slurmctld():
     failed = {c.name: c.detail for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL}
     assert failed["scaledobject"] == "slurmd not Ready: trigger error"
     assert failed["prometheus"].startswith(f"no series for {last}:")
+    assert "MetricsType=metrics/openmetrics" in failed["prometheus"], "names the cause seen on the real slurmctld"
 
 
 def test_prometheus_is_asked_the_deployed_queries_with_the_stacks_cooldown():

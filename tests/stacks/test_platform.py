@@ -402,7 +402,9 @@ def test_prometheus_scrapes_the_kueue_metric_the_scaler_reads(default_run):
     ]
     stack = release(default_run, "monitoring")
     assert monitor.inputs["metadata"]["labels"] == {"release": stack.inputs["name"]}  # the stack's selector
-    spec = monitoring.stack_values(default_run.settings.kube_prometheus_stack_version)["prometheus"]["prometheusSpec"]
+    spec = monitoring.stack_values(
+        default_run.settings.kube_prometheus_stack_version, names.Names.from_settings(default_run.settings)
+    )["prometheus"]["prometheusSpec"]
     assert spec["serviceMonitorSelectorNilUsesHelmValues"] is True
     labels = monitor.inputs["spec"]["selector"]["matchLabels"]
     assert labels["app.kubernetes.io/instance"] == release(default_run, "kueue").inputs["name"]

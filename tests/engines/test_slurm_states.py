@@ -1,0 +1,222 @@
+"""The conformance table: states driven on the real slurmctld (booted from the program's slurm.conf,
+slurmd as dynamic nodes) and on the twin's Slurm (twin/slurm.py) by the same operations. In every
+state both must show the same job states and the same partition metrics, and every rendered trigger
+query, evaluated by Prometheus 3 (promtool) over the real metrics, must give what the twin's evaluator
+gives over the same series and what the scaling rule says."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import yaml
+
+from components import keda, slurmd_scaling
+from components.names import Names
+from stacks import offline, settings
+from tests.engines import harness
+from tests.engines.conftest import ENGINE
+from twin import program
+from twin.promql import TSDB, Evaluator, scalar_result
+from twin.scenario import JobSpec
+from twin.slurm import CANCELLED, Slurmctld
+
+pytestmark = ENGINE
+
+# The metrics the twin models; busy is ALLOCATED + MIXED (the twin runs every job MIXED).
+MODELLED = (
+    "slurm_partition_nodes",
+    "slurm_partition_nodes_idle",
+    "slurm_partition_nodes_drained",
+    "slurm_partition_nodes_down",
+    "slurm_partition_jobs_pending",
+    "slurm_partition_jobs_hold",
+    "slurm_partition_jobs_running",
+    "slurm_partition_jobs_max_job_nodes_nohold",
+)
+BUSY = ("slurm_partition_nodes_alloc", "slurm_partition_nodes_mixed")
+# Metrics only 26.05 has (SchedMD/slurm slurm-25-11-6-1..slurm-26-05-0-1: src/plugins/metrics/
+# openmetrics/openmetrics.c): the image runs 25.11.6, so no trigger may read them.
+ONLY_26_05 = ("slurm_partition_jobs_gpus_alloc", "slurm_partition_gpus", "slurm_node_gpus", "slurm_jobs_gpus_alloc")
+HISTORY = 70  # samples 30 s apart: longer than the stall memory window, so every window is full
+STEP = 30
+
+
+def _settings():
+    return settings.load(offline.stack_config("dev", []), "dev", offline=True)
+
+
+@dataclass
+class Mirror:
+    """The same operations on the real slurmctld and on the twin's, with the twin's clock in step."""
+
+    real: harness.Engines
+    twin: Slurmctld
+    start: float = field(default_factory=time.monotonic)
+    ids: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def now(self) -> float:
+        return time.monotonic() - self.start
+
+    def submit(self, spec: JobSpec, *args: str) -> None:
+        done = self.real.client("sbatch", "--parsable", f"--job-name={spec.name}", *args, "--wrap", "sleep 600")
+        assert done.returncode == 0, done.stderr
+        self.ids[spec.name] = done.stdout.strip()
+        self.twin.submit(spec, self.now)
+
+    def node_up(self, name: str) -> None:
+        self.real.start_node(name)
+        self.twin.register(name, self.now)
+
+    def drain(self, name: str) -> None:
+        self.real.client("scontrol", "update", f"nodename={name}", "state=drain", "reason=scale-in")
+        self.twin.set_drain(name, True)
+
+    def down(self, name: str) -> None:
+        self.real.client("scontrol", "update", f"nodename={name}", "state=down", "reason=node failure")
+        self.twin.set_down(name, self.now)
+
+    def node_gone(self, name: str) -> None:
+        self.real.stop_node(name)
+        self.twin.node_gone(name, self.now)
+
+    def cancel(self, name: str) -> None:
+        self.real.client("scancel", self.ids[name])
+        (job,) = [j for j in self.twin.jobs if j.spec.name == name]
+        self.twin.cancel(job, self.now)
+
+    def real_states(self) -> dict[str, str]:
+        out = self.real.client("squeue", "-h", "-t", "all", "-o", "%j %T").stdout.split("\n")
+        return dict(line.split() for line in out if line.strip())
+
+    def twin_states(self) -> dict[str, str]:
+        return {j.spec.name: j.state for j in self.twin.jobs}
+
+    def settle(self, state: str) -> None:
+        """Until the real jobs are in the twin's states (Slurm schedules within a few seconds)."""
+        self.twin.step(self.now)
+        end = time.monotonic() + 30
+        while self.real_states() != self.twin_states() and time.monotonic() < end:
+            time.sleep(0.5)
+        assert self.real_states() == self.twin_states(), f"{state}: real vs twin job states"
+
+
+def _modelled(metrics: dict[str, float]) -> dict[str, float]:
+    out = {name: metrics[name] for name in MODELLED}
+    out["busy"] = sum(metrics[name] for name in BUSY)
+    return out
+
+
+def _promtool_case(state: str, real: dict[str, dict[str, float]], pods: int, queries: dict[str, str]) -> tuple:
+    """(promtool group, twin values): the real metrics held for HISTORY scrapes, and kube-state-metrics'
+    series as the deployed stack has them (restapi available, `pods` slurmd pods)."""
+    names = Names.from_settings(_settings())
+    target = keda.scaling_target(names.slurm)
+    series: list[tuple[dict, float]] = []
+    for partition, metrics in real.items():
+        for metric, value in metrics.items():
+            series.append(({"__name__": metric, "partition": partition, "job": "slurm"}, value))
+    series.append(
+        (
+            {
+                "__name__": slurmd_scaling.RESTAPI_AVAILABLE,
+                "namespace": target.namespace,
+                "deployment": target.restapi_deployment,
+            },
+            1.0,
+        )
+    )
+    for i in range(pods):
+        pod = {"namespace": target.namespace, "created_by_kind": "NodeSet", "created_by_name": target.nodeset}
+        series.append(({"__name__": slurmd_scaling.POD_INFO, **pod, "pod": f"{target.nodeset}-{i}"}, 1.0))
+    db = TSDB()
+    for labels, value in series:
+        for i in range(HISTORY + 1):
+            db.add(labels, STEP * i, value)
+    ev, at = Evaluator(db), STEP * HISTORY
+    twin = {name: scalar_result(ev.instant(q, at)) for name, q in queries.items()}
+    tests = [
+        {
+            "expr": q,
+            "eval_time": f"{at}s",
+            "exp_samples": [] if twin[name] is None else [{"labels": "{}", "value": twin[name]}],
+        }
+        for name, q in queries.items()
+    ]
+    inputs = [
+        {
+            "series": labels["__name__"]
+            + "{"
+            + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
+            + "}",
+            "values": f"{value:g}x{HISTORY}",
+        }
+        for labels, value in series
+    ]
+    return {"name": state, "interval": f"{STEP}s", "input_series": inputs, "promql_expr_test": tests}, twin
+
+
+def test_states_agree_with_the_twin_and_triggers_with_prometheus_3(slurm, tmp_path):
+    s = _settings()
+    config = program.setup(s).slurm
+    m = Mirror(slurm, Slurmctld(config))
+    names = Names.from_settings(s)
+    queries = {t["name"]: t["metadata"]["query"] for t in keda.triggers(names)}
+    partitions = names.slurm.partitions
+    groups, twin_values, seen = [], {}, {}
+
+    def state(label: str) -> None:
+        m.settle(label)
+        real = {p: slurm.partition_metrics(p) for p in partitions}
+        twin = m.twin.partition_metrics(m.now)
+        for p in partitions:
+            assert _modelled(real[p]) == _modelled({**dict.fromkeys(BUSY, 0.0), **twin[p]}), f"{label}, {p}"
+        group, values = _promtool_case(label, real, len(m.twin.nodes), queries)
+        groups.append(group)
+        twin_values[label] = values
+        seen[label] = real[partitions[0]]
+
+    # 0 nodes (KEDA at 0): every kind of pending work is accepted and counted.
+    m.submit(JobSpec("plain", "slurm", m.now, 600))
+    m.submit(JobSpec("gpu", "slurm", m.now, 600, gpus=1), "--gpus=1")
+    m.submit(JobSpec("held", "slurm", m.now, 600, hold=True), "--hold")
+    m.submit(JobSpec("after", "slurm", m.now, 600, after="plain"), f"--dependency=afterok:{m.ids['plain']}")
+    m.submit(JobSpec("later", "slurm", m.now, 600, begin=m.now + 3600), "--begin=now+3600")
+    m.submit(JobSpec("per-task", "slurm", m.now, 600, gpus=2), "-n", "2", "--gpus-per-task=1")
+    state("0 nodes: pending, held, dependency, begin time, GPU-only and GPU-per-task")
+    m.node_up("slinky-0")
+    state("1 node: running, the rest pending behind it")
+    m.node_up("slinky-1")
+    state("2 nodes: both running, a 2-node job pending")
+    m.drain("slinky-0")
+    state("draining: a drained node still running its job")
+    m.cancel("plain")
+    m.cancel("per-task")
+    m.submit(JobSpec("waits", "slurm", m.now, 600))
+    state("drained: a drained node idle, runnable work waiting")
+    m.down("slinky-1")
+    state("down: the job on it requeued")
+    m.node_gone("slinky-1")
+    state("deleted by the preStop")
+
+    for label, metrics in seen.items():
+        assert not any(metrics.get(name) for name in ONLY_26_05 if "gpus" not in name), label
+    assert not [q for q in queries.values() if any(name in q for name in ONLY_26_05)]
+
+    (tmp_path / "rules.yaml").write_text("groups: []\n")
+    test_file = tmp_path / "states_test.yaml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": groups}))
+    promtool = str(slurm.root / "usr" / "bin" / "promtool")
+    done = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+    # A drained idle node is no capacity: the three 1-node jobs pending next to it stay runnable (with
+    # the drained node counted as idle they would look stalled and stop counting: busy 1 + 0).
+    drained = "drained: a drained node idle, runnable work waiting"
+    assert seen[drained]["slurm_partition_nodes_drained"] == seen[drained]["slurm_partition_nodes_idle"] == 1
+    assert twin_values[drained]["busy_plus_runnable_jobs"] == 1 + 3
+    # The job of the node that went down is requeued, not lost: four runnable, nothing busy.
+    assert twin_values["down: the job on it requeued"]["busy_plus_runnable_jobs"] == 0 + 4
+    assert CANCELLED in m.twin_states().values()
