@@ -249,8 +249,14 @@ class Engines:
         self._sh("ip", "netns", "del", host.netns, check=False)
         self._hosts_file()
 
-    def start_prometheus(self, interval_seconds: int, rule_files: dict[str, str] | None = None) -> None:
-        """Prometheus 3 scraping /metrics/partitions as the operator's ServiceMonitor does."""
+    def start_prometheus(
+        self,
+        interval_seconds: int,
+        rule_files: dict[str, str] | None = None,
+        more_targets: dict[str, str] | None = None,
+    ) -> None:
+        """Prometheus 3 scraping /metrics/partitions as the operator's ServiceMonitor does, loading
+        `rule_files` (name: text) and scraping `more_targets` (job: host:port, /metrics) too."""
         prom = self.work / "prometheus"
         (prom / "data").mkdir(parents=True, exist_ok=True)
         for name, text in (rule_files or {}).items():
@@ -265,7 +271,11 @@ class Engines:
                     "static_configs": [
                         {"targets": [f"{self.names.controller_service}.{self.names.namespace}:{SLURMCTLD_PORT}"]}
                     ],
-                }
+                },
+                *(
+                    {"job_name": job, "static_configs": [{"targets": [where]}]}
+                    for job, where in (more_targets or {}).items()
+                ),
             ],
         }
         (prom / "prometheus.yml").write_text(yaml.safe_dump(config))
