@@ -214,7 +214,7 @@ class Engines:
         self._hosts_file()
         binds = {"/etc/slurm": etc, "/var/spool/slurmctld": state, "/var/log/slurm": log, "/run": self._run_dir("ctld")}
         ctld.process = self._spawn(ctld, binds, ["slurmctld", "-D"], self.work / "slurmctld.out")
-        self._wait(
+        self.wait_for(
             lambda: self.client("scontrol", "ping").returncode == 0, 30, "slurmctld to answer", log / "slurmctld.log"
         )
 
@@ -238,7 +238,7 @@ class Engines:
         ctld = f"{self.names.controller_service}.{self.names.namespace}:{SLURMCTLD_PORT}"
         argv = ["slurmd", "-D", "-Z", "--conf-server", ctld, "--conf", self.slurmd_conf]
         host.process = self._spawn(host, binds, argv, d / "slurmd.out")
-        self._wait(lambda: name in self.node_states(), 30, f"{name} to register", d / "log" / "slurmd.log")
+        self.wait_for(lambda: name in self.node_states(), 30, f"{name} to register", d / "log" / "slurmd.log")
 
     def stop_node(self, name: str) -> None:
         """The slurmd pod goes: its preStop, then SIGTERM (worker_app.go PreStop)."""
@@ -290,7 +290,7 @@ class Engines:
             self.prometheus = subprocess.Popen(
                 self._command(ctld.netns, None, {"/srv/prometheus": prom}, argv), stdout=out, stderr=subprocess.STDOUT
             )
-        self._wait(lambda: self._prom_ready(), 30, "Prometheus to be ready")
+        self.wait_for(lambda: self._prom_ready(), 30, "Prometheus to be ready")
 
     def stop(self) -> None:
         self._end(self.prometheus)
@@ -317,7 +317,7 @@ class Engines:
             process.wait(10)
 
     @staticmethod
-    def _wait(done, seconds: float, what: str, log: Path | None = None) -> None:
+    def wait_for(done, seconds: float, what: str, log: Path | None = None) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             if done():
@@ -377,7 +377,7 @@ class Engines:
             return int(next(iter(got.values()), 0))
 
         want = scrapes() + count
-        self._wait(lambda: scrapes() >= want, (count + 2) * interval_seconds + 10, f"{count} scrapes")
+        self.wait_for(lambda: scrapes() >= want, (count + 2) * interval_seconds + 10, f"{count} scrapes")
 
 
 @contextmanager

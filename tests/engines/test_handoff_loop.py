@@ -253,6 +253,6 @@ def test_a_slurmctld_without_metrics_fires_the_alert_and_fails_the_doctor(engine
         e.wait_scrapes(2, 5)
         assert list(e.query('up{job="slurm"}').values()) == [1.0], "the target answers"
         assert not e.query('{__name__=~"slurm_partition_.*"}'), "with no series"
-        e._wait(lambda: bool(e.query('ALERTS{alertname="SlurmMetricsMissing"}')), 30, "the alert to go pending")
+        e.wait_for(lambda: bool(e.query('ALERTS{alertname="SlurmMetricsMissing"}')), 30, "the alert to go pending")
         check = _doctor_prometheus(e, s)
         assert check.status == doctor.FAIL and "MetricsType" in check.detail

@@ -101,7 +101,7 @@ def test_every_request_is_answered_with_slurmd_at_zero_as_the_twin_answers(slurm
 def test_a_node_registering_runs_what_waited(slurm):
     assert submit(slurm, REQUESTS[0]).returncode == 0
     slurm.start_node("slinky-0")
-    slurm._wait(lambda: "RUNNING" in slurm.client("squeue", "-h", "-o", "%T").stdout, 30, "the job to start")
+    slurm.wait_for(lambda: "RUNNING" in slurm.client("squeue", "-h", "-o", "%T").stdout, 30, "the job to start")
     assert slurm.node_states() == {"slinky-0": "mixed"}
 
 
