@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-import yaml
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
@@ -28,6 +27,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from stacks import settings as settings_mod
+from stacks import user_files
 
 ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDER_PUBLIC_IP = "198.51.100.10"  # RFC 5737 documentation range: never a real host
@@ -297,20 +297,6 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _StackFileLoader(yaml.BaseLoader):
-    """Every scalar as its text (no YAML 1.1 yes/no booleans, octals or sexagesimals), and a key
-    given twice refused, as Pulumi's own YAML reader refuses it, instead of the last one winning."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: set = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key} appears twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # Pulumi's stack name characters; no path separators
 
 
@@ -335,10 +321,10 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
             ]
         )
     try:
-        document = yaml.load(stack_file.read_text(encoding="utf-8"), Loader=_StackFileLoader) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        reason = settings_mod.escaped(" ".join(str(error).split()), limit=200)
-        raise settings_mod.SettingsError([f"{stack_file.name}: not readable YAML: {reason}"]) from None
+        # every scalar as its text, as Pulumi passes it to the program
+        document = user_files.read_yaml(stack_file, "a stack file", typed=False) or {}
+    except user_files.UserFileError as error:
+        raise settings_mod.SettingsError([f"{stack_file.name}: {error.problem}"]) from None
     section = document.get("config") or {} if isinstance(document, dict) else None
     if not isinstance(section, dict):
         raise settings_mod.SettingsError([f"{stack_file.name}: config: is not allowed; expected a mapping of keys"])

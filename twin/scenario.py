@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from stacks import user_files
 from stacks.settings import show
 
 KINDS = ("slurm", "pytorchjob", "job")
@@ -245,13 +244,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
 
 def load(path: Path, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenario:
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise ScenarioError([f"--scenario: {show(str(path))} cannot be read ({error.strerror})"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError([f"--scenario: {show(str(path))} is not valid YAML{where}"]) from None
+        data = user_files.read_yaml(path, "a scenario file", typed=True)
+    except user_files.UserFileError as error:
+        raise ScenarioError([f"--scenario: {show(str(path))} {error.problem}"]) from None
     return parse(data, partitions)

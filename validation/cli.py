@@ -20,10 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
-import yaml
-
 from components.names import MONITORING_NAMESPACE, PROMETHEUS_PORT, Names
-from stacks import offline, settings
+from stacks import offline, settings, user_files
 from stacks.offline import read_stack_outputs
 from validation import probe
 from validation.checks import Expectations, describe_checks, evaluate, expectations
@@ -136,9 +134,9 @@ def load_kubeconfig(path: Path | None) -> dict:
         if not path.is_file():
             raise UsageError(f"--kubeconfig: {str(path)!r} is not a file")
         try:
-            config = yaml.safe_load(path.read_text())
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
-            raise UsageError(f"--kubeconfig: {str(path)!r} is not YAML ({str(error).splitlines()[0]})") from None
+            config = user_files.read_yaml(path, "a kubeconfig", typed=True)
+        except user_files.UserFileError as error:
+            raise UsageError(f"--kubeconfig: {settings.show(str(path))} {error.problem}") from None
         if not isinstance(config, dict) or not config.get("clusters"):
             raise UsageError(f"--kubeconfig: {str(path)!r} is not a kubeconfig: it names no clusters")
         return config
@@ -153,7 +151,10 @@ def load_kubeconfig(path: Path | None) -> dict:
         raise UsageError(
             f"--kubeconfig not given and `pulumi stack output kubeconfig` failed ({error}); pass --kubeconfig PATH"
         ) from None
-    return yaml.safe_load(out)
+    try:
+        return user_files.parse_yaml(out, typed=True)
+    except user_files.UserFileError as error:
+        raise UsageError(f"the stack's kubeconfig output is {error.problem}") from None
 
 
 def write_results(timeline: Timeline, exp: Expectations, out: Path) -> bool:

@@ -10,6 +10,7 @@ import base64
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -527,21 +528,42 @@ def test_the_pulumi_program_registers_nothing_for_a_bad_config():
     assert monitor.recorded == []
 
 
-@pytest.mark.parametrize(
-    "text, fragment",
-    [
-        ("config: [a, b]\n", "config: is not allowed; expected a mapping"),
-        ("config:\n  gpu-testbed:adminCidr: [\n", "not readable YAML"),
-        ("- just\n- a list\n", "config: is not allowed; expected a mapping"),
-        ("config:\n  gpu-testbed:workerCount: 2\n  gpu-testbed:workerCount: 3\n", "workerCount appears twice"),
-    ],
-)
+LAUGHS = "config:\n  a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"  {n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)  # ~400 bytes that expand to 9^9 strings
+BROKEN_STACK_FILES = [
+    ("config: [a, b]\n", "config: is not allowed; expected a mapping"),
+    ("config:\n  gpu-testbed:adminCidr: [\n", "not readable YAML at line 3, column 1"),
+    ("- just\n- a list\n", "config: is not allowed; expected a mapping"),
+    (
+        "config:\n  gpu-testbed:workerCount: 2\n  gpu-testbed:workerCount: 3\n",
+        'line 3: the key "gpu-testbed:workerCount" appears twice; expected each key once',
+    ),
+    # issue 22: a sequence as a key, 50,000 brackets, aliases, bytes that are not UTF-8, a huge file
+    ("config:\n  ? [a, b]\n  : 1\n", "line 2: a key that is a list or a mapping; expected text"),
+    ("config:\n  gpu-testbed:workerCount: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested deeper than 64 levels"),
+    ("config:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(200)), "line 64: nested deeper than 64 levels"),
+    (LAUGHS, "line 3: the alias *a is not accepted"),
+    ("config:\n  gpu-testbed:region: &r us-east-1\n  gpu-testbed:amiId: *r\n", "the alias *r is not accepted"),
+    ("config:\n  gpu-testbed:nodesetName: gp\xfcs\n".encode("latin-1"), "is not UTF-8 text: byte 0xfc at offset"),
+    ("config:\n  gpu-testbed:nodesetName: a\x07b\n", "the character \\x07 at offset 36 is not allowed"),
+    ("config:\n  x: " + "a" * (2 << 20) + "\n", "is larger than 1024 KiB, the limit for a stack file"),
+    ("config:\n  a: 1\n---\nconfig:\n  b: 2\n", "expected a single document in the stream"),
+]
+
+
+@pytest.mark.parametrize("text, fragment", BROKEN_STACK_FILES, ids=[f"{i}" for i in range(len(BROKEN_STACK_FILES))])
 def test_a_broken_stack_file_is_one_line_naming_the_file(tmp_path, text, fragment):
-    (tmp_path / "Pulumi.odd.yaml").write_text(text)
+    path = tmp_path / "Pulumi.odd.yaml"
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
+    started = time.monotonic()
     with pytest.raises(settings.SettingsError) as error:
         offline.stack_config("odd", root=tmp_path)
+    assert time.monotonic() - started < 2
     (line,) = error.value.problems
-    assert line.startswith("Pulumi.odd.yaml: ") and fragment in line
+    assert line.startswith("Pulumi.odd.yaml: ") and fragment in line, line
+    assert all(" " <= ch <= "~" or ch == "…" for ch in line) and len(line) < 300, line
+    assert PRIVATE_BODY not in line
 
 
 # Whole lines: what a user reads for each kind of refusal (the thing, its value as shown, what
