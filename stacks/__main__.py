@@ -25,7 +25,7 @@ from pathlib import Path
 import pulumi
 
 from stacks import artifacts, offline
-from stacks.settings import SettingsError, escaped, show
+from stacks.settings import SettingsError, redacted, show
 
 EXIT_BAD_SETTINGS = 2  # any bad input: settings, stack file, --out, usage
 
@@ -34,7 +34,7 @@ class _OneLineParser(argparse.ArgumentParser):
     """A usage mistake exits 2 with one line (argparse would print the usage block too)."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_BAD_SETTINGS, f"{self.prog}: {escaped(message, limit=300)}; see {self.prog} --help\n")
+        self.exit(EXIT_BAD_SETTINGS, f"{self.prog}: {redacted(message)}; see {self.prog} --help\n")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ from pathlib import Path
 from components import slurmd_scaling
 from components.names import DEFAULT_PARTITION
 from stacks import offline, user_files
-from stacks.settings import Settings, SettingsError, escaped, show
+from stacks.settings import Settings, SettingsError, escaped, redacted, show
 from stacks.settings import load as load_settings
 from twin import kube, nodeset, program, scenario, sim
 
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     try:
         args = parser().parse_args(argv)
     except UsageError as error:
-        print(f"simulate: {escaped(str(error), limit=300)}", file=sys.stderr)
+        print(f"simulate: {redacted(str(error))}", file=sys.stderr)
         return 2
     problems = []
     if args.readme_tables is None and args.policy is None:

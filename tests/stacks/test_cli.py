@@ -158,6 +158,9 @@ def test_render_replaces_a_previous_render_whole(tmp_path, capsys):
         (["plan", "--bogus", "\x1b[2J"], "unrecognized arguments: --bogus \\x1b[2J"),
         (["render"], "arguments are required: --out"),
         (["plan", "--stack"], "expected one argument"),
+        # a secret typed where an argument goes is not echoed (issue 22)
+        (["plan", "ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"], "arguments: (hidden: looks like a GitHub token)"),
+        (["wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"], "(hidden: looks like a secret key or token)"),
     ],
 )
 def test_a_usage_mistake_exits_2_with_one_escaped_line(args, fragment, capsys):
@@ -166,6 +169,7 @@ def test_a_usage_mistake_exits_2_with_one_escaped_line(args, fragment, capsys):
     assert stopped.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert fragment in line and "--help" in line
+    assert "aB3dE6gH9jK2" not in line and "K7MDENG" not in line
 
 
 def test_a_zone_that_does_not_offer_the_worker_type_exits_2_in_one_line(capsys):

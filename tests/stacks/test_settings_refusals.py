@@ -63,7 +63,40 @@ PRIVATE_KEYS = [
     f"PuTTY-User-Key-File-3: ssh-ed25519\nPrivate-Lines: 1\n{PRIVATE_BODY}",
     f"ssh-ed25519 {ED25519_BLOB} -----BEGIN OPENSSH PRIVATE KEY----- {PRIVATE_BODY}",
 ]
-SECRETS = (PRIVATE_BODY, "AKIAIOSFODNN7EXAMPLE")
+
+
+def _body(key, form) -> str:
+    pem = key.private_bytes(serialization.Encoding.PEM, form, serialization.NoEncryption()).decode()
+    return "".join(line for line in pem.splitlines() if not line.startswith("-----"))
+
+
+# Private keys without their headers (issue 22): the base64 bodies alone, whole, cut and split
+EC_BODY = _body(ec.derive_private_key(7, ec.SECP256R1()), serialization.PrivateFormat.TraditionalOpenSSL)
+EC_PKCS8_BODY = _body(ec.derive_private_key(9, ec.SECP384R1()), serialization.PrivateFormat.PKCS8)
+ED25519_PKCS8_BODY = _body(
+    ed25519.Ed25519PrivateKey.from_private_bytes(b"\x02" * 32), serialization.PrivateFormat.PKCS8
+)
+OPENSSH_BODY = _body(ed25519.Ed25519PrivateKey.from_private_bytes(b"\x03" * 32), serialization.PrivateFormat.OpenSSH)
+RSA_BODY_HEAD = "MIIEowIBAAKCAQEAw" + "x7Qb3kP9zR2mV5tY8nC1aF4" * 2  # PKCS#1: SEQUENCE, INTEGER 0, the modulus
+AWS_SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documentation example
+RANDOM_SECRET = "q8Zr2XkV9mT4bN7cWf1Ls6Hd3Gy0Pj5A"  # 32 random base64 characters
+GITHUB_TOKEN = "ghp_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"
+SLACK_TOKEN = "xoxb-1234567890-9876543210-AbCdEfGhIjKlMnOpQrStUvWx"
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.c2lnbmF0dXJl"
+SECRETS = (
+    PRIVATE_BODY,
+    "AKIAIOSFODNN7EXAMPLE",
+    EC_BODY[:20],
+    EC_PKCS8_BODY[:20],
+    ED25519_PKCS8_BODY[:20],
+    OPENSSH_BODY[:20],
+    RSA_BODY_HEAD[:20],
+    AWS_SECRET_KEY[:20],
+    RANDOM_SECRET[:20],
+    GITHUB_TOKEN[4:24],
+    SLACK_TOKEN[5:25],
+    JWT[:20],
+)
 
 VERSION_SETTINGS = {
     # key: (tested, a release outside the tested series, a format mistake)
@@ -277,6 +310,26 @@ ROWS: list[tuple[dict, str, str]] = [
     *[({"sshPublicKey": key}, "sshPublicKey", "value hidden: looks like a private key") for key in PRIVATE_KEYS],
     ({"amiId": PRIVATE_KEYS[2]}, "amiId", "value hidden: looks like a private key"),
     ({"nodesetName": "AKIAIOSFODNN7EXAMPLE"}, "nodesetName", "value hidden: looks like an AWS access key"),
+    # --- secrets by their shape, without a header (issue 22), in known and unknown settings and keys
+    ({"sshPublicKey": EC_BODY}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": EC_BODY[:60]}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": EC_BODY[:64] + "\n" + EC_BODY[64:]}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": "ssh-ed25519 " + EC_BODY}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": EC_PKCS8_BODY}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": ED25519_PKCS8_BODY}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": "ssh-ed25519 " + ED25519_PKCS8_BODY}, "sshPublicKey", "looks like a private key"),
+    ({"sshPublicKey": OPENSSH_BODY[:70]}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": "ssh-rsa " + RSA_BODY_HEAD}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"region": AWS_SECRET_KEY}, "region", "value hidden: looks like a secret key or token"),
+    ({"amiId": RANDOM_SECRET}, "amiId", "value hidden: looks like a secret key or token"),
+    ({"awsSecretAccessKey": AWS_SECRET_KEY}, "awsSecretAccessKey", "value hidden: looks like a secret key or token"),
+    ({"nodesetName": GITHUB_TOKEN}, "nodesetName", "value hidden: looks like a GitHub token"),
+    ({"slackToken": SLACK_TOKEN}, "slackToken", "value hidden: looks like a Slack token"),
+    ({"kubernetesVersion": JWT}, "kubernetesVersion", "value hidden: looks like a JSON Web Token"),
+    ({"aws:region": AWS_SECRET_KEY}, "aws:region", "value hidden: looks like a secret key or token"),
+    ({"gpu_testbed:workerCount": EC_BODY}, "gpu_testbed:workerCount", "did you mean gpu-testbed:workerCount?"),
+    ({GITHUB_TOKEN: "1"}, "(key hidden: looks like a GitHub token)", "is not a setting of gpu-testbed"),
+    ({f"gpu-testbd:{AWS_SECRET_KEY}": "1"}, "(key hidden: looks like a secret key or token)", "not read"),
     # --- versions, driver branch and image tag
     *_version_rows(),
     ({"kubernetesVersion": "1.28.3"}, "kubernetesVersion", "1.34.N"),
@@ -549,6 +602,10 @@ BROKEN_STACK_FILES = [
     ("config:\n  gpu-testbed:nodesetName: a\x07b\n", "the character \\x07 at offset 36 is not allowed"),
     ("config:\n  x: " + "a" * (2 << 20) + "\n", "is larger than 1024 KiB, the limit for a stack file"),
     ("config:\n  a: 1\n---\nconfig:\n  b: 2\n", "expected a single document in the stream"),
+    (
+        f"config:\n  {PRIVATE_BODY}: 1\n  {PRIVATE_BODY}: 2\n",
+        "the key (value hidden: looks like a private key) appears",
+    ),
 ]
 
 

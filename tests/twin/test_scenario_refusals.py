@@ -14,7 +14,7 @@ from twin import scenario
 
 PRIVATE_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ"
 PEM_NAME = f"-----BEGIN OPENSSH PRIVATE KEY-----\\n{PRIVATE_BODY}\\n-----END OPENSSH PRIVATE KEY-----"
-NEVER_SHOWN = ("\x1b", "\x07", PRIVATE_BODY)
+NEVER_SHOWN = ("\x1b", "\x07", PRIVATE_BODY, "K7MDENG")
 
 
 def job(name: str, extra: str = "", kind: str = "slurm", submit: float = 0) -> str:
@@ -78,6 +78,11 @@ ROWS: list[tuple[str | bytes | Path, list[str], list[tuple[str, str]]]] = [
             ("jobs[0] ((name hidden: looks like a private key)).name", "(value hidden: looks like a private key)"),
             ("jobs[0] ((name hidden: looks like a private key)).nodes", "an integer from 1 to 1024"),
         ],
+    ),
+    (
+        jobs(job("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")),
+        [],
+        [("jobs[0] ((name hidden: looks like a secret key or token)).name", "(value hidden: looks like a secret")],
     ),
     (jobs(job("a", '"\\e]0;x\\a": 1')), [], [("jobs[0] (a).\\x1b]0;x\\x07", "a known job field")]),
     # --out, checked before the run
