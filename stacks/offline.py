@@ -334,13 +334,19 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
         config[key] = value if isinstance(value, str) or encrypted else json.dumps(value)
     prefix = settings_mod.PROJECT + ":"
     malformed = []
+    overridden: set[str] = set()
     for item in overrides or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             malformed.append(
                 f"--config: {settings_mod.show(item)} is not allowed; expected KEY=VALUE, e.g. workerCount=2"
             )
-        config[key if ":" in key else prefix + key] = value
+            continue
+        full = key if ":" in key else prefix + key
+        if full in overridden:  # the last one would win silently
+            malformed.append(f"--config: {settings_mod.key_shown(key)} is given more than once; expected each key once")
+        overridden.add(full)
+        config[full] = value
     if malformed:
         raise settings_mod.SettingsError(malformed)
     return config

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from components import host_layout
+from components import host_layout, slurmd_scaling
 from stacks import instance_types
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -281,15 +281,33 @@ def _release(series: str, tested: str, why: str, *, first_patch: int, leading_v:
     return rule
 
 
-def _ipv4_cidr(v: str) -> str | None:
-    """The VPC, the Elastic IP and so SSH and the API server are IPv4 only. ASCII digits only:
-    ipaddress accepts no others today, and this does not depend on it."""
+def _ipv4_network(v: str) -> ipaddress.IPv4Network | None:
+    """`v` as an IPv4 network with no host bits set, or None. ASCII digits only: ipaddress accepts
+    no others today, and this does not depend on it."""
     try:
-        if re.fullmatch(r"[0-9]+(\.[0-9]+){3}/[0-9]+", v) and ipaddress.ip_network(v, strict=True).version == 4:
-            return None
+        if (
+            re.fullmatch(r"[0-9]+(\.[0-9]+){3}/[0-9]+", v)
+            and (net := ipaddress.ip_network(v, strict=True)).version == 4
+        ):
+            return ipaddress.IPv4Network(net)
     except ValueError:
         pass
-    return "an IPv4 network in CIDR form with no host bits set, e.g. 203.0.113.7/32 (the testbed is IPv4 only)"
+    return None
+
+
+def _not_canonical(v: str) -> str:
+    """Canonical text only: ipaddress reads a prefix length of 028 as 28, but the text reaches the
+    security group and the VPC as typed. The phrase to add to what is allowed, or ""."""
+    net = _ipv4_network(v)
+    return f", written without leading zeros (did you mean {net}?)" if net and str(net) != v else ""
+
+
+def _ipv4_cidr(v: str) -> str | None:
+    """The VPC, the Elastic IP and so SSH and the API server are IPv4 only."""
+    if _ipv4_network(v) and not _not_canonical(v):
+        return None
+    allowed = "an IPv4 network in CIDR form with no host bits set, e.g. 203.0.113.7/32 (the testbed is IPv4 only)"
+    return allowed + _not_canonical(v)
 
 
 def _vpc_cidr(v: str) -> str | tuple[str, str] | None:
@@ -298,7 +316,7 @@ def _vpc_cidr(v: str) -> str | tuple[str, str] | None:
         f"{host_layout.POD_CIDR} and the service network {host_layout.SERVICE_CIDR}, e.g. 10.0.0.0/16"
     )
     if _ipv4_cidr(v):
-        return allowed
+        return allowed + _not_canonical(v)
     net = ipaddress.ip_network(v)
     if not any(net.subnet_of(r) for r in RFC1918) or not 16 <= net.prefixlen <= SUBNET_PREFIX:
         return allowed
@@ -765,10 +783,13 @@ def _parse(setting: Setting, raw: Any) -> tuple[Any, str | None]:
             return text.lower() == "true", None
         return None, "true or false"
     if setting.kind is int:
-        m = re.fullmatch(r"-?([0-9]+)", text)
+        m = re.fullmatch(r"(-?)([0-9]+)", text)
         if not m:
             return None, "a whole number in ASCII digits"
-        if len(m[1].lstrip("0")) > MAX_INT_DIGITS:  # out of every range, whatever its sign: let the range say so
+        canonical = (m[1] + m[2].lstrip("0")) if m[2].lstrip("0") else "0"
+        if canonical != text:  # 010 is ten here and eight to YAML 1.1 and C: one spelling only
+            return None, f"a whole number in ASCII digits without leading zeros or -0 (did you mean {canonical[:20]}?)"
+        if len(m[2]) > MAX_INT_DIGITS:  # out of every range, whatever its sign: let the range say so
             return 10**MAX_INT_DIGITS, None
         return int(text), None
     return text, None
@@ -792,10 +813,12 @@ def _foreign_key(key: str, raw: Any) -> str | None:
                 f"expected the setting region instead, e.g. pulumi config set region {show(raw)}"
             )
         return f"{shown_key}: not read: {EXPLICIT_PROVIDER_NAMESPACES[namespace]}"
-    # case and punctuation typos too: gpu_testbed, GPU-testbed, gputestbed are all near
-    if difflib.SequenceMatcher(None, namespace.lower(), PROJECT).ratio() < 0.8:
+    # case and punctuation typos too: gpu_testbed, GPU-testbed, gputestbed are all near; and any
+    # namespace at all before a setting's own name (testbed:workerCount, gpu:workerCount)
+    setting = {k.lower(): k for k in SETTINGS_BY_KEY}.get(name.lower())
+    if setting is None and difflib.SequenceMatcher(None, namespace.lower(), PROJECT).ratio() < 0.8:
         return None  # another tool's configuration
-    close = difflib.get_close_matches(name, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
+    close = [setting] if setting else difflib.get_close_matches(name, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
     suggestion = f"; did you mean {PROJECT}:{close[0]}?" if close else ""
     return f"{shown_key}: not read: the project is {PROJECT}, so its keys start with {PROJECT}:{suggestion}"
 
@@ -894,7 +917,30 @@ def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str
                 f"kedaMinReplicas: {raw('kedaMinReplicas')} is not allowed; expected an integer from 1 to "
                 f"maxReplicaCount ({max_replicas}); KEDA scales to 0 through idleReplicaCount, which must be below it"
             )
+    if ok("kedaCooldownSeconds", "kedaPollingSeconds"):
+        out += _warmth_checks(v["keda_cooldown_seconds"], v["keda_polling_seconds"], raw)
     return out
+
+
+def _warmth_checks(cooldown: int, polling: int, raw: Callable[[str], str]) -> list[str]:
+    """kedaCooldownSeconds is the window of the demand-aware query's subquery
+    (components/slurmd_scaling.py, `max_over_time(...[<cooldown>s:<step>])`): shorter than the
+    step (the slurmctld scrape interval) it holds no sample and keeps nothing warm; shorter than
+    KEDA's pollingInterval, KEDA may not read it inside the window at all."""
+    step = int(slurmd_scaling.SUBQUERY_STEP.removesuffix("s"))
+    floor = max(step, polling)
+    if cooldown >= floor:
+        return []
+    return [
+        f"kedaCooldownSeconds: {raw('kedaCooldownSeconds')} is shorter than "
+        + (
+            f"the {step} s scrape interval the query steps by: its window would hold no sample"
+            if cooldown < step
+            else f"kedaPollingSeconds ({polling}): KEDA would not read the query within the window"
+        )
+        + f", so slurmd would not be kept warm; expected at least {floor} (the scrape interval {step} s and "
+        f"kedaPollingSeconds {polling}), or a shorter kedaPollingSeconds"
+    ]
 
 
 def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline: bool) -> list[str]:

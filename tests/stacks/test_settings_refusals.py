@@ -287,6 +287,21 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"kedaCooldownSeconds": "5m"}, "kedaCooldownSeconds", "a whole number"),
     ({"kedaPollingSeconds": "-5"}, "kedaPollingSeconds", "from 1"),
     ({"kedaPollingSeconds": "3601"}, "kedaPollingSeconds", "to 3600"),
+    # settings that defeat each other (issue 22): the warmth window against the scrape step and KEDA's poll
+    ({"kedaCooldownSeconds": "5"}, "kedaCooldownSeconds", "shorter than the 30 s scrape interval"),
+    ({"kedaCooldownSeconds": "29"}, "kedaCooldownSeconds", "expected at least 30 (the scrape interval 30 s and"),
+    ({"kedaCooldownSeconds": "1", "kedaPollingSeconds": "3600"}, "kedaCooldownSeconds", "expected at least 3600"),
+    ({"kedaCooldownSeconds": "300", "kedaPollingSeconds": "600"}, "kedaCooldownSeconds", "kedaPollingSeconds (600)"),
+    # canonical numbers and networks only (issue 22)
+    ({"adminCidr": "81.2.69.0/028"}, "adminCidr", "without leading zeros (did you mean 81.2.69.0/28?)"),
+    ({"vpcCidr": "10.0.0.0/016"}, "vpcCidr", "did you mean 10.0.0.0/16?"),
+    ({"vpcCidr": "10.0.0.0/0016"}, "vpcCidr", "did you mean 10.0.0.0/16?"),
+    ({"workerCount": "007"}, "workerCount", "without leading zeros or -0 (did you mean 7?)"),
+    ({"workerCount": "08"}, "workerCount", "(did you mean 8?)"),
+    ({"kedaMaxReplicas": "00"}, "kedaMaxReplicas", "(did you mean 0?)"),
+    ({"aiGuaranteedGpus": "-01"}, "aiGuaranteedGpus", "(did you mean -1?)"),
+    ({"kedaMaxReplicas": "-0"}, "kedaMaxReplicas", "(did you mean 0?)"),
+    ({"controlRootVolumeGb": "0" * 5000 + "40"}, "controlRootVolumeGb", "(did you mean 40?)"),
     # --- booleans
     ({"spotWorkers": "yes"}, "spotWorkers", "true or false"),
     ({"spotWorkers": "on"}, "spotWorkers", "true or false"),
@@ -366,6 +381,13 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"GPU-testbed:workerCount": "2"}, "GPU-testbed:workerCount", "keys start with gpu-testbed:"),
     ({"gpu-testbd:workerCount": "2"}, "gpu-testbd:workerCount", "did you mean gpu-testbed:workerCount?"),
     ({"gpu-tesbed:spotWorker": "true"}, "gpu-tesbed:spotWorker", "did you mean gpu-testbed:spotWorkers?"),
+    # any namespace before a setting's own name (issue 22): the default would apply silently
+    ({"testbed:workerCount": "8"}, "testbed:workerCount", "did you mean gpu-testbed:workerCount?"),
+    ({"gpu:workerCount": "8"}, "gpu:workerCount", "did you mean gpu-testbed:workerCount?"),
+    ({"gpu-testbed-cluster:workerCount": "8"}, "gpu-testbed-cluster:workerCount", "gpu-testbed:workerCount?"),
+    ({"slurm:nodesetName": "gpu"}, "slurm:nodesetName", "did you mean gpu-testbed:nodesetName?"),
+    ({"keda:kedaCooldownSeconds": "60"}, "keda:kedaCooldownSeconds", "did you mean gpu-testbed:kedaCooldownSeconds?"),
+    ({"cluster:WORKERCOUNT": "8"}, "cluster:WORKERCOUNT", "did you mean gpu-testbed:workerCount?"),
     ({"aws:region": "eu-west-1"}, "aws:region", "pulumi config set region"),
     ({"aws:profile": "prod"}, "aws:profile", "AWS_PROFILE"),
     ({"aws:secretKey": "wJalrXUtnFEMI/K7MDENG"}, "aws:secretKey", "explicit"),
@@ -452,7 +474,10 @@ ACCEPTED = [
     {"sshPublicKey": ED25519 + "\n"},  # the newline a pasted key ends with
     {"kubernetesVersion": "1.34.0", "flannelVersion": "v0.27.0", "kedaVersion": "2.16.2"},
     {"kubePrometheusStackVersion": "80.0.0"},
-    {"workerCount": "007", "kedaMaxReplicas": "0"},
+    {"workerCount": "7", "kedaMaxReplicas": "0"},
+    {"kedaCooldownSeconds": "30"},  # the shortest window: one scrape interval, at the default poll
+    {"kedaCooldownSeconds": "600", "kedaPollingSeconds": "600"},
+    {"other-tool:workers": "8", "pulumi:template": "x"},  # not a setting's name: another tool's
     {"nodesetName": "all-gpus"},
     {"pulumi:tags": "{}", "other-tool:setting": "x"},  # other namespaces belong to other tools
     # the edges of every range: the subnet's capacity, the root volumes' limits
@@ -485,6 +510,17 @@ def test_a_stack_file_is_read_as_pulumi_reads_it(tmp_path):
         settings.load(offline.stack_config("yes", root=tmp_path))
     assert [p.split(": ")[0] for p in error.value.problems] == ["workerCount", "spotWorkers", "sshPublicKey"]
     assert "c2VjcmV0" not in str(error.value)
+
+
+def test_a_key_given_twice_with_config_is_refused_not_last_wins():
+    with pytest.raises(settings.SettingsError) as error:
+        offline.stack_config(
+            "dev", ["workerCount=8", "region=us-east-2", f"{PROJECT}:workerCount=2", "spotWorkers=true", "region=x"]
+        )
+    assert error.value.problems == [
+        "--config: gpu-testbed:workerCount is given more than once; expected each key once",
+        "--config: region is given more than once; expected each key once",
+    ]
 
 
 def test_every_malformed_config_override_is_named_at_once():
