@@ -133,17 +133,28 @@ def read_yaml(path: Path, what: str, *, typed: bool) -> Any:
     return parse_yaml(read_text(path, what), typed=typed)
 
 
-def out_dir_problem(flag: str, out: Path, reserve: int = 0) -> str | None:
-    """Why `out` cannot become a directory of results, or None: checked before any work, so a long
-    run does not end in a traceback. Every name must fit (`reserve` bytes kept for a temporary
-    name beside it), and `out` must be a directory or lie under a writable one."""
-    shown = show(str(out))
+def names_problem(flag: str, out: Path, reserve: int = 0) -> str | None:
+    """A name or a path too long for the file system, `reserve` bytes kept for a temporary name
+    beside it (else the first look at `out` ends in `OSError: File name too long`), or None."""
     for part in out.parts:
         size = len(os.fsencode(part))
         if size > NAME_MAX - reserve:
-            return f"{flag}: {shown} has a name of {size} bytes; expected names of at most {NAME_MAX - reserve} bytes"
-    if len(os.fsencode(str(out.absolute()))) >= PATH_MAX:
-        return f"{flag}: {shown} is a path of more than {PATH_MAX - 1} bytes; expected a shorter one"
+            return (
+                f"{flag}: {show(str(out))} has a name of {size} bytes; expected names of at most "
+                f"{NAME_MAX - reserve} bytes"
+            )
+    if len(os.fsencode(str(out.absolute()))) >= PATH_MAX - reserve:
+        return f"{flag}: {show(str(out))} is a path of {PATH_MAX - reserve} bytes or more; expected a shorter one"
+    return None
+
+
+def out_dir_problem(flag: str, out: Path, reserve: int = 0) -> str | None:
+    """Why `out` cannot become a directory of results, or None: checked before any work, so a long
+    run does not end in a traceback. Every name must fit, and `out` must be a directory or lie
+    under a writable one."""
+    shown = show(str(out))
+    if problem := names_problem(flag, out, reserve):
+        return problem
     try:
         if out.is_dir():
             writable = os.access(out, os.W_OK | os.X_OK)

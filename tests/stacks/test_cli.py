@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,33 @@ def test_render_onto_a_file_or_a_foreign_directory_is_refused_in_one_line(tmp_pa
         assert lines[0].startswith("--out: ") and fragment in lines[0], lines
         assert lines[1].startswith("workerCount: "), lines  # reported together with the settings
     assert target.read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["src"]
+
+
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("n" * 300, "has a name of 300 bytes; expected names of at most 241 bytes"),
+        ("n" * 242, "has a name of 242 bytes"),  # fits alone, not with render's temporary names beside it
+        ("file/sub", "which is a file; expected a directory path"),
+        ("/".join(["d" * 200] * 25), "is a path of 4082 bytes or more; expected a shorter one"),
+    ],
+    ids=["300", "242", "under-a-file", "5000-path"],
+)
+def test_render_out_that_the_file_system_cannot_hold_is_one_line_before_the_run(name, fragment, tmp_path, capsys):
+    (tmp_path / "file").write_text("mine")
+    started = time.monotonic()
+    assert cli.main(["render", "--out", str(tmp_path / name)]) == 2
+    assert time.monotonic() - started < 10
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith('--out: "') and fragment in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_render_out_with_the_longest_name_is_written_and_replaced(tmp_path, capsys):
+    out = tmp_path / ("n" * 241)
+    for _ in range(2):  # the second replaces the first through ".<name>.old.XXXXXXXX"
+        assert cli.main(["render", "--out", str(out)]) == 0
+    assert (out / "cloud-init").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
 
 
 def test_render_replaces_a_previous_render_whole(tmp_path, capsys):
