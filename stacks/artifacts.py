@@ -85,7 +85,11 @@ def plan_header(rec: Recording) -> list[str]:
     (subnet,) = rec.of_type("aws:ec2/subnet:Subnet")
     (group,) = rec.of_type("aws:ec2/securityGroup:SecurityGroup")
     if s.availability_zone:
-        zone = f"{subnet.inputs['availabilityZone']} (configured)"
+        types = " and ".join(sorted({s.worker_instance_type, s.control_instance_type}))
+        zone = (
+            f"{subnet.inputs['availabilityZone']} (configured; whether it offers {types} is not known offline: "
+            "`python -m stacks preflight` checks it)"
+        )
     else:
         zone = (
             f"the first zone of {s.region} offering {s.worker_instance_type}, looked up at `pulumi up` "

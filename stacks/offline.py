@@ -193,11 +193,14 @@ class TestbedMocks(pulumi.runtime.Mocks):
                 "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-placeholder",
             }
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            # Offline, nobody knows which zones offer the type: every zone the settings accept
+            # does, so the plan refuses no zone on made-up data; preflight asks AWS (plan_header).
             region = "us-east-1"
             for f in args.args.get("filters", []):
                 if f.get("name") == "location":
                     region = f["values"][0][:-1]
-            zones = [f"{region}{z}" for z in "abcd"]
+            letters = settings_mod.REGION_ZONE_LETTERS.get(region, settings_mod.OTHER_REGION_ZONE_LETTERS)
+            zones = [f"{region}{z}" for z in letters]
             return {
                 "id": "placeholder",
                 "locations": zones,
