@@ -12,6 +12,7 @@ limits are documented in docs/input-limits.md.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,39 @@ class _TextLoader(_Guarded, yaml.BaseLoader):
 
 
 class _TypedLoader(_Guarded, yaml.SafeLoader):
-    """YAML's plain types: text, numbers, booleans, null."""
+    """YAML's plain types: text, numbers, booleans, null; numbers and booleans only as YAML 1.2
+    writes them. PyYAML reads YAML 1.1, where 010 is 8, 0x10 16, 1_000 1000, 1:30 90, and yes,
+    on and y are true: numbers that look like others are refused, not guessed."""
+
+    def construct_yaml_int(self, node):
+        if not re.fullmatch(r"[-+]?(0|[1-9][0-9]*)", node.value):
+            raise _Refused(_ambiguous(node, "a number", "decimal digits without leading zeros, e.g. 10"))
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node):
+        if "_" in node.value or ":" in node.value:
+            raise _Refused(_ambiguous(node, "a number", "decimal digits, e.g. 1.5"))
+        return super().construct_yaml_float(node)
+
+    def construct_yaml_bool(self, node):
+        if node.value not in ("true", "false", "True", "False", "TRUE", "FALSE"):
+            raise _Refused(_ambiguous(node, "a boolean", "true or false"))
+        return super().construct_yaml_bool(node)
+
+
+def _ambiguous(node, what: str, expected: str) -> str:
+    return (
+        f"line {node.start_mark.line + 1}: {show(node.value)} is {what} only to YAML 1.1 and reads "
+        f"differently elsewhere; expected {expected}, or quoted text"
+    )
+
+
+for _tag, _construct in (
+    ("int", _TypedLoader.construct_yaml_int),
+    ("float", _TypedLoader.construct_yaml_float),
+    ("bool", _TypedLoader.construct_yaml_bool),
+):
+    _TypedLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _construct)
 
 
 def read_text(path: Path, what: str) -> str:

@@ -45,6 +45,12 @@ ROWS: list[tuple[str | bytes | Path, list[str], list[tuple[str, str]]]] = [
         [],
         [("--scenario", "a value cannot be converted")],
     ),
+    # numbers and booleans that read differently in YAML 1.1 (PyYAML) and 1.2
+    (jobs(job("a", "nodes: 010")), [], [("--scenario", 'line 3: "010" is a number only to YAML 1.1')]),
+    ("duration: 1:30\n", [], [("--scenario", 'line 1: "1:30" is a number only to YAML 1.1')]),
+    ("duration: 1_000\n", [], [("--scenario", "expected decimal digits without leading zeros")]),
+    ("duration: 60\nkueue: yes\n", [], [("--scenario", 'line 2: "yes" is a boolean only to YAML 1.1')]),
+    (jobs(job("a", "hold: on")), [], [("--scenario", "expected true or false, or quoted text")]),
     # references and cycles
     (jobs(job("a", "after: b"), job("b", "after: a")), [], [("jobs[0] (a).after", "(a -> b -> a would wait forever)")]),
     (
