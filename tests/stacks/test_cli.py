@@ -224,3 +224,10 @@ def test_output_cut_short_by_a_closed_pipe_ends_with_1_and_no_traceback(monkeypa
         # the quiet end points stdout at /dev/null, so the interpreter's last flush succeeds
         print("x" * 100_000, flush=True)
     assert capsys.readouterr().err == ""
+
+
+def test_render_names_its_out_escaped(tmp_path, capsys):
+    """A directory name may hold a terminal escape; the line that names it shows it escaped."""
+    assert cli.main(["render", "--out", str(tmp_path / "r\x1b[2Jx")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and out.rstrip().endswith("r\\x1b[2Jx")
