@@ -70,7 +70,17 @@ ROWS: list[tuple[str | bytes | Path, list[str], list[tuple[str, str]]]] = [
     (jobs(*(job(f"j{i}") for i in range(501))), [], [("jobs", "501 jobs are too many; expected at most 500")]),
     (jobs(job("a", "array: 1000"), duration=86400), [], [("duration", "24,000 task-hours to simulate")]),
     (jobs(job("a", "array: 1000"), duration=7 * 86400), [], [("duration", "a number from 1 to 86400")]),
-    (jobs(*(job(f"j{i}", "array: 1000") for i in range(3))), [], [("jobs", "3000 jobs and array tasks are too many")]),
+    (
+        jobs(*(job(f"j{i}", "array: 1000") for i in range(3))),
+        [],
+        [("jobs", "3000 tasks (jobs, array tasks, replicas) are too many")],
+    ),
+    (
+        jobs(*(job(f"p{i}", "replicas: 1000", kind="pytorchjob") for i in range(3))),
+        [],
+        [("jobs", "3000 tasks (jobs, array tasks, replicas) are too many; expected at most 2000")],
+    ),
+    (jobs(job("p", "replicas: 1000", kind="pytorchjob"), duration=18000), [], [("duration", "5,000 task-hours")]),
     # what a problem line shows: control characters escaped, a secret-looking name hidden
     (
         jobs(job('"a\\e[31m\\a\\nb"')),
