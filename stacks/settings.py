@@ -132,8 +132,7 @@ _TOKENS = (
 # A run of base64 (standard or URL-safe) long enough to hold a key's header; a run of standard
 # base64 alone for a random secret (URL-safe's - and _ join names and UUIDs into long runs).
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{20,}")
-_STANDARD_RUN = re.compile(r"[A-Za-z0-9+/]{32,}")
-RANDOM_MIN_CHARS = 32  # an AWS secret access key has 40
+_STANDARD_RUN = re.compile(r"[A-Za-z0-9+/]{32,}")  # an AWS secret access key has 40
 RANDOM_MIN_BITS = 3.9  # bits per character: 32 random base64 characters have 4.07 or more in 2,000 draws
 # What names are made of: in 5,000 random 40-character strings, words cover at most 58% of one;
 # in kubePrometheusStackVersion-like names, 60% and more.
@@ -169,10 +168,8 @@ def _is_public(head: bytes) -> bool:
 
 
 def _looks_random(run: str) -> bool:
-    """Long, of mixed classes, dense in information, and not made of words: a secret key or token."""
-    if len(run) < RANDOM_MIN_CHARS or not (re.search("[a-z]", run) and re.search("[A-Z]", run)):
-        return False
-    if not re.search("[0-9]", run):
+    """Of mixed classes, dense in information, and not made of words: a secret key or token."""
+    if not (re.search("[a-z]", run) and re.search("[A-Z]", run) and re.search("[0-9]", run)):
         return False
     counts = [run.count(ch) for ch in set(run)]
     bits = -sum(c / len(run) * math.log2(c / len(run)) for c in counts)

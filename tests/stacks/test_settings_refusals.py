@@ -7,6 +7,7 @@ same lines, exit 2 and nothing registered."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import struct
 import subprocess
 import sys
@@ -71,7 +72,8 @@ def _body(key, form) -> str:
 
 
 # Private keys without their headers (issue 22): the base64 bodies alone, whole, cut and split
-EC_BODY = _body(ec.derive_private_key(7, ec.SECP256R1()), serialization.PrivateFormat.TraditionalOpenSSL)
+SCALAR = int.from_bytes(hashlib.sha256(b"issue 22").digest()) >> 1  # a private scalar with no zero runs
+EC_BODY = _body(ec.derive_private_key(SCALAR, ec.SECP256R1()), serialization.PrivateFormat.TraditionalOpenSSL)
 EC_PKCS8_BODY = _body(ec.derive_private_key(9, ec.SECP384R1()), serialization.PrivateFormat.PKCS8)
 ED25519_PKCS8_BODY = _body(
     ed25519.Ed25519PrivateKey.from_private_bytes(b"\x02" * 32), serialization.PrivateFormat.PKCS8
@@ -435,6 +437,55 @@ def test_a_bad_setting_is_refused_in_one_clear_line(values, key, fragment):
     raw = values.get(key)
     if ":" not in key and isinstance(raw, str) and not settings.secret_kind(raw):
         assert settings.show(raw) in found[0], found[0]  # the value, escaped and truncated
+
+
+NOT_SECRETS = [
+    ED25519,  # public keys: long and random, but meant to be shared
+    ECDSA,
+    _rsa_line(4096) + " me@host",
+    "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE" + "x7Qb3kP9zR2mV5tY8nC1aF4" * 2,  # DER public key (SPKI) body
+    "MIIDdzCCAl+gAwIBAgIEAgAAuTANBgkqhkiG9w0BAQUFADBaMQswCQYDVQQGEwJJ",  # a certificate body
+    "GPU-3f1c9a52-7d1e-4c0b-9e2a-5b8d0c6f1a01",  # nvidia-smi UUIDs, job and path names
+    "kubePrometheusStackVersionForTheCluster1",
+    "ThisIsAVeryLongCamelCaseSettingName123",
+    "Documents/Projects/GpuTestbed2024/outdir",
+    "sha256:" + "0123456789abcdef" * 4,
+    "abcdef.0123456789abcdef",  # a kubeadm bootstrap token's shape, but lower-case hex: not this check's
+    "ami-0123456789abcdef0",
+    "x" * 5000,
+]
+
+
+@pytest.mark.parametrize("text", NOT_SECRETS, ids=range(len(NOT_SECRETS)))
+def test_what_is_long_or_random_but_not_secret_is_shown(text):
+    assert settings.secret_kind(text) is None
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        (EC_BODY[:20], "private key"),  # 15 bytes: SEQUENCE, version 1, the scalar's OCTET STRING
+        (EC_BODY[4:64], "secret key or token"),  # a body cut anywhere else is still random
+        (RANDOM_SECRET, "secret key or token"),
+        (RANDOM_SECRET[:-1], None),  # 31 characters: under the length a secret key has
+        ("Q7w2E9r4Q7w2E9r4T6y1U8i3T6y1U8i3", "secret key or token"),  # 4.0 bits a character
+        ("Ab1Ab1Ab1Ab1Ab1Ab1Ab1Ab1Ab1Ab1Ab", None),  # mixed classes, 1.6 bits a character
+        ("q8zr2xkv9mt4bn7cwf1ls6hd3gy0pj5a", None),  # no capital
+        ("Q8ZR2XKV9MT4BN7CWF1LS6HD3GY0PJ5A", None),
+        ("qXZrbXkVamTcbNhcWfiLsjHdkGylPjmA", None),  # no digit
+        (AWS_SECRET_KEY.upper(), None),  # one letter case only: not random enough to tell
+        ("AKIAIOSFODNN7EXAMPLE", "AWS access key"),
+        (GITHUB_TOKEN, "GitHub token"),
+        ("github_pat_" + "A1b2C3d4E5" * 3, "GitHub token"),
+        ("glpat-" + "a1B2c3D4e5F6g7H8i9J0", "GitLab token"),
+        ("https://hooks.slack.com/services/T000/B000/XXXX", "Slack token"),
+        ("AIza" + "Sy" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q", "Google API key"),
+        (JWT, "JSON Web Token"),
+    ],
+)
+def test_a_secret_is_known_by_its_shape(text, kind):
+    found = settings.secret_kind(text)
+    assert (found is None) if kind is None else (found == f"looks like {'an' if kind[0] in 'AE' else 'a'} {kind}")
 
 
 def test_every_problem_is_reported_at_once_and_none_twice():

@@ -37,6 +37,11 @@ ROWS: list[tuple[str | bytes | Path, list[str], list[tuple[str, str]]]] = [
     ("duration: 60\nduration: 70\n", [], [("--scenario", 'line 2: the key "duration" appears twice')]),
     ("duration: 60\njobs: " + "[" * 10_000 + "]" * 10_000 + "\n", [], [("--scenario", "nested deeper than 64")]),
     ("d: &d [x, x]\nduration: 60\nj: *d\n", [], [("--scenario", "the alias *d is not accepted")]),
+    (
+        "duration: 60\njobs:\n  - <<: {name: a, kind: slurm}\n    runtime: 60\n",
+        [],
+        [("--scenario", "line 3: the merge")],
+    ),
     (b"duration: 60\n# caf\xe9\n", [], [("--scenario", "is not UTF-8 text: byte 0xe9 at offset 18")]),
     (Path("/dev/zero"), [], [("--scenario", "is larger than 1024 KiB, the limit for a scenario file")]),
     (Path("/"), [], [("--scenario", "cannot be read (Is a directory)")]),
