@@ -761,7 +761,7 @@ BROKEN_STACK_FILES = [
     ("config:\n  gpu-testbed:region: &r us-east-1\n  gpu-testbed:amiId: *r\n", "the alias *r is not accepted"),
     ("config:\n  gpu-testbed:nodesetName: gp\xfcs\n".encode("latin-1"), "is not UTF-8 text: byte 0xfc at offset"),
     ("config:\n  gpu-testbed:nodesetName: a\x07b\n", "the character \\x07 at offset 36 is not allowed"),
-    ("config:\n  x: " + "a" * (2 << 20) + "\n", "is larger than 1024 KiB, the limit for a stack file"),
+    ("config:\n  x: " + "a" * (2 << 20) + "\n", "is larger than 256 KiB, the limit for a stack file"),
     ("config:\n  a: 1\n---\nconfig:\n  b: 2\n", "expected a single document in the stream"),
     (
         f"config:\n  {PRIVATE_BODY}: 1\n  {PRIVATE_BODY}: 2\n",

@@ -43,7 +43,7 @@ ROWS: list[tuple[str | bytes | Path, list[str], list[tuple[str, str]]]] = [
         [("--scenario", "line 3: the merge")],
     ),
     (b"duration: 60\n# caf\xe9\n", [], [("--scenario", "is not UTF-8 text: byte 0xe9 at offset 18")]),
-    (Path("/dev/zero"), [], [("--scenario", "is larger than 1024 KiB, the limit for a scenario file")]),
+    (Path("/dev/zero"), [], [("--scenario", "is larger than 256 KiB, the limit for a scenario file")]),
     (Path("/"), [], [("--scenario", "cannot be read (Is a directory)")]),
     (
         "duration: 60\njobs: []\nfaults: [{kind: kueue-down, start: 0, end: 9" + "9" * 5000 + "}]\n",
