@@ -25,7 +25,7 @@ from pathlib import Path
 import pulumi
 
 from stacks import artifacts, offline
-from stacks.settings import SettingsError, escaped, show
+from stacks.settings import SettingsError, escaped, redacted, show
 
 EXIT_BAD_SETTINGS = 2  # any bad input: settings, stack file, --out, usage
 
@@ -34,7 +34,7 @@ class _OneLineParser(argparse.ArgumentParser):
     """A usage mistake exits 2 with one line (argparse would print the usage block too)."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_BAD_SETTINGS, f"{self.prog}: {escaped(message, limit=300)}; see {self.prog} --help\n")
+        self.exit(EXIT_BAD_SETTINGS, f"{self.prog}: {redacted(message)}; see {self.prog} --help\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         print(f"--out: {show(str(args.out))} cannot be written: {error.strerror or error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
-    print(f"wrote {len(written)} files under {args.out}")
+    print(f"wrote {len(written)} files under {escaped(str(args.out), limit=300)}")
     return 0
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from components import keda, kueue, remote_script, slurm_config
 from components.names import SLURM_CHART, Names, SlurmNames
-from stacks import pricing
+from stacks import pricing, user_files
 from stacks.offline import RecordedResource, Recording, redact, reveal
 from stacks.pricing import CostEstimate
 from stacks.settings import show
@@ -85,7 +85,11 @@ def plan_header(rec: Recording) -> list[str]:
     (subnet,) = rec.of_type("aws:ec2/subnet:Subnet")
     (group,) = rec.of_type("aws:ec2/securityGroup:SecurityGroup")
     if s.availability_zone:
-        zone = f"{subnet.inputs['availabilityZone']} (configured)"
+        types = " and ".join(sorted({s.worker_instance_type, s.control_instance_type}))
+        zone = (
+            f"{subnet.inputs['availabilityZone']} (configured; whether it offers {types} is not known offline: "
+            "`python -m stacks preflight` checks it)"
+        )
     else:
         zone = (
             f"the first zone of {s.region} offering {s.worker_instance_type}, looked up at `pulumi up` "
@@ -344,11 +348,22 @@ def render(rec: Recording, out: Path) -> list[Path]:
 # render (no testbed-worker-3.yaml left from a larger workerCount). The mark tells a previous
 # render, which may be replaced, from any other directory, which is never touched.
 RENDER_MARK = ".testbed-render"
+RENDER_NAME_RESERVE = 14  # render_replacing's temporary names beside it: ".<name>.old." and 8 random characters
 MARK_TEXT = "written by `python -m stacks render`; the next render replaces this directory whole\n"
 
 
 def out_dir_problem(out: Path) -> str | None:
-    """Why `out` cannot take a render, or None: it must be new, empty, or a previous render."""
+    """Why `out` cannot take a render, or None: it must be new, empty, or a previous render, and
+    leave room in its name for the temporary directories beside it (render_replacing)."""
+    if problem := user_files.names_problem("--out", out, reserve=RENDER_NAME_RESERVE):
+        return problem
+    try:
+        return _render_dir_problem(out) or user_files.out_dir_problem("--out", out)
+    except OSError as error:
+        return f"--out: {show(str(out))} cannot be used ({error.strerror or error.__class__.__name__})"
+
+
+def _render_dir_problem(out: Path) -> str | None:
     if out.is_symlink():
         return f"--out: {show(str(out))} is a symbolic link; expected a directory path"
     if out.exists() and not out.is_dir():

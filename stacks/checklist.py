@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
-from stacks.settings import escaped
+from stacks.settings import redacted
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 OK, FAIL, UNKNOWN, WARN = "ok", "FAIL", "unknown", "warn"
@@ -43,5 +43,5 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         # the same line as `python -m stacks` itself prints (stacks/__main__.py)
-        print(f"{self.prog}: {escaped(message, limit=300)}; see {self.prog} --help", file=sys.stderr)
+        print(f"{self.prog}: {redacted(message)}; see {self.prog} --help", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from components import host_layout, names, readiness_gate
-from stacks import checklist, offline
+from stacks import checklist, offline, user_files
 from stacks.checklist import FAIL, OK, Check
 from stacks.settings import Settings, SettingsError, load, show
 
@@ -393,16 +393,17 @@ def _kubeconfig(path: Path | None, outputs: dict | str) -> dict:
     if path is not None:
         if not path.is_file():
             raise BadInput(f"--kubeconfig: {show(str(path))} is not a file")
-        text = path.read_text()
+        try:
+            text = user_files.read_text(path, "a kubeconfig")
+        except user_files.UserFileError as error:
+            raise BadInput(f"--kubeconfig: {show(str(path))} {error.problem}") from None
     elif isinstance(outputs, dict) and isinstance(outputs.get("kubeconfig"), str):
         text = outputs["kubeconfig"]
     else:
         raise BadInput(f"--kubeconfig not given and the stack's kubeconfig output is unreadable ({outputs})")
     try:
-        import yaml
-
-        config = yaml.safe_load(text)
-    except Exception:
+        config = user_files.parse_yaml(text, typed=True)
+    except user_files.UserFileError:
         config = None
     if not isinstance(config, dict) or not config.get("clusters"):
         raise BadInput("kubeconfig: not a kubeconfig (no clusters)")

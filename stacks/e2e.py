@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stacks import checklist, offline
+from stacks import checklist, offline, user_files
 
 EXIT_INTERRUPTED = 130
 # `pulumi up` progress lines in non-interactive mode: " +  aws:ec2:Vpc testbed-network-vpc created (2s)"
@@ -248,4 +248,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str], tools: Tools | None = None) -> int:
     args = parser().parse_args(argv)
     out = args.out or Path("out") / f"e2e-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    if problem := user_files.out_dir_problem("--out", out):  # before an hour of deployment, not after
+        print(problem, file=sys.stderr)
+        return checklist.EXIT_BAD_INPUT
     return Run(args.stack, args.keep, out, tools or real_tools()).execute()

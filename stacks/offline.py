@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-import yaml
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
@@ -28,6 +27,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from stacks import settings as settings_mod
+from stacks import user_files
 
 ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDER_PUBLIC_IP = "198.51.100.10"  # RFC 5737 documentation range: never a real host
@@ -193,11 +193,14 @@ class TestbedMocks(pulumi.runtime.Mocks):
                 "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-placeholder",
             }
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            # Offline, nobody knows which zones offer the type: every zone the settings accept
+            # does, so the plan refuses no zone on made-up data; preflight asks AWS (plan_header).
             region = "us-east-1"
             for f in args.args.get("filters", []):
                 if f.get("name") == "location":
                     region = f["values"][0][:-1]
-            zones = [f"{region}{z}" for z in "abcd"]
+            letters = settings_mod.REGION_ZONE_LETTERS.get(region, settings_mod.OTHER_REGION_ZONE_LETTERS)
+            zones = [f"{region}{z}" for z in letters]
             return {
                 "id": "placeholder",
                 "locations": zones,
@@ -297,20 +300,6 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _StackFileLoader(yaml.BaseLoader):
-    """Every scalar as its text (no YAML 1.1 yes/no booleans, octals or sexagesimals), and a key
-    given twice refused, as Pulumi's own YAML reader refuses it, instead of the last one winning."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: set = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key} appears twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # Pulumi's stack name characters; no path separators
 
 
@@ -335,10 +324,10 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
             ]
         )
     try:
-        document = yaml.load(stack_file.read_text(encoding="utf-8"), Loader=_StackFileLoader) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        reason = settings_mod.escaped(" ".join(str(error).split()), limit=200)
-        raise settings_mod.SettingsError([f"{stack_file.name}: not readable YAML: {reason}"]) from None
+        # every scalar as its text, as Pulumi passes it to the program
+        document = user_files.read_yaml(stack_file, "a stack file", typed=False) or {}
+    except user_files.UserFileError as error:
+        raise settings_mod.SettingsError([f"{stack_file.name}: {error.problem}"]) from None
     section = document.get("config") or {} if isinstance(document, dict) else None
     if not isinstance(section, dict):
         raise settings_mod.SettingsError([f"{stack_file.name}: config: is not allowed; expected a mapping of keys"])
@@ -348,13 +337,19 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
         config[key] = value if isinstance(value, str) or encrypted else json.dumps(value)
     prefix = settings_mod.PROJECT + ":"
     malformed = []
+    overridden: set[str] = set()
     for item in overrides or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             malformed.append(
                 f"--config: {settings_mod.show(item)} is not allowed; expected KEY=VALUE, e.g. workerCount=2"
             )
-        config[key if ":" in key else prefix + key] = value
+            continue
+        full = key if ":" in key else prefix + key
+        if full in overridden:  # the last one would win silently
+            malformed.append(f"--config: {settings_mod.key_shown(key)} is given more than once; expected each key once")
+        overridden.add(full)
+        config[full] = value
     if malformed:
         raise settings_mod.SettingsError(malformed)
     return config

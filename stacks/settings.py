@@ -8,8 +8,10 @@ a problem is escaped and truncated, and one that looks like a secret is not echo
 
 from __future__ import annotations
 
+import base64
 import difflib
 import ipaddress
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -114,14 +116,80 @@ class SettingsError(Exception):
 # --------------------------------------------------------------------------- showing values
 
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY|PuTTY-User-Key-File|-----BEGIN PGP PRIVATE")
-_AWS_ACCESS_KEY = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
+# Tokens by their documented shapes: AWS access key ids, GitHub (ghp_ and kin, github_pat_),
+# GitLab personal tokens, Slack tokens and webhooks, Google API keys, JSON Web Tokens.
+_TOKENS = (
+    (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key"),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36}|\bgithub_pat_[A-Za-z0-9_]{22,}"), "a GitHub token"),
+    (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), "a GitLab token"),
+    (
+        re.compile(r"\bxox[abposre]-[A-Za-z0-9-]{10,}|\bxapp-[0-9]-[A-Za-z0-9-]{10,}|hooks\.slack\.com/"),
+        "a Slack token",
+    ),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), "a Google API key"),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\."), "a JSON Web Token"),
+)
+# A run of base64 (standard or URL-safe) long enough to hold a key's header; a run of standard
+# base64 alone for a random secret (URL-safe's - and _ join names and UUIDs into long runs).
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{20,}")
+_STANDARD_RUN = re.compile(r"[A-Za-z0-9+/]{32,}")  # an AWS secret access key has 40
+RANDOM_MIN_BITS = 3.9  # bits per character: 32 random base64 characters have 4.07 or more in 2,000 draws
+# What names are made of: in 5,000 random 40-character strings, words cover at most 58% of one;
+# in kubePrometheusStackVersion-like names, 60% and more.
+_WORD = re.compile(r"[a-z]{4,}|[A-Z][a-z]{3,}")
+
+
+def _decoded_head(run: str) -> bytes:
+    """The first bytes `run` stands for as base64, or b"" if it is not base64."""
+    head = run.replace("-", "+").replace("_", "/")[:24]
+    try:
+        return base64.b64decode(head[: len(head) // 4 * 4], validate=True)
+    except ValueError:
+        return b""
+
+
+def _is_private_key_body(head: bytes) -> bool:
+    """OpenSSH's private key format, or DER that opens like a private key: a SEQUENCE whose first
+    element is a small version INTEGER (PKCS#1 RSA and DSA 0, SEC1 EC 1, PKCS#8 0 or 1, PKCS#12 3),
+    where public keys and certificates open with a nested SEQUENCE instead."""
+    if head.startswith(b"openssh-key-v1\0"):
+        return True
+    if len(head) < 6 or head[0] != 0x30:
+        return False
+    start = 2 if head[1] < 0x80 else 2 + (head[1] & 0x7F)
+    return head[start : start + 2] == b"\x02\x01" and head[start + 2 : start + 3] in (b"\0", b"\1", b"\2", b"\3")
+
+
+def _is_public(head: bytes) -> bool:
+    """An SSH public key blob (a length, then ssh-..., ecdsa-... or sk-...) or DER opening with a
+    nested SEQUENCE (a public key or a certificate): long and random, but not secret."""
+    ssh = len(head) > 8 and int.from_bytes(head[:4], "big") < 64 and head[4:].startswith((b"ssh-", b"ecdsa-", b"sk-"))
+    return ssh or (len(head) > 4 and head[0] == 0x30 and 0x30 in head[2:5])
+
+
+def _looks_random(run: str) -> bool:
+    """Of mixed classes, dense in information, and not made of words: a secret key or token."""
+    if not (re.search("[a-z]", run) and re.search("[A-Z]", run) and re.search("[0-9]", run)):
+        return False
+    counts = [run.count(ch) for ch in set(run)]
+    bits = -sum(c / len(run) * math.log2(c / len(run)) for c in counts)
+    wordy = sum(len(w) for w in _WORD.findall(run)) / len(run)
+    return bits >= RANDOM_MIN_BITS and wordy < 0.6
 
 
 def secret_kind(text: str) -> str | None:
+    """Why `text` looks like a secret, or None: a private key (its header, or only its base64
+    body), a token of a known shape, or a long random string (a secret access key)."""
     if _PRIVATE_KEY.search(text):
         return "looks like a private key"
-    if _AWS_ACCESS_KEY.search(text):
-        return "looks like an AWS access key"
+    for pattern, what in _TOKENS:
+        if pattern.search(text):
+            return f"looks like {what}"
+    if any(_is_private_key_body(_decoded_head(run)) for run in _BASE64_RUN.findall(text)):
+        return "looks like a private key"
+    for run in _STANDARD_RUN.findall(text):
+        if not _is_public(_decoded_head(run)) and _looks_random(run):
+            return "looks like a secret key or token"
     return None
 
 
@@ -139,6 +207,19 @@ def escaped(text: str, limit: int = SHOWN_CHARS) -> str:
         out.append(piece)
         length += len(piece)
     return "".join(out)
+
+
+def redacted(text: str, limit: int = 300) -> str:
+    """A free-form message (argparse's, naming what was typed) as a problem line shows it: each
+    word that looks like a secret hidden, the rest escaped and cut at `limit` characters."""
+    words = re.split(r"(\s+)", text)
+    return escaped("".join(f"(hidden: {kind})" if (kind := secret_kind(w)) else w for w in words), limit)
+
+
+def key_shown(key: str) -> str:
+    """A config key as a problem line names it: escaped, or hidden if a secret was pasted as one."""
+    kind = secret_kind(key)
+    return f"(key hidden: {kind})" if kind else escaped(key)
 
 
 def show(raw: Any) -> str:
@@ -197,15 +278,33 @@ def _release(series: str, tested: str, why: str, *, first_patch: int, leading_v:
     return rule
 
 
-def _ipv4_cidr(v: str) -> str | None:
-    """The VPC, the Elastic IP and so SSH and the API server are IPv4 only. ASCII digits only:
-    ipaddress accepts no others today, and this does not depend on it."""
+def _ipv4_network(v: str) -> ipaddress.IPv4Network | None:
+    """`v` as an IPv4 network with no host bits set, or None. ASCII digits only: ipaddress accepts
+    no others today, and this does not depend on it."""
     try:
-        if re.fullmatch(r"[0-9]+(\.[0-9]+){3}/[0-9]+", v) and ipaddress.ip_network(v, strict=True).version == 4:
-            return None
+        if (
+            re.fullmatch(r"[0-9]+(\.[0-9]+){3}/[0-9]+", v)
+            and (net := ipaddress.ip_network(v, strict=True)).version == 4
+        ):
+            return ipaddress.IPv4Network(net)
     except ValueError:
         pass
-    return "an IPv4 network in CIDR form with no host bits set, e.g. 203.0.113.7/32 (the testbed is IPv4 only)"
+    return None
+
+
+def _not_canonical(v: str) -> str:
+    """Canonical text only: ipaddress reads a prefix length of 028 as 28, but the text reaches the
+    security group and the VPC as typed. The phrase to add to what is allowed, or ""."""
+    net = _ipv4_network(v)
+    return f", written without leading zeros (did you mean {net}?)" if net and str(net) != v else ""
+
+
+def _ipv4_cidr(v: str) -> str | None:
+    """The VPC, the Elastic IP and so SSH and the API server are IPv4 only."""
+    if _ipv4_network(v) and not _not_canonical(v):
+        return None
+    allowed = "an IPv4 network in CIDR form with no host bits set, e.g. 203.0.113.7/32 (the testbed is IPv4 only)"
+    return allowed + _not_canonical(v)
 
 
 def _vpc_cidr(v: str) -> str | tuple[str, str] | None:
@@ -214,7 +313,7 @@ def _vpc_cidr(v: str) -> str | tuple[str, str] | None:
         f"{host_layout.POD_CIDR} and the service network {host_layout.SERVICE_CIDR}, e.g. 10.0.0.0/16"
     )
     if _ipv4_cidr(v):
-        return allowed
+        return allowed + _not_canonical(v)
     net = ipaddress.ip_network(v)
     if not any(net.subnet_of(r) for r in RFC1918) or not 16 <= net.prefixlen <= SUBNET_PREFIX:
         return allowed
@@ -690,10 +789,13 @@ def _parse(setting: Setting, raw: Any) -> tuple[Any, str | None]:
             return text.lower() == "true", None
         return None, "true or false"
     if setting.kind is int:
-        m = re.fullmatch(r"-?([0-9]+)", text)
+        m = re.fullmatch(r"(-?)([0-9]+)", text)
         if not m:
             return None, "a whole number in ASCII digits"
-        if len(m[1].lstrip("0")) > MAX_INT_DIGITS:  # out of every range, whatever its sign: let the range say so
+        canonical = (m[1] + m[2].lstrip("0")) if m[2].lstrip("0") else "0"
+        if canonical != text:  # 010 is ten here and eight to YAML 1.1 and C: one spelling only
+            return None, f"a whole number in ASCII digits without leading zeros or -0 (did you mean {canonical[:20]}?)"
+        if len(m[2]) > MAX_INT_DIGITS:  # out of every range, whatever its sign: let the range say so
             return 10**MAX_INT_DIGITS, None
         return int(text), None
     return text, None
@@ -707,7 +809,7 @@ def _refusal(key: str, raw: Any, allowed: str | tuple[str, str]) -> str:
 def _foreign_key(key: str, raw: Any) -> str | None:
     """A key outside the project's namespace that the user probably meant for the program."""
     namespace, sep, name = key.partition(":")
-    shown_key = escaped(key)
+    shown_key = key_shown(key)
     if not sep:
         return f"{shown_key}: a key without a namespace is not read; write {PROJECT}:{shown_key}"
     if namespace in EXPLICIT_PROVIDER_NAMESPACES:
@@ -717,10 +819,12 @@ def _foreign_key(key: str, raw: Any) -> str | None:
                 f"expected the setting region instead, e.g. pulumi config set region {show(raw)}"
             )
         return f"{shown_key}: not read: {EXPLICIT_PROVIDER_NAMESPACES[namespace]}"
-    # case and punctuation typos too: gpu_testbed, GPU-testbed, gputestbed are all near
-    if difflib.SequenceMatcher(None, namespace.lower(), PROJECT).ratio() < 0.8:
+    # case and punctuation typos too: gpu_testbed, GPU-testbed, gputestbed are all near; and any
+    # namespace at all before a setting's own name (testbed:workerCount, gpu:workerCount)
+    setting = {k.lower(): k for k in SETTINGS_BY_KEY}.get(name.lower())
+    if setting is None and difflib.SequenceMatcher(None, namespace.lower(), PROJECT).ratio() < 0.8:
         return None  # another tool's configuration
-    close = difflib.get_close_matches(name, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
+    close = [setting] if setting else difflib.get_close_matches(name, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
     suggestion = f"; did you mean {PROJECT}:{close[0]}?" if close else ""
     return f"{shown_key}: not read: the project is {PROJECT}, so its keys start with {PROJECT}:{suggestion}"
 
@@ -740,7 +844,7 @@ def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -
     for key in sorted(set(given) - set(SETTINGS_BY_KEY)):
         close = difflib.get_close_matches(key, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""
-        problems.append(f"{escaped(key)}: {show(given[key])} is not a setting of {PROJECT}{hint}")
+        problems.append(f"{key_shown(key)}: {show(given[key])} is not a setting of {PROJECT}{hint}")
 
     values: dict[str, Any] = {}
     for s in SETTINGS:
@@ -819,7 +923,30 @@ def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str
                 f"kedaMinReplicas: {raw('kedaMinReplicas')} is not allowed; expected an integer from 1 to "
                 f"maxReplicaCount ({max_replicas}); KEDA scales to 0 through idleReplicaCount, which must be below it"
             )
+    if ok("kedaCooldownSeconds", "kedaPollingSeconds", "slurmMetricsIntervalSeconds"):
+        cooldown, polling = v["keda_cooldown_seconds"], v["keda_polling_seconds"]
+        out += _warmth_checks(cooldown, polling, v["slurm_metrics_interval_seconds"], raw)
     return out
+
+
+def _warmth_checks(cooldown: int, polling: int, step: int, raw: Callable[[str], str]) -> list[str]:
+    """kedaCooldownSeconds is the window of the demand-aware query's subquery
+    (components/slurmd_scaling.py, `max_over_time(...[<cooldown + step>s:<step>s])`, the step being
+    slurmMetricsIntervalSeconds): shorter than one step, no warmth shorter than a scrape is seen;
+    shorter than KEDA's pollingInterval, KEDA may not read the query inside the window at all."""
+    floor = max(step, polling)
+    if cooldown >= floor:
+        return []
+    return [
+        f"kedaCooldownSeconds: {raw('kedaCooldownSeconds')} is shorter than "
+        + (
+            f"the {step} s scrape interval the query steps by (slurmMetricsIntervalSeconds): it sees nothing shorter"
+            if cooldown < step
+            else f"kedaPollingSeconds ({polling}): KEDA would not read the query within the window"
+        )
+        + f", so slurmd would not be kept warm; expected at least {floor} (the scrape interval {step} s and "
+        f"kedaPollingSeconds {polling}), or a shorter kedaPollingSeconds or slurmMetricsIntervalSeconds"
+    ]
 
 
 def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline: bool) -> list[str]:

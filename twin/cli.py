@@ -21,8 +21,8 @@ from pathlib import Path
 
 from components import slurmd_scaling
 from components.names import DEFAULT_PARTITION
-from stacks import offline
-from stacks.settings import Settings, SettingsError, escaped, show
+from stacks import offline, user_files
+from stacks.settings import Settings, SettingsError, escaped, redacted, show
 from stacks.settings import load as load_settings
 from twin import kube, nodeset, program, scenario, sim
 
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     try:
         args = parser().parse_args(argv)
     except UsageError as error:
-        print(f"simulate: {escaped(str(error), limit=300)}", file=sys.stderr)
+        print(f"simulate: {redacted(str(error))}", file=sys.stderr)
         return 2
     problems = []
     if args.readme_tables is None and args.policy is None:
@@ -151,6 +151,10 @@ def main(argv: list[str]) -> int:
             settings = scenario_settings(args.stack, args.config, sc, settings)
         except SettingsError as error:
             problems += error.problems
+    if args.out is not None and (problem := user_files.out_dir_problem("--out", args.out)):
+        problems.append(problem)
+    if not problems and args.out is not None and (problem := user_files.make_out_dir("--out", args.out)):
+        problems.append(problem)  # checked before the run, which may take half a minute
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)
@@ -158,17 +162,20 @@ def main(argv: list[str]) -> int:
     run = sim.Run(program.setup(settings, args.policy), sc)
     result = run.run()
     if args.out:
-        from validation.plot import draw
-
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-        draw(
-            timeline(run, args.scenario.stem),
-            args.out / "timeline.png",
-            f"{args.scenario.stem}, policy {args.policy} (modelled)",
-        )
+        try:
+            write_out(run, result, args.out, args.scenario.stem, args.policy)
+        except OSError as error:
+            print(f"--out: {show(str(args.out))} cannot be written ({error.strerror or error})", file=sys.stderr)
+            return 2
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else summary(result))
     return 0 if sim.ok(result) else 1
+
+
+def write_out(run: sim.Run, result: dict, out: Path, name: str, policy: str) -> None:
+    from validation.plot import draw
+
+    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    draw(timeline(run, name), out / "timeline.png", f"{escaped(name)}, policy {policy} (modelled)")
 
 
 # ------------------------------------------------------------------ the README's tables

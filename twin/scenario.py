@@ -7,14 +7,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from stacks.settings import show
+from stacks import user_files
+from stacks.settings import escaped, secret_kind, show
 
 KINDS = ("slurm", "pytorchjob", "job")
 FAULTS = ("restapi-down", "metrics-outage", "duplicate-scrape", "kueue-metrics-outage", "kueue-down")
 IMAGES = ("warm", "cold")
-MAX_DURATION = 7 * 24 * 3600
+# Size bounds (docs/input-limits.md): the twin steps every second, about 0.2 s of CPU per simulated
+# hour plus up to 0.005 s per queued task (job, array task, replica) and hour: these keep a run
+# under a minute (41 s measured at the bounds: two 1,000-task arrays queued for 2 hours).
+MAX_DURATION = 24 * 3600
+MAX_JOBS = 500
+MAX_TASKS = 2000  # jobs, each Slurm array task and each PyTorchJob replica counted
+MAX_TASK_HOURS = 4000  # tasks x simulated hours
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 IMAGE_REFERENCE = re.compile(r"[a-z0-9][A-Za-z0-9._/:@-]{0,254}")  # loosely, a registry/name:tag
 
@@ -78,6 +83,19 @@ def _show(value: Any) -> str:
     return show(value)
 
 
+def _label(name: Any) -> str:
+    """A job's name where a problem line says which job: escaped, cut, hidden if it looks secret."""
+    if not isinstance(name, str):
+        return "?"
+    kind = secret_kind(name)
+    return f"(name hidden: {kind})" if kind else escaped(name, 40)
+
+
+def _extra(data: dict, known: set[str]) -> list:
+    """The keys of `data` not in `known`, sorted whatever their types (parse may be handed any dict)."""
+    return sorted(set(data) - known, key=lambda k: (str(type(k)), str(k)))
+
+
 class _Checker:
     def __init__(self) -> None:
         self.problems: list[str] = []
@@ -119,8 +137,8 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     c = _Checker()
     if not isinstance(data, dict):
         raise ScenarioError([f"scenario: {_show(data)} is not allowed; expected a mapping"])
-    for key in sorted(set(data) - {"workers", "duration", "images", "kueue", "jobs", "faults"}):
-        c.bad(f"scenario.{key}", data[key], "one of workers, duration, images, kueue, jobs, faults")
+    for key in _extra(data, {"workers", "duration", "images", "kueue", "jobs", "faults"}):
+        c.bad(f"scenario.{_label(key)}", data[key], "one of workers, duration, images, kueue, jobs, faults")
     duration = c.number("duration", data.get("duration"), 1, MAX_DURATION)
     workers = None if "workers" not in data else c.number("workers", data["workers"], 1, 64, integer=True)
     images = data.get("images", "warm")
@@ -134,15 +152,19 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     if not isinstance(raw_jobs, list):
         c.bad("jobs", raw_jobs, "a list")
         raw_jobs = []
+    if len(raw_jobs) > MAX_JOBS:
+        raise ScenarioError(
+            [f"jobs: {len(raw_jobs)} jobs are too many; expected at most {MAX_JOBS} (docs/input-limits.md)"]
+        )
     names: set[str] = set()
     for i, raw in enumerate(raw_jobs):
         where = f"jobs[{i}]"
         if not isinstance(raw, dict):
             c.bad(where, raw, "a mapping")
             continue
-        where = f"jobs[{i}] ({raw.get('name', '?')})"
-        for key in sorted(set(raw) - _JOB_KEYS):
-            c.bad(f"{where}.{key}", raw[key], "a known job field: " + ", ".join(sorted(_JOB_KEYS)))
+        where = f"jobs[{i}] ({_label(raw.get('name'))})"
+        for key in _extra(raw, _JOB_KEYS):
+            c.bad(f"{where}.{_label(key)}", raw[key], "a known job field: " + ", ".join(sorted(_JOB_KEYS)))
         name = raw.get("name")
         if not isinstance(name, str) or not name or not set(name) <= NAME_CHARS or len(name) > 40:
             c.bad(f"{where}.name", name, "lower-case letters, digits and '-', at most 40")
@@ -170,6 +192,9 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         release = None if "release" not in raw else c.number(f"{where}.release", raw["release"], 0, MAX_DURATION)
         begin = None if "begin" not in raw else c.number(f"{where}.begin", raw["begin"], 0, MAX_DURATION)
         after = raw.get("after")
+        if after is not None and not isinstance(after, str):
+            c.bad(f"{where}.after", after, "the name of another slurm job")
+            after = None
         partition = raw.get("partition")
         image = raw.get("image")
         if image is not None and (not isinstance(image, str) or not IMAGE_REFERENCE.fullmatch(image)):
@@ -184,7 +209,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
                 c.bad(f"{where}.replicas", raw["replicas"], "no replicas on a job (pytorchjob only)")
         elif "replicas" in raw:
             c.bad(f"{where}.replicas", raw["replicas"], "no replicas on a slurm job (pytorchjob only)")
-        if partition is not None and partition not in partitions:
+        if partition is not None and (not isinstance(partition, str) or partition not in partitions):
             c.bad(f"{where}.partition", partition, " or ".join(partitions))
         if release is not None and hold is not True:
             c.bad(f"{where}.release", release, "release only with hold: true")
@@ -210,7 +235,8 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     slurm_names = {j.name for j in jobs if j.kind == "slurm"}
     for i, job in enumerate(jobs):
         if job.after is not None and (job.after not in slurm_names or job.after == job.name):
-            c.bad(f"jobs[{i}] ({job.name}).after", job.after, "the name of another slurm job")
+            c.bad(f"jobs[{i}] ({_label(job.name)}).after", job.after, "the name of another slurm job")
+    c.problems += _cycles(jobs)
     faults: list[Fault] = []
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
@@ -221,8 +247,8 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         if not isinstance(raw, dict):
             c.bad(where, raw, "a mapping")
             continue
-        for key in sorted(set(raw) - {"kind", "start", "end"}):
-            c.bad(f"{where}.{key}", raw[key], "kind, start, end")
+        for key in _extra(raw, {"kind", "start", "end"}):
+            c.bad(f"{where}.{_label(key)}", raw[key], "kind, start, end")
         kind = raw.get("kind")
         if kind not in FAULTS:
             c.bad(f"{where}.kind", kind, " | ".join(FAULTS))
@@ -231,6 +257,9 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         if start is not None and end is not None and end <= start:
             c.bad(f"{where}.end", raw.get("end"), f"a time after start ({start:g})")
         faults.append(Fault(str(kind), start or 0.0, end or 0.0))
+    if duration is not None:
+        c.problems += _outside(duration, jobs, faults)
+        c.problems += _too_big(duration, jobs)
     if c.problems:
         raise ScenarioError(c.problems)
     return Scenario(
@@ -243,15 +272,68 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     )
 
 
+def _cycles(jobs: list[JobSpec]) -> list[str]:
+    """Each dependency cycle (a after b after a), once, named at its first job: Slurm would hold
+    every job of it forever (DependencyNeverSatisfied), which is a mistake in the file, not an outcome."""
+    after = {j.name: j.after for j in jobs if j.kind == "slurm" and j.after not in (None, j.name)}
+    index = {j.name: i for i, j in enumerate(jobs)}
+    problems, seen = [], set()
+    for start in after:
+        path, name = [start], after[start]
+        while name in after and name not in path and name not in seen:
+            path.append(name)
+            name = after[name]
+        seen.update(path)
+        if name in path:
+            cycle = path[path.index(name) :]
+            chain = " -> ".join(escaped(n, 40) for n in [*cycle, name])
+            first = cycle[0]
+            problems.append(
+                f"jobs[{index[first]}] ({_label(first)}).after: {_show(after[first])} is not allowed; expected "
+                f"dependencies without a cycle ({chain} would wait forever)"
+            )
+    return problems
+
+
+def _outside(duration: float, jobs: list[JobSpec], faults: list[Fault]) -> list[str]:
+    """Times that fall outside the run: an event at or after the end would never happen."""
+    problems = []
+    for i, job in enumerate(jobs):
+        for key, t in (("submit", job.submit), ("begin", job.begin), ("release", job.release)):
+            if t is not None and t >= duration:
+                problems.append(
+                    f"jobs[{i}] ({_label(job.name)}).{key}: {_show(t)} is not allowed; expected a time before the "
+                    f"end of the run (duration {duration:g})"
+                )
+    for i, fault in enumerate(faults):  # a fault may outlast the run: still on at the end
+        if fault.start >= duration:
+            problems.append(
+                f"faults[{i}].start: {_show(fault.start)} is not allowed; expected a time before the end of the run "
+                f"(duration {duration:g})"
+            )
+    return problems
+
+
+def _too_big(duration: float, jobs: list[JobSpec]) -> list[str]:
+    tasks = sum(j.array or j.replicas for j in jobs)  # replicas is 1 but on a PyTorchJob
+    if tasks > MAX_TASKS:
+        return [
+            f"jobs: {tasks} tasks (jobs, array tasks, replicas) are too many; expected at most {MAX_TASKS} "
+            "(docs/input-limits.md)"
+        ]
+    hours = duration / 3600
+    if tasks * hours > MAX_TASK_HOURS:
+        return [
+            f"duration: {_show(duration)} with {tasks} tasks (jobs, array tasks, replicas) is {tasks * hours:,.0f} "
+            "task-hours to "
+            f"simulate; expected at most {MAX_TASK_HOURS:,} (a shorter duration or fewer tasks; docs/input-limits.md)"
+        ]
+    return []
+
+
 def load(path: Path, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenario:
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise ScenarioError([f"--scenario: {show(str(path))} cannot be read ({error.strerror})"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError([f"--scenario: {show(str(path))} is not valid YAML{where}"]) from None
+        data = user_files.read_yaml(path, "a scenario file", typed=True)
+    except user_files.UserFileError as error:
+        raise ScenarioError([f"--scenario: {show(str(path))} {error.problem}"]) from None
     return parse(data, partitions)

@@ -11,6 +11,7 @@ not answer before the run starts (one line, no traceback).
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import subprocess
 import sys
@@ -20,10 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
-import yaml
-
 from components.names import MONITORING_NAMESPACE, PROMETHEUS_PORT, Names
-from stacks import offline, settings
+from stacks import offline, settings, user_files
 from stacks.offline import read_stack_outputs
 from validation import probe
 from validation.checks import Expectations, describe_checks, evaluate, expectations
@@ -44,17 +43,22 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line and exit 2 through main(), instead of argparse's usage block.
-        raise UsageError(message)
+        raise UsageError(settings.redacted(message))
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: give a number of seconds > 0")
-    return value
+# --timeout and --interval: decimal seconds within these bounds (no nan, inf or exponent: the
+# dry run printed "until done or nan s" and 1e-9 s between samples would poll the API flat out).
+TIMEOUT_SECONDS = (60.0, 7 * 24 * 3600.0)
+INTERVAL_SECONDS = (1.0, 600.0)
+DEFAULT_INTERVAL = 5.0
+
+
+def seconds_problem(flag: str, text: str | None, bounds: tuple[float, float]) -> str | None:
+    """Why `text` is not a number of seconds within `bounds`, or None."""
+    lo, hi = bounds
+    if text is None or (re.fullmatch(r"[0-9]{1,7}(\.[0-9]{1,3})?", text) and lo <= float(text) <= hi):
+        return None
+    return f"{flag}: {settings.show(text)} is not allowed; expected seconds from {lo:g} to {hi:g}, e.g. 300 or 2.5"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,8 +66,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", help="one of: " + ", ".join(SCENARIOS))
     offline.add_stack_arguments(p)
     p.add_argument("--kubeconfig", type=Path, help="default: `pulumi stack output --show-secrets kubeconfig`")
-    p.add_argument("--timeout", type=_seconds, help=f"seconds (default {WORK_SECONDS:.0f} + kedaCooldownSeconds)")
-    p.add_argument("--interval", type=_seconds, default=5.0, help="seconds between samples (default %(default)s)")
+    p.add_argument(
+        "--timeout",
+        help=f"seconds, {TIMEOUT_SECONDS[0]:g} to {TIMEOUT_SECONDS[1]:g} (default {WORK_SECONDS:.0f} + kedaCooldownSeconds)",
+    )
+    p.add_argument(
+        "--interval",
+        help=f"seconds between samples, {INTERVAL_SECONDS[0]:g} to {INTERVAL_SECONDS[1]:g} (default {DEFAULT_INTERVAL:g})",
+    )
     p.add_argument("--out", type=Path, help="output folder (default out/validate-<scenario>-<time>)")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted and checked; no cluster")
     p.add_argument("--from-timeline", type=Path, help="check and draw a saved timeline.json again; no cluster")
@@ -134,13 +144,13 @@ def scenario_blocker(scenario_name: str, stack: str) -> str | None:
 def load_kubeconfig(path: Path | None) -> dict:
     if path is not None:
         if not path.is_file():
-            raise UsageError(f"--kubeconfig: {str(path)!r} is not a file")
+            raise UsageError(f"--kubeconfig: {settings.show(str(path))} is not a file")
         try:
-            config = yaml.safe_load(path.read_text())
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
-            raise UsageError(f"--kubeconfig: {str(path)!r} is not YAML ({str(error).splitlines()[0]})") from None
+            config = user_files.read_yaml(path, "a kubeconfig", typed=True)
+        except user_files.UserFileError as error:
+            raise UsageError(f"--kubeconfig: {settings.show(str(path))} {error.problem}") from None
         if not isinstance(config, dict) or not config.get("clusters"):
-            raise UsageError(f"--kubeconfig: {str(path)!r} is not a kubeconfig: it names no clusters")
+            raise UsageError(f"--kubeconfig: {settings.show(str(path))} is not a kubeconfig: it names no clusters")
         return config
     try:
         out = subprocess.run(
@@ -153,7 +163,10 @@ def load_kubeconfig(path: Path | None) -> dict:
         raise UsageError(
             f"--kubeconfig not given and `pulumi stack output kubeconfig` failed ({error}); pass --kubeconfig PATH"
         ) from None
-    return yaml.safe_load(out)
+    try:
+        return user_files.parse_yaml(out, typed=True)
+    except user_files.UserFileError as error:
+        raise UsageError(f"the stack's kubeconfig output is {error.problem}") from None
 
 
 def write_results(timeline: Timeline, exp: Expectations, out: Path) -> bool:
@@ -173,12 +186,12 @@ def write_results(timeline: Timeline, exp: Expectations, out: Path) -> bool:
 
 def load_timeline(path: Path) -> Timeline:
     if not path.is_file():
-        raise UsageError(f"--from-timeline: {str(path)!r} is not a file")
+        raise UsageError(f"--from-timeline: {settings.show(str(path))} is not a file")
     try:
         return Timeline.load(path)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
-        detail = f"{type(error).__name__}: {error}"[:200]
-        raise UsageError(f"--from-timeline: {str(path)!r} is not a timeline.json ({detail})") from None
+        detail = settings.redacted(f"{type(error).__name__}: {error}", limit=200)
+        raise UsageError(f"--from-timeline: {settings.show(str(path))} is not a timeline.json ({detail})") from None
 
 
 def client_for(kubeconfig: dict, names: Names):
@@ -222,14 +235,26 @@ def main(argv: list[str]) -> int:
 
 def _main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    problems = []
     if args.scenario is None:
-        raise UsageError(f"--scenario is required: one of {', '.join(SCENARIOS)}")
-    if args.scenario not in SCENARIOS:
-        raise UsageError(f"--scenario: {args.scenario!r} is not one of {', '.join(SCENARIOS)}")
+        problems.append(f"--scenario is required: one of {', '.join(SCENARIOS)}")
+    elif args.scenario not in SCENARIOS:
+        problems.append(f"--scenario: {settings.show(args.scenario)} is not one of {', '.join(SCENARIOS)}")
+    for flag, text, bounds in (
+        ("--timeout", args.timeout, TIMEOUT_SECONDS),
+        ("--interval", args.interval, INTERVAL_SECONDS),
+    ):
+        if problem := seconds_problem(flag, text, bounds):
+            problems.append(problem)
+    if args.out is not None and (problem := user_files.out_dir_problem("--out", args.out)):
+        problems.append(problem)
+    if problems:
+        raise UsageError(*problems)
+    interval = float(args.interval) if args.interval else DEFAULT_INTERVAL
     scenario = SCENARIOS[args.scenario]
     facts = stack_facts(args.stack, args.config)
     names, slurm = facts.names, facts.names.slurm
-    timeout = args.timeout or WORK_SECONDS + names.cooldown_seconds
+    timeout = float(args.timeout) if args.timeout else WORK_SECONDS + names.cooldown_seconds
     now = datetime.now(UTC)
     run_id = "dryrun" if args.dry_run else now.strftime("r%m%d%H%M%S")
     planned = plan(scenario, run_id, gpus_total=names.gpus_total)
@@ -245,7 +270,7 @@ def _main(argv: list[str]) -> int:
             f"cooldown {names.cooldown_seconds} s (from {facts.source})"
         )
         print("\n".join(describe(scenario, planned, slurm, names.gpus_total)))
-        print(f"records every {args.interval:.0f} s until done or {timeout:.0f} s:")
+        print(f"records every {interval:g} s until done or {timeout:g} s:")
         print(f"  NodeSet {slurm.namespace}/{slurm.nodeset_resource} replicas; squeue in {slurm.controller_pod};")
         print("  every pod holding nvidia.com/gpu with its node and GPU UUIDs (the device plugin's mounts inside it);")
         print(f"  every process on every GPU and its pod (DaemonSet {probe.NAMESPACE}/{probe.NAME}, removed after);")
@@ -270,7 +295,7 @@ def _main(argv: list[str]) -> int:
         WallClock(),
         scenario=scenario.name,
         gpus_total=names.gpus_total,
-        interval=args.interval,
+        interval=interval,
         timeout=timeout,
         started_at=now.isoformat(timespec="seconds"),
     )

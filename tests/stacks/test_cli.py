@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,33 @@ def test_render_onto_a_file_or_a_foreign_directory_is_refused_in_one_line(tmp_pa
     assert target.read_text() == "mine" and sorted(p.name for p in foreign.iterdir()) == ["src"]
 
 
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("n" * 300, "has a name of 300 bytes; expected names of at most 241 bytes"),
+        ("n" * 242, "has a name of 242 bytes"),  # fits alone, not with render's temporary names beside it
+        ("file/sub", "which is a file; expected a directory path"),
+        ("/".join(["d" * 200] * 25), "is a path of 4082 bytes or more; expected a shorter one"),
+    ],
+    ids=["300", "242", "under-a-file", "5000-path"],
+)
+def test_render_out_that_the_file_system_cannot_hold_is_one_line_before_the_run(name, fragment, tmp_path, capsys):
+    (tmp_path / "file").write_text("mine")
+    started = time.monotonic()
+    assert cli.main(["render", "--out", str(tmp_path / name)]) == 2
+    assert time.monotonic() - started < 10
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith('--out: "') and fragment in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_render_out_with_the_longest_name_is_written_and_replaced(tmp_path, capsys):
+    out = tmp_path / ("n" * 241)
+    for _ in range(2):  # the second replaces the first through ".<name>.old.XXXXXXXX"
+        assert cli.main(["render", "--out", str(out)]) == 0
+    assert (out / "cloud-init").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
 def test_render_replaces_a_previous_render_whole(tmp_path, capsys):
     out = tmp_path / "render"
     assert cli.main(["render", "--out", str(out)]) == 0
@@ -158,6 +186,9 @@ def test_render_replaces_a_previous_render_whole(tmp_path, capsys):
         (["plan", "--bogus", "\x1b[2J"], "unrecognized arguments: --bogus \\x1b[2J"),
         (["render"], "arguments are required: --out"),
         (["plan", "--stack"], "expected one argument"),
+        # a secret typed where an argument goes is not echoed (issue 22)
+        (["plan", "ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"], "arguments: (hidden: looks like a GitHub token)"),
+        (["wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"], "(hidden: looks like a secret key or token)"),
     ],
 )
 def test_a_usage_mistake_exits_2_with_one_escaped_line(args, fragment, capsys):
@@ -166,13 +197,20 @@ def test_a_usage_mistake_exits_2_with_one_escaped_line(args, fragment, capsys):
     assert stopped.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert fragment in line and "--help" in line
+    assert "aB3dE6gH9jK2" not in line and "K7MDENG" not in line
 
 
-def test_a_zone_that_does_not_offer_the_worker_type_exits_2_in_one_line(capsys):
-    """The run-time offerings check (the mock offers zones a-d): the last line of defence."""
-    assert cli.main(["plan", "--config", "availabilityZone=us-east-1f"]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith('availabilityZone: "us-east-1f" does not offer g4dn.xlarge; zones that do: us-east-1a')
+@pytest.mark.parametrize("zone", ["us-east-1e", "us-east-1f"])
+def test_the_offline_plan_states_no_zone_offering_it_cannot_know(zone, capsys):
+    """Which zones offer a type is AWS's fact: offline, a zone the settings accept is planned,
+    and the plan says preflight checks the offering (the mock once offered a-d and refused e)."""
+    assert cli.main(["plan", "--config", f"availabilityZone={zone}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"stack dev: region us-east-1, zone {zone} (configured; whether it offers g4dn.xlarge and t3.medium is "
+        "not known offline: `python -m stacks preflight` checks it)\n"
+    )
+    assert "does not offer" not in out
 
 
 def test_output_cut_short_by_a_closed_pipe_ends_with_1_and_no_traceback(monkeypatch, capsys):
@@ -186,3 +224,10 @@ def test_output_cut_short_by_a_closed_pipe_ends_with_1_and_no_traceback(monkeypa
         # the quiet end points stdout at /dev/null, so the interpreter's last flush succeeds
         print("x" * 100_000, flush=True)
     assert capsys.readouterr().err == ""
+
+
+def test_render_names_its_out_escaped(tmp_path, capsys):
+    """A directory name may hold a terminal escape; the line that names it shows it escaped."""
+    assert cli.main(["render", "--out", str(tmp_path / "r\x1b[2Jx")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and out.rstrip().endswith("r\\x1b[2Jx")

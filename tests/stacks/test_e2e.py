@@ -188,3 +188,19 @@ def test_a_failed_preflight_creates_and_destroys_nothing(tmp_path, stub_pulumi):
     out = tmp_path / "report"
     assert e2e.Run("dev", False, out, fakes.tools()).execute() == 2
     assert pulumi_verbs(stub_pulumi) == [] and phases(out) == [("preflight", "failed")]
+
+
+@pytest.mark.parametrize(
+    "name, fragment", [("file", "is a file"), ("file/sub", "which is a file"), ("n" * 300, "300 bytes")]
+)
+def test_an_out_that_cannot_take_the_report_is_refused_before_anything_runs(name, fragment, tmp_path, capsys):
+    (tmp_path / "file").write_text("mine")
+
+    def no_tools():
+        raise AssertionError("a tool ran")
+
+    assert e2e.main(["--out", str(tmp_path / name)], tools=no_tools) == 2  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert out == "" and line.startswith('--out: "') and fragment in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -26,7 +26,10 @@ def test_the_plan_opens_with_stack_region_zone_nodes_and_admin_range(default_run
         spot_run
     )
     configured = artifacts.plan_header(with_settings(default_run, availability_zone="us-east-1a"))
-    assert configured[0] == "stack dev: region us-east-1, zone us-east-1a (configured)"
+    assert configured[0] == (
+        "stack dev: region us-east-1, zone us-east-1a (configured; whether it offers g4dn.xlarge and t3.medium is "
+        "not known offline: `python -m stacks preflight` checks it)"
+    )
 
 
 def test_waits_for_uses_the_names_of_the_install_list(default_run):

@@ -7,9 +7,11 @@ same lines, exit 2 and nothing registered."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,7 +64,45 @@ PRIVATE_KEYS = [
     f"PuTTY-User-Key-File-3: ssh-ed25519\nPrivate-Lines: 1\n{PRIVATE_BODY}",
     f"ssh-ed25519 {ED25519_BLOB} -----BEGIN OPENSSH PRIVATE KEY----- {PRIVATE_BODY}",
 ]
-SECRETS = (PRIVATE_BODY, "AKIAIOSFODNN7EXAMPLE")
+
+
+def _body(key, form) -> str:
+    pem = key.private_bytes(serialization.Encoding.PEM, form, serialization.NoEncryption()).decode()
+    return "".join(line for line in pem.splitlines() if not line.startswith("-----"))
+
+
+# Private keys without their headers (issue 22): the base64 bodies alone, whole, cut and split
+SCALAR = int.from_bytes(hashlib.sha256(b"issue 22").digest()) >> 1  # a private scalar with no zero runs
+EC_BODY = _body(ec.derive_private_key(SCALAR, ec.SECP256R1()), serialization.PrivateFormat.TraditionalOpenSSL)
+EC_PKCS8_BODY = _body(ec.derive_private_key(9, ec.SECP384R1()), serialization.PrivateFormat.PKCS8)
+ED25519_PKCS8_BODY = _body(
+    ed25519.Ed25519PrivateKey.from_private_bytes(b"\x02" * 32), serialization.PrivateFormat.PKCS8
+)
+OPENSSH_BODY = _body(ed25519.Ed25519PrivateKey.from_private_bytes(b"\x03" * 32), serialization.PrivateFormat.OpenSSH)
+RSA_BODY_HEAD = "MIIEowIBAAKCAQEAw" + "x7Qb3kP9zR2mV5tY8nC1aF4" * 2  # PKCS#1: SEQUENCE, INTEGER 0, the modulus
+AWS_SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documentation example
+RANDOM_SECRET = "q8Zr2XkV9mT4bN7cWf1Ls6Hd3Gy0Pj5A"  # 32 random base64 characters
+GITHUB_TOKEN = "ghp_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"
+SLACK_TOKEN = "xoxb-1234567890-9876543210-AbCdEfGhIjKlMnOpQrStUvWx"
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.c2lnbmF0dXJl"
+SECRETS = (
+    PRIVATE_BODY,
+    "AKIAIOSFODNN7EXAMPLE",
+    EC_BODY[:20],
+    EC_PKCS8_BODY[:20],
+    ED25519_PKCS8_BODY[:20],
+    OPENSSH_BODY[:20],
+    RSA_BODY_HEAD[:20],
+    AWS_SECRET_KEY[:20],
+    RANDOM_SECRET[:20],
+    GITHUB_TOKEN[4:24],
+    SLACK_TOKEN[5:25],
+    JWT[:20],
+)
+
+LAUGHS = "config:\n  a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"  {n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)  # ~400 bytes that expand to 9^9 strings
 
 VERSION_SETTINGS = {
     # key: (tested, a release outside the tested series, a format mistake)
@@ -253,6 +293,28 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"kedaCooldownSeconds": "5m"}, "kedaCooldownSeconds", "a whole number"),
     ({"kedaPollingSeconds": "-5"}, "kedaPollingSeconds", "from 1"),
     ({"kedaPollingSeconds": "3601"}, "kedaPollingSeconds", "to 3600"),
+    # settings that defeat each other (issue 22): the warmth window against the scrape step and KEDA's poll
+    ({"kedaCooldownSeconds": "5"}, "kedaCooldownSeconds", "shorter than the 30 s scrape interval"),
+    ({"kedaCooldownSeconds": "29"}, "kedaCooldownSeconds", "expected at least 30 (the scrape interval 30 s and"),
+    ({"kedaCooldownSeconds": "1", "kedaPollingSeconds": "3600"}, "kedaCooldownSeconds", "expected at least 3600"),
+    ({"kedaCooldownSeconds": "300", "kedaPollingSeconds": "600"}, "kedaCooldownSeconds", "kedaPollingSeconds (600)"),
+    (
+        {"kedaCooldownSeconds": "40", "slurmMetricsIntervalSeconds": "60"},
+        "kedaCooldownSeconds",
+        "shorter than the 60 s scrape interval the query steps by (slurmMetricsIntervalSeconds)",
+    ),
+    ({"slurmMetricsIntervalSeconds": "4"}, "slurmMetricsIntervalSeconds", "from 5"),
+    ({"slurmMetricsIntervalSeconds": "301"}, "slurmMetricsIntervalSeconds", "to 300"),
+    # canonical numbers and networks only (issue 22)
+    ({"adminCidr": "81.2.69.0/028"}, "adminCidr", "without leading zeros (did you mean 81.2.69.0/28?)"),
+    ({"vpcCidr": "10.0.0.0/016"}, "vpcCidr", "did you mean 10.0.0.0/16?"),
+    ({"vpcCidr": "10.0.0.0/0016"}, "vpcCidr", "did you mean 10.0.0.0/16?"),
+    ({"workerCount": "007"}, "workerCount", "without leading zeros or -0 (did you mean 7?)"),
+    ({"workerCount": "08"}, "workerCount", "(did you mean 8?)"),
+    ({"kedaMaxReplicas": "00"}, "kedaMaxReplicas", "(did you mean 0?)"),
+    ({"aiGuaranteedGpus": "-01"}, "aiGuaranteedGpus", "(did you mean -1?)"),
+    ({"kedaMaxReplicas": "-0"}, "kedaMaxReplicas", "(did you mean 0?)"),
+    ({"controlRootVolumeGb": "0" * 5000 + "40"}, "controlRootVolumeGb", "(did you mean 40?)"),
     # --- booleans
     ({"spotWorkers": "yes"}, "spotWorkers", "true or false"),
     ({"spotWorkers": "on"}, "spotWorkers", "true or false"),
@@ -276,6 +338,26 @@ ROWS: list[tuple[dict, str, str]] = [
     *[({"sshPublicKey": key}, "sshPublicKey", "value hidden: looks like a private key") for key in PRIVATE_KEYS],
     ({"amiId": PRIVATE_KEYS[2]}, "amiId", "value hidden: looks like a private key"),
     ({"nodesetName": "AKIAIOSFODNN7EXAMPLE"}, "nodesetName", "value hidden: looks like an AWS access key"),
+    # --- secrets by their shape, without a header (issue 22), in known and unknown settings and keys
+    ({"sshPublicKey": EC_BODY}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": EC_BODY[:60]}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": EC_BODY[:64] + "\n" + EC_BODY[64:]}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": "ssh-ed25519 " + EC_BODY}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": EC_PKCS8_BODY}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": ED25519_PKCS8_BODY}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": "ssh-ed25519 " + ED25519_PKCS8_BODY}, "sshPublicKey", "looks like a private key"),
+    ({"sshPublicKey": OPENSSH_BODY[:70]}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"sshPublicKey": "ssh-rsa " + RSA_BODY_HEAD}, "sshPublicKey", "value hidden: looks like a private key"),
+    ({"region": AWS_SECRET_KEY}, "region", "value hidden: looks like a secret key or token"),
+    ({"amiId": RANDOM_SECRET}, "amiId", "value hidden: looks like a secret key or token"),
+    ({"awsSecretAccessKey": AWS_SECRET_KEY}, "awsSecretAccessKey", "value hidden: looks like a secret key or token"),
+    ({"nodesetName": GITHUB_TOKEN}, "nodesetName", "value hidden: looks like a GitHub token"),
+    ({"slackToken": SLACK_TOKEN}, "slackToken", "value hidden: looks like a Slack token"),
+    ({"kubernetesVersion": JWT}, "kubernetesVersion", "value hidden: looks like a JSON Web Token"),
+    ({"aws:region": AWS_SECRET_KEY}, "aws:region", "value hidden: looks like a secret key or token"),
+    ({"gpu_testbed:workerCount": EC_BODY}, "gpu_testbed:workerCount", "did you mean gpu-testbed:workerCount?"),
+    ({GITHUB_TOKEN: "1"}, "(key hidden: looks like a GitHub token)", "is not a setting of gpu-testbed"),
+    ({f"gpu-testbd:{AWS_SECRET_KEY}": "1"}, "(key hidden: looks like a secret key or token)", "not read"),
     # --- versions, driver branch and image tag
     *_version_rows(),
     ({"kubernetesVersion": "1.28.3"}, "kubernetesVersion", "1.34.N"),
@@ -312,6 +394,13 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"GPU-testbed:workerCount": "2"}, "GPU-testbed:workerCount", "keys start with gpu-testbed:"),
     ({"gpu-testbd:workerCount": "2"}, "gpu-testbd:workerCount", "did you mean gpu-testbed:workerCount?"),
     ({"gpu-tesbed:spotWorker": "true"}, "gpu-tesbed:spotWorker", "did you mean gpu-testbed:spotWorkers?"),
+    # any namespace before a setting's own name (issue 22): the default would apply silently
+    ({"testbed:workerCount": "8"}, "testbed:workerCount", "did you mean gpu-testbed:workerCount?"),
+    ({"gpu:workerCount": "8"}, "gpu:workerCount", "did you mean gpu-testbed:workerCount?"),
+    ({"gpu-testbed-cluster:workerCount": "8"}, "gpu-testbed-cluster:workerCount", "gpu-testbed:workerCount?"),
+    ({"slurm:nodesetName": "gpu"}, "slurm:nodesetName", "did you mean gpu-testbed:nodesetName?"),
+    ({"keda:kedaCooldownSeconds": "60"}, "keda:kedaCooldownSeconds", "did you mean gpu-testbed:kedaCooldownSeconds?"),
+    ({"cluster:WORKERCOUNT": "8"}, "cluster:WORKERCOUNT", "did you mean gpu-testbed:workerCount?"),
     ({"aws:region": "eu-west-1"}, "aws:region", "pulumi config set region"),
     ({"aws:profile": "prod"}, "aws:profile", "AWS_PROFILE"),
     ({"aws:secretKey": "wJalrXUtnFEMI/K7MDENG"}, "aws:secretKey", "explicit"),
@@ -343,7 +432,9 @@ def test_the_rules_agree_with_the_names_contract():
 
 @pytest.mark.parametrize("values, key, fragment", ROWS, ids=[f"{i}-{r[1]}" for i, r in enumerate(ROWS)])
 def test_a_bad_setting_is_refused_in_one_clear_line(values, key, fragment):
+    started = time.monotonic()
     problems = _problems(values)
+    assert time.monotonic() - started < 1
     found = [p for p in problems if p.startswith(f"{key}: ")]
     assert len(found) == 1, problems
     assert fragment in found[0], found[0]
@@ -353,6 +444,55 @@ def test_a_bad_setting_is_refused_in_one_clear_line(values, key, fragment):
     raw = values.get(key)
     if ":" not in key and isinstance(raw, str) and not settings.secret_kind(raw):
         assert settings.show(raw) in found[0], found[0]  # the value, escaped and truncated
+
+
+NOT_SECRETS = [
+    ED25519,  # public keys: long and random, but meant to be shared
+    ECDSA,
+    _rsa_line(4096) + " me@host",
+    "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE" + "x7Qb3kP9zR2mV5tY8nC1aF4" * 2,  # DER public key (SPKI) body
+    "MIIDdzCCAl+gAwIBAgIEAgAAuTANBgkqhkiG9w0BAQUFADBaMQswCQYDVQQGEwJJ",  # a certificate body
+    "GPU-3f1c9a52-7d1e-4c0b-9e2a-5b8d0c6f1a01",  # nvidia-smi UUIDs, job and path names
+    "kubePrometheusStackVersionForTheCluster1",
+    "ThisIsAVeryLongCamelCaseSettingName123",
+    "Documents/Projects/GpuTestbed2024/outdir",
+    "sha256:" + "0123456789abcdef" * 4,
+    "abcdef.0123456789abcdef",  # a kubeadm bootstrap token's shape, but lower-case hex: not this check's
+    "ami-0123456789abcdef0",
+    "x" * 5000,
+]
+
+
+@pytest.mark.parametrize("text", NOT_SECRETS, ids=range(len(NOT_SECRETS)))
+def test_what_is_long_or_random_but_not_secret_is_shown(text):
+    assert settings.secret_kind(text) is None
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        (EC_BODY[:20], "private key"),  # 15 bytes: SEQUENCE, version 1, the scalar's OCTET STRING
+        (EC_BODY[4:64], "secret key or token"),  # a body cut anywhere else is still random
+        (RANDOM_SECRET, "secret key or token"),
+        (RANDOM_SECRET[:-1], None),  # 31 characters: under the length a secret key has
+        ("Q7w2E9r4Q7w2E9r4T6y1U8i3T6y1U8i3", "secret key or token"),  # 4.0 bits a character
+        ("Ab1Ab1Ab1Ab1Ab1Ab1Ab1Ab1Ab1Ab1Ab", None),  # mixed classes, 1.6 bits a character
+        ("q8zr2xkv9mt4bn7cwf1ls6hd3gy0pj5a", None),  # no capital
+        ("Q8ZR2XKV9MT4BN7CWF1LS6HD3GY0PJ5A", None),
+        ("qXZrbXkVamTcbNhcWfiLsjHdkGylPjmA", None),  # no digit
+        (AWS_SECRET_KEY.upper(), None),  # one letter case only: not random enough to tell
+        ("AKIAIOSFODNN7EXAMPLE", "AWS access key"),
+        (GITHUB_TOKEN, "GitHub token"),
+        ("github_pat_" + "A1b2C3d4E5" * 3, "GitHub token"),
+        ("glpat-" + "a1B2c3D4e5F6g7H8i9J0", "GitLab token"),
+        ("https://hooks.slack.com/services/T000/B000/XXXX", "Slack token"),
+        ("AIza" + "Sy" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q", "Google API key"),
+        (JWT, "JSON Web Token"),
+    ],
+)
+def test_a_secret_is_known_by_its_shape(text, kind):
+    found = settings.secret_kind(text)
+    assert (found is None) if kind is None else (found == f"looks like {'an' if kind[0] in 'AE' else 'a'} {kind}")
 
 
 def test_every_problem_is_reported_at_once_and_none_twice():
@@ -398,7 +538,10 @@ ACCEPTED = [
     {"sshPublicKey": ED25519 + "\n"},  # the newline a pasted key ends with
     {"kubernetesVersion": "1.34.0", "flannelVersion": "v0.27.0", "kedaVersion": "2.16.2"},
     {"kubePrometheusStackVersion": "80.0.0"},
-    {"workerCount": "007", "kedaMaxReplicas": "0"},
+    {"workerCount": "7", "kedaMaxReplicas": "0"},
+    {"kedaCooldownSeconds": "30"},  # the shortest window: one scrape interval, at the default poll
+    {"kedaCooldownSeconds": "600", "kedaPollingSeconds": "600"},
+    {"other-tool:workers": "8", "pulumi:template": "x"},  # not a setting's name: another tool's
     {"nodesetName": "all-gpus"},
     {"pulumi:tags": "{}", "other-tool:setting": "x"},  # other namespaces belong to other tools
     # the edges of every range: the subnet's capacity, the root volumes' limits
@@ -431,6 +574,17 @@ def test_a_stack_file_is_read_as_pulumi_reads_it(tmp_path):
         settings.load(offline.stack_config("yes", root=tmp_path))
     assert [p.split(": ")[0] for p in error.value.problems] == ["workerCount", "spotWorkers", "sshPublicKey"]
     assert "c2VjcmV0" not in str(error.value)
+
+
+def test_a_key_given_twice_with_config_is_refused_not_last_wins():
+    with pytest.raises(settings.SettingsError) as error:
+        offline.stack_config(
+            "dev", ["workerCount=8", "region=us-east-2", f"{PROJECT}:workerCount=2", "spotWorkers=true", "region=x"]
+        )
+    assert error.value.problems == [
+        "--config: gpu-testbed:workerCount is given more than once; expected each key once",
+        "--config: region is given more than once; expected each key once",
+    ]
 
 
 def test_every_malformed_config_override_is_named_at_once():
@@ -473,6 +627,77 @@ def test_a_sample_of_the_table_exits_2_through_the_cli_before_any_resource(capsy
         assert cli.main(args) == 2, values
         err = capsys.readouterr().err.splitlines()
         assert any(line.startswith(f"{key}: ") and fragment in line for line in err), err
+
+
+STACK_HEAD = f"config:\n  {PROJECT}:adminCidr: {ADMIN}\n"
+# Issue 22's classes through `python -m stacks plan`: (the stack file, --config items, each line's
+# thing and a fragment of it, in order).
+CLI_CLASSES: list[tuple[str, list[str], list[tuple[str, str]]]] = [
+    # stack files
+    (STACK_HEAD + "  ? [a, b]\n  : 1\n", [], [("Pulumi.odd.yaml", "line 3: a key that is a list or a mapping")]),
+    (STACK_HEAD + "  x: " + "[" * 50_000 + "]" * 50_000 + "\n", [], [("Pulumi.odd.yaml", "nested deeper than 64")]),
+    (LAUGHS.replace("config:\n", STACK_HEAD), [], [("Pulumi.odd.yaml", "line 4: the alias *a is not accepted")]),
+    (STACK_HEAD + f"  {PROJECT}:adminCidr: {ADMIN}\n", [], [("Pulumi.odd.yaml", "appears twice")]),
+    (
+        STACK_HEAD + "  testbed:workerCount: 8\n  gpu:workerCount: 8\n  gpu-testbed-cluster:workerCount: 8\n",
+        [],
+        [
+            ("gpu-testbed-cluster:workerCount", "did you mean gpu-testbed:workerCount?"),
+            ("gpu:workerCount", "did you mean gpu-testbed:workerCount?"),
+            ("testbed:workerCount", "did you mean gpu-testbed:workerCount?"),
+        ],
+    ),
+    # secrets without their headers, in known and unknown settings and as keys
+    (
+        STACK_HEAD,
+        [f"sshPublicKey={EC_BODY[:60]}", f"awsSecret={AWS_SECRET_KEY}", f"{SLACK_TOKEN}=1"],
+        [
+            ("awsSecret", "(value hidden: looks like a secret key or token) is not a setting"),
+            ("(key hidden: looks like a Slack token)", '"1" is not a setting of gpu-testbed'),
+            ("sshPublicKey", "(value hidden: looks like a private key) is not allowed"),
+        ],
+    ),
+    # numbers and ranges that look valid, settings that defeat each other, a key given twice
+    (
+        STACK_HEAD,
+        ["adminCidr=81.2.69.0/028", "vpcCidr=10.0.0.0/016", "workerCount=08", "kedaCooldownSeconds=5"],
+        [
+            ("adminCidr", "(did you mean 81.2.69.0/28?)"),
+            ("vpcCidr", "(did you mean 10.0.0.0/16?)"),
+            ("workerCount", "(did you mean 8?)"),
+            ("kedaCooldownSeconds", "shorter than the 30 s scrape interval"),
+        ],
+    ),
+    (STACK_HEAD, ["kedaCooldownSeconds=1", "kedaPollingSeconds=3600"], [("kedaCooldownSeconds", "at least 3600")]),
+    (STACK_HEAD, ["workerCount=8", "workerCount=2"], [("--config", "workerCount is given more than once")]),
+]
+
+
+@pytest.mark.parametrize("text, overrides, expected", CLI_CLASSES, ids=[str(i) for i in range(len(CLI_CLASSES))])
+def test_each_class_of_bad_input_exits_2_through_the_cli(text, overrides, expected, tmp_path, capsys, monkeypatch):
+    """Exit 2, one line per problem in order, nothing raw or secret echoed, quickly, and the mock
+    engine never started (a traceback would fail the call itself)."""
+    import pulumi
+
+    from stacks import __main__ as cli
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the mock engine started: a resource could have been created")
+
+    monkeypatch.setattr(pulumi.runtime, "set_mocks", no_engine)
+    monkeypatch.setattr(offline.stack_config, "__defaults__", ("dev", None, tmp_path))  # stack files from tmp_path
+    (tmp_path / "Pulumi.odd.yaml").write_text(text)
+    started = time.monotonic()
+    code = cli.main(["plan", "--stack", "odd", *(a for item in overrides for a in ("--config", item))])
+    assert time.monotonic() - started < 5
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", (code, out, err)
+    lines = err.splitlines()
+    assert len(lines) == len(expected), lines
+    for line, (thing, fragment) in zip(lines, expected, strict=True):
+        assert line.startswith(f"{thing}: ") and fragment in line, (line, thing, fragment)
+        assert all(" " <= ch <= "~" or ch == "…" for ch in line) and len(line) < 600, line
+        assert not any(secret in line for secret in SECRETS), line
 
 
 def test_the_cli_prints_the_lines_and_no_traceback_for_a_pasted_private_key(tmp_path):
@@ -527,21 +752,43 @@ def test_the_pulumi_program_registers_nothing_for_a_bad_config():
     assert monitor.recorded == []
 
 
-@pytest.mark.parametrize(
-    "text, fragment",
-    [
-        ("config: [a, b]\n", "config: is not allowed; expected a mapping"),
-        ("config:\n  gpu-testbed:adminCidr: [\n", "not readable YAML"),
-        ("- just\n- a list\n", "config: is not allowed; expected a mapping"),
-        ("config:\n  gpu-testbed:workerCount: 2\n  gpu-testbed:workerCount: 3\n", "workerCount appears twice"),
-    ],
-)
+BROKEN_STACK_FILES = [
+    ("config: [a, b]\n", "config: is not allowed; expected a mapping"),
+    ("config:\n  gpu-testbed:adminCidr: [\n", "not readable YAML at line 3, column 1"),
+    ("- just\n- a list\n", "config: is not allowed; expected a mapping"),
+    (
+        "config:\n  gpu-testbed:workerCount: 2\n  gpu-testbed:workerCount: 3\n",
+        'line 3: the key "gpu-testbed:workerCount" appears twice; expected each key once',
+    ),
+    # issue 22: a sequence as a key, 50,000 brackets, aliases, bytes that are not UTF-8, a huge file
+    ("config:\n  ? [a, b]\n  : 1\n", "line 2: a key that is a list or a mapping; expected text"),
+    ("config:\n  gpu-testbed:workerCount: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested deeper than 64 levels"),
+    ("config:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(200)), "line 64: nested deeper than 64 levels"),
+    (LAUGHS, "line 3: the alias *a is not accepted"),
+    ("config:\n  gpu-testbed:region: &r us-east-1\n  gpu-testbed:amiId: *r\n", "the alias *r is not accepted"),
+    ("config:\n  gpu-testbed:nodesetName: gp\xfcs\n".encode("latin-1"), "is not UTF-8 text: byte 0xfc at offset"),
+    ("config:\n  gpu-testbed:nodesetName: a\x07b\n", "the character \\x07 at offset 36 is not allowed"),
+    ("config:\n  x: " + "a" * (2 << 20) + "\n", "is larger than 256 KiB, the limit for a stack file"),
+    ("config:\n  a: 1\n---\nconfig:\n  b: 2\n", "expected a single document in the stream"),
+    (
+        f"config:\n  {PRIVATE_BODY}: 1\n  {PRIVATE_BODY}: 2\n",
+        "the key (value hidden: looks like a private key) appears",
+    ),
+]
+
+
+@pytest.mark.parametrize("text, fragment", BROKEN_STACK_FILES, ids=[f"{i}" for i in range(len(BROKEN_STACK_FILES))])
 def test_a_broken_stack_file_is_one_line_naming_the_file(tmp_path, text, fragment):
-    (tmp_path / "Pulumi.odd.yaml").write_text(text)
+    path = tmp_path / "Pulumi.odd.yaml"
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
+    started = time.monotonic()
     with pytest.raises(settings.SettingsError) as error:
         offline.stack_config("odd", root=tmp_path)
+    assert time.monotonic() - started < 2
     (line,) = error.value.problems
-    assert line.startswith("Pulumi.odd.yaml: ") and fragment in line
+    assert line.startswith("Pulumi.odd.yaml: ") and fragment in line, line
+    assert all(" " <= ch <= "~" or ch == "…" for ch in line) and len(line) < 300, line
+    assert PRIVATE_BODY not in line
 
 
 # Whole lines: what a user reads for each kind of refusal (the thing, its value as shown, what

@@ -73,7 +73,7 @@ def test_unreadable_and_invalid_yaml_are_one_line(capsys, tmp_path):
     (tmp_path / "x.yaml").write_text("jobs: [\n")
     assert main(["simulate", "--scenario", str(tmp_path / "x.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "cannot be read" in err[0] and "not valid YAML" in err[1]
+    assert len(err) == 2 and "cannot be read" in err[0] and "is not readable YAML at line 2" in err[1]
 
 
 # ------------------------------------------------------------------ PromQL evaluator

@@ -1,5 +1,6 @@
 """The picture, the report files and the command line."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -147,28 +148,88 @@ def test_from_timeline_fails_when_a_check_fails(tmp_path):
         ([], "validate: --scenario is required: one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe"),
         (
             ["--scenario", "huge"],
-            "validate: --scenario: 'huge' is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe",
+            'validate: --scenario: "huge" is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe',
         ),
         (
             ["--scenario", "mixed", "--timeout", "soon"],
-            "validate: argument --timeout: 'soon' is not allowed: give a number of seconds > 0",
+            'validate: --timeout: "soon" is not allowed; expected seconds from 60 to 604800, e.g. 300 or 2.5',
         ),
         (
             ["--scenario", "mixed", "--interval", "0"],
-            "validate: argument --interval: '0' is not allowed: give a number of seconds > 0",
+            'validate: --interval: "0" is not allowed; expected seconds from 1 to 600, e.g. 300 or 2.5',
+        ),
+        # issue 22: numbers that parse but mean nothing, all refused at once with the scenario
+        (
+            ["--scenario", "h\x1bx", "--timeout", "nan", "--interval", "inf"],
+            'validate: --scenario: "h\\x1bx" is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe\n'
+            'validate: --timeout: "nan" is not allowed; expected seconds from 60 to 604800, e.g. 300 or 2.5\n'
+            'validate: --interval: "inf" is not allowed; expected seconds from 1 to 600, e.g. 300 or 2.5',
+        ),
+        (
+            ["--scenario", "mixed", "--interval", "1e-9"],
+            'validate: --interval: "1e-9" is not allowed; expected seconds from 1 to 600, e.g. 300 or 2.5',
+        ),
+        (
+            ["--scenario", "mixed", "--timeout=-inf"],
+            'validate: --timeout: "-inf" is not allowed; expected seconds from 60 to 604800, e.g. 300 or 2.5',
+        ),
+        (
+            ["--scenario", "mixed", "--timeout", "1e400"],
+            'validate: --timeout: "1e400" is not allowed; expected seconds from 60 to 604800, e.g. 300 or 2.5',
+        ),
+        (
+            ["--scenario", "mixed", "--timeout", "9" * 5000],
+            f'validate: --timeout: "{"9" * 60}… (5000 characters)" is not allowed; expected seconds from 60 to '
+            "604800, e.g. 300 or 2.5",
+        ),
+        (
+            ["--scenario", "mixed", "--timeout", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"],
+            "validate: --timeout: (value hidden: looks like a secret key or token) is not allowed; expected seconds "
+            "from 60 to 604800, e.g. 300 or 2.5",
+        ),
+        (
+            ["--scenario", "mixed", "--bogus", "ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"],
+            "validate: unrecognized arguments: --bogus (hidden: looks like a GitHub token)",
+        ),
+        (
+            ["--scenario", "mixed", "--out", "/tmp/" + "n" * 300],
+            f'validate: --out: "/tmp/{"n" * 55}… (305 characters)" has a name of 300 bytes; expected names of at '
+            "most 255 bytes",
         ),
         (
             ["--scenario", "mixed", "--kubeconfig", "/nonexistent/kc"],
-            "validate: --kubeconfig: '/nonexistent/kc' is not a file",
+            'validate: --kubeconfig: "/nonexistent/kc" is not a file',
         ),
         (
             ["--scenario", "mixed", "--from-timeline", "/nonexistent.json"],
-            "validate: --from-timeline: '/nonexistent.json' is not a file",
+            'validate: --from-timeline: "/nonexistent.json" is not a file',
         ),
         (["--scenario", "mixed", "--bogus"], "validate: unrecognized arguments: --bogus"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, message, capsys):
+    started = time.monotonic()
     assert main(argv) == 2
+    assert time.monotonic() - started < 5
     captured = capsys.readouterr()
     assert captured.err == message + "\n" and captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("clusters: " + "[" * 50_000 + "]" * 50_000 + "\n", "is not accepted YAML: line 1: nested deeper than 64"),
+        ("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nclusters: [*b]\n", "is not accepted YAML: line 2: the alias *a"),
+        ("clusters: [a]\nclusters: [b]\n", 'line 2: the key "clusters" appears twice'),
+        ("? [a]\n: 1\n", "a key that is a list or a mapping"),
+        ("clusters: []\n", "is not a kubeconfig: it names no clusters"),
+    ],
+)
+def test_a_bad_kubeconfig_file_is_one_line_before_any_cluster_call(text, fragment, tmp_path, capsys):
+    (tmp_path / "kc").write_text(text)
+    started = time.monotonic()
+    assert main(["--scenario", "mixed", "--kubeconfig", str(tmp_path / "kc"), "--out", str(tmp_path / "o")]) == 2
+    assert time.monotonic() - started < 5
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith('validate: --kubeconfig: "') and fragment in line, line
+    assert not (tmp_path / "o").exists()

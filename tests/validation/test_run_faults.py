@@ -9,6 +9,7 @@ import yaml
 from test_runner import DURATIONS, replay
 from validation_fakes import FakeClock, FakeCluster, Faults
 
+from stacks.settings import show
 from validation import cli, runner
 from validation.timeline import Timeline
 
@@ -161,7 +162,7 @@ def test_the_real_client_against_a_closed_port_is_bad_input_in_one_line(tmp_path
 @pytest.mark.parametrize(
     "content, says",
     [
-        ("clusters: [\n", "is not YAML"),
+        ("clusters: [\n", "is not readable YAML at line 2, column 1"),
         ("apiVersion: v1\nkind: Config\n", "names no clusters"),
         (
             "clusters: [{name: t, cluster: {server: 'https://x'}}]\ncontexts: []\ncurrent-context: nope\n",
@@ -183,7 +184,8 @@ def test_a_bad_timeline_is_bad_input_in_one_line(tmp_path, capsys, content):
     path.write_text(content)
     assert cli.main(["--scenario", "mixed", "--from-timeline", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"validate: --from-timeline: {str(path)!r} is not a timeline.json (") and err.count("\n") == 1
+    shown = show(str(path))
+    assert err.startswith(f"validate: --from-timeline: {shown} is not a timeline.json (") and err.count("\n") == 1
 
 
 def test_pods_of_a_previous_runs_finished_jobs_do_not_keep_the_cluster_busy():
