@@ -133,6 +133,8 @@ class Kueue:
     # pending, never a head), and every tick would otherwise walk every workload ever made.
     open_workloads: list[Workload] = field(default_factory=list)
     pod_evictions: int = 0  # slurmd pods waitForPodsReady deleted (never Ready: no Slurm job ran)
+    # What the last scheduling run that admitted nothing saw (see _admission_state).
+    _idle_state: tuple | None = None
 
     @classmethod
     def from_program(cls, objects: list[dict], manager_config: dict) -> Kueue:
@@ -211,7 +213,14 @@ class Kueue:
             if not w.ready and now >= w.admitted_at + self.pods_ready_timeout:
                 self._evict(w, kube, now)
         self.open_workloads = [w for w in self.open_workloads if not w.done]
-        self._admit(kube, now)
+        state = self._admission_state(now)
+        if state != self._idle_state:  # the same state admits nothing again: skip the cycles
+            self._idle_state = state if not self._admit(kube, now) else None
+
+    def _admission_state(self, now: float) -> tuple:
+        """Everything `_admit` decides on that can change: which workloads are open, and whether each
+        is admitted, over, and past its requeue time. The rest (GPUs, queue, priority, age) is fixed."""
+        return tuple((id(w), w.admitted_at is None, w.ended(), now >= w.requeue_at) for w in self.open_workloads)
 
     def _evict(self, w: Workload, kube: Kubernetes, now: float) -> None:
         w.evictions += 1
@@ -225,7 +234,7 @@ class Kueue:
         w.admitted_at = None
         w.requeue_at = now + min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (w.evictions - 1))
 
-    def _admit(self, kube: Kubernetes, now: float) -> None:
+    def _admit(self, kube: Kubernetes, now: float) -> bool:
         """Scheduling cycles until one admits nothing. Each cycle takes every queue's head, in
         classicalIterator order (within nominal quota first, then priority, then age), and admits
         each that fits. A head within its queue's nominal quota that does not fit needs preemption
@@ -235,6 +244,7 @@ class Kueue:
         that did not fit straight back at the head, so it does that every cycle; BestEffortFIFO
         sets it aside and the next workload is the head (cluster_queue.go RequeueIfNotPresent)."""
         passed: set[int] = set()  # BestEffortFIFO heads set aside this tick
+        admitted = False
         while True:
             heads = [h for h in (self._head(cq, now, passed) for cq in self.queues) if h is not None]
             heads.sort(key=lambda w: (self.borrows(w), -w.priority, w.created))
@@ -244,7 +254,7 @@ class Kueue:
                 cq = self.queues[w.cluster_queue]
                 if w.gpus <= self.available(cq.name, reserved):
                     self._admit_one(w, kube, now)
-                    progress = True
+                    progress = admitted = True
                     continue
                 used = self.usage(cq.name)
                 if used + w.gpus <= cq.nominal:
@@ -253,7 +263,7 @@ class Kueue:
                     passed.add(id(w))
                     progress = True
             if not progress:
-                return
+                return admitted
 
     def _admit_one(self, w: Workload, kube: Kubernetes, now: float) -> None:
         w.admitted_at = now

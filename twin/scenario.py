@@ -19,7 +19,7 @@ IMAGES = ("warm", "cold")
 MAX_DURATION = 24 * 3600
 MAX_JOBS = 500
 MAX_TASKS = 2000  # jobs, each Slurm array task and each PyTorchJob replica counted
-MAX_TASK_HOURS = 4000  # tasks x simulated hours
+MAX_TASK_HOURS = 10000  # tasks x simulated hours
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 IMAGE_REFERENCE = re.compile(r"[a-z0-9][A-Za-z0-9._/:@-]{0,254}")  # loosely, a registry/name:tag
 

@@ -212,11 +212,7 @@ class Run:
         waiting = [j for j in self.kube.jobs if j.started is None and j.finished is None]
         if waiting:
             noted = {id(j) for j, _ in self.waiting_at_end}
-            self.waiting_at_end += [
-                (j, waiting)
-                for j in self.slurm.jobs
-                if j.finished == now and j.state == COMPLETED and id(j) not in noted
-            ]
+            self.waiting_at_end += [(j, waiting) for j in self.slurm.completed_now if id(j) not in noted]
 
     def _kueue_down(self, now: float) -> bool:
         return self.scenario.fault_active("kueue-down", now)
@@ -239,7 +235,7 @@ class Run:
         self.idle_gpu_s += sum(1 for p in pods if p.holder == k8s.SLURMD and p.gpu is not None and p.owner not in busy)
         self.held_now = sum(1 for p in pods if p.holder == k8s.SLURMD and p.gpu is not None)
         self.held.append(self.held_now)
-        slurm_waits = any(j.finished is None for j in self.slurm.jobs if j.state != REFUSED)
+        slurm_waits = any(j.finished is None for j in self.slurm.open_jobs)
         kube_waits = any(j.finished is None for j in self.kube.jobs)
         if slurm_waits and kube_waits:
             self.contended["seconds"] += 1

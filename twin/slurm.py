@@ -51,6 +51,7 @@ class SlurmJob:
     sized: int | None = None  # min_nodes = max_nodes as job_submit.lua set them
     restarts: int = 0  # times its node went down under it: its work was lost each time
     eligible_at: float = 0.0  # a requeued job waits for the requeue delay
+    seq: int = 0  # its place among every job record submitted
 
     @property
     def min_nodes(self) -> int:
@@ -123,6 +124,14 @@ class Slurmctld:
     config: SlurmConfig
     jobs: list[SlurmJob] = field(default_factory=list)
     nodes: dict[str, SlurmNode] = field(default_factory=dict)
+    # The jobs still PENDING or RUNNING, in submission order (pruned each step), and every job by
+    # name: each tick would otherwise walk every job ever submitted, several times.
+    open_jobs: list[SlurmJob] = field(default_factory=list)
+    running: list[SlurmJob] = field(default_factory=list)  # in the order they started
+    _closed: bool = False  # a job left open_jobs' states since the last prune
+    by_name: dict[str, list[SlurmJob]] = field(default_factory=dict)
+    completed_now: list[SlurmJob] = field(default_factory=list)  # by the steps at the latest time
+    _stepped_at: float | None = None
 
     @property
     def partitions(self) -> tuple[str, str]:
@@ -136,7 +145,10 @@ class Slurmctld:
         sized, refusal = (
             job_submit(spec.nodes, spec.gpus, partition, limit) if self.config.job_submit_lua else (None, "")
         )
-        jobs = [SlurmJob(spec, job_id, partition, held=spec.hold, sized=sized) for _ in range(spec.array or 1)]
+        jobs = [
+            SlurmJob(spec, job_id, partition, held=spec.hold, sized=sized, seq=len(self.jobs) + i)
+            for i in range(spec.array or 1)
+        ]
         failed = "sbatch: error: Batch job submission failed: "
         registered = len(self.nodes)  # every node is in both partitions
         if refusal:  # the client prints the plugin's message, then the error of its return code
@@ -151,17 +163,21 @@ class Slurmctld:
             for job in jobs:
                 job.state, job.finished, job.reason = REFUSED, now, reason
         self.jobs += jobs
+        self.open_jobs += [j for j in jobs if j.state == PENDING]
+        self.by_name.setdefault(spec.name, []).extend(jobs)
         return jobs
 
     def cancel(self, job: SlurmJob, now: float) -> None:
         """scancel: a pending or running job ends CANCELLED and frees its nodes."""
         if job.state in (PENDING, RUNNING):
+            if job.state == RUNNING:
+                self.running.remove(job)
             job.state, job.finished = CANCELLED, now
+            self._closed = True
 
     def release(self, name: str) -> None:  # scontrol release
-        for job in self.jobs:
-            if job.spec.name == name:
-                job.held = False
+        for job in self.by_name.get(name, []):
+            job.held = False
 
     # ------------------------------------------------------------ nodes (slurmd registers / goes)
 
@@ -180,7 +196,8 @@ class Slurmctld:
         eligible again after REQUEUE_DELAY (src/slurmctld/job_mgr.c; seen on the real slurmctld)."""
         if name in self.nodes:
             self.nodes[name].down = True
-        killed = [j for j in self.jobs if j.state == RUNNING and name in j.nodes]
+        killed = [j for j in self.running if name in j.nodes]
+        self.running = [j for j in self.running if name not in j.nodes]
         for job in killed:
             job.state, job.nodes, job.started = PENDING, (), None
             job.restarts += 1
@@ -192,7 +209,7 @@ class Slurmctld:
             self.nodes[name].drain = drain
 
     def busy_nodes(self) -> set[str]:
-        return {n for j in self.jobs if j.state == RUNNING for n in j.nodes}
+        return {n for j in self.running for n in j.nodes}
 
     def is_drained(self, name: str) -> bool:
         """IsNodeDrained: drain flag set and no job on it (not ALLOCATED/MIXED/COMPLETING)."""
@@ -201,7 +218,7 @@ class Slurmctld:
 
     def deadline(self, name: str) -> float | None:
         """GetNodeDeadlines: start + time limit of running jobs on the node (here: their end)."""
-        ends = [j.started + j.spec.runtime for j in self.jobs if j.state == RUNNING and name in j.nodes]
+        ends = [j.started + j.spec.runtime for j in self.running if name in j.nodes]
         return max(ends) if ends else None
 
     # ------------------------------------------------------------ scheduling
@@ -212,27 +229,39 @@ class Slurmctld:
         if job.spec.begin is not None and now < job.spec.begin:
             return False
         if job.spec.throttle is not None:
-            running = sum(1 for j in self.jobs if j.job_id == job.job_id and j.state == RUNNING)
+            running = sum(1 for j in self.by_name[job.spec.name] if j.job_id == job.job_id and j.state == RUNNING)
             if running >= job.spec.throttle:
                 return False
         if job.spec.after is not None:
-            parents = [j for j in self.jobs if j.spec.name == job.spec.after]
+            parents = self.by_name.get(job.spec.after, [])
             return bool(parents) and all(j.state == COMPLETED for j in parents)
         return True
 
     def step(self, now: float) -> None:
-        for job in self.jobs:
-            if job.state == RUNNING and now >= job.started + job.spec.runtime:
-                job.state, job.finished = COMPLETED, now
+        if now != self._stepped_at:
+            self.completed_now, self._stepped_at = [], now
+        ended = [j for j in self.running if now >= j.started + j.spec.runtime]
+        for job in ended:
+            job.state, job.finished = COMPLETED, now
+        if ended:
+            self.completed_now += sorted(ended, key=lambda j: j.seq)  # submission order
+            self.running = [j for j in self.running if j.state == RUNNING]
+            self._closed = True
+        if self._closed:
+            self.open_jobs = [j for j in self.open_jobs if j.state in (PENDING, RUNNING)]
+            self._closed = False
         busy = self.busy_nodes()
         idle = sorted(
             (n.name for n in self.nodes.values() if not n.drain and not n.down and n.name not in busy),
             key=_ordinal,
         )
-        for job in self.jobs:
+        if not idle:
+            return  # every job needs at least one node
+        for job in self.open_jobs:
             if self.eligible(job, now) and len(idle) >= job.nodes_needed:
                 job.nodes, idle = tuple(idle[: job.nodes_needed]), idle[job.nodes_needed :]
                 job.state, job.started = RUNNING, now
+                self.running.append(job)
 
     # ------------------------------------------------------------ metrics
 
@@ -247,7 +276,7 @@ class Slurmctld:
         drained = sum(1 for n in self.nodes.values() if n.drain and n.name not in busy)
         out = {}
         for p in self.partitions:
-            pending = [j for j in self.jobs if j.partition == p and j.state == PENDING]
+            pending = [j for j in self.open_jobs if j.partition == p and j.state == PENDING]
             nohold = [j for j in pending if not j.held]
             out[p] = {
                 # A 1-GPU job on a 4-CPU node leaves CPUs free: MIXED, as on the testbed.
@@ -260,9 +289,7 @@ class Slurmctld:
                 "slurm_partition_nodes": float(len(self.nodes)),
                 "slurm_partition_jobs_pending": float(len(pending)),
                 "slurm_partition_jobs_hold": float(len(pending) - len(nohold)),
-                "slurm_partition_jobs_running": float(
-                    sum(1 for j in self.jobs if j.partition == p and j.state == RUNNING)
-                ),
+                "slurm_partition_jobs_running": float(sum(1 for j in self.running if j.partition == p)),
                 "slurm_partition_jobs_max_job_nodes_nohold": float(
                     max((max(j.max_nodes, j.min_nodes) for j in nohold), default=0)
                 ),

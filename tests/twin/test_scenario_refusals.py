@@ -85,7 +85,7 @@ ROWS: list[tuple[str | bytes | Path, list[str], list[tuple[str, str]]]] = [
         [],
         [("jobs", "3000 tasks (jobs, array tasks, replicas) are too many; expected at most 2000")],
     ),
-    (jobs(job("p", "replicas: 1000", kind="pytorchjob"), duration=18000), [], [("duration", "5,000 task-hours")]),
+    (jobs(job("p", "replicas: 1000", kind="pytorchjob"), duration=43200), [], [("duration", "12,000 task-hours")]),
     # what a problem line shows: control characters escaped, a secret-looking name hidden
     (
         jobs(job('"a\\e[31m\\a\\nb"')),
