@@ -74,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
 class StackFacts:
     names: Names
     source: str  # where the names came from, as the output says
+    share_server: str = ""  # the control node's private IP: the NFS server of the shared directory
 
 
 def cross_check(names: Names, outputs: dict) -> list[str]:
@@ -101,11 +102,13 @@ def stack_facts(
     names = Names.from_settings(s)
     outputs = (read_outputs or read_stack_outputs)(stack)
     if isinstance(outputs, str):
-        return StackFacts(names, f"settings of stack {stack}; not cross-checked: {outputs}")
+        return StackFacts(names, f"settings of stack {stack}; not cross-checked: {outputs}", s.control_private_ip)
     problems = cross_check(names, outputs)
     if problems:
         raise UsageError(*problems)
-    return StackFacts(names, f"settings of stack {stack}, cross-checked with its deployed outputs")
+    return StackFacts(
+        names, f"settings of stack {stack}, cross-checked with its deployed outputs", s.control_private_ip
+    )
 
 
 def needs_every_gpu(scenario: Scenario, exp: Expectations, names: Names) -> str | None:
@@ -232,7 +235,7 @@ def _main(argv: list[str]) -> int:
     timeout = args.timeout or WORK_SECONDS + names.cooldown_seconds
     now = datetime.now(UTC)
     run_id = "dryrun" if args.dry_run else now.strftime("r%m%d%H%M%S")
-    planned = plan(scenario, run_id, gpus_total=names.gpus_total)
+    planned = plan(scenario, run_id, gpus_total=names.gpus_total, share_server=facts.share_server)
     exp = expectations(scenario, planned, names.gpus_total)
     blocker = needs_every_gpu(scenario, exp, names)
     if blocker:

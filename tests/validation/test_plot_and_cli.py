@@ -144,10 +144,10 @@ def test_from_timeline_fails_when_a_check_fails(tmp_path):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        ([], "validate: --scenario is required: one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe"),
+        ([], "validate: --scenario is required: one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe, nccl"),
         (
             ["--scenario", "huge"],
-            "validate: --scenario: 'huge' is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe",
+            "validate: --scenario: 'huge' is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe, nccl",
         ),
         (
             ["--scenario", "mixed", "--timeout", "soon"],
