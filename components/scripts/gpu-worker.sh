@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU worker: NVIDIA driver and container toolkit (nvidia as containerd's default runtime),
-# DCGM's diagnostic of the GPU (a failure stops here, before the join), the shared directory
-# from the control node, kubeadm join, then the images the first slurmd
-# pod and the first example jobs need (PREPULL_IMAGES, space-separated), so the readiness gate,
-# which waits for this script on every node, passes only once they are on the node. Idempotent.
+# the shared directory from the control node, DCGM's GPU diagnostic and kubeadm join, then the
+# images the first slurmd pod and the first example jobs need (PREPULL_IMAGES, space-separated),
+# so the readiness gate, which waits for this script on every node, passes only once they are on
+# the node. Idempotent.
 set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$(dirname "$0")/testbed-lib.sh"
@@ -60,41 +60,6 @@ mapfile -t driver_packages < <(installed_packages "*-${NVIDIA_DRIVER_BRANCH}-ser
 [ "${#driver_packages[@]}" -gt 0 ] || die "no installed NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver package to hold"
 apt-mark hold "${driver_packages[@]}" "${toolkit_packages[@]}" >/dev/null
 
-# A GPU, driver or PCIe link that fails DCGM's diagnostic must not join and take jobs. Before the
-# join only: a node that joined may run GPU work the diagnostic would disturb.
-if [ -f "${ROOT}/etc/kubernetes/kubelet.conf" ]; then
-  log "already joined: the GPU diagnostic ran before the join"
-else
-  step "GPU diagnostic (DCGM ${DCGM_VERSION} dcgmi diag -r ${GPU_DIAG_LEVEL})"
-  cuda_keyring=/usr/share/keyrings/cuda-archive-keyring.gpg
-  if [ ! -s "${ROOT}${cuda_keyring}" ]; then
-    retry 5 10 curl -fsSL "${CUDA_REPO}/3bf863cc.pub" -o "${ROOT}/tmp/cuda-repo.key" \
-      || die "cannot download the CUDA repository signing key"
-    gpg --dearmor --yes -o "${ROOT}${cuda_keyring}" "${ROOT}/tmp/cuda-repo.key"
-  fi
-  echo "deb [signed-by=${cuda_keyring}] ${CUDA_REPO}/ /" >"${ROOT}/etc/apt/sources.list.d/cuda-dcgm.list"
-  # Only what Ubuntu lacks comes from NVIDIA's repository: its driver and CUDA packages never
-  # replace the Ubuntu 580-server driver (a priority below 500 loses to the Ubuntu archive).
-  printf 'Package: *\nPin: origin developer.download.nvidia.com\nPin-Priority: 100\n' \
-    >"${ROOT}/etc/apt/preferences.d/cuda-dcgm.pref"
-  apt_get update
-  dcgm_packages=(datacenter-gpu-manager-4-core datacenter-gpu-manager-4-proprietary
-    "datacenter-gpu-manager-4-cuda${DCGM_CUDA_MAJOR}" "datacenter-gpu-manager-4-proprietary-cuda${DCGM_CUDA_MAJOR}")
-  apt_get install "${dcgm_packages[@]/%/=1:${DCGM_VERSION}-1}"
-  apt-mark hold "${dcgm_packages[@]}" >/dev/null
-  # The host engine runs for the diagnostic only: dcgm-exporter embeds its own.
-  systemctl start nvidia-dcgm || die "nvidia-dcgm (the DCGM host engine) does not start"
-  diag_status=0
-  dcgmi diag -r "${GPU_DIAG_LEVEL}" >"${ROOT}/tmp/gpu-diag.txt" 2>&1 || diag_status=$?
-  cat "${ROOT}/tmp/gpu-diag.txt"
-  systemctl stop nvidia-dcgm || true
-  if [ "$diag_status" -ne 0 ]; then
-    failed_tests=$(grep -i -m 3 'fail' "${ROOT}/tmp/gpu-diag.txt" || true)
-    failed_tests=${failed_tests//$'\n'/; }
-    die "dcgmi diag -r ${GPU_DIAG_LEVEL} failed (exit ${diag_status}): ${failed_tests:0:300}"
-  fi
-fi
-
 step "shared directory ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
 add_line "${ROOT}/etc/fstab" "${CONTROL_PLANE_IP}:${SHARE_DIR} ${SHARE_DIR} nfs4 rw,_netdev,nofail,timeo=600,retrans=5 0 0"
 mountpoint -q "${ROOT}${SHARE_DIR}" || retry 60 20 mount "${ROOT}${SHARE_DIR}" || die "cannot mount ${SHARE_DIR} from ${CONTROL_PLANE_IP}"
@@ -102,6 +67,30 @@ mountpoint -q "${ROOT}${SHARE_DIR}" || retry 60 20 mount "${ROOT}${SHARE_DIR}" |
 if [ -f "${ROOT}/etc/kubernetes/kubelet.conf" ]; then
   log "already joined"
 else
+  # A GPU that fails DCGM's diagnostic must not join. Only before the join: a joined node may be
+  # running GPU work.
+  step "GPU diagnostic (DCGM ${DCGM_VERSION} dcgmi diag -r ${GPU_DIAG_LEVEL})"
+  keyring=/usr/share/keyrings/cuda-archive-keyring.gpg
+  if [ ! -s "${ROOT}${keyring}" ]; then
+    retry 5 10 curl -fsSL "${CUDA_REPO}/3bf863cc.pub" -o "${ROOT}/tmp/cuda.key" || die "cannot download the CUDA repo key"
+    gpg --dearmor --yes -o "${ROOT}${keyring}" "${ROOT}/tmp/cuda.key"
+  fi
+  echo "deb [signed-by=${keyring}] ${CUDA_REPO}/ /" >"${ROOT}/etc/apt/sources.list.d/cuda-dcgm.list"
+  # Priority 100: only what Ubuntu lacks comes from there, never its driver or CUDA
+  printf 'Package: *\nPin: origin developer.download.nvidia.com\nPin-Priority: 100\n' >"${ROOT}/etc/apt/preferences.d/cuda-dcgm.pref"
+  apt_get update
+  dcgm=(datacenter-gpu-manager-4-{core,proprietary,cuda"$DCGM_CUDA_MAJOR",proprietary-cuda"$DCGM_CUDA_MAJOR"})
+  apt_get install "${dcgm[@]/%/=1:${DCGM_VERSION}-1}"
+  apt-mark hold "${dcgm[@]}" >/dev/null
+  # The host engine runs for the diagnostic only: dcgm-exporter embeds its own.
+  systemctl start nvidia-dcgm || die "the DCGM host engine (nvidia-dcgm) does not start"
+  rc=0
+  dcgmi diag -r "$GPU_DIAG_LEVEL" 2>&1 | tee "${ROOT}/tmp/gpu-diag.txt" || rc=$?
+  systemctl stop nvidia-dcgm || true
+  if [ "$rc" -ne 0 ]; then
+    failed=$(grep -i -m 3 fail "${ROOT}/tmp/gpu-diag.txt" || true)
+    die "dcgmi diag -r ${GPU_DIAG_LEVEL} failed (exit ${rc}): ${failed//$'\n'/; }"
+  fi
   step "kubeadm join ${CONTROL_PLANE_IP}:${API_SERVER_PORT} (retried until the control plane answers)"
   join() { kubeadm join --config "${ROOT}${KUBEADM_CONFIG}" || { kubeadm reset -f >/dev/null 2>&1; false; }; }
   retry 20 30 join || die "kubeadm join did not succeed"
