@@ -352,9 +352,9 @@ class Preflight:
                     Check(
                         "managed prometheus",
                         OK,
-                        f"{len(kept)} workspace(s) {alias} kept from earlier runs ({', '.join(kept)}): their samples "
-                        "stay queryable and cost storage until deleted (aws amp delete-workspace --workspace-id ID); "
-                        "`pulumi up` creates a new one",
+                        f"{len(kept)} workspace(s) {alias} in the region ({', '.join(kept)}): the deployed stack's, "
+                        "or kept from earlier runs, whose samples stay queryable and cost storage until deleted "
+                        "(aws amp delete-workspace --workspace-id ID); a new deployment creates another",
                     )
                 )
             else:

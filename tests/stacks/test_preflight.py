@@ -305,7 +305,7 @@ def test_managed_prometheus_answers_and_names_the_workspaces_kept_from_earlier_r
     amp.create_workspace(alias=alias + "-other")  # AWS filters aliases by prefix: not this stack's
     check = run(session, recorded)["managed prometheus"]
     assert check.status == preflight.OK
-    assert check.detail.startswith(f"1 workspace(s) gpu-testbed-dev kept from earlier runs ({kept}): ")
+    assert check.detail.startswith(f"1 workspace(s) gpu-testbed-dev in the region ({kept}): the deployed stack's, ")
 
 
 def test_managed_prometheus_not_offered_in_the_region_fails_with_the_way_out(aws, recorded):
