@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from components import host_layout
 from components.names import JOBS_NAMESPACE, SlurmNames
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
@@ -31,6 +32,8 @@ AFTER_BUILD = "after-the-build-succeeded"
 BUILD_DIR = "build/"
 # The NFS server a build Job mounts the share from; planning fills in the control node's address.
 SHARE_SERVER_PLACEHOLDER = "CONTROL_PLANE_IP"
+# Where a Slurm job's output is read from: the example scripts write --output=<share>/%x-%j.out
+SLURM_OUTPUT_DIR = host_layout.SHARE_DIR
 
 SLURM = "slurm"
 
@@ -289,6 +292,3 @@ def output_source(p: Planned) -> str:
     if isinstance(p, PlannedSlurm):
         return f"{SLURM_OUTPUT_DIR}/{p.name}-<job id>.out (its --output on the share)"
     return f"the log of pod {p.namespace}/{p.name}-master-0"
-
-
-SLURM_OUTPUT_DIR = "/mnt/share"  # every example sbatch writes --output=/mnt/share/%x-%j.out

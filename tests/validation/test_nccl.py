@@ -20,10 +20,12 @@ from validation.scenarios import (
     JOBS_DIR,
     SCENARIOS,
     SHARE_SERVER_PLACEHOLDER,
+    SLURM_OUTPUT_DIR,
     PlannedKube,
     PlannedSlurm,
     load_objects,
     plan,
+    sbatch_options,
 )
 from validation.timeline import SUCCEEDED, job_lives
 
@@ -63,6 +65,8 @@ def test_the_plan_builds_first_then_runs_both_paths_across_two_nodes():
     # two ranks each, one GPU per worker: every all-reduce crosses nodes
     assert slurm.gpus == kube.gpus == 2
     assert "#SBATCH --nodes=2" in slurm.script and "#SBATCH --ntasks-per-node=1" in slurm.script
+    # validate reads its output where the script writes it: <share>/<job name>-<job id>.out
+    assert sbatch_options(slurm.script)["--output"] == f"{SLURM_OUTPUT_DIR}/%x-%j.out"
     # the Slurm side runs the binary the build Job writes, where it writes it
     (container,) = build.obj["spec"]["template"]["spec"]["containers"]
     assert "out=/mnt/share/nccl-tests" in container["args"][0] and "/mnt/share/nccl-tests" in slurm.script
