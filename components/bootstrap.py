@@ -33,6 +33,16 @@ CA_CERT_FILE = "/etc/kubernetes/pki/ca.crt"
 CA_KEY_FILE = "/etc/kubernetes/pki/ca.key"  # delivered over SSH (deliver-ca-key.sh), never in user-data
 CA_KEY_WAIT_SECONDS = 30 * 60  # control-plane.sh waits this long for it
 USER_DATA_LIMIT = 16384  # EC2's limit on user-data, in bytes
+# GPU health before the worker joins: DCGM's diagnostic at run level 1 (deployment and software
+# checks: NVML and CUDA libraries, permissions, page retirement, inforom; under a minute; the PCIe
+# and memory tests are level 2, docs/evidence-and-budget.md), with the DCGM release the pinned dcgm-exporter image carries (NVIDIA/dcgm-exporter tag
+# 4.4.2-4.7.1: DCGM 4.4.2). DCGM 4 comes as packages per CUDA major version of the driver, from
+# NVIDIA's CUDA repository for Ubuntu 24.04 (NVIDIA DCGM documentation, "Install DCGM"); the
+# driver branch fixes that major: 580 is CUDA 13 (CUDA 13.0 release notes, table 3: 580.65.06 or later).
+GPU_DIAG_LEVEL = 1
+DCGM_VERSION = "4.4.2"
+DRIVER_CUDA_MAJOR = {"580": "13"}
+CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64"
 
 
 def script(name: str) -> str:
@@ -250,6 +260,10 @@ def gpu_worker_user_data(p: WorkerBootstrap) -> str:
             "API_SERVER_PORT": str(host_layout.API_SERVER_PORT),
             "CRI_SOCKET": CRI_SOCKET,
             "PREPULL_IMAGES": " ".join(p.prepull_images),
+            "GPU_DIAG_LEVEL": str(GPU_DIAG_LEVEL),
+            "DCGM_VERSION": DCGM_VERSION,
+            "DCGM_CUDA_MAJOR": DRIVER_CUDA_MAJOR[p.nvidia_driver_branch],
+            "CUDA_REPO": CUDA_REPO,
         },
         kubeadm_join_config(p),
         [],

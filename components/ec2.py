@@ -27,6 +27,11 @@ class NodeSpec:
     # e.g. the internet route; an Output that resolves to None adds nothing
     after: Sequence[pulumi.Input[pulumi.Resource]] = field(default_factory=tuple)
     rebuild_generation: int | None = None  # a new value replaces the instance (a deliberate rebuild)
+    # the control node's (components/managed_prometheus.py); None: the node gets no AWS credentials.
+    # A change attaches or detaches it in place, the instance stays (hashicorp/terraform-provider-aws
+    # internal/service/ec2/ec2_instance.go: iam_instance_profile is not ForceNew; the update calls
+    # associateInstanceProfile / ReplaceIamInstanceProfileAssociation).
+    instance_profile: pulumi.Input[str] | None = None
 
 
 def ubuntu_ami(parent: pulumi.Resource) -> pulumi.Output[str]:
@@ -59,6 +64,7 @@ def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instan
         subnet_id=spec.subnet_id,
         vpc_security_group_ids=[spec.security_group_id],
         key_name=spec.key_name,
+        iam_instance_profile=spec.instance_profile,
         private_ip=spec.private_ip,
         user_data=spec.user_data,
         # cloud-init runs once per instance: a changed bootstrap needs a new instance.

@@ -21,11 +21,21 @@ DASHBOARD_LABEL = ("grafana_dashboard", "1")  # the Grafana sidecar's default la
 
 
 @dataclass
+class RemoteWrite:
+    """Where Prometheus writes the evidence (components/managed_prometheus.py)."""
+
+    url: pulumi.Output[str]  # the workspace's remote-write URL
+    region: str  # SigV4 signs for the workspace's region
+    stack: str  # the external label every written series carries
+
+
+@dataclass
 class MonitoringArgs:
     kube_prometheus_stack_version: str
     dcgm_exporter_version: str
     names: Names  # the dashboard's queries name the Slurm and KEDA objects
     provider: k8s.Provider
+    remote_write: RemoteWrite | None = None  # None: managedPrometheus false, metrics stay in the cluster
 
 
 def stack_chart(version: str) -> helm.Chart:
@@ -51,6 +61,68 @@ def stack_values(version: str, n: Names) -> dict:
     return helm.merged_values(
         stack_chart(version), {"fullnameOverride": MONITORING_RELEASE, "additionalPrometheusRulesMap": rules}
     )
+
+
+# The series worth keeping after the cluster is gone: who held each GPU and how busy it was
+# (dcgm-exporter), what Slurm, Kueue and KEDA saw and decided, and the pods, nodes and HPA they
+# acted on. Everything else (cAdvisor, the API server, node-exporter, kubelet) is dropped before
+# it is written: a few thousand series instead of tens of thousands, which is what AMP charges by
+# (samples ingested). A test checks that every series the dashboard and KEDA query is kept.
+EVIDENCE_SERIES = (
+    "DCGM_FI_.+",
+    "slurm_.+",
+    "kueue_.+",
+    "keda_.+",
+    "kube_pod_(status_phase|status_unschedulable|container_resource_requests|info|owner)",
+    "kube_node_(info|status_condition)",
+    "kube_deployment_status_replicas_available",
+    "kube_horizontalpodautoscaler_(spec|status)_.+",
+    "up",
+)
+# Histogram buckets multiply a series by its bucket count (Kueue's admission wait times): dropped;
+# their _sum and _count stay.
+DROPPED_SERIES = ".+_bucket"
+STACK_LABEL = "testbed_stack"  # an external label: only written series carry it, local queries do not
+
+
+def remote_write_values(url: str, region: str, stack: str) -> dict:
+    """Prometheus' overrides for writing the evidence to the workspace with SigV4.
+
+    sigv4 with only a region signs with the default AWS credential chain, which ends at the
+    instance role (prometheus-operator 0.87.1, the CRD kube-prometheus-stack 80.9.2 ships:
+    charts/crds/crds/crd-prometheuses.yaml remoteWrite[].sigv4: "If not specified, the
+    environment variable AWS_ACCESS_KEY_ID is used", region "from the default credentials
+    chain"). The role is the control node's: Prometheus runs there, in the host's network
+    namespace, so it reaches IMDSv2 with the hop limit of 1 every node keeps (values.yaml
+    prometheusSpec.hostNetwork).
+    docs/evidence-and-budget.md says why this and not a hop limit of 2."""
+    return {
+        "prometheus": {
+            "prometheusSpec": {
+                "hostNetwork": True,
+                # in-cluster names still resolve from the host's network namespace (set explicitly:
+                # the chart's values.yaml says the operator does so, which this does not rely on)
+                "dnsPolicy": "ClusterFirstWithHostNet",
+                "nodeSelector": {host_layout.CONTROL_PLANE_NODE_LABEL: ""},
+                "tolerations": [{"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                "externalLabels": {STACK_LABEL: stack},
+                "remoteWrite": [
+                    {
+                        "url": url,
+                        "sigv4": {"region": region},
+                        "writeRelabelConfigs": [
+                            {
+                                "sourceLabels": ["__name__"],
+                                "regex": "|".join(EVIDENCE_SERIES),
+                                "action": "keep",
+                            },
+                            {"sourceLabels": ["__name__"], "regex": DROPPED_SERIES, "action": "drop"},
+                        ],
+                    }
+                ],
+            }
+        }
+    }
 
 
 # dcgm-exporter watches every GPU of its node without being allocated one. The toolkit on the
@@ -178,9 +250,13 @@ class Monitoring(pulumi.ComponentResource):
             f"{name}-grafana-password", length=24, special=False, opts=pulumi.ResourceOptions(parent=self)
         )
         self.grafana_password = pulumi.Output.secret(password.result)
-        values = self.grafana_password.apply(
-            lambda p: helm.deep_merge(
-                stack_values(args.kube_prometheus_stack_version, args.names), {"grafana": {"adminPassword": p}}
+        write = args.remote_write
+        values = pulumi.Output.all(self.grafana_password, write.url if write else None).apply(
+            lambda v: helm.deep_merge(
+                helm.deep_merge(
+                    stack_values(args.kube_prometheus_stack_version, args.names), {"grafana": {"adminPassword": v[0]}}
+                ),
+                remote_write_values(v[1], write.region, write.stack) if write else {},
             )
         )
         self.stack = helm.release(

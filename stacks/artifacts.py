@@ -21,6 +21,9 @@ from stacks.settings import show
 INSTANCE = "aws:ec2/instance:Instance"
 REMOTE_COMMAND = "command:remote:Command"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+AMP_WORKSPACE = "aws:amp/workspace:Workspace"
+IAM_ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+BUDGET = "aws:budgets/budget:Budget"
 
 
 def _is_kubernetes_object(r: RecordedResource) -> bool:
@@ -138,6 +141,35 @@ def cost_lines(rec: Recording, cost: CostEstimate) -> list[str]:
     return lines
 
 
+def guard_lines(rec: Recording, cost: CostEstimate) -> list[str]:
+    """Where the evidence lives and what watches the bill, as registered."""
+    lines = []
+    workspaces, grants = rec.of_type(AMP_WORKSPACE), rec.of_type(IAM_ROLE_POLICY)
+    for workspace in workspaces:
+        kept = "kept after `pulumi destroy`" if workspace.options.get("retainOnDelete") else "deleted with the stack"
+        actions = sorted({s["Action"] for g in grants for s in json.loads(g.inputs["policy"])["Statement"]})
+        lines.append(
+            f"evidence: AMP workspace {workspace.inputs['alias']} ({kept}); the control node's Prometheus "
+            f"remote-writes the evidence series with {', '.join(actions)} on that workspace only"
+        )
+    if not workspaces:
+        lines.append(
+            "evidence: in the cluster's Prometheus only (managedPrometheus false): `pulumi destroy` deletes it"
+        )
+    for budget in rec.of_type(BUDGET):
+        alarms = budget.inputs["notifications"]
+        kinds = " and ".join(sorted(n["notificationType"].lower() for n in alarms))
+        emails = sorted({e for n in alarms for e in n["subscriberEmailAddresses"]})
+        monthly = "unknown" if cost.hourly_usd is None else f"${cost.hourly_usd * pricing.HOURS_PER_MONTH:,.0f}"
+        lines.append(
+            f"budget: ${budget.inputs['limitAmount']}/month for the whole account; {kinds} cost above it "
+            f"emails {', '.join(emails)} (this stack left running all month: about {monthly})"
+        )
+    if not rec.of_type(BUDGET):
+        lines.append("budget: none (set budgetMonthlyUsd and budgetEmail for a cost alarm)")
+    return lines
+
+
 def plan_text(rec: Recording) -> str:
     by_urn = {r.urn: r for r in rec.resources}
     groups: dict[str, dict[str, list[str | None]]] = {}
@@ -156,7 +188,9 @@ def plan_text(rec: Recording) -> str:
     lines += install_order(rec)
     lines.append("GPU fairness policy (Kueue):")
     lines += ["  " + line for line in kueue.policy_lines(Names.from_settings(rec.settings).shares)]
-    lines += cost_lines(rec, pricing.estimate(rec.settings))
+    cost = pricing.estimate(rec.settings)
+    lines += cost_lines(rec, cost)
+    lines += guard_lines(rec, cost)
     return "\n".join(lines)
 
 

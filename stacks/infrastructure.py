@@ -14,10 +14,11 @@ from components import bootstrap, ec2, images, slinky
 from components.cluster_identity import ClusterIdentity
 from components.control_node import ControlNode, ControlNodeArgs
 from components.gpu_worker import GpuWorker, JoinedArgs
+from components.managed_prometheus import ManagedPrometheus, ManagedPrometheusArgs
 from components.names import Names
 from components.network import Network, NetworkArgs
 from components.ssh_access import SshAccess
-from stacks.settings import Settings
+from stacks.settings import PROJECT, Settings
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Infrastructure:
     control: ControlNode
     workers: list[GpuWorker]
     join_tokens: list[pulumi.Output[str]]  # one per worker, same order
+    evidence: ManagedPrometheus | None  # None: managedPrometheus false
 
 
 CONTROL_PLANE_SETTINGS_OUTPUT = "controlPlaneSettings"
@@ -197,6 +199,17 @@ def build(
             after=[network.internet_route],
         )
 
+    # Prometheus runs on the control node when it writes to the workspace: only that node's role
+    # may write, and no GPU worker gets credentials (docs/evidence-and-budget.md)
+    evidence = (
+        ManagedPrometheus(
+            "testbed-evidence",
+            ManagedPrometheusArgs(alias=f"{PROJECT}-{s.stack}", keep_on_destroy=s.managed_prometheus_keep),
+            opts=opts,
+        )
+        if s.managed_prometheus
+        else None
+    )
     control = ControlNode(
         "testbed-control",
         ControlNodeArgs(
@@ -205,6 +218,7 @@ def build(
                 # generation 1 sets no trigger, so a stack deployed before this setting existed
                 # is not rebuilt by it; 2, 3, ... each replace the control node once
                 rebuild_generation=s.control_plane_generation if s.control_plane_generation > 1 else None,
+                instance_profile=evidence.instance_profile.name if evidence else None,
             ),
             kubernetes_version=s.kubernetes_version,
             kubernetes_minor=s.kubernetes_minor,
@@ -274,4 +288,6 @@ def build(
             # this one with it (step_generator.go calculateDependentReplacements).
             spec = dataclasses.replace(spec, after=[*spec.after, once_joined(index, workers[-1].joined)])
         workers.append(GpuWorker(name, spec, joined, opts=worker_opts))
-    return Infrastructure(network=network, ssh=ssh, control=control, workers=workers, join_tokens=join_tokens)
+    return Infrastructure(
+        network=network, ssh=ssh, control=control, workers=workers, join_tokens=join_tokens, evidence=evidence
+    )

@@ -31,6 +31,7 @@ from stacks import user_files
 
 ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDER_PUBLIC_IP = "198.51.100.10"  # RFC 5737 documentation range: never a real host
+PLACEHOLDER_ACCOUNT = "123456789012"  # the account id AWS documentation uses
 SECRET_TEXT = "[secret]"
 _SECRET_SIG = rpc._special_sig_key
 _SECRET_VALUE = rpc._special_secret_sig
@@ -152,6 +153,7 @@ class TestbedMocks(pulumi.runtime.Mocks):
         # them; none by default (a first deployment)
         self.deployed_outputs = deployed_outputs or {}
         self.invoke_args: dict[str, dict[str, Any]] = {}  # what preflight repeats against AWS
+        self.region = "us-east-1"  # the stack's region (run() sets it): the placeholder ARNs carry it
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
@@ -177,6 +179,16 @@ class TestbedMocks(pulumi.runtime.Mocks):
             )
         elif typ == "aws:ec2/eip:Eip":
             outputs["publicIp"] = PLACEHOLDER_PUBLIC_IP
+        elif typ == "aws:amp/workspace:Workspace":
+            workspace = f"ws-{name}-placeholder"
+            outputs["arn"] = f"arn:aws:aps:{self.region}:{PLACEHOLDER_ACCOUNT}:workspace/{workspace}"
+            outputs["prometheusEndpoint"] = (
+                f"https://aps-workspaces.{self.region}.amazonaws.com/workspaces/{workspace}/"
+            )
+        elif typ in ("aws:iam/role:Role", "aws:iam/instanceProfile:InstanceProfile"):
+            outputs.setdefault("name", f"{name}-placeholder")  # the engine's auto-name, in a real run
+            kind = "role" if typ.endswith("Role") else "instance-profile"
+            outputs["arn"] = f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:{kind}/{outputs['name']}"
         elif typ == "command:remote:Command":
             outputs["stdout"] = ""
         elif typ == "pulumi:pulumi:StackReference":
@@ -250,7 +262,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
 def lifecycle_options(request) -> dict[str, Any]:
     """deletedWith, ignoreChanges, replaceOnChanges, replaceWith, replacementTrigger,
-    deleteBeforeReplace and protect as the RegisterResource request carries them, each only where set."""
+    deleteBeforeReplace, protect and retainOnDelete as the RegisterResource request carries them, each only where set."""
     trigger = request.replacement_trigger
     options = {
         "replacementTrigger": whole_numbers(json_format.MessageToDict(trigger))
@@ -262,6 +274,7 @@ def lifecycle_options(request) -> dict[str, Any]:
         "replaceWith": sorted(request.replace_with),
         "deleteBeforeReplace": request.deleteBeforeReplace,
         "protect": request.protect,
+        "retainOnDelete": request.retainOnDelete,
     }
     return {k: v for k, v in options.items() if v}
 
@@ -364,6 +377,7 @@ def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None =
     reset_options(project=settings_mod.PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_all_config(config)
     mocks = mocks or TestbedMocks()
+    mocks.region = settings.region
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=settings_mod.PROJECT, stack=stack, preview=False, monitor=monitor)
 

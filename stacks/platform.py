@@ -16,7 +16,8 @@ from components.cert_manager import CertManager, CertManagerArgs
 from components.device_plugin import DevicePlugin, DevicePluginArgs
 from components.keda import Keda, KedaArgs
 from components.kueue import Kueue, KueueArgs
-from components.monitoring import Monitoring, MonitoringArgs, service_monitor_labels
+from components.managed_prometheus import ManagedPrometheus
+from components.monitoring import Monitoring, MonitoringArgs, RemoteWrite, service_monitor_labels
 from components.names import Names
 from components.slinky import Slinky, SlinkyArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
@@ -36,7 +37,7 @@ class Platform:
     kueue: Kueue
 
 
-def build(s: Settings, access: ClusterAccess) -> Platform:
+def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None) -> Platform:
     provider, ssh = access.provider, access.control_connection
     names = Names.from_settings(s)
     device_plugin = DevicePlugin(
@@ -56,6 +57,7 @@ def build(s: Settings, access: ClusterAccess) -> Platform:
             dcgm_exporter_version=s.dcgm_exporter_version,
             names=names,
             provider=provider,
+            remote_write=RemoteWrite(evidence.remote_write_url, s.region, s.stack) if evidence else None,
         ),
     )
     training_operator = TrainingOperator(

@@ -24,6 +24,7 @@ from stacks.settings import PROJECT, Settings, SettingsError, load
 EXIT_BAD_INPUT = checklist.EXIT_BAD_INPUT
 
 INSTANCE = "aws:ec2/instance:Instance"
+AMP_WORKSPACE = "aws:amp/workspace:Workspace"
 GET_AMI = "aws:ec2/getAmi:getAmi"
 
 
@@ -72,6 +73,7 @@ class Needs:
     key_pairs: tuple[str, ...]  # Pulumi names; the physical name adds a random suffix
     ami_lookup: dict[str, Any] | None  # the program's getAmi arguments; None when amiId is pinned
     stack: str = field(default="dev")
+    workspaces: tuple[str, ...] = ()  # the AMP workspaces' aliases (managedPrometheus); none when false
 
 
 def needs(rec: offline.Recording) -> Needs:
@@ -85,6 +87,7 @@ def needs(rec: offline.Recording) -> Needs:
         key_pairs=tuple(r.name for r in rec.of_type("aws:ec2/keyPair:KeyPair")),
         ami_lookup=None if rec.settings.ami_id else rec.invoke_args.get(GET_AMI),
         stack=rec.settings.stack,
+        workspaces=tuple(r.inputs["alias"] for r in rec.of_type(AMP_WORKSPACE)),
     )
 
 
@@ -146,7 +149,8 @@ class Preflight:
 
     def run(self) -> list[Check]:
         self._identity()
-        for step in (self._region, self._zone, self._ami, self._vcpus, self._addresses, self._vpcs, self._key_pair):
+        steps = (self._region, self._zone, self._ami, self._vcpus, self._addresses, self._vpcs, self._key_pair)
+        for step in (*steps, self._managed_prometheus):
             self._guarded(step)
         return self.checks
 
@@ -321,6 +325,44 @@ class Preflight:
                 )
             else:
                 self.checks.append(Check("key pair", OK, f"{name}-<random suffix> is free"))
+
+    def _managed_prometheus(self) -> None:
+        """The workspace's service answers in the region; workspaces kept from earlier runs of this
+        stack are named (managedPrometheusKeep leaves them, and their stored samples, behind)."""
+        from botocore.exceptions import EndpointConnectionError
+
+        for alias in self.need.workspaces:
+            aps = self.session.client("amp", region_name=self.s.region)
+            try:
+                found = _pages(aps, "list_workspaces", "workspaces", alias=alias)
+            except EndpointConnectionError:
+                # EC2 answered just before, so the network is up: the service has no endpoint here
+                self.checks.append(
+                    Check(
+                        "managed prometheus",
+                        FAIL,
+                        f"Amazon Managed Service for Prometheus does not answer in {self.s.region}: not offered "
+                        "there; choose a region that offers it, or set managedPrometheus false",
+                    )
+                )
+                return
+            kept = sorted(w["workspaceId"] for w in found if w.get("alias") == alias)
+            if kept:
+                self.checks.append(
+                    Check(
+                        "managed prometheus",
+                        OK,
+                        f"{len(kept)} workspace(s) {alias} in the region ({', '.join(kept)}): the deployed stack's, "
+                        "or kept from earlier runs, whose samples stay queryable and cost storage until deleted "
+                        "(aws amp delete-workspace --workspace-id ID); a new deployment creates another",
+                    )
+                )
+            else:
+                self.checks.append(
+                    Check(
+                        "managed prometheus", OK, f"answers in {self.s.region}; `pulumi up` creates workspace {alias}"
+                    )
+                )
 
 
 def verdict(checks: list[Check]) -> tuple[int, str]:

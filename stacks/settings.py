@@ -36,6 +36,9 @@ MIN_CONTROL_ROOT_GB = 20
 ADMIN_MIN_PREFIX = 16  # an adminCidr wider than this needs allowOpenIngress
 MAX_INT_DIGITS = 9  # longer numbers are out of every range; int() refuses past 4300 digits anyway
 SHOWN_CHARS = 60  # longest value echoed in a problem
+MAX_BUDGET_USD = 100_000  # a testbed's monthly budget; more is a typo
+# An address AWS Budgets can mail: local@domain.tld, ASCII, no spaces or quotes (no display name).
+EMAIL = r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})+"
 SSH_KEY_MAX_CHARS = 1600  # an 8192-bit RSA key line is about 1400; every user-data carries it
 
 # Commercial AWS partition only: the AMI lookup trusts Canonical's owner id there, which differs
@@ -690,6 +693,40 @@ SETTINGS: tuple[Setting, ...] = (
         "A waiting ai-high job may evict running ai-normal jobs (never a slurmd pod); false: Kueue never evicts running AI work.",
         "true or false",
     ),
+    # Evidence and cost guard: components/managed_prometheus.py, components/budget.py, docs/evidence-and-budget.md
+    Setting(
+        "managedPrometheus",
+        bool,
+        True,
+        "Create an Amazon Managed Service for Prometheus workspace and remote-write the evidence series to it "
+        "(SigV4, the control node's instance role); false keeps the metrics in the cluster only.",
+        "true or false",
+    ),
+    Setting(
+        "managedPrometheusKeep",
+        bool,
+        True,
+        "Keep the workspace and its samples after `pulumi destroy` (stored samples cost until you delete it); "
+        "false deletes it with the stack.",
+        "true or false",
+    ),
+    Setting(
+        "budgetMonthlyUsd",
+        int,
+        0,
+        "An AWS Budget for the account's monthly cost, in USD, that emails budgetEmail when the forecast "
+        "or the actual cost passes it; 0: no budget.",
+        f"0, or 1 to {MAX_BUDGET_USD}",
+        _int_range(0, MAX_BUDGET_USD),
+    ),
+    Setting(
+        "budgetEmail",
+        str,
+        "",
+        "Who the budget alarm emails; required with budgetMonthlyUsd.",
+        "empty, or one e-mail address (with budgetMonthlyUsd above 0)",
+        _optional(_matches(EMAIL, "one e-mail address, e.g. you@example.com")),
+    ),
 )
 
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
@@ -735,6 +772,10 @@ class Settings:
     ai_borrows_hpc_gpus: bool
     hpc_borrows_ai_gpus: bool
     ai_preempts_lower_priority: bool
+    managed_prometheus: bool
+    managed_prometheus_keep: bool
+    budget_monthly_usd: int
+    budget_email: str
     stack: str = field(default="dev")
 
     # Derived values: one place computes each.
@@ -926,6 +967,17 @@ def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str
     if ok("kedaCooldownSeconds", "kedaPollingSeconds", "slurmMetricsIntervalSeconds"):
         cooldown, polling = v["keda_cooldown_seconds"], v["keda_polling_seconds"]
         out += _warmth_checks(cooldown, polling, v["slurm_metrics_interval_seconds"], raw)
+    if ok("budgetMonthlyUsd", "budgetEmail") and bool(v["budget_monthly_usd"]) != bool(v["budget_email"]):
+        if v["budget_monthly_usd"]:
+            out.append(
+                f"budgetEmail: missing with budgetMonthlyUsd {raw('budgetMonthlyUsd')}; expected the e-mail address "
+                "the budget alarm goes to"
+            )
+        else:
+            out.append(
+                f"budgetEmail: {raw('budgetEmail')} is not allowed without a budget; expected budgetMonthlyUsd "
+                "above 0 too, or budgetEmail empty"
+            )
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
+from components.budget import BudgetAlarm, BudgetAlarmArgs
 from stacks import cluster, infrastructure, platform, pricing, workloads
 from stacks.settings import PROJECT, Settings
 
@@ -19,10 +20,16 @@ def build(s: Settings) -> dict[str, pulumi.Input]:
         region=control_plane.apply(lambda _: s.region),
         default_tags={"tags": {"testbed:project": PROJECT, "testbed:stack": s.stack}},
     )
+    if s.budget_monthly_usd:
+        BudgetAlarm(
+            "testbed-budget",
+            BudgetAlarmArgs(monthly_usd=s.budget_monthly_usd, email=s.budget_email),
+            opts=pulumi.ResourceOptions(provider=aws_provider),
+        )
     identity = cluster.build_identity()
     infra = infrastructure.build(s, identity, aws_provider, last, cluster.lives_and_dies_with)
     access = cluster.build_access(s, infra, identity)
-    testbed_platform = platform.build(s, access)
+    testbed_platform = platform.build(s, access, infra.evidence)
     return {
         **workloads.outputs(infra, access, testbed_platform, pricing.estimate(s)),
         infrastructure.CONTROL_PLANE_SETTINGS_OUTPUT: control_plane,  # what the next run compares with

@@ -81,7 +81,7 @@ def test_every_offline_command_runs_as_written(monkeypatch, capsys, tmp_path):
         allowed = {0, 1} if words[3] == "simulate" else {0}
         assert cli.main(words[3:]) in allowed, f"{command}\n{capsys.readouterr().err[-2000:]}"
     capsys.readouterr()
-    (dry_run,) = [c for c in commands if "--dry-run" in c]
+    dry_run = next(c for c in commands if "--dry-run" in c)  # the first; each ran in-process above
     python = "venv/bin/python" if (ROOT / "venv" / "bin" / "python").exists() else sys.executable
     done = subprocess.run(
         ["bash", "-c", dry_run.replace("venv/bin/python", python, 1)], cwd=tmp_path, capture_output=True, text=True

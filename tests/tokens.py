@@ -21,6 +21,12 @@ EIP = "aws:ec2/eip:Eip"
 EIP_ASSOCIATION = "aws:ec2/eipAssociation:EipAssociation"
 KEY_PAIR = "aws:ec2/keyPair:KeyPair"
 AWS_PROVIDER = "pulumi:providers:aws"
+# The evidence workspace and the control node's role (managedPrometheus), the budget (budgetMonthlyUsd)
+AMP_WORKSPACE = "aws:amp/workspace:Workspace"
+IAM_ROLE = "aws:iam/role:Role"
+IAM_ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+INSTANCE_PROFILE = "aws:iam/instanceProfile:InstanceProfile"
+BUDGET = "aws:budgets/budget:Budget"
 # Invokes
 GET_AMI = "aws:ec2/getAmi:getAmi"
 GET_INSTANCE_TYPE_OFFERINGS = "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"
@@ -57,4 +63,6 @@ AWS_TYPES = frozenset(
         EIP_ASSOCIATION,
     }
     | {KEY_PAIR}
+    | {AMP_WORKSPACE, IAM_ROLE, IAM_ROLE_POLICY, INSTANCE_PROFILE}
 )
+EVIDENCE_TYPES = frozenset({AMP_WORKSPACE, IAM_ROLE, IAM_ROLE_POLICY, INSTANCE_PROFILE})

@@ -6,6 +6,7 @@ exactly that property and see the check fail.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -44,6 +45,8 @@ class Expectations:
     queueing: bool  # more GPU demand than GPUs: some work must wait, then run
     handoff: bool  # a GPU must go from slurmd to a Kubernetes job
     leak_jobs: tuple[str, ...] = ()  # jobs that must fail to reach a GPU they did not request
+    # (name, kind) of the jobs whose output must report a bus bandwidth above 0 and no wrong values
+    collectives: tuple[tuple[str, str], ...] = ()
 
 
 def expectations(scenario: Scenario, planned: list[Planned], gpus_total: int) -> Expectations:
@@ -53,6 +56,7 @@ def expectations(scenario: Scenario, planned: list[Planned], gpus_total: int) ->
         queueing=at_once > gpus_total,
         handoff=scenario.handoff,
         leak_jobs=tuple(p.name for p in planned if scenario.leak_probe and p.kind != SLURM and p.gpus == 0),
+        collectives=tuple((p.name, p.kind) for p in planned if p.collective),
     )
 
 
@@ -76,6 +80,11 @@ def describe_checks(exp: Expectations) -> list[str]:
         lines.append("a GPU held by slurmd was later held by a Kubernetes job")
     if exp.leak_jobs:
         lines.append("while Slurm held every GPU, a pod without a GPU request could not reach one")
+    if exp.collectives:
+        lines.append(
+            "each all-reduce reported 0 wrong values and an average bus bandwidth above 0 (a functional check: "
+            "g4dn.xlarge has one GPU and no EFA, NCCL runs over TCP on the pod network)"
+        )
     return lines
 
 
@@ -392,6 +401,39 @@ def check_leak_probe(timeline: Timeline, leak_jobs: tuple[str, ...]) -> Check:
     return Check(name, not problems, detail)
 
 
+# nccl-tests' summary lines (NVIDIA/nccl-tests@v2.17.7:src/util.cu writeResultFooter), which the
+# PyTorchJob prints too: "# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 1.234".
+_WRONG_VALUES = re.compile(r"^# Out of bounds values\s*:\s*(\d+)", re.M)
+_AVG_BUSBW = re.compile(r"^# Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)", re.M)
+
+
+def collective_result(output: str) -> tuple[int | None, float | None]:
+    """(wrong values, average bus bandwidth in GB/s) from an all-reduce's output; None where absent."""
+    wrong, busbw = _WRONG_VALUES.findall(output), _AVG_BUSBW.findall(output)
+    return (int(wrong[-1]) if wrong else None), (float(busbw[-1]) if busbw else None)
+
+
+def check_collectives(timeline: Timeline, jobs: tuple[tuple[str, str], ...]) -> Check:
+    problems, results = [], []
+    for name, kind in jobs:
+        output = timeline.outputs.get(name)
+        path = "Slurm" if kind == SLURM else "Kubernetes"
+        if output is None:
+            problems.append(f"{name} ({path}): no output read")
+            continue
+        wrong, busbw = collective_result(output)
+        if wrong is None or busbw is None:
+            problems.append(f"{name} ({path}): no nccl-tests summary in its output (did it run to the end?)")
+        elif wrong:
+            problems.append(f"{name} ({path}): {wrong} wrong values")
+        elif not busbw > 0:
+            problems.append(f"{name} ({path}): bus bandwidth {busbw:g} GB/s")
+        else:
+            results.append(f"{name} ({path}) {busbw:g} GB/s")
+    detail = "; ".join(problems) or "average bus bandwidth " + ", ".join(results) + " (functional, not a benchmark)"
+    return Check("NCCL all-reduce across nodes", not problems, detail)
+
+
 def evaluate(timeline: Timeline, exp: Expectations) -> list[Check]:
     checks = [
         check_outcome(timeline),
@@ -409,4 +451,6 @@ def evaluate(timeline: Timeline, exp: Expectations) -> list[Check]:
         checks.append(check_handoff(timeline))
     if exp.leak_jobs:
         checks.append(check_leak_probe(timeline, exp.leak_jobs))
+    if exp.collectives:
+        checks.append(check_collectives(timeline, exp.collectives))
     return checks

@@ -27,7 +27,7 @@ from stacks.offline import read_stack_outputs
 from validation import probe
 from validation.checks import Expectations, describe_checks, evaluate, expectations
 from validation.scenarios import SCENARIOS, Scenario, describe, plan
-from validation.timeline import Timeline
+from validation.timeline import DcgmHolding, Timeline
 
 WORK_SECONDS = 2400.0  # heavy-mixed queues for about this long; the default timeout adds the cooldown
 
@@ -77,6 +77,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output folder (default out/validate-<scenario>-<time>)")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted and checked; no cluster")
     p.add_argument("--from-timeline", type=Path, help="check and draw a saved timeline.json again; no cluster")
+    p.add_argument(
+        "--dcgm-from-workspace",
+        metavar="URL",
+        help="with --from-timeline: read the run's GPU owners again from the stack's AMP workspace "
+        "(its prometheus_endpoint, e.g. from `aws amp describe-workspace`), after the cluster is gone",
+    )
     return p
 
 
@@ -84,6 +90,8 @@ def parser() -> argparse.ArgumentParser:
 class StackFacts:
     names: Names
     source: str  # where the names came from, as the output says
+    share_server: str = ""  # the control node's private IP: the NFS server of the shared directory
+    region: str = ""  # where the stack's AMP workspace is
 
 
 def cross_check(names: Names, outputs: dict) -> list[str]:
@@ -111,11 +119,15 @@ def stack_facts(
     names = Names.from_settings(s)
     outputs = (read_outputs or read_stack_outputs)(stack)
     if isinstance(outputs, str):
-        return StackFacts(names, f"settings of stack {stack}; not cross-checked: {outputs}")
+        return StackFacts(
+            names, f"settings of stack {stack}; not cross-checked: {outputs}", s.control_private_ip, s.region
+        )
     problems = cross_check(names, outputs)
     if problems:
         raise UsageError(*problems)
-    return StackFacts(names, f"settings of stack {stack}, cross-checked with its deployed outputs")
+    return StackFacts(
+        names, f"settings of stack {stack}, cross-checked with its deployed outputs", s.control_private_ip, s.region
+    )
 
 
 def needs_every_gpu(scenario: Scenario, exp: Expectations, names: Names) -> str | None:
@@ -233,9 +245,45 @@ def main(argv: list[str]) -> int:
         return 2
 
 
+def run_window(timeline: Timeline) -> tuple[float, float]:
+    """The run's t = 0 and its last sample's end, in epoch seconds: started_at is when the runner
+    began, t = 0 once the cluster was idle (runner.run)."""
+    try:
+        started = datetime.fromisoformat(timeline.started_at).timestamp()
+    except ValueError:
+        raise UsageError(f"--from-timeline: started_at {timeline.started_at!r} is not an ISO time") from None
+    t0 = started + timeline.waited_for_idle
+    return t0, t0 + (timeline.samples[-1].end if timeline.samples else 0.0)
+
+
+def dcgm_from_workspace(url: str, timeline: Timeline, region: str, stack: str, session=None) -> list[DcgmHolding]:
+    """The GPU owners of the saved run, from the workspace; UsageError, one line, for what fails."""
+    from validation import workspace
+    from validation.cluster import ClusterError
+
+    if not url.startswith("https://"):
+        raise UsageError(
+            f"--dcgm-from-workspace: {settings.show(url)} is not allowed; expected the workspace's "
+            "prometheus_endpoint, https://aps-workspaces.REGION.amazonaws.com/workspaces/ws-.../"
+        )
+    if session is None:
+        import boto3
+
+        session = boto3.Session()
+    credentials = session.get_credentials()
+    if credentials is None:
+        raise UsageError("--dcgm-from-workspace: no AWS credentials; set AWS_PROFILE or AWS_ACCESS_KEY_ID")
+    try:
+        return workspace.dcgm_holdings(url, region, stack, run_window(timeline), timeline.interval, credentials)
+    except ClusterError as error:
+        raise UsageError(f"--dcgm-from-workspace: {error}") from None
+
+
 def _main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     problems = []
+    if args.dcgm_from_workspace and args.from_timeline is None:
+        problems.append("--dcgm-from-workspace: only with --from-timeline (it re-reads a saved run's GPU owners)")
     if args.scenario is None:
         problems.append(f"--scenario is required: one of {', '.join(SCENARIOS)}")
     elif args.scenario not in SCENARIOS:
@@ -257,7 +305,7 @@ def _main(argv: list[str]) -> int:
     timeout = float(args.timeout) if args.timeout else WORK_SECONDS + names.cooldown_seconds
     now = datetime.now(UTC)
     run_id = "dryrun" if args.dry_run else now.strftime("r%m%d%H%M%S")
-    planned = plan(scenario, run_id, gpus_total=names.gpus_total)
+    planned = plan(scenario, run_id, gpus_total=names.gpus_total, share_server=facts.share_server)
     exp = expectations(scenario, planned, names.gpus_total)
     blocker = needs_every_gpu(scenario, exp, names)
     if blocker:
@@ -282,6 +330,8 @@ def _main(argv: list[str]) -> int:
 
     if args.from_timeline is not None:
         timeline = load_timeline(args.from_timeline)
+        if args.dcgm_from_workspace:
+            timeline.dcgm = dcgm_from_workspace(args.dcgm_from_workspace, timeline, facts.region, args.stack)
         return 0 if write_results(timeline, exp, out) else 1
 
     from validation.cluster import WallClock

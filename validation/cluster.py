@@ -26,7 +26,7 @@ from components.names import (
 )
 from validation import probe
 from validation.probe import parse_processes
-from validation.scenarios import GPU, sbatch_command
+from validation.scenarios import GPU, SLURM, SLURM_OUTPUT_DIR, sbatch_command
 from validation.timeline import (
     KUBERNETES,
     SLURMD,
@@ -82,6 +82,9 @@ class Cluster(Protocol):
 
     def dcgm_holdings(self, t0_epoch: float, duration: float, step: float) -> list[DcgmHolding]:
         """dcgm-exporter's pod label per GPU over the run, from Prometheus (times since t0)."""
+
+    def job_output(self, kind: str, name: str, ref: str) -> str:
+        """What a finished job wrote: a Slurm job's --output file, a PyTorchJob's Master log."""
 
     def check_reachable(self) -> None:
         """Raise ClusterError unless the API server answers and the NodeSet exists."""
@@ -382,6 +385,15 @@ class KubeCluster:
                 )
             else:
                 self.batch.delete_namespaced_job(name, namespace, propagation_policy="Foreground")
+
+    def job_output(self, kind: str, name: str, ref: str) -> str:
+        if kind == SLURM:  # slurmctld mounts the share the example scripts write --output to
+            return self._slurmctld(["cat", f"{SLURM_OUTPUT_DIR}/{name}-{ref}.out"])
+        if kind != "PyTorchJob":
+            raise ClusterError(f"no output is read for a {kind}")
+        pod = f"{name}-master-0"  # the Training Operator's pod name for the Master replica
+        with answering(f"read the log of pod {JOBS_NAMESPACE}/{pod}"):
+            return self.core.read_namespaced_pod_log(pod, JOBS_NAMESPACE, container="pytorch")
 
     def kube_job_phase(self, obj: dict) -> str:
         namespace, name = obj["metadata"].get("namespace", JOBS_NAMESPACE), obj["metadata"]["name"]

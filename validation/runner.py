@@ -20,8 +20,10 @@ from functools import partial
 
 from validation.cluster import Clock, Cluster, ClusterError
 from validation.scenarios import (
+    AFTER_BUILD,
     AFTER_SCALE_DOWN,
     AT_START,
+    BUILD_DIR,
     SLURM,
     WHILE_SLURM_HOLDS_ALL,
     Planned,
@@ -29,10 +31,12 @@ from validation.scenarios import (
     PlannedSlurm,
 )
 from validation.timeline import (
+    FAILED,
     FINISHED,
     PENDING,
     RUNNING,
     SLURMD,
+    SUCCEEDED,
     KubeJob,
     RunError,
     Sample,
@@ -120,9 +124,22 @@ def slurm_all_done_and_gone(timeline: Timeline) -> bool:
     )
 
 
-def due(plan: Planned, timeline: Timeline) -> bool:
+def builds_ended(timeline: Timeline, builds: frozenset[str]) -> str | None:
+    """SUCCEEDED once every build Job of the run succeeded, FAILED once one failed, else None."""
+    lives = {life.name: life.final_phase for life in job_lives(timeline) if life.name in builds}
+    if any(phase == FAILED for phase in lives.values()):
+        return FAILED
+    if builds and len(lives) == len(builds) and all(phase == SUCCEEDED for phase in lives.values()):
+        return SUCCEEDED
+    return None
+
+
+def due(plan: Planned, timeline: Timeline, builds: frozenset[str] = frozenset()) -> bool:
+    """`builds`: the names of the run's build Jobs (jobs/build/)."""
     if plan.after == AT_START:
         return True
+    if plan.after == AFTER_BUILD:
+        return builds_ended(timeline, builds) == SUCCEEDED
     if plan.after == AFTER_SCALE_DOWN:
         # Only after slurmd had been up for this run's work: at the very start it is 0 as well.
         first = min((s.t for s in timeline.submissions), default=None)
@@ -237,6 +254,7 @@ def run(
     state = RunState()
     record = Recorder(timeline, log, error_budget)
     waiting = list(planned)
+    builds = frozenset(p.name for p in planned if isinstance(p, PlannedKube) and p.source.startswith(BUILD_DIR))
     clean_exit = False
     start = clock.now()
     t0_epoch = clock.epoch()
@@ -263,7 +281,11 @@ def run(
             sample = take_sample(cluster, clock, start, state, record)
             if sample is not None:
                 timeline.samples.append(sample)
-                for plan in [p for p in waiting if due(p, timeline)]:
+                if builds_ended(timeline, builds) == FAILED:
+                    for plan in [p for p in waiting if p.after == AFTER_BUILD]:
+                        waiting.remove(plan)  # what it would run is not there: never submitted
+                        log(f"{t:6.0f}s not submitting {plan.name}: the build it needs failed")
+                for plan in [p for p in waiting if due(p, timeline, builds)]:
                     submitted_at = clock.now() - start
                     try:
                         ref = submit(cluster, plan, state)
@@ -302,7 +324,20 @@ def run(
         if not clean_exit:
             cleanup(cluster, state, record, clock.now() - start)
         finish(cluster, timeline, record, clock.now() - start, t0_epoch)
+        read_outputs(cluster, timeline, state, record, clock.now() - start)
     return timeline
+
+
+def read_outputs(cluster: Cluster, timeline: Timeline, state: RunState, record: Recorder, t: float) -> None:
+    """The output of every job that reports a result (an all-reduce's bus bandwidth), once it ended."""
+    for plan, ref in state.submitted:
+        if not plan.collective:
+            continue
+        try:
+            timeline.outputs[plan.name] = cluster.job_output(plan.kind, plan.name, ref)
+        except ClusterError as error:
+            timeline.errors.append(RunError(round(t, 3), f"read the output of {plan.name}", str(error)))
+            record.log(f"could not read the output of {plan.name} ({error})")
 
 
 def finish(cluster: Cluster, timeline: Timeline, record: Recorder, t: float, t0_epoch: float) -> None:

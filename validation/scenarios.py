@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from components import host_layout
 from components.names import JOBS_NAMESPACE, SlurmNames
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
@@ -26,6 +27,13 @@ AT_START = "start"
 AFTER_SCALE_DOWN = "after-slurmd-scaled-to-0"
 # Once Slurm jobs run on every GPU (each slurmd pod holding its GPU runs one).
 WHILE_SLURM_HOLDS_ALL = "while-slurm-holds-every-gpu"
+# Once every build Job of the run (jobs/build/) succeeded: what it built is on the share.
+AFTER_BUILD = "after-the-build-succeeded"
+BUILD_DIR = "build/"
+# The NFS server a build Job mounts the share from; planning fills in the control node's address.
+SHARE_SERVER_PLACEHOLDER = "CONTROL_PLANE_IP"
+# Where a Slurm job's output is read from: the example scripts write --output=<share>/%x-%j.out
+SLURM_OUTPUT_DIR = host_layout.SHARE_DIR
 
 SLURM = "slurm"
 
@@ -36,6 +44,7 @@ class Workload:
     after: str = AT_START
     workers: int | None = None  # PyTorchJob Worker replicas, if not the file's
     every_gpu: bool = False  # sbatch: one node per GPU of the stack, whatever the file says
+    collective: bool = False  # its output ends with nccl-tests' summary: bus bandwidth and wrong values
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,16 @@ SCENARIOS: dict[str, Scenario] = {
             ),
             leak_probe=True,
         ),
+        Scenario(
+            "nccl",
+            "an NCCL all-reduce across two nodes on each path: nccl-tests' all_reduce_perf through sbatch, "
+            "torch.distributed in a PyTorchJob (bus bandwidth: a functional check on g4dn, not a performance figure)",
+            (
+                Workload("build/nccl-tests.yaml"),
+                Workload("slurm/nccl-allreduce.sbatch", after=AFTER_BUILD, collective=True),
+                Workload("kubernetes/pytorchjob-nccl-allreduce.yaml", collective=True),
+            ),
+        ),
     )
 }
 
@@ -103,6 +122,7 @@ class PlannedSlurm:
     gpus: int
     after: str
     script: str  # the sbatch script, sent on sbatch's stdin
+    collective: bool = False
 
     @property
     def kind(self) -> str:
@@ -119,6 +139,7 @@ class PlannedKube:
     gpus: int
     after: str
     obj: dict
+    collective: bool = False
 
     @property
     def namespace(self) -> str:
@@ -189,7 +210,22 @@ def unique_name(source: str, run_id: str, index: int) -> str:
     return f"{stem}-{run_id}-{index}"
 
 
-def plan(scenario: Scenario, run_id: str, jobs_dir: Path = JOBS_DIR, gpus_total: int | None = None) -> list[Planned]:
+def with_share_server(obj: dict, server: str | None) -> dict:
+    """A build Job with the NFS server of its share filled in (the placeholder left without one)."""
+    for volume in obj["spec"]["template"]["spec"].get("volumes", []):
+        if volume.get("nfs", {}).get("server") == SHARE_SERVER_PLACEHOLDER and server:
+            volume["nfs"]["server"] = server
+    return obj
+
+
+def plan(
+    scenario: Scenario,
+    run_id: str,
+    jobs_dir: Path = JOBS_DIR,
+    gpus_total: int | None = None,
+    share_server: str | None = None,
+) -> list[Planned]:
+    """`share_server`: the control node's private IP, which serves the shared directory."""
     planned: list[Planned] = []
     for index, workload in enumerate(scenario.workloads, start=1):
         path = jobs_dir / workload.source
@@ -199,13 +235,19 @@ def plan(scenario: Scenario, run_id: str, jobs_dir: Path = JOBS_DIR, gpus_total:
             if workload.every_gpu and gpus_total is not None:
                 # As `sbatch -N <GPUs>` would: the directive is the script's, so rewrite it.
                 script = re.sub(r"^#SBATCH --nodes=\S+$", f"#SBATCH --nodes={gpus_total}", script, flags=re.M)
-            planned.append(PlannedSlurm(name, workload.source, slurm_gpus(script), workload.after, script))
+            planned.append(
+                PlannedSlurm(name, workload.source, slurm_gpus(script), workload.after, script, workload.collective)
+            )
             continue
         (obj,) = load_objects(path)
         obj["metadata"]["name"] = name
         if workload.workers is not None:
             obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = workload.workers
-        planned.append(PlannedKube(name, obj["kind"], workload.source, kube_gpus(obj), workload.after, obj))
+        if workload.source.startswith(BUILD_DIR):
+            obj = with_share_server(obj, share_server)
+        planned.append(
+            PlannedKube(name, obj["kind"], workload.source, kube_gpus(obj), workload.after, obj, workload.collective)
+        )
     return planned
 
 
@@ -224,12 +266,29 @@ def describe(scenario: Scenario, planned: list[Planned], names: SlurmNames, gpus
     demand = f"GPU demand {at_start} at start" + (f", {later} later" if later else "")
     lines = [f"scenario {scenario.name}: {scenario.description}", f"{demand}; the testbed has {gpus_total} GPUs"]
     for p in planned:
-        when = {AT_START: "at start", AFTER_SCALE_DOWN: "once slurmd is scaled to 0"}.get(
-            p.after, "once Slurm holds every GPU"
-        )
+        when = {
+            AT_START: "at start",
+            AFTER_SCALE_DOWN: "once slurmd is scaled to 0",
+            AFTER_BUILD: "once the build succeeded",
+        }.get(p.after, "once Slurm holds every GPU")
         if isinstance(p, PlannedSlurm):
             command = " ".join([names.exec_prefix(), *sbatch_command(p.name), "<", f"jobs/{p.source}"])
         else:
             command = f"create {p.kind} {p.namespace}/{p.name} from jobs/{p.source} (kubectl apply -f)"
         lines.append(f"  {when}: {command}  [{p.gpus} GPU]")
+        if p.collective:
+            path = (
+                "Slurm: nccl-tests all_reduce_perf" if isinstance(p, PlannedSlurm) else "Kubernetes: torch.distributed"
+            )
+            lines.append(
+                f"    {path}, {p.gpus} ranks with one GPU each (one GPU per worker: a rank per node); "
+                f"bus bandwidth read from {output_source(p)}"
+            )
     return lines
+
+
+def output_source(p: Planned) -> str:
+    """Where a job's output is read after it ended."""
+    if isinstance(p, PlannedSlurm):
+        return f"{SLURM_OUTPUT_DIR}/{p.name}-<job id>.out (its --output on the share)"
+    return f"the log of pod {p.namespace}/{p.name}-master-0"

@@ -139,6 +139,7 @@ class Timeline:
     errors: list[RunError] = field(default_factory=list)  # every failed read or write, retried or not
     waited_for_idle: float = 0.0  # seconds before t = 0 spent waiting for the cluster to be idle
     dcgm: list[DcgmHolding] = field(default_factory=list)  # read from Prometheus after the run
+    outputs: dict[str, str] = field(default_factory=dict)  # job name -> its output, for jobs that report results
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,6 +172,7 @@ class Timeline:
             errors=[RunError(**e) for e in data.get("errors", ())],
             waited_for_idle=data.get("waited_for_idle", 0.0),
             dcgm=[DcgmHolding(**d) for d in data.get("dcgm", ())],
+            outputs=dict(data.get("outputs", {})),
         )
 
     def save(self, path: Path) -> None:

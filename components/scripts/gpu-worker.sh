@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # GPU worker: NVIDIA driver and container toolkit (nvidia as containerd's default runtime),
-# the shared directory from the control node, kubeadm join, then the images the first slurmd
-# pod and the first example jobs need (PREPULL_IMAGES, space-separated), so the readiness gate,
-# which waits for this script on every node, passes only once they are on the node. Idempotent.
+# the shared directory from the control node, DCGM's GPU diagnostic and kubeadm join, then the
+# images the first slurmd pod and the first example jobs need (PREPULL_IMAGES, space-separated),
+# so the readiness gate, which waits for this script on every node, passes only once they are on
+# the node. Idempotent.
 set -Eeuo pipefail
 # shellcheck source=testbed-lib.sh
 . "$(dirname "$0")/testbed-lib.sh"
 load_env
 require NVIDIA_DRIVER_BRANCH NVIDIA_CONTAINER_TOOLKIT_VERSION CONTROL_PLANE_IP API_SERVER_PORT SHARE_DIR KUBEADM_CONFIG
-require CRI_SOCKET
+require CRI_SOCKET GPU_DIAG_LEVEL DCGM_VERSION DCGM_CUDA_MAJOR CUDA_REPO
 
 step "NVIDIA ${NVIDIA_DRIVER_BRANCH}-server driver"
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -66,6 +67,30 @@ mountpoint -q "${ROOT}${SHARE_DIR}" || retry 60 20 mount "${ROOT}${SHARE_DIR}" |
 if [ -f "${ROOT}/etc/kubernetes/kubelet.conf" ]; then
   log "already joined"
 else
+  # A GPU that fails DCGM's diagnostic must not join. Only before the join: a joined node may be
+  # running GPU work.
+  step "GPU diagnostic (DCGM ${DCGM_VERSION} dcgmi diag -r ${GPU_DIAG_LEVEL})"
+  keyring=/usr/share/keyrings/cuda-archive-keyring.gpg
+  if [ ! -s "${ROOT}${keyring}" ]; then
+    retry 5 10 curl -fsSL "${CUDA_REPO}/3bf863cc.pub" -o "${ROOT}/tmp/cuda.key" || die "cannot download the CUDA repo key"
+    gpg --dearmor --yes -o "${ROOT}${keyring}" "${ROOT}/tmp/cuda.key"
+  fi
+  echo "deb [signed-by=${keyring}] ${CUDA_REPO}/ /" >"${ROOT}/etc/apt/sources.list.d/cuda-dcgm.list"
+  # Priority 100: only what Ubuntu lacks comes from there, never its driver or CUDA
+  printf 'Package: *\nPin: origin developer.download.nvidia.com\nPin-Priority: 100\n' >"${ROOT}/etc/apt/preferences.d/cuda-dcgm.pref"
+  apt_get update
+  dcgm=(datacenter-gpu-manager-4-{core,proprietary,cuda"$DCGM_CUDA_MAJOR",proprietary-cuda"$DCGM_CUDA_MAJOR"})
+  apt_get install "${dcgm[@]/%/=1:${DCGM_VERSION}-1}"
+  apt-mark hold "${dcgm[@]}" >/dev/null
+  # The host engine runs for the diagnostic only: dcgm-exporter embeds its own.
+  systemctl start nvidia-dcgm || die "the DCGM host engine (nvidia-dcgm) does not start"
+  rc=0
+  dcgmi diag -r "$GPU_DIAG_LEVEL" 2>&1 | tee "${ROOT}/tmp/gpu-diag.txt" || rc=$?
+  systemctl stop nvidia-dcgm || true
+  if [ "$rc" -ne 0 ]; then
+    failed=$(grep -i -m 3 fail "${ROOT}/tmp/gpu-diag.txt" || true)
+    die "dcgmi diag -r ${GPU_DIAG_LEVEL} failed (exit ${rc}): ${failed//$'\n'/; }"
+  fi
   step "kubeadm join ${CONTROL_PLANE_IP}:${API_SERVER_PORT} (retried until the control plane answers)"
   join() { kubeadm join --config "${ROOT}${KUBEADM_CONFIG}" || { kubeadm reset -f >/dev/null 2>&1; false; }; }
   retry 20 30 join || die "kubeadm join did not succeed"

@@ -254,6 +254,11 @@ def expected_env(s, role: str) -> dict[str, str]:
         # and the Training Operator's images
         "PREPULL_IMAGES": f"ghcr.io/slinkyproject/slurmd:{s.slurm_image_tag} docker.io/library/alpine:3.22.1 "
         "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime alpine:3.10",
+        # the GPU diagnostic before the join: DCGM packages for the driver's CUDA major (580: 13)
+        "GPU_DIAG_LEVEL": "1",
+        "DCGM_VERSION": "4.4.2",
+        "DCGM_CUDA_MAJOR": "13",
+        "CUDA_REPO": "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64",
     }
 
 

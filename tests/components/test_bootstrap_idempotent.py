@@ -37,6 +37,8 @@ PREPULL = ("ghcr.io/slinkyproject/slurmd:25.11.6-ubuntu24.04", "alpine:3.10")
 NODE_SCRIPTS = ("testbed-lib.sh", "node-common.sh", "control-plane.sh", "gpu-worker.sh")
 K8S_LIST = "/etc/apt/sources.list.d/kubernetes.list"
 TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+DCGM_LIST = "/etc/apt/sources.list.d/cuda-dcgm.list"
+CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 # What the driver install leaves installed (nvidia-graphics-drivers-<branch>-server binaries).
 DRIVER_PACKAGES = " ".join(
@@ -174,6 +176,9 @@ esac
   get\\ --raw=/readyz) [ -f "${KUBECONFIG:-}" ] || { echo "stub kubectl: no kubeconfig" >&2; exit 1; } ;;
 esac
 """,
+    # dcgmi diag: a passing level-1 report, or the injected failure (STUB_FAILS) with its exit status.
+    "dcgmi": """echo "| Deployment | Pass |"
+""",
     "nvidia-smi": """[ -f "$STUB_STATE/driver-installed" ] || { echo "NVIDIA-SMI has failed: no driver" >&2; exit 9; }
 echo "GPU 0: NVIDIA A10G (UUID: GPU-00000000-0000-0000-0000-000000000000)"
 """,
@@ -267,6 +272,7 @@ class Sandbox:
             "etc/modules-load.d",
             "etc/sysctl.d",
             "etc/apt/sources.list.d",
+            "etc/apt/preferences.d",
             "usr/share/keyrings",
             "tmp",
             "home/ubuntu",
@@ -414,12 +420,25 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
         f" nvidia-utils-{S.nvidia_driver_branch}-server" in first.calls
     )
     assert count(first.calls, "modprobe nvidia") == 1 and count(second.calls, "modprobe nvidia") == 0
-    assert count(first.calls, "curl ") == 2 and count(second.calls, "curl ") == 0  # both keyrings kept
+    assert count(first.calls, "curl ") == 3 and count(second.calls, "curl ") == 0  # the three keyrings kept
     assert lines(box.read(TOOLKIT_LIST)) == [
         "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
         "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /"
     ]
     assert len(lines(box.read(K8S_LIST))) == 1
+    # DCGM from NVIDIA's CUDA repository, its other packages never preferred over Ubuntu's; the
+    # diagnostic runs once, before the join, with the host engine up only around it
+    assert lines(box.read(DCGM_LIST)) == [
+        f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {CUDA_REPO}/ /"
+    ]
+    assert "Pin-Priority: 100" in lines(box.read("/etc/apt/preferences.d/cuda-dcgm.pref"))
+    dcgm = [f"datacenter-gpu-manager-4-{p}=1:4.4.2-1" for p in ("core", "proprietary", "cuda13", "proprietary-cuda13")]
+    assert f"apt-get -o DPkg::Lock::Timeout=600 -y install {' '.join(dcgm)}" in first.calls
+    diag = ["systemctl start nvidia-dcgm", "dcgmi diag -r 1", "systemctl stop nvidia-dcgm"]
+    assert [c for c in first.calls if c in diag] == diag and not [c for c in second.calls if c in diag]
+    assert first.calls.index("dcgmi diag -r 1") < first.calls.index(
+        next(c for c in first.calls if c.startswith("kubeadm join"))
+    )
     nfs = [line for line in lines(box.read("/etc/fstab")) if " nfs4 " in line]
     assert nfs == [
         f"{S.control_private_ip}:{host_layout.SHARE_DIR} {host_layout.SHARE_DIR} nfs4 "
@@ -452,6 +471,18 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
         (worker_user_data, "modprobe nvidia", "nvidia kernel module does not load", ("nvidia-ctk", "kubeadm join")),
         (worker_user_data, "nvidia-ctk", "nvidia-ctk runtime configure", ("mount", "kubeadm join")),
         (worker_user_data, "kubeadm join", "kubeadm join did not succeed", ()),
+        (
+            worker_user_data,
+            "dcgmi diag",
+            "dcgmi diag -r 1 failed (exit 1): stub: dcgmi diag -r 1 fails (injected)",
+            ("kubeadm join", "crictl"),
+        ),
+        (
+            worker_user_data,
+            "systemctl start nvidia-dcgm",
+            "the DCGM host engine (nvidia-dcgm) does not start",
+            ("dcgmi", "kubeadm join"),
+        ),
     ],
     ids=[
         "kubeadm-init",
@@ -461,6 +492,8 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
         "modprobe-nvidia",
         "nvidia-ctk",
         "kubeadm-join",
+        "gpu-diagnostic",
+        "dcgm-host-engine",
     ],
 )
 def test_a_failing_step_stops_the_bootstrap_with_a_message_naming_it(tmp_path, user_data, failing, named, not_run):
@@ -789,6 +822,8 @@ def recorded_status(box: Sandbox) -> dict[str, str]:
             f"kubeadm join {S.control_private_ip}:6443 (retried until the control plane answers)",
         ),
         (worker_user_data, "crictl", "gpu-worker.sh", "images for the first slurmd pod and the example jobs"),
+        # what the early failure report quotes for a worker whose GPU fails the diagnostic
+        (worker_user_data, "dcgmi diag", "gpu-worker.sh", "GPU diagnostic (DCGM 4.4.2 dcgmi diag -r 1)"),
     ],
     ids=[
         "modprobe-br_netfilter",
@@ -801,6 +836,7 @@ def recorded_status(box: Sandbox) -> dict[str, str]:
         "driver-hold",
         "kubeadm-join",
         "image-pull",
+        "gpu-diagnostic",
     ],
 )
 def test_a_failing_step_records_its_script_step_and_message_root_only(tmp_path, user_data, failing, script, step):

@@ -26,13 +26,14 @@ def test_plan_json_shape_and_secrets_redacted(capsys):
     assert cli.main(["plan", "--json"]) == 0
     elements = json.loads(capsys.readouterr().out)
     options = {"deletedWith", "ignoreChanges", "replaceOnChanges", "replaceWith", "replacementTrigger"}
-    options |= {"deleteBeforeReplace", "protect"}
+    options |= {"deleteBeforeReplace", "protect", "retainOnDelete"}
     assert all({"urn", "type", "name", "parent", "dependsOn", "inputs"} <= set(e) for e in elements)
     assert all(set(e) - {"urn", "type", "name", "parent", "dependsOn", "inputs"} <= options for e in elements)
     by_name = {e["name"]: e for e in elements}
     control = by_name["testbed-control-instance"]
     assert control["deleteBeforeReplace"] is True and "ami" in control["ignoreChanges"]
     assert by_name["testbed-keda-release"]["deletedWith"] == control["urn"]
+    assert by_name["testbed-evidence-workspace"]["retainOnDelete"] is True  # managedPrometheusKeep
     assert by_name["testbed-readiness-wait"]["replaceOnChanges"] == ["triggers[*]"]
     assert not [e["name"] for e in elements if "protect" in e]  # nothing protected: destroy always finishes
     instances = [e for e in elements if e["type"] == "aws:ec2/instance:Instance"]

@@ -2,11 +2,12 @@
 from it (a resource that moves to another parent is replaced on the next update)."""
 
 from tests import tokens
-from tests.conftest import by_type
+from tests.conftest import by_type, run_program
 
 COMPONENTS = {
     "testbed-network": "testbed:aws:Network",
     "testbed-ssh": "testbed:aws:SshAccess",
+    "testbed-evidence": "testbed:aws:ManagedPrometheus",  # managedPrometheus (default true)
     "testbed-identity": "testbed:cluster:Identity",
     "testbed-node-credentials": "testbed:cluster:NodeCredentials",
     "testbed-control": "testbed:aws:ControlNode",
@@ -26,6 +27,9 @@ def test_components_have_their_types_and_sit_at_the_top(default_run):
     components = {r.name: r for r in default_run.resources if r.type.startswith("testbed:")}
     assert {name: r.type for name, r in components.items()} == COMPONENTS
     assert {r.parent.split("::")[2] for r in components.values()} == {tokens.STACK}
+    # the budget alarm, when asked for, is a component at the top too
+    budget = run_program(budgetMonthlyUsd=100, budgetEmail="ops@example.com").named("testbed-budget")
+    assert budget.type == "testbed:aws:BudgetAlarm" and budget.parent.split("::")[2] == tokens.STACK
 
 
 WORKERS = [f"testbed-worker-{i}" for i in range(4)]

@@ -19,7 +19,7 @@ from moto.servicequotas.models import ServiceQuotasBackend
 from components import ec2 as ec2_component
 from stacks import preflight
 from stacks.settings import load
-from tests.conftest import config
+from tests.conftest import config, run_program
 
 REGION = "us-east-1"
 ENOUGH = {
@@ -288,4 +288,48 @@ def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, recorded
     finally:
         session.events.unregister("before-call", note)
     assert calls == set(ACTIONS["tools"]["preflight"]) and calls <= granted()
-    assert all(re.fullmatch(r"[a-z0-9]+:(Describe|Get)[A-Za-z]+", c) for c in calls), sorted(calls)
+    assert all(re.fullmatch(r"[a-z0-9]+:(Describe|Get|List)[A-Za-z]+", c) for c in calls), sorted(calls)
+
+
+def test_managed_prometheus_answers_and_names_the_workspaces_kept_from_earlier_runs(aws, recorded):
+    session, _ = aws
+    ubuntu_image()
+    (alias,) = recorded.workspaces  # the alias the program gives its workspace
+    assert alias == "gpu-testbed-dev"
+    assert (
+        run(session, recorded)["managed prometheus"].detail
+        == "answers in us-east-1; `pulumi up` creates workspace gpu-testbed-dev"
+    )
+    amp = session.client("amp", region_name=REGION)
+    kept = amp.create_workspace(alias=alias)["workspaceId"]
+    amp.create_workspace(alias=alias + "-other")  # AWS filters aliases by prefix: not this stack's
+    check = run(session, recorded)["managed prometheus"]
+    assert check.status == preflight.OK
+    assert check.detail.startswith(f"1 workspace(s) gpu-testbed-dev in the region ({kept}): the deployed stack's, ")
+
+
+def test_managed_prometheus_not_offered_in_the_region_fails_with_the_way_out(aws, recorded):
+    from botocore.exceptions import EndpointConnectionError
+
+    session, _ = aws
+    ubuntu_image()
+
+    def no_endpoint(request, **_):
+        raise EndpointConnectionError(endpoint_url=request.url)
+
+    session.events.register("before-send.amp", no_endpoint)
+    try:
+        checks = run(session, recorded)
+    finally:
+        session.events.unregister("before-send.amp", no_endpoint)
+    check = checks["managed prometheus"]
+    assert check.status == preflight.FAIL and check.detail.endswith("or set managedPrometheus false")
+    assert checks["credentials"].status == preflight.OK  # one line, not "cannot reach AWS"
+
+
+def test_managed_prometheus_false_asks_nothing_of_amp(aws):
+    session, _ = aws
+    ubuntu_image()
+    need = preflight.needs(run_program(managedPrometheus=False))
+    assert need.workspaces == ()
+    assert "managed prometheus" not in run(session, need, managedPrometheus=False)

@@ -70,11 +70,17 @@ def pod_templates(obj):
 
 
 def test_there_are_the_example_workloads():
-    assert {p.name for p in MANIFESTS} == {"pytorchjob-ddp.yaml", "inference-job.yaml", "leak-probe.yaml"}
+    assert {p.name for p in MANIFESTS} == {
+        "pytorchjob-ddp.yaml",
+        "pytorchjob-nccl-allreduce.yaml",
+        "inference-job.yaml",
+        "leak-probe.yaml",
+    }
     assert {p.name for p in SCRIPTS} == {
         "gpu-smoke.sbatch",
         "hold-gpus.sbatch",
         "mpi-gpu.sbatch",
+        "nccl-allreduce.sbatch",
         "openfoam-cavity.sbatch",
     }
 
@@ -126,7 +132,7 @@ def test_pytorchjob_follows_the_crd_and_the_webhook(obj):
 
 
 def test_the_crd_check_rejects_a_misspelt_field():
-    (obj,) = pytorchjobs()
+    obj = pytorchjobs()[0]
     obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replica"] = 2
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(obj["spec"], PYTORCHJOB_SPEC)
@@ -153,7 +159,7 @@ def test_inline_python_compiles(name, obj):
 
 
 def test_pytorchjob_trains_with_ddp_over_nccl():
-    (obj,) = pytorchjobs()
+    (obj,) = [o for o in pytorchjobs() if o["metadata"]["name"] == "ddp-synthetic"]
     code = obj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"][0]
     assert 'init_process_group("nccl"' in code and "DistributedDataParallel" in code and "sys.exit(" in code
 

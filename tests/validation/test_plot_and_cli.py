@@ -145,10 +145,10 @@ def test_from_timeline_fails_when_a_check_fails(tmp_path):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        ([], "validate: --scenario is required: one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe"),
+        ([], "validate: --scenario is required: one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe, nccl"),
         (
             ["--scenario", "huge"],
-            'validate: --scenario: "huge" is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe',
+            'validate: --scenario: "huge" is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe, nccl',
         ),
         (
             ["--scenario", "mixed", "--timeout", "soon"],
@@ -161,7 +161,7 @@ def test_from_timeline_fails_when_a_check_fails(tmp_path):
         # issue 22: numbers that parse but mean nothing, all refused at once with the scenario
         (
             ["--scenario", "h\x1bx", "--timeout", "nan", "--interval", "inf"],
-            'validate: --scenario: "h\\x1bx" is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe\n'
+            'validate: --scenario: "h\\x1bx" is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe, nccl\n'
             'validate: --timeout: "nan" is not allowed; expected seconds from 60 to 604800, e.g. 300 or 2.5\n'
             'validate: --interval: "inf" is not allowed; expected seconds from 1 to 600, e.g. 300 or 2.5',
         ),

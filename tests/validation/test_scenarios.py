@@ -52,7 +52,7 @@ def test_planned_names_are_unique_and_valid_everywhere(name):
 
 def test_scenario_demands():
     demand = {name: sum(p.gpus for p in plan(s, "r1")) for name, s in SCENARIOS.items()}
-    assert demand == {"hpc-parallel": 4, "mixed": 4, "heavy-mixed": 9, "handoff": 5, "leak-probe": 4}
+    assert demand == {"hpc-parallel": 4, "mixed": 4, "heavy-mixed": 9, "handoff": 5, "leak-probe": 4, "nccl": 4}
 
 
 def test_leak_probe_holds_every_gpu_of_the_stack_then_probes_without_a_request():

@@ -29,6 +29,22 @@ FOREVER = 10**7
 LEAK_POD_UID = "uid-leak"
 
 
+def all_reduce_output(busbw: float, wrong: int = 0) -> str:
+    """The end of an all-reduce's output as nccl-tests prints it (NVIDIA/nccl-tests@v2.17.7:src/util.cu
+    writeResultFooter: "# %-20s : %d %s", "# %-20s : %g %s"); the PyTorchJob prints the same."""
+    status = "FAILED" if wrong else "OK"
+    return (
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong\n"
+        f"    67108864      16777216     float     sum      -1   57801.2    1.16    {busbw:g}      {wrong}\n"
+        f"# {'Out of bounds values':<20} : {wrong} {status}\n"
+        f"# {'Avg bus bandwidth':<20} : {busbw:g} \n"
+    )
+
+
+# By job-name prefix: what each all-reduce of the nccl scenario writes.
+ALL_REDUCE_OUTPUTS = {"nccl-allreduce": all_reduce_output(1.16), "pytorchjob-nccl-allreduce": all_reduce_output(0.97)}
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.t = 0.0
@@ -78,6 +94,7 @@ class FakeCluster:
     slurmd_register: float = 15.0  # slurmd Running -> Slurm node idle
     cooldown: float = 300.0
     max_replicas: int = 4
+    outputs: dict[str, str] = field(default_factory=lambda: dict(ALL_REDUCE_OUTPUTS))  # by job-name prefix
 
     def __post_init__(self) -> None:
         s = _settings(
@@ -105,6 +122,7 @@ class FakeCluster:
         self.sbatch_calls = 0
         self.probe_calls: list[str] = []
         self.plain_jobs: dict[str, str] = {}  # Jobs without a GPU request: name -> their pod's uid
+        self.output_reads: list[tuple[str, str, str]] = []
 
     # ---------------------------------------------------------------- the twin on the fake clock
 
@@ -227,6 +245,14 @@ class FakeCluster:
         self.uuid_reads += 1
         found = next(p for p in self.twin.kube.pods if self._uid(p) == pod.uid)
         return (sim.gpu_uuid(found.gpu),) if found.running(self.clock.now()) else ()
+
+    def job_output(self, kind: str, name: str, ref: str) -> str:
+        self._call()
+        self.output_reads.append((kind, name, ref))
+        found = [text for prefix, text in self.outputs.items() if name.startswith(prefix)]
+        if not found:
+            raise FakeClusterError(f"fake: no output for {name}")
+        return found[0]
 
     def check_reachable(self) -> None:
         self._call()
