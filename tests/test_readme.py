@@ -27,8 +27,16 @@ def test_the_readme_says_what_each_setting_accepts():
 
 def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
     ci = (ROOT / ".ci" / "run").read_text()
-    for command in ("python3 -m venv venv", "venv/bin/pip install", "-r requirements.txt", "venv/bin/python -m pytest"):
+    for command in (
+        "python3 -m venv venv",
+        "venv/bin/pip install",
+        "-r requirements-dev.txt",
+        "venv/bin/python -m pytest",
+    ):
         assert command in README and command in ci
+    # requirements-dev.txt adds the tests' and tools' packages to exactly what deploying installs
+    dev = (ROOT / "requirements-dev.txt").read_text().splitlines()
+    assert dev[[line.startswith("-r") for line in dev].index(True)] == "-r requirements.txt"
 
 
 def test_readme_pictures_exist():
