@@ -19,6 +19,12 @@ import pulumi_aws as aws
 # workspace" (https://aps-workspaces.REGION.amazonaws.com/workspaces/ID/api/v1/remote_write).
 REMOTE_WRITE_PATH = "api/v1/remote_write"
 WRITE_ACTION = "aps:RemoteWrite"
+# The role's permissions boundary: the AWS managed policy that allows aps:RemoteWrite and nothing
+# else. The deployer policy lets its holder create and change roles of this name only with this
+# boundary (iam/testbed-policy.json, condition iam:PermissionsBoundary), so those IAM rights can
+# never make a role that does more than write metrics: without it, CreateRole + PutRolePolicy +
+# PassRole on the name pattern would let the holder mint an administrator role.
+REMOTE_WRITE_BOUNDARY = "arn:aws:iam::aws:policy/AmazonPrometheusRemoteWriteAccess"
 
 
 def remote_write_url(prometheus_endpoint: str) -> str:
@@ -83,6 +89,7 @@ class ManagedPrometheus(pulumi.ComponentResource):
         self.role = aws.iam.Role(
             f"{name}-writer-role",
             assume_role_policy=trust_policy(),
+            permissions_boundary=REMOTE_WRITE_BOUNDARY,
             description="the testbed control node's Prometheus: remote-write to the stack's AMP workspace only",
             opts=child,
         )

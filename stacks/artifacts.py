@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shutil
 import tempfile
@@ -16,8 +17,11 @@ from components.names import SLURM_CHART, Names, SlurmNames
 from stacks import pricing, user_files
 from stacks.offline import RecordedResource, Recording, redact, reveal
 from stacks.pricing import CostEstimate
-from stacks.settings import show
+from stacks.settings import DOCUMENTATION_NETWORKS, show
 
+# README "How long it takes": estimates from the readiness gate's expectation, the Helm limits and
+# EC2 launch times, not a measured run.
+DEPLOY_MINUTES, DESTROY_MINUTES = "20-30", "5-10"
 INSTANCE = "aws:ec2/instance:Instance"
 REMOTE_COMMAND = "command:remote:Command"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -102,7 +106,20 @@ def plan_header(rec: Recording) -> list[str]:
     ports = sorted({rule["fromPort"] for rule in group.inputs["ingress"] if rule.get("cidrBlocks")})
     lines = [f"stack {s.stack}: region {s.region}, zone {zone}", "nodes:"]
     lines += [_node_line(role, nodes) for role, nodes in sorted(_nodes(rec).items())]
+    hourly = pricing.estimate(s).hourly_usd
+    lines.append(
+        "cost: unknown (no pinned prices for this region; stacks/pricing.py)"
+        if hourly is None
+        else f"cost: about ${hourly:.2f}/hour, ${hourly * 24:.2f}/day, charged until `pulumi destroy` (estimate below)"
+    )
+    lines.append(f"deploy: `pulumi up` takes about {DEPLOY_MINUTES} minutes, `pulumi destroy` about {DESTROY_MINUTES}")
     lines.append(f"admin range: {', '.join(admin)} may reach ports {', '.join(map(str, ports))} (SSH, API server)")
+    example = [c for c in admin if any(ipaddress.ip_network(c).subnet_of(d) for d in DOCUMENTATION_NETWORKS)]
+    if example:
+        lines.append(
+            f"WARNING: adminCidr {', '.join(example)} is the example address: `pulumi up` refuses it; set yours with "
+            '`pulumi config set adminCidr "$(curl -s https://checkip.amazonaws.com)/32"`'
+        )
     return lines
 
 

@@ -379,7 +379,10 @@ def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None =
     mocks = mocks or TestbedMocks()
     mocks.region = settings.region
     monitor = RecordingMonitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project=settings_mod.PROJECT, stack=stack, preview=False, monitor=monitor)
+    # "organization": what a local (or self-managed) backend calls the organization of every stack.
+    pulumi.runtime.set_mocks(
+        mocks, project=settings_mod.PROJECT, stack=stack, preview=False, monitor=monitor, organization="organization"
+    )
 
     resolved: dict[str, Any] = {}
     secret_names: set[str] = set()

@@ -3,7 +3,6 @@ twin's evaluator and by a real Prometheus (`promtool test rules`), including no 
 target (staleness), a duplicated target and several partitions."""
 
 import math
-import os
 import subprocess
 
 import pytest
@@ -324,17 +323,9 @@ def test_safe_triggers_turn_an_empty_result_into_an_error():
 
 
 def _promtool() -> str:
-    """Prometheus 3's promtool (the major version kube-prometheus-stack 80.9.2 deploys: its range and
-    subquery windows are left-open), from the real-engine root; a skip, or under CI a failure, without it."""
     from tests.engines import harness
 
-    try:
-        root = harness.engine_root(need_root_user=False)
-    except harness.EngineMissing as missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(str(missing))
-        pytest.skip(str(missing))
-    return str(root / "usr" / "bin" / "promtool")
+    return harness.promtool()
 
 
 def _labels(pairs) -> str:

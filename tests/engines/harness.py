@@ -81,6 +81,20 @@ def engine_root(need_root_user: bool = True) -> Path:
     return root
 
 
+def promtool() -> str:
+    """Prometheus 3's promtool from the root (the major version kube-prometheus-stack 80.9.2 deploys);
+    a skip without the root, a failure under CI=true."""
+    import pytest
+
+    try:
+        root = engine_root(need_root_user=False)
+    except EngineMissing as missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(missing))
+        pytest.skip(str(missing))
+    return str(root / "usr" / "bin" / "promtool")
+
+
 def render_for_harness(values: dict, n: SlurmNames) -> dict[str, str]:
     """The program's /etc/slurm files as `render` writes them (components/slurm_config.py), with
     ADAPTATIONS applied, and only those."""

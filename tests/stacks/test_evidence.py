@@ -243,20 +243,16 @@ def test_plan_says_where_the_evidence_lives_and_what_watches_the_bill(default_ru
 
 
 def test_a_real_prometheus_accepts_the_remote_write_as_the_operator_renders_it(default_run, tmp_path):
-    """promtool (Debian's prometheus package, as .ci/run installs it) parses the remote_write block
-    the operator generates from the Prometheus resource: SigV4, the relabel rules in RE2, the
-    external label. prometheus-operator's camelCase fields are Prometheus' snake_case ones."""
-    import os
-    import shutil
+    """Prometheus 3's promtool (from the real-engine root tools/engine-root.sh builds) parses the
+    remote_write block the operator generates from the Prometheus resource: SigV4, the relabel rules
+    in RE2, the external label. prometheus-operator's camelCase fields are Prometheus' snake_case ones."""
     import subprocess
 
     import yaml
 
-    promtool = shutil.which("promtool")
-    if promtool is None and os.environ.get("CI") == "true":
-        pytest.fail("promtool is missing: .ci/run installs Debian's prometheus package, which ships it")
-    if promtool is None:
-        pytest.skip("promtool not installed (apt-get install prometheus); CI=true makes this a failure")
+    from tests.engines import harness
+
+    promtool = harness.promtool()
     spec = prometheus_spec(default_run)
     ((remote,),) = [spec["remoteWrite"]]
     config_file = tmp_path / "prometheus.yml"

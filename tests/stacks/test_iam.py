@@ -75,6 +75,20 @@ def test_iam_and_budget_actions_reach_only_the_programs_own_role_profile_and_bud
     assert "aps:RemoteWrite" not in granted()
 
 
+def test_roles_are_created_and_given_policies_only_within_the_remote_write_boundary(default_run):
+    """CreateRole, PutRolePolicy and DeleteRolePolicy only with the boundary the program's role carries,
+    and nothing that changes or drops a boundary: the deployer can never mint a role that does more
+    than remote-write metrics (AWS IAM condition key iam:PermissionsBoundary)."""
+    boundary = default_run.named("testbed-evidence-writer-role").inputs["permissionsBoundary"]
+    assert boundary.endswith(":policy/AmazonPrometheusRemoteWriteAccess")
+    for action in ("iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy"):
+        for s in statements_granting(action):
+            assert s["Condition"] == {"StringEquals": {"iam:PermissionsBoundary": boundary}}, (action, s["Sid"])
+    assert (
+        not {"iam:PutRolePermissionsBoundary", "iam:DeleteRolePermissionsBoundary", "iam:AttachRolePolicy"} & granted()
+    )
+
+
 def test_deletes_are_limited_to_resources_carrying_the_providers_default_tag(default_run):
     (provider,) = default_run.of_type("pulumi:providers:aws")
     default_tags = json.loads(provider.inputs["defaultTags"])["tags"]  # the provider carries it as JSON

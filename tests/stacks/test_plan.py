@@ -9,7 +9,7 @@ import re
 import pytest
 
 from stacks import artifacts, pricing
-from tests.conftest import ADMIN_CIDR, depends
+from tests.conftest import ADMIN_CIDR, depends, run_program
 
 
 def with_settings(rec, **changes):
@@ -21,7 +21,9 @@ def test_the_plan_opens_with_stack_region_zone_nodes_and_admin_range(default_run
     assert head[0].startswith("stack dev: region us-east-1, zone the first zone of us-east-1 offering g4dn.xlarge")
     assert "  control-plane: 1 x t3.medium (on-demand; root disk 40 GiB gp3)" in head
     assert "  gpu-worker: 4 x g4dn.xlarge (on-demand; root disk 100 GiB gp3)" in head
-    assert head[-1] == f"admin range: {ADMIN_CIDR} may reach ports 22, 6443 (SSH, API server)"
+    assert head[-2] == f"admin range: {ADMIN_CIDR} may reach ports 22, 6443 (SSH, API server)"
+    # the tests' address is a documentation address, as the example stack's is: `pulumi up` refuses it
+    assert head[-1].startswith(f"WARNING: adminCidr {ADMIN_CIDR} is the example address: `pulumi up` refuses it")
     assert "  gpu-worker: 4 x g4dn.xlarge (4 spot, 0 on-demand; root disk 100 GiB gp3)" in artifacts.plan_header(
         spot_run
     )
@@ -30,6 +32,24 @@ def test_the_plan_opens_with_stack_region_zone_nodes_and_admin_range(default_run
         "stack dev: region us-east-1, zone us-east-1a (configured; whether it offers g4dn.xlarge and t3.medium is "
         "not known offline: `python -m stacks preflight` checks it)"
     )
+
+
+def test_the_summary_gives_the_daily_cost_and_the_deploy_time_and_warns_only_for_an_example_address(default_run):
+    head = artifacts.plan_header(default_run)
+    hourly = pricing.estimate(default_run.settings).hourly_usd
+    (cost,) = [line for line in head if line.startswith("cost: ")]
+    assert (
+        cost
+        == f"cost: about ${hourly:.2f}/hour, ${hourly * 24:.2f}/day, charged until `pulumi destroy` (estimate below)"
+    )
+    assert "$53." in cost, "4 x g4dn.xlarge and a t3.medium in us-east-1: about $53 a day"
+    assert "deploy: `pulumi up` takes about 20-30 minutes" in "\n".join(head)
+    own = artifacts.plan_header(run_program(adminCidr="81.2.69.0/28"))
+    assert "admin range: 81.2.69.0/28 may reach ports 22, 6443 (SSH, API server)" in own
+    assert not [line for line in own if line.startswith("WARNING")]
+    elsewhere = artifacts.plan_header(with_settings(default_run, region="af-south-1"))
+    assert "cost: unknown (no pinned prices for this region; stacks/pricing.py)" in elsewhere
+    assert not any(line.startswith("None/") for line in artifacts.plan_text(default_run).splitlines())
 
 
 def test_waits_for_uses_the_names_of_the_install_list(default_run):
