@@ -332,7 +332,8 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
         present = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
         raise settings_mod.SettingsError(
             [
-                f"--stack: {settings_mod.show(stack)} has no stack file {stack_file.name} in {root}; "
+                f"--stack: {settings_mod.show(stack)} has no stack file "
+                f"{'Pulumi.<stack>.yaml' if settings_mod.secret_kind(stack) else stack_file.name} in {root}; "
                 f"stacks here: {', '.join(present) or 'none'}"
             ]
         )

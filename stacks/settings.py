@@ -131,6 +131,15 @@ _TOKENS = (
     ),
     (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), "a Google API key"),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\."), "a JSON Web Token"),
+    (re.compile(r"\bpul-[0-9a-f]{40}\b"), "a Pulumi access token"),
+    (re.compile(r"\b[sr]k_(live|test)_[A-Za-z0-9]{16,}"), "a Stripe key"),
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}|\bnpm_[A-Za-z0-9]{36}"), "a Hugging Face or npm token"),
+    # 32 or more lower-case hex digits, letters and digits mixed, standing alone: a hex-encoded key
+    # or token. Not after "sha256:" (a digest) nor inside a base64 run (a public key's body).
+    (
+        re.compile(r"(?<![0-9A-Za-z:+/=_-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{32,}(?![0-9A-Za-z+/=])"),
+        "a hex key or token",
+    ),
 )
 # A run of base64 (standard or URL-safe) long enough to hold a key's header; a run of standard
 # base64 alone for a random secret (URL-safe's - and _ join names and UUIDs into long runs).

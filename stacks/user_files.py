@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,8 @@ for _tag, _construct in (
 def read_text(path: Path, what: str) -> str:
     """The file's text, at most MAX_YAML_BYTES of UTF-8, or UserFileError."""
     try:
+        if stat.S_ISFIFO(path.stat().st_mode) or stat.S_ISSOCK(path.stat().st_mode):
+            raise UserFileError("is a named pipe or a socket; expected a file")
         with path.open("rb") as f:
             data = f.read(MAX_YAML_BYTES + 1)
     except OSError as error:
@@ -158,6 +161,11 @@ def parse_yaml(text: str, *, typed: bool) -> Any:
         ) from None
     except ValueError as error:  # a scalar the constructor cannot convert (an int of 5,000 digits, a bad date)
         raise UserFileError(f"is not readable YAML: a value cannot be converted ({escaped(str(error), 100)})") from None
+    except (TypeError, AttributeError):  # an explicit tag on a node its constructor cannot take (!!set [a])
+        raise UserFileError(
+            "is not readable YAML: an explicit tag (!!set, !!map, !!int, !!timestamp, ...) on a value of another "
+            "shape; expected plain values without tags"
+        ) from None
     finally:
         if loader is not None:
             loader.dispose()

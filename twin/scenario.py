@@ -18,6 +18,7 @@ IMAGES = ("warm", "cold")
 # under a minute (41 s measured at the bounds: two 1,000-task arrays queued for 2 hours).
 MAX_DURATION = 24 * 3600
 MAX_JOBS = 500
+MAX_FAULTS = 100  # each is checked every simulated second
 MAX_TASKS = 2000  # jobs, each Slurm array task and each PyTorchJob replica counted
 MAX_TASK_HOURS = 10000  # tasks x simulated hours
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
@@ -242,6 +243,11 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     if not isinstance(raw_faults, list):
         c.bad("faults", raw_faults, "a list")
         raw_faults = []
+    elif len(raw_faults) > MAX_FAULTS:
+        c.problems.append(
+            f"faults: {len(raw_faults)} faults are too many; expected at most {MAX_FAULTS} (docs/input-limits.md)"
+        )
+        raw_faults = []
     for i, raw in enumerate(raw_faults):
         where = f"faults[{i}]"
         if not isinstance(raw, dict):
@@ -286,7 +292,7 @@ def _cycles(jobs: list[JobSpec]) -> list[str]:
         seen.update(path)
         if name in path:
             cycle = path[path.index(name) :]
-            chain = " -> ".join(escaped(n, 40) for n in [*cycle, name])
+            chain = " -> ".join(_label(n) for n in [*cycle, name])
             first = cycle[0]
             problems.append(
                 f"jobs[{index[first]}] ({_label(first)}).after: {_show(after[first])} is not allowed; expected "

@@ -201,7 +201,8 @@ def load_timeline(path: Path) -> Timeline:
         raise UsageError(f"--from-timeline: {settings.show(str(path))} is not a file")
     try:
         return Timeline.load(path)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as error:
+        # RecursionError: JSON nested deeper than Python's decoder recurses (100,000 brackets)
         detail = settings.redacted(f"{type(error).__name__}: {error}", limit=200)
         raise UsageError(f"--from-timeline: {settings.show(str(path))} is not a timeline.json ({detail})") from None
 

@@ -488,6 +488,10 @@ def test_what_is_long_or_random_but_not_secret_is_shown(text):
         ("https://hooks.slack.com/services/T000/B000/XXXX", "Slack token"),
         ("AIza" + "Sy" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q", "Google API key"),
         (JWT, "JSON Web Token"),
+        ("pul-3f9a1c0b7e2d4a6f8b1c9e0d2a4b6c8e0f1a3b5c", "Pulumi access token"),
+        ("sk_live_51H8aBcDeFgHiJkLmNoPqRsT", "Stripe key"),
+        ("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", "hex key or token"),
+        ("ami-0123456789abcdef0", None),  # 17 hex digits: an AMI id, shown
     ],
 )
 def test_a_secret_is_known_by_its_shape(text, kind):

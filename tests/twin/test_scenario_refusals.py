@@ -106,6 +106,26 @@ ROWS: list[tuple[str | bytes | Path, list[str], list[tuple[str, str]]]] = [
         [("jobs[0] ((name hidden: looks like a secret key or token)).name", "(value hidden: looks like a secret")],
     ),
     (jobs(job("a", '"\\e]0;x\\a": 1')), [], [("jobs[0] (a).\\x1b]0;x\\x07", "a known job field")]),
+    # a cycle through a secret-looking name: hidden in the chain as in the line's prefix
+    (
+        jobs(
+            job('"wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"', "after: b"),
+            job("b", 'after: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"'),
+        ),
+        [],
+        [
+            ("jobs[0] ((name hidden: looks like a secret key or token)).name", "(value hidden: looks like a secret"),
+            ("jobs[0] ((name hidden: looks like a secret key or token)).after", "(name hidden: looks like a secret"),
+        ],
+    ),
+    # explicit tags the reader cannot take on that shape, and a bound on faults
+    ("duration: 60\nfoo: !!set [a, b]\n", [], [("--scenario", "an explicit tag")]),
+    ("duration: 60\nfoo: !!timestamp x\n", [], [("--scenario", "an explicit tag")]),
+    (
+        "duration: 600\nfaults:\n" + "  - {kind: restapi-down, start: 1, end: 2}\n" * 101,
+        [],
+        [("faults", "101 faults are too many; expected at most 100")],
+    ),
     # --out, checked before the run
     (jobs(job("a")), ["--out", "{tmp}/file"], [("--out", "is a file; expected a directory")]),
     (jobs(job("a")), ["--out", "{tmp}/file/sub"], [("--out", "which is a file; expected a directory path")]),

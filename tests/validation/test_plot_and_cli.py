@@ -233,3 +233,11 @@ def test_a_bad_kubeconfig_file_is_one_line_before_any_cluster_call(text, fragmen
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith('validate: --kubeconfig: "') and fragment in line, line
     assert not (tmp_path / "o").exists()
+
+
+def test_a_timeline_nested_past_the_json_decoders_recursion_is_one_line(tmp_path, capsys):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["--scenario", "handoff", "--from-timeline", str(deep)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f'validate: --from-timeline: "{deep}" is not a timeline.json (RecursionError')
