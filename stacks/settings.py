@@ -88,7 +88,8 @@ REGION_ZONE_LETTERS = {
     "eu-west-1": "abc",
     "eu-central-1": "abc",
 }
-OTHER_REGION_ZONE_LETTERS = "abcdef"
+# Elsewhere which zones exist is not known offline: any letter, and preflight checks the zone.
+OTHER_REGION_ZONE_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 # RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
@@ -941,11 +942,14 @@ def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str
         zone, region = v["availability_zone"], v["region"]
         letters = REGION_ZONE_LETTERS.get(region, OTHER_REGION_ZONE_LETTERS)
         if not re.fullmatch(re.escape(region) + f"[{letters}]", zone):
-            listed = ", ".join(region + letter for letter in letters)
-            known = "" if region in REGION_ZONE_LETTERS else " (the offerings are checked again at run time)"
+            listed = (
+                ", ".join(region + letter for letter in letters)
+                if region in REGION_ZONE_LETTERS
+                else f"{region} and one letter (which exist is not known offline: `python -m stacks preflight` checks it)"
+            )
             out.append(
                 f"availabilityZone: {raw('availabilityZone')} is not allowed; expected a zone of region {region}: "
-                f"{listed}{known}, or empty to pick one that offers the worker type"
+                f"{listed}, or empty to pick one that offers the worker type"
             )
     if ok("aiGuaranteedGpus", "workerCount") and not -1 <= v["ai_guaranteed_gpus"] < v["worker_count"]:
         out.append(

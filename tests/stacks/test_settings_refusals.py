@@ -164,7 +164,7 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"availabilityZone": "us-east-1aa"}, "availabilityZone", "a zone of region"),
     ({"region": "eu-west-1", "availabilityZone": "eu-west-1d"}, "availabilityZone", "eu-west-1c,"),
     ({"region": "us-east-2", "availabilityZone": "us-east-2d"}, "availabilityZone", "us-east-2a"),
-    ({"region": "ap-south-1", "availabilityZone": "ap-south-1h"}, "availabilityZone", "checked again at run time"),
+    ({"region": "ap-south-1", "availabilityZone": "ap-south-11"}, "availabilityZone", "ap-south-1 and one letter"),
     # --- adminCidr and allowOpenIngress
     ({"adminCidr": None}, "adminCidr", "missing; required"),
     ({"adminCidr": ""}, "adminCidr", "CIDR"),
@@ -860,10 +860,10 @@ WHOLE_LINES = [
         "(did you mean us-east-1?)",
     ),
     (
-        {"region": "ap-south-1", "availabilityZone": "ap-south-1h"},
-        'availabilityZone: "ap-south-1h" is not allowed; expected a zone of region ap-south-1: ap-south-1a, '
-        "ap-south-1b, ap-south-1c, ap-south-1d, ap-south-1e, ap-south-1f (the offerings are checked again at run "
-        "time), or empty to pick one that offers the worker type",
+        {"region": "ap-south-1", "availabilityZone": "ap-south-1-h"},
+        'availabilityZone: "ap-south-1-h" is not allowed; expected a zone of region ap-south-1: ap-south-1 and one '
+        "letter (which exist is not known offline: `python -m stacks preflight` checks it), or empty to pick one that "
+        "offers the worker type",
     ),
     (
         {"adminCidr": "bad"},
