@@ -1,6 +1,6 @@
 """API server hardening that `kubeadm join` survives (issue 12, item 5): pure renderers.
 
-What is applied and what is left, with the reasons, is listed in the README's "Security"
+What is applied and what is left, with the reasons, is listed in docs/security-and-day2.md's "Security"
 section; a test keeps that list and `APPLIED` here in step. kubeadm v1beta4 takes component
 flags as lists of {name, value} and host mounts as extraVolumes {name, hostPath, mountPath,
 readOnly, pathType} (kubernetes/kubernetes@v1.34.0:cmd/kubeadm/app/apis/kubeadm/v1beta4/types.go
@@ -39,7 +39,7 @@ PRIVILEGED_NAMESPACES = {
     "worker_app.go) and the Slurm pods mount the NFS share by hostPath",
 }
 
-# One line per applied item; the README's Security section lists the same.
+# One line per applied item; docs/security-and-day2.md's Security section lists the same.
 APPLIED = (
     "profiling off in the API server, controller manager and scheduler (CIS 1.2.15, 1.3.2, 1.4.1)",
     f"audit log {AUDIT_LOG_FILE}: metadata of every request, no bodies, rotated "

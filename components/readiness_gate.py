@@ -19,7 +19,7 @@ READINESS_SCRIPT = "wait-cluster-ready.sh"
 
 def ssh_command(control_public_ip: str, private_ip: str | None = None) -> list[str]:
     """How you reach a node: the control node directly, a worker only through it (`-J`), the
-    form README "Troubleshooting" shows and `doctor` runs."""
+    form docs/troubleshooting.md shows and `doctor` runs."""
     control = f"{host_layout.SSH_USER}@{control_public_ip}"
     return ["ssh", control] if private_ip is None else ["ssh", "-J", control, f"{host_layout.SSH_USER}@{private_ip}"]
 

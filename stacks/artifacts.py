@@ -19,7 +19,7 @@ from stacks.offline import RecordedResource, Recording, redact, reveal
 from stacks.pricing import CostEstimate
 from stacks.settings import DOCUMENTATION_NETWORKS, show
 
-# README "How long it takes": estimates from the readiness gate's expectation, the Helm limits and
+# README "Cost and time": estimates from the readiness gate's expectation, the Helm limits and
 # EC2 launch times, not a measured run.
 DEPLOY_MINUTES, DESTROY_MINUTES = "20-30", "5-10"
 INSTANCE = "aws:ec2/instance:Instance"

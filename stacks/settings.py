@@ -409,7 +409,7 @@ class Setting:
     kind: type  # str, int or bool: how the config string is parsed
     default: Any  # None: the setting is required
     description: str
-    accepted: str  # what the README's Settings table says is accepted
+    accepted: str  # what docs/settings.md's table says is accepted
     rule: Rule | None = None
 
     @property

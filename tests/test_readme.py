@@ -1,4 +1,5 @@
-"""The README stays true: every setting documented with its default, CI runs its test command."""
+"""The README and docs/ stay true: a short landing page, links that resolve, every setting documented
+with its default, every offline command run as written, CI runs the test command."""
 
 import re
 from pathlib import Path
@@ -7,10 +8,37 @@ from stacks.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SETTINGS_PAGE = (ROOT / "docs" / "settings.md").read_text()
+README_MAX_LINES = 300
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_is_a_landing_page():
+    assert len(README.splitlines()) <= README_MAX_LINES
+    for section in ("## Cost and time", "## Prerequisites", "## Quickstart", "## Tear down", "## Troubleshooting"):
+        assert section in README, section
+    assert "you pay until" in README and "PULUMI_CONFIG_PASSPHRASE" in README.split("## Tear down")[1]
+
+
+def test_every_relative_link_resolves_to_a_file_and_heading():
+    for page in PAGES:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", page.read_text()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path = (page.parent / target) if target else page
+            assert path.exists(), f"{page.name}: {target}"
+            if anchor and path.suffix == ".md":
+                headings = {_slug(h) for h in re.findall(r"^#+ (.+)$", path.read_text(), re.M)}
+                assert anchor in headings, f"{page.name}: {target}#{anchor}"
 
 
 def test_every_setting_is_in_the_readme_table_with_its_default():
-    rows = {m[1]: m[2] for m in re.finditer(r"^\| `(\w+)` \| \w+ \| ([^|]+) \|", README, re.M)}
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| `(\w+)` \| \w+ \| ([^|]+) \|", SETTINGS_PAGE, re.M)}
     assert set(rows) == {s.key for s in SETTINGS}
     for s in SETTINGS:
         if s.default is None:
@@ -21,7 +49,7 @@ def test_every_setting_is_in_the_readme_table_with_its_default():
 
 
 def test_the_readme_says_what_each_setting_accepts():
-    rows = {m[1]: m[2].strip() for m in re.finditer(r"^\| `(\w+)` \| \w+ \| [^|]+ \| ([^|]+) \|", README, re.M)}
+    rows = {m[1]: m[2].strip() for m in re.finditer(r"^\| `(\w+)` \| \w+ \| [^|]+ \| ([^|]+) \|", SETTINGS_PAGE, re.M)}
     assert rows == {s.key: s.accepted for s in SETTINGS}
 
 
@@ -40,8 +68,9 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
 
 
 def test_readme_pictures_exist():
-    for picture in re.findall(r"\]\(([^)]+\.png)\)", README):
-        assert (ROOT / picture).is_file(), picture
+    for page in PAGES:
+        for picture in re.findall(r"\]\(([^)]+\.png)\)", page.read_text()):
+            assert (page.parent / picture).is_file(), (page.name, picture)
 
 
 # Commands that need no AWS, cluster or CLI: the README's every such line is run as written.
@@ -49,10 +78,11 @@ OFFLINE = re.compile(r"venv/bin/python -m stacks (plan|render|simulate|validate\
 
 
 def bash_lines() -> list[str]:
-    """Every command line of the README's bash blocks, continuations joined."""
+    """Every command line of the bash blocks of the README and docs/, continuations joined."""
     lines = []
-    for block in re.findall(r"^```bash\n(.*?)^```", README, re.M | re.S):
-        lines += [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    for page in PAGES:
+        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), re.M | re.S):
+            lines += [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
     return lines
 
 
@@ -60,8 +90,9 @@ def test_one_way_to_run_the_tools_throughout():
     for line in bash_lines():
         bare = re.search(r"(^|[;&|(]\s*)(python3?|pip3?|pytest)\b", line)
         assert not bare or line.startswith("python3 -m venv "), line
-    prose = re.sub(r"^```.*?^```", "", README, flags=re.M | re.S)
-    assert not re.findall(r"`(?:python3?|pip3?|pytest) (?!-m venv)", prose)
+    for page in PAGES:
+        prose = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+        assert not re.findall(r"`(?:python3?|pip3?|pytest) (?!-m venv)", prose), page.name
 
 
 def test_every_offline_command_runs_as_written(monkeypatch, capsys, tmp_path):
@@ -102,7 +133,8 @@ def test_the_layout_paragraph_names_every_top_level_folder():
 
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     folders = {path.split("/", 1)[0] for path in tracked.splitlines() if "/" in path}
-    (layout,) = re.findall(r"^Layout: .*?(?=\n\n)", README, re.M | re.S)
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    (layout,) = re.findall(r"^Layout: .*?(?=\n\n|\Z)", architecture, re.M | re.S)
     for folder in folders - {".ci"}:
         assert f"`{folder}/`" in layout, folder
     assert "`.ci/run`" in layout

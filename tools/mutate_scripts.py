@@ -26,7 +26,7 @@ TESTS = (
     "tests/components/test_bootstrap.py",
     "tests/components/test_gpu_enforcement.py",  # the toolkit settings, the package holds
 )
-COPY = ("components", "stacks", "tests", "validation", "values", "jobs", "pytest.ini", "README.md")
+COPY = ("components", "stacks", "tests", "validation", "values", "jobs", "pytest.ini", "README.md", "docs")
 COPY += ("Pulumi.yaml", "Pulumi.dev.yaml", "__main__.py")
 NOT_COMMANDS = re.compile(
     r"^\s*(#.*|log .*|set -[A-Za-z]+.*|\. .*testbed-lib\.sh.*|then|else|fi|do|done|\}|\{|esac|;;)?\s*$"

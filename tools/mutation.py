@@ -53,7 +53,7 @@ RELEVANT = {
         "tests/stacks/test_settings.py",
         "tests/stacks/test_settings_refusals.py",
         "tests/stacks/test_cli.py",
-        "tests/test_readme.py",  # the README's settings table is the table's defaults and accepted values
+        "tests/test_readme.py",  # docs/settings.md's table is the table's defaults and accepted values
     ),
     "validation.checks": (
         "tests/validation/test_checks.py",

@@ -27,7 +27,7 @@ from stacks.settings import load as load_settings
 from twin import kube, nodeset, program, scenario, sim
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
-REGENERATE = "venv/bin/python -m stacks simulate --readme-tables README.md"
+REGENERATE = "venv/bin/python -m stacks simulate --readme-tables docs/handoff.md"
 TABLES = ("policies", "kueue")  # the README's generated tables, by marker name
 
 

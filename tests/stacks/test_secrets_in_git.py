@@ -10,7 +10,8 @@ from pathlib import Path
 from stacks import artifacts, workloads
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+# What the README and docs/ tell users to run
+README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
 
 
 def _ignored(path: str, cwd: Path) -> bool:

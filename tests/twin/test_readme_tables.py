@@ -24,7 +24,7 @@ def dev() -> settings.Settings:
 
 
 def block(name: str, text: str | None = None) -> str:
-    text = (ROOT / "README.md").read_text() if text is None else text
+    text = (ROOT / "docs" / "handoff.md").read_text() if text is None else text
     assert text.count(cli.begin(name)) == 1 and text.count(cli.end(name)) == 1, f"markers of {name}: {STALE}"
     return text[text.index(cli.begin(name)) : text.index(cli.end(name)) + len(cli.end(name))]
 

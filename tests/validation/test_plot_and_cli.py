@@ -240,4 +240,4 @@ def test_a_timeline_nested_past_the_json_decoders_recursion_is_one_line(tmp_path
     deep.write_text("[" * 100_000 + "]" * 100_000)
     assert main(["--scenario", "handoff", "--from-timeline", str(deep)]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f'validate: --from-timeline: "{deep}" is not a timeline.json (RecursionError')
+    assert line.startswith('validate: --from-timeline: "') and '" is not a timeline.json (RecursionError' in line
