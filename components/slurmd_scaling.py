@@ -65,7 +65,8 @@ waiting, slurmd stays for the cooldown as under "safe".
   (pkg/scaling/scale_handler.go GetScaledObjectMetrics, getScaledObjectState): the freeze holds.
 
 Policies "previous" (busy + max(largest, pending) on `all`, `sum()` and `or vector(0)`) and
-"seed" (the seed article's three triggers) stay selectable for comparison in the twin, with
+"reference-triggers" (the reference testbed's three triggers: jobs pending, nodes allocated, the
+largest pending job) stay selectable for comparison in the twin, with
 "safe" as the one before "demand-aware".
 
 HPA arithmetic: each trigger (or the composite metric) is an External metric with metricType
@@ -101,8 +102,8 @@ POD_UNSCHEDULABLE = "kube_pod_status_unschedulable"
 # Kueue 0.19.2 (pkg/metrics/metrics.go), labels cluster_queue, resource, replica_role.
 KUEUE_PENDING = "kueue_cluster_queue_resource_pending"
 
-DEMAND_AWARE, SAFE, PREVIOUS, SEED = "demand-aware", "safe", "previous", "seed"
-POLICIES = (DEMAND_AWARE, SAFE, PREVIOUS, SEED)
+DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE = "demand-aware", "safe", "previous", "reference-triggers"
+POLICIES = (DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE)
 DEFAULT_POLICY = DEMAND_AWARE
 # Policies that count held/stalled work, every partition, and refuse jobs that can never fit.
 GUARDED_POLICIES = (DEMAND_AWARE, SAFE)
@@ -275,7 +276,7 @@ def _previous_queries(t: Target) -> list[tuple[str, str]]:
     ]
 
 
-def _seed_queries(t: Target) -> list[tuple[str, str]]:
+def _reference_queries(t: Target) -> list[tuple[str, str]]:
     p = t.partitions[0]
     return [
         (m.removeprefix("slurm_partition_").replace("_", "-"), f'sum({m}{{partition="{p}"}})')
@@ -287,7 +288,7 @@ def queries(t: Target, policy: str, warm_seconds: int) -> list[tuple[str, str]]:
     """(trigger name, PromQL) for a policy; `warm_seconds` is kedaCooldownSeconds (demand-aware only)."""
     if policy == DEMAND_AWARE:
         return _demand_aware_queries(t, warm_seconds)
-    return {SAFE: _safe_queries, PREVIOUS: _previous_queries, SEED: _seed_queries}[policy](t)
+    return {SAFE: _safe_queries, PREVIOUS: _previous_queries, REFERENCE: _reference_queries}[policy](t)
 
 
 METRICS_MISSING_ALERT = "SlurmMetricsMissing"

@@ -283,12 +283,12 @@ def test_previous_policy_scales_to_the_largest_pending_job_of_the_default_partit
     assert wanted(triggers(scaling.PREVIOUS), {ALL: M(jobs_pending=1, largest_pending_job_nodes=3)}) == 3
 
 
-def test_seed_triggers_read_the_default_partition_and_keep_kedas_null_default():
-    seed = triggers(scaling.SEED)
-    assert all(f'partition="{ALL}"' in t["metadata"]["query"] for t in seed)
-    for policy in (scaling.PREVIOUS, scaling.SEED):
+def test_reference_triggers_read_the_default_partition_and_keep_kedas_null_default():
+    reference = triggers(scaling.REFERENCE)
+    assert all(f'partition="{ALL}"' in t["metadata"]["query"] for t in reference)
+    for policy in (scaling.PREVIOUS, scaling.REFERENCE):
         assert all("ignoreNullValues" not in t["metadata"] for t in triggers(policy))
-    assert wanted(seed, {"no_slurm": True}) == 0, "a lost target reads as no demand, as in the article"
+    assert wanted(reference, {"no_slurm": True}) == 0, "a lost target reads as no demand, as in the article"
 
 
 def test_previous_policy_fails_where_the_issue_says():
@@ -301,8 +301,8 @@ def test_previous_policy_fails_where_the_issue_says():
     assert wanted(prev, {"nodes": M(nodes_mixed=1), "restapi_down": True, "pods": 3}) == 1
 
 
-def test_seed_triggers_are_the_three_metrics_of_the_seed_article():
-    queries = [t["metadata"]["query"] for t in triggers(scaling.SEED)]
+def test_reference_triggers_are_the_three_metrics_of_the_reference_testbed():
+    queries = [t["metadata"]["query"] for t in triggers(scaling.REFERENCE)]
     assert [q.split("{")[0] for q in queries] == [
         "sum(slurm_partition_jobs_pending",
         "sum(slurm_partition_nodes_alloc",
@@ -343,7 +343,7 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
     groups = []
     # Every case for the safe policy; the older policies share its operators, a few cases each.
     plan = [(scaling.SAFE, c) for c in TABLE + EXTRA] + [
-        (policy, c) for policy in (scaling.PREVIOUS, scaling.SEED) for c in EXTRA[:1] + EXTRA[3:4] + TABLE[8:9]
+        (policy, c) for policy in (scaling.PREVIOUS, scaling.REFERENCE) for c in EXTRA[:1] + EXTRA[3:4] + TABLE[8:9]
     ]
     plan += [(scaling.DEMAND_AWARE, c) for c in AI + EXTRA]
     for policy, (case, metrics, _) in plan:

@@ -79,7 +79,7 @@ def test_readme_tables_rewrites_between_the_markers_and_prints_without_a_file(tm
 def test_readme_tables_bad_input_one_line_each(tmp_path, capsys):
     bare = tmp_path / "bare.md"
     bare.write_text("no markers\n")
-    assert main(["simulate", "--readme-tables", str(bare), "--policy", "seed", "--json"]) == 2
+    assert main(["simulate", "--readme-tables", str(bare), "--policy", "reference-triggers", "--json"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[:2] == [
         "--policy: not allowed with --readme-tables, which runs every policy",
