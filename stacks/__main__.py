@@ -22,10 +22,20 @@ import os
 import sys
 from pathlib import Path
 
-import pulumi
+PROJECT = Path(__file__).resolve().parent.parent
 
-from stacks import artifacts, offline
-from stacks.settings import SettingsError, escaped, redacted, show
+try:
+    import pulumi
+
+    from stacks import artifacts, offline
+    from stacks.settings import SettingsError, escaped, redacted, show
+except ModuleNotFoundError as missing:  # `python -m stacks` outside the venv: one line, not a traceback
+    from testbed_cli import EXIT_BAD_INPUT, missing_dependency
+
+    if __name__ != "__main__" or (line := missing_dependency(missing, PROJECT)) is None:
+        raise
+    print(line, file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
 
 EXIT_BAD_SETTINGS = 2  # any bad input: settings, stack file, --out, usage
 
@@ -113,11 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_as_command() -> int:
+def run_as_command(argv: list[str] | None = None) -> int:
     """main(), for a shell: output cut short by a pipe's reader (`| head`) ends quietly, no
-    traceback (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    traceback (https://docs.python.org/3/library/signal.html#note-on-sigpipe); a third-party
+    module that is not installed (one a command imports when it runs) is one line, exit 2."""
+    from testbed_cli import run_guarded
+
     try:
-        code = main()
+        code = run_guarded(lambda: main(argv), PROJECT)
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush fails otherwise
