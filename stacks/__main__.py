@@ -1,15 +1,16 @@
-"""Offline plan and render (DESIGN section 4), the validation runner, and the deployment tools.
+"""Offline plan and render, the validation runner, the hand-off twin, and the deployment tools.
 
     python -m stacks plan     [--stack dev] [--config KEY=VALUE ...] [--json]
     python -m stacks render   [--stack dev] [--config KEY=VALUE ...] --out DIR
     python -m stacks validate --scenario NAME [--dry-run] [--kubeconfig FILE] [--timeout S] [--out DIR]
-    python -m stacks simulate --scenario FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
+    python -m stacks simulate --scenario NAME|FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
     python -m stacks simulate --readme-tables [README] [--stack S] [--config KEY=VALUE ...]
     python -m stacks preflight [--stack dev] [--config KEY=VALUE ...]
     python -m stacks doctor    [--stack dev] [--config KEY=VALUE ...] [--kubeconfig FILE]
     python -m stacks e2e       [--stack dev] [--keep] [--out DIR]
 
 plan and render run the real program under Pulumi's mock engine: no cloud, CLI or credentials.
+The `testbed` command (`venv/bin/pip install -e .`) is the same, from any directory.
 preflight reads your AWS account (read-only), doctor reads the deployed cluster, e2e runs
 preflight, up, doctor, every scenario and destroy (always) through the Automation API.
 """
