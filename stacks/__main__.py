@@ -1,15 +1,16 @@
-"""Offline plan and render (DESIGN section 4), the validation runner, and the deployment tools.
+"""Offline plan and render, the validation runner, the hand-off twin, and the deployment tools.
 
     python -m stacks plan     [--stack dev] [--config KEY=VALUE ...] [--json]
     python -m stacks render   [--stack dev] [--config KEY=VALUE ...] --out DIR
     python -m stacks validate --scenario NAME [--dry-run] [--kubeconfig FILE] [--timeout S] [--out DIR]
-    python -m stacks simulate --scenario FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
+    python -m stacks simulate --scenario NAME|FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
     python -m stacks simulate --readme-tables [README] [--stack S] [--config KEY=VALUE ...]
     python -m stacks preflight [--stack dev] [--config KEY=VALUE ...]
     python -m stacks doctor    [--stack dev] [--config KEY=VALUE ...] [--kubeconfig FILE]
     python -m stacks e2e       [--stack dev] [--keep] [--out DIR]
 
 plan and render run the real program under Pulumi's mock engine: no cloud, CLI or credentials.
+The `testbed` command (`venv/bin/pip install -e .`) is the same, from any directory.
 preflight reads your AWS account (read-only), doctor reads the deployed cluster, e2e runs
 preflight, up, doctor, every scenario and destroy (always) through the Automation API.
 """
@@ -22,10 +23,20 @@ import os
 import sys
 from pathlib import Path
 
-import pulumi
+PROJECT = Path(__file__).resolve().parent.parent
 
-from stacks import artifacts, offline
-from stacks.settings import SettingsError, escaped, redacted, show
+try:
+    import pulumi
+
+    from stacks import artifacts, offline
+    from stacks.settings import SettingsError, escaped, redacted, show
+except ModuleNotFoundError as missing:  # `python -m stacks` outside the venv: one line, not a traceback
+    from testbed_cli import EXIT_BAD_INPUT, missing_dependency
+
+    if __name__ != "__main__" or (line := missing_dependency(missing, PROJECT)) is None:
+        raise
+    print(line, file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
 
 EXIT_BAD_SETTINGS = 2  # any bad input: settings, stack file, --out, usage
 
@@ -113,11 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_as_command() -> int:
+def run_as_command(argv: list[str] | None = None) -> int:
     """main(), for a shell: output cut short by a pipe's reader (`| head`) ends quietly, no
-    traceback (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    traceback (https://docs.python.org/3/library/signal.html#note-on-sigpipe); a third-party
+    module that is not installed (one a command imports when it runs) is one line, exit 2."""
+    from testbed_cli import run_guarded
+
     try:
-        code = main()
+        code = run_guarded(lambda: main(argv), PROJECT)
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush fails otherwise

@@ -1,4 +1,4 @@
-"""What `render` writes and `plan` prints, derived from a recorded mock run (DESIGN section 4)."""
+"""What `render` writes and `plan` prints, derived from a recorded mock run."""
 
 from __future__ import annotations
 

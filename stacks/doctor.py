@@ -385,22 +385,29 @@ def read_outputs(stack: str) -> dict | str:
 def parser() -> argparse.ArgumentParser:
     p = checklist.OneLineParser(prog="python -m stacks doctor", description=__doc__)
     offline.add_stack_arguments(p)
-    p.add_argument("--kubeconfig", type=Path, help="default: the stack's kubeconfig output")
+    p.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG, else the stack's kubeconfig output")
     return p
 
 
-def _kubeconfig(path: Path | None, outputs: dict | str) -> dict:
-    if path is not None:
+def _kubeconfig(given: Path | None, outputs: dict | str) -> dict:
+    try:
+        chosen = user_files.kubeconfig_file(given)
+    except user_files.UserFileError as error:
+        raise BadInput(error.problem) from None
+    if chosen is not None:
+        flag, path = chosen
         if not path.is_file():
-            raise BadInput(f"--kubeconfig: {show(str(path))} is not a file")
+            raise BadInput(f"{flag}: {show(str(path))} is not a file")
         try:
             text = user_files.read_text(path, "a kubeconfig")
         except user_files.UserFileError as error:
-            raise BadInput(f"--kubeconfig: {show(str(path))} {error.problem}") from None
+            raise BadInput(f"{flag}: {show(str(path))} {error.problem}") from None
     elif isinstance(outputs, dict) and isinstance(outputs.get("kubeconfig"), str):
         text = outputs["kubeconfig"]
     else:
-        raise BadInput(f"--kubeconfig not given and the stack's kubeconfig output is unreadable ({outputs})")
+        raise BadInput(
+            f"--kubeconfig and $KUBECONFIG not given and the stack's kubeconfig output is unreadable ({outputs})"
+        )
     try:
         config = user_files.parse_yaml(text, typed=True)
     except user_files.UserFileError:

@@ -11,11 +11,13 @@ input, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -109,6 +111,18 @@ def real_tools() -> Tools:
     )
 
 
+@contextlib.contextmanager
+def _stack_kubeconfig() -> Iterator[None]:
+    """doctor and validate read the stack this run deployed, not the cluster $KUBECONFIG names
+    (without --kubeconfig they would take $KUBECONFIG first)."""
+    saved = os.environ.pop("KUBECONFIG", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["KUBECONFIG"] = saved
+
+
 class Run:
     def __init__(self, stack: str, keep: bool, out: Path, tools: Tools, now: Callable[[], float] = time.monotonic):
         self.stack, self.keep, self.out, self.tools, self.now = stack, keep, out, tools, now
@@ -134,7 +148,8 @@ class Run:
         return phase.status == "passed"
 
     def _tool(self, tool: Callable[[list[str]], int], argv: list[str], codes: list[int] | None = None) -> str:
-        code = tool(argv)
+        with _stack_kubeconfig():
+            code = tool(argv)
         if codes is not None:
             codes.append(code)
         if code != 0:
@@ -239,7 +254,7 @@ class Run:
 
 def parser() -> argparse.ArgumentParser:
     p = checklist.OneLineParser(prog="python -m stacks e2e", description=__doc__)
-    p.add_argument("--stack", default="dev", help="the Pulumi stack (default: dev)")
+    offline.add_stack_arguments(p)
     p.add_argument("--keep", action="store_true", help="leave the stack running at the end (and after a failure)")
     p.add_argument("--out", type=Path, help="report folder (default out/e2e-<time>)")
     return p
@@ -247,6 +262,15 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str], tools: Tools | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.config:
+        # `pulumi up` and `pulumi destroy` read Pulumi.<stack>.yaml only; `pulumi up --config` would
+        # write the override into it, so an override for this run alone cannot be honoured.
+        print(
+            f"--config: not accepted by e2e, which deploys with `pulumi up` from Pulumi.{args.stack}.yaml; set the "
+            f"values there (`pulumi config set KEY VALUE --stack {args.stack}`) or use another --stack",
+            file=sys.stderr,
+        )
+        return checklist.EXIT_BAD_INPUT
     out = args.out or Path("out") / f"e2e-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
     if problem := user_files.out_dir_problem("--out", out):  # before an hour of deployment, not after
         print(problem, file=sys.stderr)

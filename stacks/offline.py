@@ -287,7 +287,11 @@ def read_stack_outputs(stack: str, show_secrets: bool = False) -> dict | str:
     command = ["pulumi", "stack", "output", "--json", "--stack", stack]
     try:
         done = subprocess.run(
-            command + (["--show-secrets"] if show_secrets else []), capture_output=True, text=True, timeout=60
+            command + (["--show-secrets"] if show_secrets else []),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,  # the project's folder, wherever the command was run from
         )
     except FileNotFoundError:
         return "the pulumi CLI is not on PATH"

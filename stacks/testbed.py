@@ -11,7 +11,7 @@ from stacks.settings import PROJECT, Settings
 
 
 def build(s: Settings) -> dict[str, pulumi.Input]:
-    """Create every resource; return the stack outputs (DESIGN section 4 names)."""
+    """Create every resource; return the stack outputs."""
     last = infrastructure.last_deployment()
     control_plane = infrastructure.guard_control_plane(s, last)
     aws_provider = aws.Provider(

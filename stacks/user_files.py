@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,20 @@ def parse_yaml(text: str, *, typed: bool) -> Any:
 def read_yaml(path: Path, what: str, *, typed: bool) -> Any:
     """Read a user's YAML file (`what` names the kind of file in the size refusal)."""
     return parse_yaml(read_text(path, what), typed=typed)
+
+
+def kubeconfig_file(given: Path | None, environ: Mapping[str, str] = os.environ) -> tuple[str, Path] | None:
+    """The kubeconfig a cluster command reads, with the name its problems go under: --kubeconfig,
+    else $KUBECONFIG as kubectl reads it; None when neither is set (the stack's kubeconfig output).
+    UserFileError for a $KUBECONFIG listing several files, which kubectl merges and this does not."""
+    if given is not None:
+        return "--kubeconfig", given
+    listed = [entry for entry in environ.get("KUBECONFIG", "").split(os.pathsep) if entry]
+    if len(listed) > 1:
+        raise UserFileError(
+            f"$KUBECONFIG: lists {len(listed)} files, which kubectl merges; name the one to use with --kubeconfig FILE"
+        )
+    return ("$KUBECONFIG", Path(listed[0]).expanduser()) if listed else None
 
 
 def names_problem(flag: str, out: Path, reserve: int = 0) -> str | None:

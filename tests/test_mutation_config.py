@@ -56,3 +56,14 @@ def test_the_shell_runner_names_existing_scripts_and_tests_and_finds_their_comma
     (sysctl,) = [c for c in found if "99-testbed-k8s.conf" in c]  # a heredoc is one command
     assert "net.ipv4.ip_forward = 1" in sysctl
     assert not [c for c in found if c.startswith(("#", "log ", "set -"))]
+
+
+def test_scores_without_results_say_there_are_none_and_how_to_produce_them(tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("mutation", ROOT / "tools" / "mutation.py")
+    mutation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutation)
+    monkeypatch.setattr(mutation, "ROOT", tmp_path)  # a checkout where mutmut never ran: no mutants/
+    assert mutation.main(["--scores"]) == 1
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert out == "" and "no mutation results under" in line and "tools/mutation.py MODULE" in line

@@ -3,6 +3,7 @@
     venv/bin/python tools/mutation.py MODULE [...]   e.g. components.network validation.checks
     venv/bin/python tools/mutation.py MUTANT [...]   names as `mutmut results` prints them
     venv/bin/python tools/mutation.py --scores       killed/total per module from the last runs
+                                                     (exit 1 and one line when there are none yet)
 
 mutmut credits each function with every test that calls it; under the mock engine that is
 every test that runs the program, so one surviving mutant would cost the whole suite. Here
@@ -112,7 +113,15 @@ def scores() -> dict[str, collections.Counter]:
 
 def main(argv: list[str]) -> int:
     if argv == ["--scores"]:
-        for module, counts in scores().items():
+        found = scores()
+        if not found:
+            print(
+                f"tools/mutation.py: no mutation results under {ROOT / 'mutants'}; produce them with "
+                "`venv/bin/python tools/mutation.py MODULE` (e.g. components.network)",
+                file=sys.stderr,
+            )
+            return 1
+        for module, counts in found.items():
             print(f"{module}: {counts['killed']}/{sum(counts.values())} killed {dict(counts)}")
         return 0
     # a module runs all its mutants; a mutant's name (as `mutmut results` prints it) runs that one

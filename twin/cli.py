@@ -1,7 +1,7 @@
 """`python -m stacks simulate`: run a scenario through the hand-off twin, or every shipped
 scenario under every policy for the README's tables.
 
-    python -m stacks simulate --scenario FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...]
+    python -m stacks simulate --scenario NAME|FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...]
                               [--json] [--out DIR]
     python -m stacks simulate --readme-tables [README] [--stack S] [--config KEY=VALUE ...]
 
@@ -45,7 +45,11 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m stacks simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--scenario", type=Path, help="scenario YAML (see scenarios/)")
+    what.add_argument(
+        "--scenario",
+        metavar="NAME|FILE",
+        help="a shipped scenario's name (" + ", ".join(p.stem for p in shipped()) + ") or a scenario YAML file",
+    )
     what.add_argument(
         "--readme-tables",
         nargs="?",
@@ -141,9 +145,12 @@ def main(argv: list[str]) -> int:
         settings = None
     if args.readme_tables is not None:
         return _readme_tables(args, settings, problems)
+    path = scenario_path(args.scenario)
     try:
+        if isinstance(path, str):
+            raise scenario.ScenarioError([path])
         partitions = (DEFAULT_PARTITION, settings.nodeset_name if settings else "slinky")
-        sc = scenario.load(args.scenario, partitions)
+        sc = scenario.load(path, partitions)
     except scenario.ScenarioError as error:
         problems += error.problems
     if not problems:
@@ -163,7 +170,7 @@ def main(argv: list[str]) -> int:
     result = run.run()
     if args.out:
         try:
-            write_out(run, result, args.out, args.scenario.stem, args.policy)
+            write_out(run, result, args.out, path.stem, args.policy)
         except OSError as error:
             print(f"--out: {show(str(args.out))} cannot be written ({error.strerror or error})", file=sys.stderr)
             return 2
@@ -226,6 +233,18 @@ def end(name: str) -> str:
 
 def shipped() -> list[Path]:
     return sorted(SCENARIOS.glob("*.yaml"))
+
+
+def scenario_path(text: str) -> Path | str:
+    """--scenario's file: a path as given (one that exists, or names a folder or a .yaml/.yml
+    file), else a shipped scenario by name; or the line saying neither matches, with the names."""
+    given = Path(text)
+    if given.exists() or "/" in text or given.suffix in (".yaml", ".yml"):
+        return given
+    names = [p.stem for p in shipped()]
+    if text in names:
+        return SCENARIOS / f"{text}.yaml"
+    return f"--scenario: {show(text)} is neither a file nor a shipped scenario; expected a path or one of {', '.join(names)}"
 
 
 def run_scenario(path: Path, stack: str, config: list[str], settings: Settings) -> dict[str, sim.Run]:

@@ -65,7 +65,9 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m stacks validate", description=__doc__)
     p.add_argument("--scenario", help="one of: " + ", ".join(SCENARIOS))
     offline.add_stack_arguments(p)
-    p.add_argument("--kubeconfig", type=Path, help="default: `pulumi stack output --show-secrets kubeconfig`")
+    p.add_argument(
+        "--kubeconfig", type=Path, help="default: $KUBECONFIG, else `pulumi stack output --show-secrets kubeconfig`"
+    )
     p.add_argument(
         "--timeout",
         help=f"seconds, {TIMEOUT_SECONDS[0]:g} to {TIMEOUT_SECONDS[1]:g} (default {WORK_SECONDS:.0f} + kedaCooldownSeconds)",
@@ -153,27 +155,35 @@ def scenario_blocker(scenario_name: str, stack: str) -> str | None:
     return needs_every_gpu(scenario, expectations(scenario, planned, names.gpus_total), names)
 
 
-def load_kubeconfig(path: Path | None) -> dict:
-    if path is not None:
+def load_kubeconfig(given: Path | None, stack: str) -> dict:
+    """--kubeconfig, else $KUBECONFIG, else the stack's kubeconfig output."""
+    try:
+        chosen = user_files.kubeconfig_file(given)
+    except user_files.UserFileError as error:
+        raise UsageError(error.problem) from None
+    if chosen is not None:
+        flag, path = chosen
         if not path.is_file():
-            raise UsageError(f"--kubeconfig: {settings.show(str(path))} is not a file")
+            raise UsageError(f"{flag}: {settings.show(str(path))} is not a file")
         try:
             config = user_files.read_yaml(path, "a kubeconfig", typed=True)
         except user_files.UserFileError as error:
-            raise UsageError(f"--kubeconfig: {settings.show(str(path))} {error.problem}") from None
+            raise UsageError(f"{flag}: {settings.show(str(path))} {error.problem}") from None
         if not isinstance(config, dict) or not config.get("clusters"):
-            raise UsageError(f"--kubeconfig: {settings.show(str(path))} is not a kubeconfig: it names no clusters")
+            raise UsageError(f"{flag}: {settings.show(str(path))} is not a kubeconfig: it names no clusters")
         return config
     try:
         out = subprocess.run(
-            ["pulumi", "stack", "output", "--show-secrets", "kubeconfig"],
+            ["pulumi", "stack", "output", "--show-secrets", "--stack", stack, "kubeconfig"],
             check=True,
             capture_output=True,
             text=True,
+            cwd=offline.ROOT,  # the project's folder, wherever the command was run from
         ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         raise UsageError(
-            f"--kubeconfig not given and `pulumi stack output kubeconfig` failed ({error}); pass --kubeconfig PATH"
+            f"--kubeconfig and $KUBECONFIG not given and `pulumi stack output kubeconfig` failed ({error}); "
+            "pass --kubeconfig PATH"
         ) from None
     try:
         return user_files.parse_yaml(out, typed=True)
@@ -338,7 +348,7 @@ def _main(argv: list[str]) -> int:
     from validation.cluster import WallClock
     from validation.runner import run
 
-    cluster = connect(load_kubeconfig(args.kubeconfig), names)
+    cluster = connect(load_kubeconfig(args.kubeconfig, args.stack), names)
     signal.signal(signal.SIGTERM, _terminate)
     timeline = run(
         planned,

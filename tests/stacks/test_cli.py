@@ -220,7 +220,7 @@ def test_output_cut_short_by_a_closed_pipe_ends_with_1_and_no_traceback(monkeypa
     os.close(read_end)
     with os.fdopen(write_end, "w") as closed_pipe:
         monkeypatch.setattr(sys, "stdout", closed_pipe)
-        monkeypatch.setattr(cli, "main", lambda: print("{}\n" * 100_000) or 0)
+        monkeypatch.setattr(cli, "main", lambda argv: print("{}\n" * 100_000) or 0)
         assert cli.run_as_command() == 1
         # the quiet end points stdout at /dev/null, so the interpreter's last flush succeeds
         print("x" * 100_000, flush=True)

@@ -4,6 +4,7 @@ path, the report."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -204,3 +205,37 @@ def test_an_out_that_cannot_take_the_report_is_refused_before_anything_runs(name
     (line,) = err.splitlines()
     assert out == "" and line.startswith('--out: "') and fragment in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_config_overrides_are_refused_in_one_line_before_anything_runs(tmp_path, capsys):
+    """`pulumi up` reads only Pulumi.<stack>.yaml: an override for one run cannot be honoured."""
+
+    def no_tools():
+        raise AssertionError("a tool ran")
+
+    argv = ["--stack", "prod", "--config", "workerCount=2", "--out", str(tmp_path / "o")]
+    assert e2e.main(argv, tools=no_tools) == 2  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert out == "" and line.startswith("--config: not accepted by e2e") and "Pulumi.prod.yaml" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_doctor_and_validate_read_the_deployed_stack_not_kubeconfig(tmp_path, stub_pulumi, monkeypatch):
+    """$KUBECONFIG would come before the stack's output in doctor and validate: during e2e it may
+    name another cluster, so their phases run without it, and it is back afterwards."""
+    monkeypatch.setenv("KUBECONFIG", "/somewhere/else")
+    seen = []
+    tools = Fakes().tools()
+
+    def record(tool):
+        def run(argv):
+            seen.append(os.environ.get("KUBECONFIG"))
+            return tool(argv)
+
+        return run
+
+    tools = dataclasses.replace(tools, doctor=record(tools.doctor), validate=record(tools.validate))
+    assert e2e.Run("dev", False, tmp_path / "report", tools).execute() == 0
+    assert seen == [None, None, None]
+    assert os.environ["KUBECONFIG"] == "/somewhere/else"

@@ -217,3 +217,17 @@ def test_problem_lines_escape_what_they_echo(capsys):
     assert main(["simulate", "--scenario", "/tmp/no\nsuch.yaml", "--policy", "a\x1bb"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 2 and "\x1b" not in err and "no\\nsuch" in err
+
+
+def test_a_shipped_scenario_runs_by_name_as_by_path(capsys):
+    assert main(["simulate", "--scenario", "restapi-down", "--json"]) == 0
+    by_name = capsys.readouterr().out
+    assert main(["simulate", "--scenario", str(ROOT / "scenarios/restapi-down.yaml"), "--json"]) == 0
+    assert capsys.readouterr().out == by_name
+
+
+def test_an_unknown_scenario_name_lists_the_shipped_ones(capsys):
+    assert main(["simulate", "--scenario", "handof"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith('--scenario: "handof" is neither a file nor a shipped scenario; expected a path or one of ')
+    assert ", handoff, " in line and "restapi-down" in line
