@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from components import host_layout, names, readiness_gate
 from stacks import checklist, offline, user_files
 from stacks.checklist import FAIL, OK, Check
-from stacks.settings import Settings, SettingsError, load, show
+from stacks.settings import Settings, SettingsError, load
 
 GPU_RESOURCE = "nvidia.com/gpu"
 LOG_LINES = 40
@@ -391,18 +391,12 @@ def parser() -> argparse.ArgumentParser:
 
 def _kubeconfig(given: Path | None, outputs: dict | str) -> dict:
     try:
-        chosen = user_files.kubeconfig_file(given)
+        config = user_files.read_kubeconfig(given)
     except user_files.UserFileError as error:
         raise BadInput(error.problem) from None
-    if chosen is not None:
-        flag, path = chosen
-        if not path.is_file():
-            raise BadInput(f"{flag}: {show(str(path))} is not a file")
-        try:
-            text = user_files.read_text(path, "a kubeconfig")
-        except user_files.UserFileError as error:
-            raise BadInput(f"{flag}: {show(str(path))} {error.problem}") from None
-    elif isinstance(outputs, dict) and isinstance(outputs.get("kubeconfig"), str):
+    if config is not None:
+        return config
+    if isinstance(outputs, dict) and isinstance(outputs.get("kubeconfig"), str):
         text = outputs["kubeconfig"]
     else:
         raise BadInput(

@@ -191,6 +191,25 @@ def kubeconfig_file(given: Path | None, environ: Mapping[str, str] = os.environ)
     return ("$KUBECONFIG", Path(listed[0]).expanduser()) if listed else None
 
 
+def read_kubeconfig(given: Path | None, environ: Mapping[str, str] = os.environ) -> dict | None:
+    """The kubeconfig of --kubeconfig or $KUBECONFIG (`kubeconfig_file`), read and checked; None when
+    neither is set (the caller reads the stack's output). UserFileError with the whole line."""
+    chosen = kubeconfig_file(given, environ)
+    if chosen is None:
+        return None
+    flag, path = chosen
+    shown = show(str(path))
+    if not path.is_file():
+        raise UserFileError(f"{flag}: {shown} is not a file")
+    try:
+        config = read_yaml(path, "a kubeconfig", typed=True)
+    except UserFileError as error:
+        raise UserFileError(f"{flag}: {shown} {error.problem}") from None
+    if not isinstance(config, dict) or not config.get("clusters"):
+        raise UserFileError(f"{flag}: {shown} is not a kubeconfig: it names no clusters")
+    return config
+
+
 def names_problem(flag: str, out: Path, reserve: int = 0) -> str | None:
     """A name or a path too long for the file system, `reserve` bytes kept for a temporary name
     beside it (else the first look at `out` ends in `OSError: File name too long`), or None."""

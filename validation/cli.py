@@ -158,19 +158,10 @@ def scenario_blocker(scenario_name: str, stack: str) -> str | None:
 def load_kubeconfig(given: Path | None, stack: str) -> dict:
     """--kubeconfig, else $KUBECONFIG, else the stack's kubeconfig output."""
     try:
-        chosen = user_files.kubeconfig_file(given)
+        config = user_files.read_kubeconfig(given)
     except user_files.UserFileError as error:
         raise UsageError(error.problem) from None
-    if chosen is not None:
-        flag, path = chosen
-        if not path.is_file():
-            raise UsageError(f"{flag}: {settings.show(str(path))} is not a file")
-        try:
-            config = user_files.read_yaml(path, "a kubeconfig", typed=True)
-        except user_files.UserFileError as error:
-            raise UsageError(f"{flag}: {settings.show(str(path))} {error.problem}") from None
-        if not isinstance(config, dict) or not config.get("clusters"):
-            raise UsageError(f"{flag}: {settings.show(str(path))} is not a kubeconfig: it names no clusters")
+    if config is not None:
         return config
     try:
         out = subprocess.run(
