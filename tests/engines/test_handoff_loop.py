@@ -30,6 +30,7 @@ pytestmark = ENGINE
 
 FAST = ["kedaCooldownSeconds=10", "kedaPollingSeconds=5", "slurmMetricsIntervalSeconds=5"]
 KSM_PORT = 18080
+SCHED_INTERVAL = 60  # Slurm's main scheduler pass (slurm.conf SchedulerParameters sched_interval default)
 
 
 def _settings(overrides: list[str]):
@@ -206,7 +207,9 @@ def _loop(loop: Loop, e: harness.Engines, s) -> None:
     loop.run_until(lambda: loop.jobs().get("one") == "RUNNING", 60, "a job from 0 again")
     _submit(e, "two-nodes", "-N", "2", seconds=5)
     loop.run_until(lambda: len(loop.nodeset.pods) == 2, 40, "a second pod for the 2-node job")
-    loop.run_until(lambda: loop.jobs().get("two-nodes") == "COMPLETED", 60, "the 2-node job done")
+    # A job that pended for PartitionNodeLimit (one node registered) may wait for the main scheduler's
+    # next pass, every sched_interval (60 s; SchedMD/slurm slurm.conf.5), after "one" ends.
+    loop.run_until(lambda: loop.jobs().get("two-nodes") == "COMPLETED", SCHED_INTERVAL + 60, "the 2-node job done")
     assert loop.jobs().get("one") == "COMPLETED"
 
     # 4. Work that arrives while scale-in drains a node runs, and nothing is killed.
