@@ -16,6 +16,7 @@ namespace, so the binds below vanish with it and the root is never changed.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -405,8 +406,13 @@ def engines(work: Path, values: dict, names: SlurmNames, index: int = 0) -> Iter
         slurm_config.slurmd_conf_arg(values, names.nodeset),
         index,
     )
-    try:
-        e.start()
-        yield e
-    finally:
-        e.stop()
+    # Another test run on this machine (a second checkout, CI beside a developer) uses the same
+    # bridge and namespace names for the same worker index: take turns instead of tearing each
+    # other's cluster down.
+    with open(f"/tmp/testbed-engines-{index}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            e.start()
+            yield e
+        finally:
+            e.stop()
