@@ -104,3 +104,22 @@ def step_secrets(rec: offline.Recording, name: str) -> dict[str, str]:
     words = shlex.split(stdin[: len(stdin) - len(remote_script.script_of(stdin))])
     assert words[::2] == ["readonly"] * (len(words) // 2), words[::2]
     return dict(word.split("=", 1) for word in words[1::2])
+
+
+def write_kubeconfig(path, server: str = "https://198.51.100.7:6443"):
+    """A one-cluster, token-user kubeconfig at `path` (a documentation address by default)."""
+    import yaml
+
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "t", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "x"}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
+                "current-context": "t",
+            }
+        )
+    )
+    return path

@@ -6,12 +6,12 @@ import math
 import subprocess
 
 import pytest
-import yaml
 
 from components import keda
 from components import slurmd_scaling as scaling
 from components.names import slurm_names
 from components.slurmd_scaling import PartitionMetrics as M
+from tests.engines import harness
 from twin.autoscale import Modifiers, Trigger
 from twin.promql import TSDB, Evaluator, PromQLError
 
@@ -322,24 +322,14 @@ def test_safe_triggers_turn_an_empty_result_into_an_error():
 # ------------------------------------------------------------------ a real Prometheus
 
 
-def _promtool() -> str:
-    from tests.engines import harness
-
-    return harness.promtool()
-
-
 def _labels(pairs) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(pairs) if k != "__name__") + "}"
 
 
-def _selector(labels: dict) -> str:
-    return labels["__name__"] + _labels(labels.items())
-
-
 @pytest.mark.engine
 def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
-    promtool = _promtool()
-    assert "version 3." in subprocess.run([promtool, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([harness.promtool(), "--version"], capture_output=True, text=True).stdout
+    assert "version 3." in version
     groups = []
     # Every case for the safe policy; the older policies share its operators, a few cases each.
     plan = [(scaling.SAFE, c) for c in TABLE + EXTRA] + [
@@ -353,15 +343,14 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
             result = ev.instant(t["metadata"]["query"], EVAL)
             samples = [{"labels": _labels(labels), "value": value} for labels, value in result.items()]
             tests.append({"expr": t["metadata"]["query"], "eval_time": f"{EVAL}s", "exp_samples": samples})
-        series = [{"series": _selector(labels), "values": notation} for labels, notation in input_series(metrics)]
+        series = [
+            {"series": harness.series_selector(labels), "values": notation}
+            for labels, notation in input_series(metrics)
+        ]
         groups.append(
             {"name": f"{policy}: {case}", "interval": "30s", "input_series": series, "promql_expr_test": tests}
         )
-    (tmp_path / "rules.yaml").write_text("groups: []\n")
-    test_file = tmp_path / "triggers_test.yaml"
-    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": groups}))
-    done = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    harness.promtool_test(tmp_path, groups)
 
 
 @pytest.mark.parametrize("policy", scaling.POLICIES)
@@ -389,7 +378,6 @@ def test_warmth_covers_exactly_the_cooldown_on_prometheus_3(tmp_path, busy_until
     """A node busy until exactly kedaCooldownSeconds ago still counts (the window's left edge is in),
     one scrape earlier it does not: Prometheus 3's left-open subquery windows, one step longer. The
     twin's evaluator gives the same; a closed window (Prometheus 2) would count both."""
-    promtool = _promtool()
     (query,) = [t["metadata"]["query"] for t in triggers(scaling.DEMAND_AWARE) if t["name"] == scaling.RECENTLY_BUSY]
     samples = [1.0 if 30 * i <= busy_until else 0.0 for i in range(HISTORY + 1)]
     db = TSDB()
@@ -402,8 +390,4 @@ def test_warmth_covers_exactly_the_cooldown_on_prometheus_3(tmp_path, busy_until
         {"series": f'{scaling.NODES_ALLOC}{{partition="{OWN}"}}', "values": f"0x{HISTORY}"},
     ]
     test = {"expr": query, "eval_time": f"{EVAL}s", "exp_samples": [{"labels": "{}", "value": warm}]}
-    (tmp_path / "rules.yaml").write_text("groups: []\n")
-    spec = {"interval": "30s", "input_series": series, "promql_expr_test": [test]}
-    (tmp_path / "t.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "tests": [spec]}))
-    done = subprocess.run([promtool, "test", "rules", str(tmp_path / "t.yaml")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    harness.promtool_test(tmp_path, [{"interval": "30s", "input_series": series, "promql_expr_test": [test]}])

@@ -96,6 +96,24 @@ def promtool() -> str:
     return str(root / "usr" / "bin" / "promtool")
 
 
+def series_selector(labels: dict[str, str]) -> str:
+    """A series as promtool's input_series names it: `name{k="v",...}`, labels sorted."""
+    pairs = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
+    return f"{labels['__name__']}{{{pairs}}}"
+
+
+def promtool_test(tmp_path: Path, groups: list[dict]) -> None:
+    """Run promtool 3's `test rules` on unit-test groups (input_series, promql_expr_test, no rules);
+    an assertion with promtool's output when a group's expectation fails."""
+    import subprocess as run
+
+    (tmp_path / "rules.yaml").write_text("groups: []\n")
+    test_file = tmp_path / "promtool_test.yaml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": groups}))
+    done = run.run([promtool(), "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
 def render_for_harness(values: dict, n: SlurmNames) -> dict[str, str]:
     """The program's /etc/slurm files as `render` writes them (components/slurm_config.py), with
     ADAPTATIONS applied, and only those."""

@@ -6,11 +6,8 @@ gives over the same series and what the scaling rule says."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass, field
-
-import yaml
 
 from components import keda, slurmd_scaling
 from components.names import Names
@@ -109,11 +106,11 @@ def _modelled(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _promtool_case(state: str, real: dict[str, dict[str, float]], pods: int, queries: dict[str, str]) -> tuple:
+def _promtool_case(
+    state: str, real: dict[str, dict[str, float]], pods: int, queries: dict[str, str], target: slurmd_scaling.Target
+) -> tuple:
     """(promtool group, twin values): the real metrics held for HISTORY scrapes, and kube-state-metrics'
     series as the deployed stack has them (restapi available, `pods` slurmd pods)."""
-    names = Names.from_settings(_settings())
-    target = keda.scaling_target(names.slurm)
     series: list[tuple[dict, float]] = []
     for partition, metrics in real.items():
         for metric, value in metrics.items():
@@ -145,16 +142,7 @@ def _promtool_case(state: str, real: dict[str, dict[str, float]], pods: int, que
         }
         for name, q in queries.items()
     ]
-    inputs = [
-        {
-            "series": labels["__name__"]
-            + "{"
-            + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
-            + "}",
-            "values": f"{value:g}x{HISTORY}",
-        }
-        for labels, value in series
-    ]
+    inputs = [{"series": harness.series_selector(labels), "values": f"{value:g}x{HISTORY}"} for labels, value in series]
     return {"name": state, "interval": f"{STEP}s", "input_series": inputs, "promql_expr_test": tests}, twin
 
 
@@ -164,6 +152,7 @@ def test_states_agree_with_the_twin_and_triggers_with_prometheus_3(slurm, tmp_pa
     m = Mirror(slurm, Slurmctld(config))
     names = Names.from_settings(s)
     queries = {t["name"]: t["metadata"]["query"] for t in keda.triggers(names)}
+    target = keda.scaling_target(names.slurm, names.metrics_interval_seconds)
     partitions = names.slurm.partitions
     groups, twin_values, seen = [], {}, {}
 
@@ -173,7 +162,7 @@ def test_states_agree_with_the_twin_and_triggers_with_prometheus_3(slurm, tmp_pa
         twin = m.twin.partition_metrics(m.now)
         for p in partitions:
             assert _modelled(real[p]) == _modelled({**dict.fromkeys(BUSY, 0.0), **twin[p]}), f"{label}, {p}"
-        group, values = _promtool_case(label, real, len(m.twin.nodes), queries)
+        group, values = _promtool_case(label, real, len(m.twin.nodes), queries, target)
         groups.append(group)
         twin_values[label] = values
         seen[label] = real[partitions[0]]
@@ -201,16 +190,10 @@ def test_states_agree_with_the_twin_and_triggers_with_prometheus_3(slurm, tmp_pa
     m.node_gone("slinky-1")
     state("deleted by the preStop")
 
-    for label, metrics in seen.items():
-        assert not any(metrics.get(name) for name in ONLY_26_05 if "gpus" not in name), label
+    # The engine emits 26.05's GPU metrics; the image's 25.11.6 does not: no trigger may read them.
+    assert all(name in seen[label] for label in seen for name in ONLY_26_05 if name.startswith("slurm_partition"))
     assert not [q for q in queries.values() if any(name in q for name in ONLY_26_05)]
-
-    (tmp_path / "rules.yaml").write_text("groups: []\n")
-    test_file = tmp_path / "states_test.yaml"
-    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": groups}))
-    promtool = str(slurm.root / "usr" / "bin" / "promtool")
-    done = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    harness.promtool_test(tmp_path, groups)
 
     # A drained idle node is no capacity: the three 1-node jobs pending next to it stay runnable (with
     # the drained node counted as idle they would look stalled and stop counting: busy 1 + 0).

@@ -4,26 +4,10 @@ the stack's kubeconfig output; problems name where the file came from."""
 import os
 
 import pytest
-import yaml
 
 from stacks import doctor, user_files
+from tests.conftest import write_kubeconfig
 from validation import cli as validate
-
-
-def kubeconfig(path, server):
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "t", "cluster": {"server": server}}],
-                "users": [{"name": "u", "user": {"token": "x"}}],
-                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
-                "current-context": "t",
-            }
-        )
-    )
-    return path
 
 
 class Reached(Exception):
@@ -47,12 +31,12 @@ def doctor_client(monkeypatch):
 
 
 def test_doctor_reads_kubeconfig_from_the_environment_and_the_flag_wins(tmp_path, monkeypatch, doctor_client):
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "env", "https://198.51.100.1:6443")))
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "env", "https://198.51.100.1:6443")))
     with pytest.raises(Reached):
         doctor.main([])
     assert doctor_client["server"] == "https://198.51.100.1:6443"
     with pytest.raises(Reached):
-        doctor.main(["--kubeconfig", str(kubeconfig(tmp_path / "flag", "https://198.51.100.2:6443"))])
+        doctor.main(["--kubeconfig", str(write_kubeconfig(tmp_path / "flag", "https://198.51.100.2:6443"))])
     assert doctor_client["server"] == "https://198.51.100.2:6443"
 
 
@@ -74,7 +58,7 @@ def test_validate_reads_kubeconfig_from_the_environment(tmp_path, monkeypatch, c
         raise validate.UsageError("stopped before the cluster")
 
     monkeypatch.setattr(validate, "client_for", client_for)
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "env", "https://198.51.100.3:6443")))
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "env", "https://198.51.100.3:6443")))
     assert validate.main(["--scenario", "mixed", "--out", str(tmp_path / "o")]) == 2
     assert seen["server"] == "https://198.51.100.3:6443"
     assert capsys.readouterr().err == "validate: stopped before the cluster\n"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from test_runner import DURATIONS, replay
 from validation_fakes import FakeClock, FakeCluster, Faults
 
 from stacks.settings import show
+from tests.conftest import write_kubeconfig
 from validation import cli, runner
 from validation.timeline import Timeline
 
@@ -103,20 +103,7 @@ def fake_cli(monkeypatch):
 
 
 def kubeconfig(tmp_path, server: str = "https://198.51.100.7:6443"):
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "t", "cluster": {"server": server}}],
-                "users": [{"name": "u", "user": {"token": "x"}}],
-                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
-                "current-context": "t",
-            }
-        )
-    )
-    return path
+    return write_kubeconfig(tmp_path / "kubeconfig", server)
 
 
 @pytest.mark.parametrize(
