@@ -21,9 +21,7 @@ from components.names import SLURMCTLD_PORT, SlurmNames
 
 SLURMD_PORT = 6818  # internal/builder/worker_app.go SlurmdPort
 SLURM_ETC = "/etc/slurm"
-JOB_SUBMIT_SCRIPT = "job_submit.lua"
 CGROUP_CONF = "cgroup.conf"
-GRES_CONF = "gres.conf"
 
 
 def _to_list(config_map: dict) -> list[str]:

@@ -64,7 +64,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     # Slurm's default is NO (src/common/read_config.c); ALL and ANY both check registered nodes.
     enforce = slurm_config.global_setting(slurm_conf, "EnforcePartLimits", "NO").upper() != "NO"
     lua = "lua" in slurm_config.global_setting(slurm_conf, "JobSubmitPlugins", "") and (
-        slurm_config.JOB_SUBMIT_SCRIPT in conf
+        slinky.JOB_SUBMIT_LUA.name in conf
     )
     target = keda.scaling_target(names.slurm, names.metrics_interval_seconds)
     return Setup(
