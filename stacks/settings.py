@@ -692,9 +692,30 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "hpcBorrowsAiGpus",
         bool,
-        False,
-        "slurmd pods may take AI's idle share, so a Slurm job may span every worker (false caps slurmd at HPC's share).",
+        True,
+        "slurmd pods may take AI's idle share, so a Slurm job may span every worker; AI takes it back by "
+        "draining (false caps slurmd at HPC's share).",
         "true or false",
+    ),
+    # The lend-and-reclaim bounds (docs/handoff.md): a borrowed GPU comes back when the job on it
+    # ends, and these cap how long that can take.
+    Setting(
+        "slurmJobMaxMinutes",
+        int,
+        60,
+        "Longest a Slurm job may run (the partitions' MaxTime; sbatch --time above it is refused). Bounds how "
+        "long AI waits for a GPU slurmd borrowed.",
+        "1 to 10080 (a week)",
+        _int_range(1, 10080),
+    ),
+    Setting(
+        "aiJobMaxMinutes",
+        int,
+        60,
+        "Longest a queued AI job may run (its kueue.x-k8s.io/max-exec-time-seconds label, required and checked "
+        "at submit). Bounds how long HPC waits for a GPU AI borrowed.",
+        "1 to 10080 (a week)",
+        _int_range(1, 10080),
     ),
     Setting(
         "aiPreemptsLowerPriority",
@@ -781,6 +802,8 @@ class Settings:
     ai_guaranteed_gpus: int
     ai_borrows_hpc_gpus: bool
     hpc_borrows_ai_gpus: bool
+    slurm_job_max_minutes: int
+    ai_job_max_minutes: int
     ai_preempts_lower_priority: bool
     managed_prometheus: bool
     managed_prometheus_keep: bool

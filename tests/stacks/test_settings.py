@@ -47,7 +47,8 @@ def test_derived_addresses_follow_the_vpc():
     assert s.worker_private_ips == ["10.8.0.20", "10.8.0.21", "10.8.0.22"]
     assert s.kubernetes_minor == "1.34"
     assert s.ai_gpus == 1  # -1: half of 3, rounded down
-    assert s.slurmd_max_replicas == 2  # HPC's share; slurmd does not borrow AI's by default
+    assert s.slurmd_max_replicas == 3  # every GPU: slurmd borrows AI's idle share by default
+    assert settings.load(config(workerCount=3, hpcBorrowsAiGpus=False), offline=True).slurmd_max_replicas == 2
 
 
 def test_missing_admin_cidr_is_refused():
