@@ -20,6 +20,7 @@ from components.names import (
     NODESET_KIND,
     NODESET_VERSION,
     SLURM_METRICS_INTERVAL_SECONDS,
+    GpuShares,
     Names,
     SlurmNames,
 )
@@ -47,7 +48,12 @@ def chart(version: str) -> helm.Chart:
     return helm.Chart("keda", KEDA_NAMESPACE, "keda", version, REPO)
 
 
-def scaling_target(names: SlurmNames, scrape_seconds: int = SLURM_METRICS_INTERVAL_SECONDS) -> slurmd_scaling.Target:
+def scaling_target(
+    names: SlurmNames,
+    scrape_seconds: int = SLURM_METRICS_INTERVAL_SECONDS,
+    shares: GpuShares | None = None,
+) -> slurmd_scaling.Target:
+    """What the triggers look at; `shares` (the GPU split) only matters to lend-and-reclaim's cap."""
     return slurmd_scaling.Target(
         partitions=names.partitions,
         nodeset_partition=names.nodeset,  # the chart's nodesets.<key>.partition, named after the key
@@ -60,17 +66,19 @@ def scaling_target(names: SlurmNames, scrape_seconds: int = SLURM_METRICS_INTERV
         ai_namespace=JOBS_NAMESPACE,
         gpu_resource=GPU_RESOURCE,
         scrape_seconds=scrape_seconds,
+        gpus_total=shares.gpus_total if shares else 0,
+        ai_share=shares.ai_guaranteed_gpus if shares else 0,
     )
 
 
 def triggers(n: Names, policy: str = slurmd_scaling.DEFAULT_POLICY) -> list[dict]:
     """The ScaledObject's triggers for a stack: the doctor asks Prometheus the same queries."""
-    target = scaling_target(n.slurm, n.metrics_interval_seconds)
+    target = scaling_target(n.slurm, n.metrics_interval_seconds, n.shares)
     return slurmd_scaling.keda_triggers(n.prometheus_url, target, policy, n.cooldown_seconds)
 
 
-def _demand_aware(n: Names) -> dict:
-    """What the demand-aware policy changes: the triggers are combined by a formula, and the
+def _formula_policy(n: Names, policy: str) -> dict:
+    """What the formula policies change: the triggers are combined by a formula, and the
     cooldown (kedaCooldownSeconds) lives in its `recently_busy` query, so KEDA's cooldownPeriod and
     the HPA's scale-down window are 0 and a GPU goes back as soon as the formula says so.
     kedacore/keda@v2.16.1: apis/keda/v1alpha1/scaledobject_types.go (ScalingModifiers, a
@@ -82,7 +90,7 @@ def _demand_aware(n: Names) -> dict:
         "cooldownPeriod": 0,
         "advanced": {
             "scalingModifiers": {
-                "formula": slurmd_scaling.formula(scaling_target(n.slurm)),
+                "formula": slurmd_scaling.formula(scaling_target(n.slurm, shares=n.shares), policy),
                 "target": "1",
                 "activationTarget": "0",
                 "metricType": "AverageValue",
@@ -111,7 +119,7 @@ def scaled_object(a: KedaArgs) -> dict:
             "cooldownPeriod": n.cooldown_seconds,
             "pollingInterval": n.polling_seconds,
             "triggers": triggers(n, a.policy),
-            **(_demand_aware(n) if a.policy == slurmd_scaling.DEMAND_AWARE else {}),
+            **(_formula_policy(n, a.policy) if a.policy in slurmd_scaling.FORMULA_POLICIES else {}),
         },
     }
 

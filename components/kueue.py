@@ -184,10 +184,13 @@ def cluster_queues(shares: GpuShares) -> list[dict]:
                     lendingLimit=shares.ai_guaranteed_gpus if shares.hpc_borrows_ai_gpus else 0,
                 )
             ],
-            # Not StrictFIFO: there every workload that does not fit goes straight back to the head
-            # (pkg/cache/queue/cluster_queue.go RequeueIfNotPresent), so one job larger than the
-            # AI side can ever get would stop the whole queue. Priority orders it either way.
-            "queueingStrategy": "BestEffortFIFO",
+            # StrictFIFO: a job that does not fit stays at the head (pkg/cache/queue/cluster_queue.go
+            # RequeueIfNotPresent), so GPUs freed on AI's side are held for it instead of going to
+            # later, smaller jobs, and slurmd's rule reserves the rest for it (slurmd_scaling
+            # RESERVE_AFTER_SECONDS): a gang that fits the testbed waits a bounded time. A job that
+            # could never fit would stop the queue; the AI run-limit policy refuses those at submit.
+            # Priority orders the queue first: ai-high goes before ai-normal.
+            "queueingStrategy": "StrictFIFO",
             "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: JOBS_NAMESPACE}},
             # AI never takes back what it lent, nor preempts to borrow; only a higher-priority AI
             # workload may evict a lower one, within `ai`, and only if the policy says so.

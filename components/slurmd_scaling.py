@@ -99,14 +99,24 @@ BUSY_NODE_METRICS = (NODES_ALLOC, NODES_MIXED)
 RESTAPI_AVAILABLE = "kube_deployment_status_replicas_available"
 POD_INFO = "kube_pod_info"
 POD_UNSCHEDULABLE = "kube_pod_status_unschedulable"
-# Kueue 0.19.2 (pkg/metrics/metrics.go), labels cluster_queue, resource, replica_role.
+# Kueue 0.19.2 (pkg/metrics/metrics.go), labels cluster_queue, resource, replica_role; both reported
+# only with the manager's metrics.enableClusterQueueResources (components/kueue.py sets it).
 KUEUE_PENDING = "kueue_cluster_queue_resource_pending"
+KUEUE_USAGE = "kueue_cluster_queue_resource_usage"  # what the queue's admitted workloads hold
 
-DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE = "demand-aware", "safe", "previous", "reference-triggers"
-POLICIES = (DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE)
-DEFAULT_POLICY = DEMAND_AWARE
+LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE = (
+    "lend-and-reclaim",
+    "demand-aware",
+    "safe",
+    "previous",
+    "reference-triggers",
+)
+POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE)
+DEFAULT_POLICY = LEND_RECLAIM
 # Policies that count held/stalled work, every partition, and refuse jobs that can never fit.
-GUARDED_POLICIES = (DEMAND_AWARE, SAFE)
+GUARDED_POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE)
+# Policies whose triggers a KEDA scalingModifiers formula combines.
+FORMULA_POLICIES = (LEND_RECLAIM, DEMAND_AWARE)
 
 # Slurm's main scheduler runs at least every sched_interval (60 s, SchedMD/slurm@slurm-25-11-0-1:
 # doc/man/man5/slurm.conf.5) and on every submit: two cycles with idle nodes and no start is a stall.
@@ -115,6 +125,10 @@ STALL_MEMORY_SECONDS = 1800  # how long work found stalled stays discounted
 # Warmth stays off this long after AI work last waited: one 30 s kube-state-metrics scrape, a
 # slurmd pod's termination and the next scrape, with margin (see "Oscillation" above).
 AI_WAIT_MEMORY_SECONDS = 120
+# An AI job first in line: it has waited this long although AI held less than its share, so what
+# it waits for is more than AI's share can give (a gang, or the head of the StrictFIFO queue
+# `ai`). Four Kueue scrapes: Kueue admits what fits within seconds of a GPU coming free.
+RESERVE_AFTER_SECONDS = 120
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,8 @@ class Target:
     ai_namespace: str  # where their pods run
     gpu_resource: str  # the resource name Kueue reports pending
     scrape_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # slurmctld's scrape interval: the subquery step
+    gpus_total: int = 0  # the workers' GPUs (lend-and-reclaim)
+    ai_share: int = 0  # AI's guaranteed GPUs, Kueue nominalQuota of the AI queue (lend-and-reclaim)
 
 
 @dataclass(frozen=True)
@@ -239,8 +255,27 @@ def _safe_queries(t: Target, sep: str = "-") -> list[tuple[str, str]]:
     return queries
 
 
-# The demand-aware policy's extra triggers, named for the formula.
+# The formula policies' extra triggers, named for the formula.
 RECENTLY_BUSY, SLURMD_PODS, AI_WAITING = "recently_busy", "slurmd_pods", "ai_waiting"
+AI_HELD, AI_PENDING, AI_RESERVE, BUSY = "ai_held", "ai_pending", "ai_reserve", "busy_nodes"
+
+
+def _kueue(metric: str, t: Target) -> str:
+    # No Kueue series (its metrics down) is 0: AI is then taken to hold and want nothing, and
+    # Kueue's quota, not this cap, keeps slurmd off AI's GPUs.
+    return f'(max({metric}{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}) or vector(0))'
+
+
+def _lend_and_reclaim_queries(t: Target, warm_seconds: int) -> list[tuple[str, str]]:
+    held, pending = _kueue(KUEUE_USAGE, t), _kueue(KUEUE_PENDING, t)
+    first_in_line = f"(({held} < bool {t.ai_share}) * ({pending} > bool 0))"
+    return [
+        *_demand_aware_queries(t, warm_seconds),
+        (BUSY, _busy(t)),
+        (AI_HELD, held),
+        (AI_PENDING, pending),
+        (AI_RESERVE, f"min_over_time({first_in_line}{_window(t, RESERVE_AFTER_SECONDS)})"),
+    ]
 
 
 def _demand_aware_queries(t: Target, warm_seconds: int) -> list[tuple[str, str]]:
@@ -256,11 +291,72 @@ def _demand_aware_queries(t: Target, warm_seconds: int) -> list[tuple[str, str]]
     ]
 
 
-def formula(t: Target) -> str:
-    """KEDA scalingModifiers formula (expr-lang) over the demand-aware triggers: the safe demand,
-    and warmth (never more pods than exist) only while no AI work waits."""
-    demand = [name for name, _ in _safe_queries(t, "_")]
-    return f"max({', '.join(demand)}, {AI_WAITING} > 0 ? 0.0 : min({RECENTLY_BUSY}, {SLURMD_PODS}))"
+def _warmth() -> str:
+    return f"({AI_WAITING} > 0 ? 0.0 : min({RECENTLY_BUSY}, {SLURMD_PODS}))"
+
+
+def formula(t: Target, policy: str = DEMAND_AWARE) -> str:
+    """KEDA scalingModifiers formula (expr-lang) over a formula policy's triggers.
+
+    demand-aware: the safe demand, and warmth (never more pods than exist) only while no AI work waits.
+    lend-and-reclaim: the same, capped at the GPUs AI does not claim (see `lend_and_reclaim_replicas`),
+    where a multi-node job's nodes are asked for only if all of them fit under the cap; the
+    restapi-down hold is never capped (a scale-in then deletes busy pods)."""
+    safe = [name for name, _ in _safe_queries(t, "_")]
+    if policy == DEMAND_AWARE:
+        return f"max({', '.join(safe)}, {_warmth()})"
+    runnable, *largest, restapi_hold = safe
+    cap = _cap_expression(t)
+    # A job fits if its nodes fit under the cap (the busy ones may be among them); one that does
+    # not gets no pod at all: it counts as one runnable job, whose pod would idle.
+    fits = [f"({term} - {BUSY} <= {cap})" for term in largest]
+    gangs = [f"({fit} ? {term} : 0.0)" for fit, term in zip(fits, largest, strict=True)]
+    too_wide = " + ".join(f"({fit} ? 0.0 : 1.0)" for fit in fits)
+    wanted = f"max({runnable} - ({too_wide}), {', '.join(gangs)}, {_warmth()})"
+    return f"max(min({wanted}, {cap}), {restapi_hold})"
+
+
+def _cap_expression(t: Target) -> str:
+    held_and_waiting = f"({AI_HELD} + {AI_PENDING})"
+    claim = f"({AI_RESERVE} > 0 ? min({t.gpus_total}, {held_and_waiting}) : min({t.ai_share}, {held_and_waiting}))"
+    return f"({t.gpus_total} - {claim})"
+
+
+def ai_claim(ai_held: int, ai_pending: int, ai_share: int, gpus_total: int, reserved: bool) -> int:
+    """The GPUs slurmd leaves to AI under lend-and-reclaim: what AI holds and waits for, up to its
+    share; once an AI job is first in line (`reserved`), up to every GPU. Counting what AI holds
+    above its share would stop slurmd asking for its own share while AI borrows it: its gated pods
+    are what gets it back the moment the borrowing job ends (Kueue admits within-quota work first)."""
+    return min(gpus_total if reserved else ai_share, ai_held + ai_pending)
+
+
+def lend_and_reclaim_replicas(
+    m: PartitionMetrics,
+    min_replicas: int,
+    max_replicas: int,
+    ai_waiting: bool,
+    recently_busy: int,
+    pods: int,
+    ai_claim_gpus: int,
+    gpus_total: int,
+    stalled_pending: int = 0,
+    restapi_down_pods: int = 0,
+) -> int:
+    """The lend-and-reclaim policy as a table: the demand-aware wish (a multi-node job's nodes only
+    if they all fit), capped at the GPUs AI does not claim. Above the cap, the NodeSet drains the
+    pods it condemns and deletes each once its Slurm job has ended: nothing is killed."""
+    busy = m.nodes_alloc + m.nodes_mixed
+    cap = gpus_total - ai_claim_gpus
+    runnable = max(0, m.jobs_pending - m.jobs_hold - stalled_pending)
+    largest = m.largest_pending_job_nodes if runnable > 0 else 0
+    fits = largest <= cap
+    gang = busy + largest if fits else 0
+    warm = 0 if ai_waiting else min(recently_busy, pods)
+    wanted = min(max(busy + runnable - (0 if fits else 1), gang, warm), cap)
+    value = max(wanted, restapi_down_pods)
+    if value <= 0:
+        return 0
+    return max(min_replicas, min(max_replicas, value))
 
 
 def _previous_term(aggregate: str, metric: str, partition: str) -> str:
@@ -285,7 +381,9 @@ def _reference_queries(t: Target) -> list[tuple[str, str]]:
 
 
 def queries(t: Target, policy: str, warm_seconds: int) -> list[tuple[str, str]]:
-    """(trigger name, PromQL) for a policy; `warm_seconds` is kedaCooldownSeconds (demand-aware only)."""
+    """(trigger name, PromQL) for a policy; `warm_seconds` is kedaCooldownSeconds (formula policies only)."""
+    if policy == LEND_RECLAIM:
+        return _lend_and_reclaim_queries(t, warm_seconds)
     if policy == DEMAND_AWARE:
         return _demand_aware_queries(t, warm_seconds)
     return {SAFE: _safe_queries, PREVIOUS: _previous_queries, REFERENCE: _reference_queries}[policy](t)

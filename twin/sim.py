@@ -13,6 +13,7 @@ from components.names import (
     JOBS_NAMESPACE,
     QUEUE_NAME_LABEL,
 )
+from components.slurmd_scaling import KUEUE_PENDING, KUEUE_USAGE
 from twin import kube as k8s
 from twin.autoscale import HPA_SYNC, Hpa, Keda
 from twin.kueue import Kueue
@@ -136,11 +137,12 @@ class Run:
     def _kueue_metrics(self, now: float) -> list[tuple[dict, float]]:
         if self.kueue is None:
             return []
-        name = "kueue_cluster_queue_resource_pending"
-        return [
-            ({"__name__": name, "cluster_queue": cq, "resource": GPU_RESOURCE}, float(self.kueue.pending_gpus(cq)))
-            for cq in (AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE)
-        ]
+        out = []
+        for cq in (AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE):
+            labels = {"cluster_queue": cq, "resource": GPU_RESOURCE}
+            out.append(({"__name__": KUEUE_PENDING} | labels, float(self.kueue.pending_gpus(cq))))
+            out.append(({"__name__": KUEUE_USAGE} | labels, float(self.kueue.usage(cq))))
+        return out
 
     def _target_down(self, target: Target) -> bool:
         now = self.now

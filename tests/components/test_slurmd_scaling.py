@@ -9,15 +9,16 @@ import pytest
 
 from components import keda
 from components import slurmd_scaling as scaling
-from components.names import slurm_names
+from components.names import GpuShares, slurm_names
 from components.slurmd_scaling import PartitionMetrics as M
 from tests.engines import harness
 from twin.autoscale import Modifiers, Trigger
 from twin.promql import TSDB, Evaluator, PromQLError
 
 WORKERS = 4
+AI_SHARE = 2  # the default split of 4 GPUs
 NAMES = slurm_names("slinky")
-TARGET = keda.scaling_target(NAMES)
+TARGET = keda.scaling_target(NAMES, shares=GpuShares(WORKERS, AI_SHARE, True, False, True))
 ALL, OWN = TARGET.partitions
 HISTORY = 16  # samples 30 s apart: 8 minutes, several stall windows
 EVAL = HISTORY * 30
@@ -76,11 +77,13 @@ def input_series(case: dict) -> list[tuple[dict, str]]:
             f"{restapi}x{HISTORY}",
         )
     )
-    if "kueue" in case:  # Kueue's pending GPUs for the AI ClusterQueue: a number, or promtool notation
-        kueue = case["kueue"]
-        labels = {"__name__": scaling.KUEUE_PENDING, "cluster_queue": TARGET.ai_cluster_queue}
-        labels |= {"resource": TARGET.gpu_resource, "replica_role": "leader", "job": "kueue"}
-        out.append((labels, kueue if isinstance(kueue, str) else f"{kueue:g}x{HISTORY}"))
+    # Kueue's pending ("kueue") and admitted ("ai_held") GPUs of the AI ClusterQueue: a number, or promtool notation
+    for key, metric in (("kueue", scaling.KUEUE_PENDING), ("ai_held", scaling.KUEUE_USAGE)):
+        if key in case:
+            value = case[key]
+            labels = {"__name__": metric, "cluster_queue": TARGET.ai_cluster_queue}
+            labels |= {"resource": TARGET.gpu_resource, "replica_role": "leader", "job": "kueue"}
+            out.append((labels, value if isinstance(value, str) else f"{value:g}x{HISTORY}"))
     for i in range(case.get("unschedulable", 0)):
         labels = {"__name__": scaling.POD_UNSCHEDULABLE, "namespace": TARGET.ai_namespace, "pod": f"ddp-worker-{i}"}
         out.append((labels, f"1x{HISTORY}"))
@@ -129,11 +132,12 @@ def triggers(policy: str = scaling.SAFE) -> list[dict]:
     return scaling.keda_triggers("http://prometheus:9090", TARGET, policy, COOLDOWN)
 
 
-def wanted_demand_aware(case: dict) -> int | None:
-    """KEDA's formula over the demand-aware triggers, then the HPA on the composite metric."""
+def wanted_demand_aware(case: dict, policy: str = scaling.DEMAND_AWARE) -> int | None:
+    """KEDA's formula over a formula policy's triggers, then the HPA on the composite metric."""
     ev = evaluator(case)
-    trigs = list(map(Trigger.from_manifest, triggers(scaling.DEMAND_AWARE)))
-    advanced = {"scalingModifiers": {"formula": scaling.formula(TARGET), "target": "1", "activationTarget": "0"}}
+    trigs = list(map(Trigger.from_manifest, triggers(policy)))
+    formula = scaling.formula(TARGET, policy)
+    advanced = {"scalingModifiers": {"formula": formula, "target": "1", "activationTarget": "0"}}
     modifiers = Modifiers.from_advanced(advanced, [t.name for t in trigs])
     try:
         value = modifiers.value({t.name: t.value(ev, EVAL) for t in trigs})
@@ -223,6 +227,52 @@ AI = [
 ]
 
 
+# Lend and reclaim (AI's share 2 of 4): (case, series, replicas). "kueue" is what AI waits for,
+# "ai_held" what it holds; a constant series has waited the whole 8 minutes (first in line).
+RECLAIM = [
+    (
+        "Slurm alone takes every GPU",
+        {"nodes": M(nodes_alloc=3), ALL: M(jobs_pending=1, largest_pending_job_nodes=1)},
+        4,
+    ),
+    ("a 4-node job on an idle testbed: all 4 at once", {ALL: M(jobs_pending=1, largest_pending_job_nodes=4)}, 4),
+    ("AI waits for 1 GPU, Slurm on all 4: one drained", {"nodes": M(nodes_alloc=4), "kueue": 1, "ai_held": 0}, 3),
+    (
+        "AI holds its share and waits for more: Slurm keeps its own",
+        {"nodes": M(nodes_alloc=2), "kueue": 2, "ai_held": 2},
+        2,
+    ),
+    ("a 3-GPU gang first in line for 8 min: Slurm yields 3", {"nodes": M(nodes_alloc=4), "kueue": 3, "ai_held": 0}, 1),
+    (
+        "the same gang waiting 90 s: only AI's share back",
+        {"nodes": M(nodes_alloc=4), "kueue": "0x12 3x3", "ai_held": 0},
+        2,
+    ),
+    (
+        "AI borrows HPC's share, a 1-node job waits: one pod, gated until AI's job ends",
+        {ALL: M(jobs_pending=1, largest_pending_job_nodes=1), "ai_held": 3, "kueue": 0},
+        1,
+    ),
+    (
+        "a 4-node job while AI holds its share: no pod that would idle",
+        {ALL: M(jobs_pending=1, largest_pending_job_nodes=4), "ai_held": 2, "kueue": 0},
+        0,
+    ),
+    (
+        "a 4-node job beside a 1-node job while AI holds its share: one pod",
+        {ALL: M(jobs_pending=2, largest_pending_job_nodes=4), "ai_held": 2, "kueue": 0},
+        1,
+    ),
+    (
+        "restapi down with a gang first in line: every pod stays",
+        {"nodes": M(nodes_mixed=1), "restapi_down": True, "pods": 3, "kueue": 4, "ai_held": 0},
+        3,
+    ),
+    ("Kueue's series absent: no cap, Kueue's quota still holds", {"nodes": M(nodes_alloc=4), "pods": 4}, 4),
+    ("AI waits, Slurm series absent: freeze", {"no_slurm": True, "pods": 2, "kueue": 1, "ai_held": 0}, None),
+]
+
+
 def _table_metrics(case: dict) -> M:
     """The pure rule reads one partition; fold the table's partitions into one."""
     nodes = case.get("nodes", M())
@@ -253,6 +303,43 @@ def test_triggers_implement_the_rule(case, metrics, want):
 def test_demand_aware_triggers_and_formula(case, metrics, want):
     """Without anyone waiting, the safe rule's answer (TABLE, EXTRA); the AI cases above."""
     assert wanted_demand_aware(metrics) == want
+
+
+@pytest.mark.parametrize("case, metrics, want", RECLAIM, ids=[t[0] for t in RECLAIM])
+def test_lend_and_reclaim_triggers_and_formula(case, metrics, want):
+    assert wanted_demand_aware(metrics, scaling.LEND_RECLAIM) == want
+
+
+@pytest.mark.parametrize(
+    "case, metrics, want", TABLE + EXTRA[:3] + AI[:9], ids=[t[0] for t in TABLE + EXTRA[:3] + AI[:9]]
+)
+def test_lend_and_reclaim_is_demand_aware_while_ai_holds_and_wants_nothing(case, metrics, want):
+    """Without Kueue series for AI's usage, AI holds nothing: the cap is every GPU."""
+    assert wanted_demand_aware(metrics, scaling.LEND_RECLAIM) == want
+
+
+@pytest.mark.parametrize("case, metrics, want", [r for r in RECLAIM if r[2] is not None], ids=lambda r: r)
+def test_lend_and_reclaim_rule_table_agrees_with_the_triggers(case, metrics, want):
+    """The pure rule over the same cases (one partition, nothing stalled, reservation as the series say)."""
+    m = _table_metrics(metrics)
+    if "nodes" in metrics:
+        m = M(
+            metrics["nodes"].nodes_alloc,
+            metrics["nodes"].nodes_mixed,
+            0,
+            m.jobs_pending,
+            0,
+            m.largest_pending_job_nodes,
+        )
+    pending = metrics.get("kueue", 0)
+    waiting_long = isinstance(pending, (int, float)) and pending > 0
+    pending_now = pending if isinstance(pending, (int, float)) else float(pending.split()[-1].split("x")[0])
+    held = metrics.get("ai_held", 0)
+    claim = scaling.ai_claim(held, int(pending_now), AI_SHARE, WORKERS, waiting_long and held < AI_SHARE)
+    restapi = metrics.get("pods", 0) if metrics.get("restapi_down") else 0
+    pods = metrics.get("pods", 0)
+    got = scaling.lend_and_reclaim_replicas(m, 1, WORKERS, pending_now > 0, 0, pods, claim, WORKERS, 0, restapi)
+    assert got == want
 
 
 @pytest.mark.parametrize(
@@ -336,6 +423,7 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
         (policy, c) for policy in (scaling.PREVIOUS, scaling.REFERENCE) for c in EXTRA[:1] + EXTRA[3:4] + TABLE[8:9]
     ]
     plan += [(scaling.DEMAND_AWARE, c) for c in AI + EXTRA]
+    plan += [(scaling.LEND_RECLAIM, c) for c in RECLAIM]
     for policy, (case, metrics, _) in plan:
         ev = evaluator(metrics)
         tests = []
@@ -354,7 +442,7 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
 
 
 @pytest.mark.parametrize("policy", scaling.POLICIES)
-def test_only_the_demand_aware_policy_moves_the_cooldown_into_its_query(policy):
+def test_only_the_formula_policies_move_the_cooldown_into_their_query(policy):
     """The older policies keep KEDA's cooldownPeriod (kedaCooldownSeconds) and no formula; the
     twin compares them with exactly these objects (twin/program.py)."""
     from components.names import Names
@@ -364,10 +452,12 @@ def test_only_the_demand_aware_policy_moves_the_cooldown_into_its_query(policy):
     n = Names.from_settings(s)
     args = keda.KedaArgs(s.keda_version, n, 1, None, None, (), policy=policy)
     spec = keda.scaled_object(args)["spec"]
-    if policy == scaling.DEMAND_AWARE:
+    if policy in scaling.FORMULA_POLICIES:
         (recently_busy,) = [t for t in spec["triggers"] if t["name"] == scaling.RECENTLY_BUSY]
         assert spec["cooldownPeriod"] == 0 and "[270s:30s]" in recently_busy["metadata"]["query"], "240 s and one step"
-        assert spec["advanced"]["scalingModifiers"]["formula"] == scaling.formula(keda.scaling_target(n.slurm))
+        formula = scaling.formula(keda.scaling_target(n.slurm, shares=n.shares), policy)
+        assert spec["advanced"]["scalingModifiers"]["formula"] == formula
+        assert (f"({n.gpus_total} - " in formula) == (policy == scaling.LEND_RECLAIM), "the cap reads the stack's GPUs"
     else:
         assert spec["cooldownPeriod"] == 240 and "advanced" not in spec
 
