@@ -207,6 +207,8 @@ class Names:
     polling_seconds: int
     shares: GpuShares
     metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # slurmctld's scrape interval
+    slurm_job_max_minutes: int = 60  # slurmJobMaxMinutes: the partitions' MaxTime
+    ai_job_max_minutes: int = 60  # aiJobMaxMinutes: every queued AI job's max-exec-time
 
     @classmethod
     def from_settings(cls, s: Settings) -> Names:
@@ -224,6 +226,8 @@ class Names:
                 hpc_borrows_ai_gpus=s.hpc_borrows_ai_gpus,
             ),
             metrics_interval_seconds=s.slurm_metrics_interval_seconds,
+            slurm_job_max_minutes=s.slurm_job_max_minutes,
+            ai_job_max_minutes=s.ai_job_max_minutes,
         )
 
     @property

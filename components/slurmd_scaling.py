@@ -131,6 +131,58 @@ AI_WAIT_MEMORY_SECONDS = 120
 RESERVE_AFTER_SECONDS = 120
 
 
+# kube-controller-manager's --horizontal-pod-autoscaler-sync-period default (kubernetes/kubernetes@
+# v1.34.0: pkg/controller/podautoscaler/config/v1alpha1/defaults.go) and a pod's default
+# terminationGracePeriodSeconds (the slurm chart 1.0.0 sets none for slurmd).
+HPA_SYNC_SECONDS = 15
+POD_TERMINATION_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class ReclaimBounds:
+    """The stated bounds of lend and reclaim, in seconds (docs/handoff.md; `plan` prints them)."""
+
+    handoff_s: int  # a freed GPU reaches the waiting side: scrapes, a poll, an HPA sync, a termination
+    ai_share_back_s: int  # AI waits for its share lent to Slurm: the drained node's job ends
+    hpc_share_back_s: int  # HPC waits for its share lent to AI: the borrowing job ends
+    ai_gang_start_s: int  # an AI job first in line (a gang wider than what is free) starts
+
+
+def reclaim_bounds(
+    scrape_seconds: int, polling_seconds: int, slurm_job_max_minutes: int, ai_job_max_minutes: int
+) -> ReclaimBounds:
+    """Each wait is a run limit the engines enforce (Slurm's MaxTime, Kueue's max-exec-time) plus
+    the hand-off's own latency: two scrapes (the end, then the metric that reflects it), one KEDA
+    poll, one HPA sync and one pod termination. The gang first waits RESERVE_AFTER_SECONDS to be
+    known as first in line, then for whichever ends last: AI's running jobs or the Slurm jobs on
+    the nodes it needs."""
+    handoff = 2 * scrape_seconds + polling_seconds + HPA_SYNC_SECONDS + POD_TERMINATION_SECONDS
+    slurm, ai = 60 * slurm_job_max_minutes, 60 * ai_job_max_minutes
+    return ReclaimBounds(
+        handoff_s=handoff,
+        ai_share_back_s=slurm + handoff,
+        hpc_share_back_s=ai + handoff,
+        ai_gang_start_s=RESERVE_AFTER_SECONDS + max(slurm, ai) + handoff,
+    )
+
+
+def bounds_lines(b: ReclaimBounds, slurm_job_max_minutes: int, ai_job_max_minutes: int) -> list[str]:
+    """The bounds in words, as `plan` prints them."""
+
+    def minutes(seconds: int) -> str:
+        return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds} s"
+
+    return [
+        "lend and reclaim (policy lend-and-reclaim): either side uses the other's idle GPUs; nothing is killed",
+        f"  AI gets its share back within {minutes(b.ai_share_back_s)}: slurmd's borrowed nodes are drained and go "
+        f"when their Slurm job ends (slurmJobMaxMinutes {slurm_job_max_minutes})",
+        f"  HPC gets its share back within {minutes(b.hpc_share_back_s)}: an AI job on it ends by its limit "
+        f"(aiJobMaxMinutes {ai_job_max_minutes}), then Kueue admits the waiting slurmd pods first",
+        f"  an AI job first in line (wider than what is free) starts within {minutes(b.ai_gang_start_s)}",
+        f"  a freed GPU reaches waiting work within {b.handoff_s} s (two scrapes, a poll, an HPA sync, a termination)",
+    ]
+
+
 @dataclass(frozen=True)
 class Target:
     """What the triggers look at: the Slurm partitions the NodeSet serves and its Kubernetes names."""

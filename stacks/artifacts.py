@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from components import keda, kueue, remote_script, slurm_config
+from components import keda, kueue, remote_script, slurm_config, slurmd_scaling
 from components.names import SLURM_CHART, Names, SlurmNames
 from stacks import pricing, user_files
 from stacks.offline import RecordedResource, Recording, redact, reveal
@@ -204,7 +204,15 @@ def plan_text(rec: Recording) -> str:
     lines.append("install order on the cluster (<- the steps each waits for, by the names on the left):")
     lines += install_order(rec)
     lines.append("GPU fairness policy (Kueue):")
-    lines += ["  " + line for line in kueue.policy_lines(Names.from_settings(rec.settings).shares)]
+    names = Names.from_settings(rec.settings)
+    lines += ["  " + line for line in kueue.policy_lines(names.shares)]
+    bounds = slurmd_scaling.reclaim_bounds(
+        names.metrics_interval_seconds, names.polling_seconds, names.slurm_job_max_minutes, names.ai_job_max_minutes
+    )
+    lines += [
+        "  " + line
+        for line in slurmd_scaling.bounds_lines(bounds, names.slurm_job_max_minutes, names.ai_job_max_minutes)
+    ]
     cost = pricing.estimate(rec.settings)
     lines += cost_lines(rec, cost)
     lines += guard_lines(rec, cost)

@@ -38,7 +38,7 @@ def test_no_artifact_names_the_default_nodeset_or_four_gpus(renamed):
     assert DEFAULT_NODESET not in json.dumps(offline.reveal(rec.outputs))
 
     scaled_object = texts["manifests/ScaledObject-slurm-slurmd.yaml"]
-    assert "name: slurm-worker-gpu" in scaled_object and "maxReplicaCount: 1" in scaled_object  # HPC's half
+    assert "name: slurm-worker-gpu" in scaled_object and "maxReplicaCount: 2" in scaled_object  # both GPUs
     (dashboard,) = [t for p, t in texts.items() if p.startswith("manifests/ConfigMap-monitoring-dashboard")]
     assert "slurm-worker-gpu-.*" in dashboard and "NodeSet slurm-worker-gpu" in dashboard
     values = texts["values/slurm.yaml"]
@@ -84,7 +84,7 @@ def test_names_follow_the_settings():
 
     n = Names.from_settings(settings.load(config(**SETTINGS, kedaCooldownSeconds=120), offline=True))
     assert (n.slurm.nodeset_resource, n.slurm.slurmd_pod_prefix) == ("slurm-worker-gpu", "slurm-worker-gpu-")
-    assert (n.gpus_total, n.slurmd_max_replicas, n.cooldown_seconds) == (2, 1, 120)  # HPC's half of 2
+    assert (n.gpus_total, n.slurmd_max_replicas, n.cooldown_seconds) == (2, 2, 120)  # slurmd may borrow AI's half
     assert n.slurm.partitions == ("all", "gpu")
     assert (n.slurm.controller_service, n.slurm.restapi_service) == ("slurm-controller", "slurm-restapi")
     assert n.keda_hpa == "keda-hpa-slurmd" and SLINKY_OPERATOR_NAMESPACE == "slinky"

@@ -326,11 +326,11 @@ def test_default_run_quota_is_every_gpu_and_plan_shows_the_policy(default_run):
         if r.type == "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue"
     }
     assert sum(gpu_quota(cq)["nominalQuota"] for cq in cqs.values()) == s.gpus_total
-    # the default split: half each (aiGuaranteedGpus -1); HPC lends its idle share to AI, not back
+    # the default split: half each (aiGuaranteedGpus -1); each side lends its idle share to the other
     assert [gpu_quota(cqs[q])["nominalQuota"] for q in ("hpc", "ai")] == [2, 2]
-    assert [gpu_quota(cqs[q])["lendingLimit"] for q in ("hpc", "ai")] == [2, 0]  # hpcBorrowsAiGpus false
+    assert [gpu_quota(cqs[q])["lendingLimit"] for q in ("hpc", "ai")] == [2, 2]
     (scaled_object,) = by_type(default_run, "kubernetes:keda.sh/v1alpha1:ScaledObject")
-    assert scaled_object.inputs["spec"]["maxReplicaCount"] == s.hpc_max_gpus == s.hpc_gpus
+    assert scaled_object.inputs["spec"]["maxReplicaCount"] == s.hpc_max_gpus == s.gpus_total
     text = artifacts.plan_text(default_run)
     assert "helm kueue 0.19.2 (ns kueue-system)" in text
     policy = text.split("GPU fairness policy (Kueue):\n", 1)[1]
@@ -361,10 +361,11 @@ def test_a_changed_policy_reaches_kueue_keda_and_plan_together():
     assert "higher priority evicts lower" in policy
 
 
-def test_an_oversized_job_cannot_stop_the_ai_queue():
-    # StrictFIFO requeues every unfit workload at the head (kueue@v0.19.2 pkg/cache/queue/cluster_queue.go)
+def test_the_ai_queue_holds_freed_gpus_for_its_head():
+    # StrictFIFO requeues an unfit workload at the head (kueue@v0.19.2 pkg/cache/queue/cluster_queue.go):
+    # a gang first in line is not overtaken by later, smaller jobs (slurmd's rule reserves the rest)
     ai_cq = by_kind(kueue.objects(shares()))["ClusterQueue", names.AI_CLUSTER_QUEUE]
-    assert ai_cq["spec"]["queueingStrategy"] == "BestEffortFIFO"
+    assert ai_cq["spec"]["queueingStrategy"] == "StrictFIFO"
 
 
 def test_render_writes_the_pod_webhook_patches_apart_from_whole_objects(tmp_path, default_run):

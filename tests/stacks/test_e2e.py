@@ -132,11 +132,18 @@ def test_a_passing_run_in_order_with_its_report(tmp_path, stub_pulumi):
     assert "testbed-network-vpc created" in (out / "pulumi.log").read_text()
 
 
-def test_a_scenario_the_stack_cannot_run_is_skipped_with_the_reason_and_the_rest_run(tmp_path, stub_pulumi):
+def test_a_scenario_the_stack_cannot_run_is_skipped_with_the_reason_and_the_rest_run(
+    tmp_path, stub_pulumi, monkeypatch
+):
     fakes = Fakes()
     tools = fakes.tools()
     tools.scenarios = ["leak-probe", "mixed"]
-    tools.scenario_blocker = validation_cli.scenario_blocker  # the real one, on stack dev's default split
+    tools.scenario_blocker = validation_cli.scenario_blocker  # the real one, on a stack dev that keeps slurmd
+    stacks = tmp_path / "stacks"  # to HPC's half
+    stacks.mkdir()
+    dev = (offline.ROOT / "Pulumi.dev.yaml").read_text() + "  gpu-testbed:hpcBorrowsAiGpus: false\n"
+    (stacks / "Pulumi.dev.yaml").write_text(dev)
+    monkeypatch.setattr(offline.stack_config, "__defaults__", ("dev", None, stacks))
     out = tmp_path / "report"
     assert e2e.Run("dev", False, out, tools).execute() == 0
     assert fakes.calls == ["preflight", "doctor", "validate mixed"]

@@ -269,13 +269,14 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"controlPlaneGeneration": "0"}, "controlPlaneGeneration", "an integer from 1 to 1000"),
     ({"controlPlaneGeneration": "1001"}, "controlPlaneGeneration", "an integer from 1 to 1000"),
     ({"controlPlaneGeneration": "two"}, "controlPlaneGeneration", "a whole number in ASCII digits"),
-    ({"kedaMinReplicas": "5"}, "kedaMinReplicas", "maxReplicaCount (2)"),
-    ({"kedaMinReplicas": "9" * 50}, "kedaMinReplicas", "maxReplicaCount (2)"),
-    ({"kedaMinReplicas": "5", "hpcBorrowsAiGpus": "true"}, "kedaMinReplicas", "maxReplicaCount (4)"),
-    ({"kedaMaxReplicas": "5"}, "kedaMaxReplicas", "an integer from 1 to 2 (workerCount"),
-    ({"kedaMaxReplicas": "5", "hpcBorrowsAiGpus": "true"}, "kedaMaxReplicas", "an integer from 1 to 4 (workerCount"),
+    ({"kedaMinReplicas": "5"}, "kedaMinReplicas", "maxReplicaCount (4)"),
+    ({"kedaMinReplicas": "9" * 50}, "kedaMinReplicas", "maxReplicaCount (4)"),
+    ({"kedaMinReplicas": "3", "hpcBorrowsAiGpus": "false"}, "kedaMinReplicas", "maxReplicaCount (2)"),
+    ({"kedaMaxReplicas": "5"}, "kedaMaxReplicas", "an integer from 1 to 4 (workerCount"),
+    ({"kedaMaxReplicas": "3", "hpcBorrowsAiGpus": "false"}, "kedaMaxReplicas", "an integer from 1 to 2 (workerCount"),
     ({"kedaMaxReplicas": "-1"}, "kedaMaxReplicas", "0 (= the GPUs slurmd may hold)"),
-    ({"kedaMaxReplicas": "3", "workerCount": "2"}, "kedaMaxReplicas", "an integer from 1 to 1 (workerCount"),
+    ({"kedaMaxReplicas": "3", "workerCount": "2"}, "kedaMaxReplicas", "an integer from 1 to 2 (workerCount"),
+    ({"kedaMaxReplicas": "2", "workerCount": "2", "hpcBorrowsAiGpus": "false"}, "kedaMaxReplicas", "from 1 to 1 (workerCount"),
     # without borrowing, slurmd never takes a GPU of AI's share
     ({"kedaMaxReplicas": "4", "hpcBorrowsAiGpus": "false"}, "kedaMaxReplicas", "an integer from 1 to 2 (workerCount"),
     ({"kedaMaxReplicas": "4", "aiGuaranteedGpus": "1", "hpcBorrowsAiGpus": "false"}, "kedaMaxReplicas", "from 1 to 3"),
@@ -894,7 +895,7 @@ WHOLE_LINES = [
     (
         {"kedaMaxReplicas": "99999999999"},
         'kedaMaxReplicas: "99999999999" is not allowed; expected 0 (= the GPUs slurmd may hold) or an integer '
-        "from 1 to 2 (workerCount, or HPC's share when hpcBorrowsAiGpus is false): each slurmd pod holds one "
+        "from 1 to 4 (workerCount, or HPC's share when hpcBorrowsAiGpus is false): each slurmd pod holds one "
         "worker's GPU",
     ),
     (

@@ -196,8 +196,8 @@ def test_a_throttled_array_counts_every_pending_task_and_runs_one_at_a_time():
 
 
 def test_the_scenarios_workers_are_the_stacks_worker_count(capsys, tmp_path):
-    """`workers: 2` renders the ScaledObject and partition limits for two workers: HPC's share is
-    one of them (aiGuaranteedGpus -1, half), and slurmd does not borrow AI's."""
+    """`workers: 2` renders the ScaledObject and partition limits for two workers: slurmd may hold
+    both (it borrows AI's idle half), so a 3-node job is refused with MaxNodes=2."""
     path = tmp_path / "two.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -210,7 +210,7 @@ def test_the_scenarios_workers_are_the_stacks_worker_count(capsys, tmp_path):
     )
     assert main(["simulate", "--scenario", str(path), "--json"]) == 0
     (b,) = json.loads(capsys.readouterr().out)["jobs"]
-    assert b["outcome"] == "refused" and "MaxNodes=1" in b["reason"]
+    assert b["outcome"] == "refused" and "MaxNodes=2" in b["reason"]
 
 
 def test_problem_lines_escape_what_they_echo(capsys):

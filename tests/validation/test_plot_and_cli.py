@@ -88,17 +88,23 @@ def test_dry_run_of_mixed_shows_both_user_paths(capsys):
     assert "queued" not in out  # 4 GPUs of demand on 4 GPUs: nothing has to wait
 
 
-def test_a_scenario_that_needs_every_gpu_for_slurm_is_refused_on_the_default_split(capsys):
-    # Kueue's default split keeps slurmd to HPC's half: the leak probe would wait forever for Slurm
-    # to hold every GPU, and the queueing check would see AI's idle half.
+def test_every_reference_scenario_runs_on_the_default_stack():
+    """Lend and reclaim is the default: slurmd may hold every GPU, so nothing needs other settings."""
+    for name in SCENARIOS:
+        assert main(["--scenario", name, "--dry-run"]) == 0, name
+
+
+def test_a_scenario_that_needs_every_gpu_for_slurm_is_refused_when_slurmd_keeps_to_its_share(capsys):
+    # With hpcBorrowsAiGpus false slurmd keeps to HPC's half: the leak probe would wait forever for
+    # Slurm to hold every GPU, and the queueing check would see AI's idle half.
     for name in ("leak-probe", "heavy-mixed"):
-        assert main(["--scenario", name, "--dry-run"]) == 2
+        assert main(["--scenario", name, "--dry-run", "--config", "hpcBorrowsAiGpus=false"]) == 2
         (line,) = capsys.readouterr().err.splitlines()
         assert line == (
             f"validate: --scenario {name}: needs Slurm to be able to hold every GPU (4), but this stack "
             "lets slurmd hold 2 (HPC's share); run it on a stack with hpcBorrowsAiGpus true and kedaMaxReplicas 0"
         )
-    assert main(["--scenario", "hpc-parallel", "--dry-run"]) == 0  # fits HPC's share over time
+    assert main(["--scenario", "hpc-parallel", "--dry-run", "--config", "hpcBorrowsAiGpus=false"]) == 0
 
 
 def test_dry_run_of_heavy_mixed_expects_queueing_and_handoff_expects_the_handoff(capsys):
