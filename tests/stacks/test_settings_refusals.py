@@ -276,7 +276,11 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"kedaMaxReplicas": "3", "hpcBorrowsAiGpus": "false"}, "kedaMaxReplicas", "an integer from 1 to 2 (workerCount"),
     ({"kedaMaxReplicas": "-1"}, "kedaMaxReplicas", "0 (= the GPUs slurmd may hold)"),
     ({"kedaMaxReplicas": "3", "workerCount": "2"}, "kedaMaxReplicas", "an integer from 1 to 2 (workerCount"),
-    ({"kedaMaxReplicas": "2", "workerCount": "2", "hpcBorrowsAiGpus": "false"}, "kedaMaxReplicas", "from 1 to 1 (workerCount"),
+    (
+        {"kedaMaxReplicas": "2", "workerCount": "2", "hpcBorrowsAiGpus": "false"},
+        "kedaMaxReplicas",
+        "from 1 to 1 (workerCount",
+    ),
     # without borrowing, slurmd never takes a GPU of AI's share
     ({"kedaMaxReplicas": "4", "hpcBorrowsAiGpus": "false"}, "kedaMaxReplicas", "an integer from 1 to 2 (workerCount"),
     ({"kedaMaxReplicas": "4", "aiGuaranteedGpus": "1", "hpcBorrowsAiGpus": "false"}, "kedaMaxReplicas", "from 1 to 3"),
