@@ -2,7 +2,8 @@
 
 import pulumi
 
-from stacks import settings, testbed
+from core import settings
+from program import testbed
 
 try:
     loaded = settings.from_pulumi()

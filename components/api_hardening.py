@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from components import names
+from core import names
 
 CONFIG_DIR = "/etc/kubernetes/testbed"  # one read-only mount for both files below
 AUDIT_POLICY_FILE = f"{CONFIG_DIR}/audit-policy.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from components.names import (
+from core.names import (
     AI_CLUSTER_QUEUE,
     GPU_RESOURCE,
     GPUS_PER_WORKER,

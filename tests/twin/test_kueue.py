@@ -8,15 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli import offline
 from components import kueue as program_kueue
 from components import slurmd_scaling as scaling
-from components.names import (
+from core import settings
+from core.names import (
     AI_CLUSTER_QUEUE,
     HPC_CLUSTER_QUEUE,
     GpuShares,
     slurmd_queue_labels,
 )
-from stacks import offline, settings
 from twin import kube, program, scenario, sim
 from twin.kueue import Kueue
 
@@ -206,7 +207,7 @@ def test_hpc_borrowing_ais_share_would_cost_ai_its_guarantee():
     borrowing = result("both-full", "hpcBorrowsAiGpus=true")["contention"]["share"]["kubernetes"]
     assert borrowing < SHARE_BOUND[0] <= default
     # and a Slurm job wider than HPC's share runs only when HPC may borrow
-    wide = result("issue-example", "hpcBorrowsAiGpus=true")
+    wide = result("every-job-kind", "hpcBorrowsAiGpus=true")
     assert next(j for j in wide["jobs"] if j["name"] == "b")["outcome"] == "completed"
 
 

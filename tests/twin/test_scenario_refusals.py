@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks.__main__ import main
+from cli.__main__ import main
 from twin import scenario
 
 PRIVATE_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ"

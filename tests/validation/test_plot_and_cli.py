@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from validation_builders import GPU_A, handoff_timeline
 
+from cli.validate import main
 from validation.checks import evaluate, expectations
-from validation.cli import main
 from validation.plot import FAIL_COLOUR, draw, handoffs, segments, verdict
 from validation.scenarios import SCENARIOS
 from validation.timeline import Timeline, gpu_uuids

@@ -1,0 +1,1 @@
+"""Layers of the testbed, composed in order by `program.testbed.build`."""
