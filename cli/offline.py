@@ -393,7 +393,7 @@ def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None =
     secret_names: set[str] = set()
 
     async def program() -> None:
-        outputs = testbed.build(settings_mod.from_pulumi(offline=True))
+        outputs = testbed.build(testbed.settings_from_pulumi(offline=True))
         for name, output in outputs.items():
             out = pulumi.Output.from_input(output)
             resolved[name] = await out.future()

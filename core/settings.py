@@ -1037,12 +1037,3 @@ def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline:
             "address you connect from, e.g. the output of curl -s https://checkip.amazonaws.com, as a.b.c.d/32"
         ]
     return []
-
-
-def from_pulumi(offline: bool = False) -> Settings:
-    """Settings from the running Pulumi program's config (the only reader of it)."""
-    import pulumi
-    from pulumi.runtime import config as runtime_config
-
-    config = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
-    return load(config, stack=pulumi.get_stack(), offline=offline)

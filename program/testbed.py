@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import pulumi
 import pulumi_aws as aws
+from pulumi.runtime import config as runtime_config
 
 from components.budget import BudgetAlarm, BudgetAlarmArgs
+from core import settings
 from core.settings import PROJECT, Settings
 from program import cluster, infrastructure, platform, pricing, workloads
+
+
+def settings_from_pulumi(offline: bool = False) -> Settings:
+    """Settings from the running Pulumi program's config (the only reader of it; here, not in
+    core/, which stays free of Pulumi)."""
+    config = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    return settings.load(config, stack=pulumi.get_stack(), offline=offline)
 
 
 def build(s: Settings) -> dict[str, pulumi.Input]:

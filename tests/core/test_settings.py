@@ -78,10 +78,12 @@ def test_a_deployment_refuses_the_example_documentation_address_offline_runs_acc
 
 
 def test_the_program_reads_its_stack_and_refuses_the_example_address_as_a_deployment(monkeypatch):
-    """`pulumi up` runs __main__.py, which calls from_pulumi(): the stack is Pulumi's, and a
+    """`pulumi up` runs __main__.py, which calls settings_from_pulumi(): the stack is Pulumi's, and a
     deployment is never treated as an offline run (the example adminCidr would pass)."""
     import pulumi
     from pulumi.runtime import config as runtime_config
+
+    from program import testbed
 
     monkeypatch.setenv("PULUMI_CONFIG", json.dumps(config()))  # adminCidr 203.0.113.7/32
     no_explicit_config = contextvars.ContextVar("config")  # only the environment's, as `pulumi up` passes it
@@ -89,7 +91,7 @@ def test_the_program_reads_its_stack_and_refuses_the_example_address_as_a_deploy
     monkeypatch.setattr(runtime_config, "CONFIG", no_explicit_config)
     monkeypatch.setattr(pulumi, "get_stack", lambda: "lab")
     with pytest.raises(settings.SettingsError) as error:
-        settings.from_pulumi()
+        testbed.settings_from_pulumi()
     (problem,) = error.value.problems
     assert problem.startswith('adminCidr: "203.0.113.7/32" is a documentation example address')
-    assert settings.from_pulumi(offline=True).stack == "lab"
+    assert testbed.settings_from_pulumi(offline=True).stack == "lab"
