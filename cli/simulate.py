@@ -2,7 +2,7 @@
 scenario under every policy for the README's tables.
 
     python -m cli simulate --scenario NAME|FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...]
-                              [--json] [--out DIR]
+                           [--json] [--out DIR]
     python -m cli simulate --readme-tables [README] [--stack S] [--config KEY=VALUE ...]
 
 Exit status: 0 when nothing was killed or double-held and every job that was not refused

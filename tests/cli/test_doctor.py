@@ -305,7 +305,7 @@ def test_cli_exit_codes(tmp_path, monkeypatch, capsys):
     assert line.startswith('--kubeconfig: "') and line.endswith('" is not a kubeconfig: it names no clusters')
 
 
-def test_dispatch_from_python_m_stacks(tmp_path, monkeypatch, capsys):
+def test_dispatch_from_python_m_cli(tmp_path, monkeypatch, capsys):
     from cli import __main__ as cli
 
     write_stub_pulumi(tmp_path, monkeypatch, {})
