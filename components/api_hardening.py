@@ -1,4 +1,4 @@
-"""API server hardening that `kubeadm join` survives (issue 12, item 5): pure renderers.
+"""API server hardening that `kubeadm join` survives: pure renderers.
 
 What is applied and what is left, with the reasons, is listed in docs/security-and-day2.md's "Security"
 section; a test keeps that list and `APPLIED` here in step. kubeadm v1beta4 takes component

@@ -59,7 +59,7 @@ RELEVANT = {
     "validation.checks": (
         "tests/validation/test_checks.py",
         "tests/validation/test_runner.py",
-        "tests/validation/test_process_proof.py",  # the process, leak-probe and dcgm checks (issue 9)
+        "tests/validation/test_process_proof.py",  # the process, leak-probe and dcgm checks
     ),
 }
 

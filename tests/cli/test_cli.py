@@ -1,4 +1,4 @@
-"""`python -m cli plan|render` as a user runs them (DESIGN section 4)."""
+"""`python -m cli plan|render` as a user runs them."""
 
 import json
 import os
@@ -185,7 +185,7 @@ def test_render_replaces_a_previous_render_whole(tmp_path, capsys):
         (["plan", "--bogus", "\x1b[2J"], "unrecognized arguments: --bogus \\x1b[2J"),
         (["render"], "arguments are required: --out"),
         (["plan", "--stack"], "expected one argument"),
-        # a secret typed where an argument goes is not echoed (issue 22)
+        # a secret typed where an argument goes is not echoed
         (["plan", "ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"], "arguments: (hidden: looks like a GitHub token)"),
         (["wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"], "(hidden: looks like a secret key or token)"),
     ],

@@ -1,4 +1,4 @@
-"""Secrets stay out of git (issue 12, item 8): the files the README and the outputs tell users
+"""Secrets stay out of git: the files the README and the outputs tell users
 to write are ignored, the SSH key is 0600 from its first byte, a render directory ignores itself."""
 
 import os

@@ -1,4 +1,4 @@
-"""API server hardening as the control node receives it (issue 12, item 5): the kubeadm
+"""API server hardening as the control node receives it: the kubeadm
 ClusterConfiguration uses only kubeadm v1beta4 fields, every flag's file is delivered and
 mounted, Pod Security exempts exactly the namespaces that need it, and the audit policy logs
 no request bodies."""

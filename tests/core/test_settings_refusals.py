@@ -1,4 +1,4 @@
-"""Every bad setting refused clearly (issue 12, item 6): one table, one line per problem.
+"""Every bad setting refused clearly: one table, one line per problem.
 
 Each row is (config, the key its line names, a fragment of that line). `settings.load` runs on
 every row (fast); a sample goes through the CLI, and the Pulumi program itself, to show the
@@ -72,7 +72,7 @@ def _body(key, form) -> str:
     return "".join(line for line in pem.splitlines() if not line.startswith("-----"))
 
 
-# Private keys without their headers (issue 22): the base64 bodies alone, whole, cut and split
+# Private keys without their headers: the base64 bodies alone, whole, cut and split
 SCALAR = int.from_bytes(hashlib.sha256(b"issue 22").digest()) >> 1  # a private scalar with no zero runs
 EC_BODY = _body(ec.derive_private_key(SCALAR, ec.SECP256R1()), serialization.PrivateFormat.TraditionalOpenSSL)
 EC_PKCS8_BODY = _body(ec.derive_private_key(9, ec.SECP384R1()), serialization.PrivateFormat.PKCS8)
@@ -294,7 +294,7 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"kedaCooldownSeconds": "5m"}, "kedaCooldownSeconds", "a whole number"),
     ({"kedaPollingSeconds": "-5"}, "kedaPollingSeconds", "from 1"),
     ({"kedaPollingSeconds": "3601"}, "kedaPollingSeconds", "to 3600"),
-    # settings that defeat each other (issue 22): the warmth window against the scrape step and KEDA's poll
+    # settings that defeat each other: the warmth window against the scrape step and KEDA's poll
     ({"kedaCooldownSeconds": "5"}, "kedaCooldownSeconds", "shorter than the 30 s scrape interval"),
     ({"kedaCooldownSeconds": "29"}, "kedaCooldownSeconds", "expected at least 30 (the scrape interval 30 s and"),
     ({"kedaCooldownSeconds": "1", "kedaPollingSeconds": "3600"}, "kedaCooldownSeconds", "expected at least 3600"),
@@ -306,7 +306,7 @@ ROWS: list[tuple[dict, str, str]] = [
     ),
     ({"slurmMetricsIntervalSeconds": "4"}, "slurmMetricsIntervalSeconds", "from 5"),
     ({"slurmMetricsIntervalSeconds": "301"}, "slurmMetricsIntervalSeconds", "to 300"),
-    # canonical numbers and networks only (issue 22)
+    # canonical numbers and networks only
     ({"adminCidr": "81.2.69.0/028"}, "adminCidr", "without leading zeros (did you mean 81.2.69.0/28?)"),
     ({"vpcCidr": "10.0.0.0/016"}, "vpcCidr", "did you mean 10.0.0.0/16?"),
     ({"vpcCidr": "10.0.0.0/0016"}, "vpcCidr", "did you mean 10.0.0.0/16?"),
@@ -339,7 +339,7 @@ ROWS: list[tuple[dict, str, str]] = [
     *[({"sshPublicKey": key}, "sshPublicKey", "value hidden: looks like a private key") for key in PRIVATE_KEYS],
     ({"amiId": PRIVATE_KEYS[2]}, "amiId", "value hidden: looks like a private key"),
     ({"nodesetName": "AKIAIOSFODNN7EXAMPLE"}, "nodesetName", "value hidden: looks like an AWS access key"),
-    # --- secrets by their shape, without a header (issue 22), in known and unknown settings and keys
+    # --- secrets by their shape, without a header, in known and unknown settings and keys
     ({"sshPublicKey": EC_BODY}, "sshPublicKey", "value hidden: looks like a private key"),
     ({"sshPublicKey": EC_BODY[:60]}, "sshPublicKey", "value hidden: looks like a private key"),
     ({"sshPublicKey": EC_BODY[:64] + "\n" + EC_BODY[64:]}, "sshPublicKey", "value hidden: looks like a private key"),
@@ -395,7 +395,7 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"GPU-testbed:workerCount": "2"}, "GPU-testbed:workerCount", "keys start with gpu-testbed:"),
     ({"gpu-testbd:workerCount": "2"}, "gpu-testbd:workerCount", "did you mean gpu-testbed:workerCount?"),
     ({"gpu-tesbed:spotWorker": "true"}, "gpu-tesbed:spotWorker", "did you mean gpu-testbed:spotWorkers?"),
-    # any namespace before a setting's own name (issue 22): the default would apply silently
+    # any namespace before a setting's own name: the default would apply silently
     ({"testbed:workerCount": "8"}, "testbed:workerCount", "did you mean gpu-testbed:workerCount?"),
     ({"gpu:workerCount": "8"}, "gpu:workerCount", "did you mean gpu-testbed:workerCount?"),
     ({"gpu-testbed-cluster:workerCount": "8"}, "gpu-testbed-cluster:workerCount", "gpu-testbed:workerCount?"),
@@ -635,7 +635,7 @@ def test_a_sample_of_the_table_exits_2_through_the_cli_before_any_resource(capsy
 
 
 STACK_HEAD = f"config:\n  {PROJECT}:adminCidr: {ADMIN}\n"
-# Issue 22's classes through `python -m cli plan`: (the stack file, --config items, each line's
+# The hostile-input classes through `python -m cli plan`: (the stack file, --config items, each line's
 # thing and a fragment of it, in order).
 CLI_CLASSES: list[tuple[str, list[str], list[tuple[str, str]]]] = [
     # stack files
@@ -765,7 +765,7 @@ BROKEN_STACK_FILES = [
         "config:\n  gpu-testbed:workerCount: 2\n  gpu-testbed:workerCount: 3\n",
         'line 3: the key "gpu-testbed:workerCount" appears twice; expected each key once',
     ),
-    # issue 22: a sequence as a key, 50,000 brackets, aliases, bytes that are not UTF-8, a huge file
+    # hostile files: a sequence as a key, 50,000 brackets, aliases, bytes that are not UTF-8, a huge file
     ("config:\n  ? [a, b]\n  : 1\n", "line 2: a key that is a list or a mapping; expected text"),
     ("config:\n  gpu-testbed:workerCount: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested deeper than 64 levels"),
     ("config:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(200)), "line 64: nested deeper than 64 levels"),

@@ -1,4 +1,4 @@
-"""`python -m cli simulate` (DESIGN section 4 contract) and the twin's building blocks against the
+"""`python -m cli simulate` and the twin's building blocks against the
 upstream behaviour they cite."""
 
 import json

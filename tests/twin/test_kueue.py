@@ -22,8 +22,8 @@ from twin import kube, program, scenario, sim
 from twin.kueue import Kueue
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
-# Issue 11's "Done when": these complete with nothing killed under the default policy.
-ISSUE_11 = ("gang-deadlock", "heavy-mix", "starvation", "busy-hour", "both-full", "kueue-down")
+# Contention that must resolve: these complete with nothing killed under the default policy.
+MUST_COMPLETE = ("gang-deadlock", "heavy-mix", "starvation", "busy-hour", "both-full", "kueue-down")
 # Under contention each side's share of the GPU time, with the default even split.
 SHARE_BOUND = (0.4, 0.6)
 
@@ -176,7 +176,7 @@ def test_pending_gpus_counts_what_waits_in_each_cluster_queue():
     assert (q.pending_gpus(AI_CLUSTER_QUEUE), q.pending_gpus(HPC_CLUSTER_QUEUE)) == (3, 1)
 
 
-@pytest.mark.parametrize("name", ISSUE_11)
+@pytest.mark.parametrize("name", MUST_COMPLETE)
 def test_issue_11_scenarios_complete_with_nothing_killed_and_one_owner_per_gpu(name):
     r = result(name)
     assert r["slurmd_in_kueue"] and r["killed"] == [] and r["unfinished"] == []

@@ -1,4 +1,4 @@
-"""Issue 11, item 4, in the twin: the demand-aware policy (the default) gives the GPUs back within 90 s
+"""In the twin: the demand-aware policy (the default) gives the GPUs back within 90 s
 (p95 over the shipped scenarios) when Kubernetes GPU work waits, keeps slurmd warm with no more pod
 starts when nobody waits, does not thrash, and keeps every property of `safe`. Modelled figures, from
 the program's own rendered ScaledObject."""

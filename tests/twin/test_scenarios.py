@@ -1,7 +1,7 @@
-"""Every shipped scenario of issue 10 through the twin: what the issue says goes wrong shows with the
+"""Every shipped scenario of a scaling failure through the twin: what goes wrong shows with the
 previous policy, and the safe (default) policy passes. Results are modelled, from the program's own
 ScaledObject. These are about KEDA's scaling policy, so they run with slurmd allowed onto every GPU
-(`hpcBorrowsAiGpus` true), as they were written; the default split of the GPUs and issue 11's
+(`hpcBorrowsAiGpus` true), as they were written; the default split of the GPUs and the contention
 scenarios are tests/twin/test_kueue.py's."""
 
 import functools

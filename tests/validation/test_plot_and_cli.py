@@ -158,7 +158,7 @@ def test_from_timeline_fails_when_a_check_fails(tmp_path):
             ["--scenario", "mixed", "--interval", "0"],
             'validate: --interval: "0" is not allowed; expected seconds from 1 to 600, e.g. 300 or 2.5',
         ),
-        # issue 22: numbers that parse but mean nothing, all refused at once with the scenario
+        # numbers that parse but mean nothing, all refused at once with the scenario
         (
             ["--scenario", "h\x1bx", "--timeout", "nan", "--interval", "inf"],
             'validate: --scenario: "h\\x1bx" is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe, nccl\n'

@@ -1,4 +1,4 @@
-"""Proof from the processes (issue 9 item 2): the probe's record, dcgm-exporter's record, and
+"""Proof from the processes: the probe's record, dcgm-exporter's record, and
 the checks that fail on a GPU used by a pod not allocated it or by two pods at once."""
 
 from __future__ import annotations

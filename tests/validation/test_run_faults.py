@@ -1,4 +1,4 @@
-"""A run that survives faults, and writes what it saw on every ending (issue 9 item 4)."""
+"""A run that survives faults, and writes what it saw on every ending."""
 
 from __future__ import annotations
 
