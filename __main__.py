@@ -2,10 +2,11 @@
 
 import pulumi
 
-from stacks import settings, testbed
+from core import settings
+from program import testbed
 
 try:
-    loaded = settings.from_pulumi()
+    loaded = testbed.settings_from_pulumi()
 except settings.SettingsError as error:
     raise pulumi.RunError("invalid settings:\n" + str(error)) from None
 

@@ -1,4 +1,4 @@
-"""The `testbed` command (pyproject.toml's [project.scripts]): `python -m stacks` from any directory.
+"""The `testbed` command (pyproject.toml's [project.scripts]): `python -m cli` from any directory.
 
 It finds the project: $TESTBED_HOME if set, else the current directory or a parent of it, else
 the checkout this file lives in (an editable install). A project is a directory whose Pulumi.yaml
@@ -16,7 +16,7 @@ PROJECT_NAME = "gpu-testbed"  # Pulumi.yaml's `name:`
 HOME_VARIABLE = "TESTBED_HOME"
 EXIT_BAD_INPUT = 2
 # The project's own top-level packages: a module missing from one of these is a bug, not a missing install.
-PROJECT_PACKAGES = frozenset({"stacks", "components", "twin", "validation", "testbed_cli"})
+PROJECT_PACKAGES = frozenset({"core", "components", "program", "twin", "validation", "cli", "testbed_cli"})
 INSTALLED_AT = Path(__file__).resolve().parent  # the checkout itself, for an editable install
 
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
 
     def command() -> int:
-        from stacks.__main__ import run_as_command
+        from cli.__main__ import run_as_command
 
         return run_as_command(args)
 

@@ -1,4 +1,4 @@
-"""API server hardening that `kubeadm join` survives (issue 12, item 5): pure renderers.
+"""API server hardening that `kubeadm join` survives: pure renderers.
 
 What is applied and what is left, with the reasons, is listed in docs/security-and-day2.md's "Security"
 section; a test keeps that list and `APPLIED` here in step. kubeadm v1beta4 takes component
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from components import names
+from core import names
 
 CONFIG_DIR = "/etc/kubernetes/testbed"  # one read-only mount for both files below
 AUDIT_POLICY_FILE = f"{CONFIG_DIR}/audit-policy.json"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from components import api_hardening, host_layout
+from components import api_hardening
+from core import host_layout
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 NODE_SCRIPT_DIR = "/opt/testbed"

@@ -9,8 +9,8 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm
-from components.names import CERT_MANAGER_NAMESPACE, CERT_MANAGER_RELEASE
 from components.webhook_gate import HealthCheck, webhook_gate
+from core.names import CERT_MANAGER_NAMESPACE, CERT_MANAGER_RELEASE
 
 REPO = "https://charts.jetstack.io"
 WEBHOOK_HEALTH_PORT = 6080  # the webhook container's `healthcheck` port (readiness probe /healthz)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.names import DEFAULT_PARTITION, Names
+from core.names import DEFAULT_PARTITION, Names
 
 UID = "gpu-handoff"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

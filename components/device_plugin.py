@@ -8,7 +8,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import helm
-from components.names import DEVICE_PLUGIN_NAMESPACE
+from core.names import DEVICE_PLUGIN_NAMESPACE
 
 REPO = "https://nvidia.github.io/k8s-device-plugin"
 

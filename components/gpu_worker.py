@@ -9,11 +9,12 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_command as command
 
-from components import ec2, names, remote_script
+from components import ec2, remote_script
+from core import names
 
 JOINED_SCRIPT = "wait-node-joined.sh"
 # Driver install and kubeadm join dominate a worker's boot: ~10-20 minutes is typical, as for the
-# readiness gate (stacks/cluster.py READINESS_TIMEOUT_SECONDS).
+# readiness gate (program/cluster.py READINESS_TIMEOUT_SECONDS).
 JOINED_TIMEOUT_SECONDS = 45 * 60
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from components import training_operator
-from components.names import GPU_RESOURCE
+from core.names import GPU_RESOURCE
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs" / "kubernetes"
 

@@ -1,7 +1,7 @@
 --[[
 job_submit.lua: slurmctld's job_submit/lua plugin for the GPU testbed (JobSubmitPlugins=lua).
 
-Every slurmd pod has one GPU (components/names.py GPUS_PER_WORKER), so a GPU count is a node count.
+Every slurmd pod has one GPU (core/names.py GPUS_PER_WORKER), so a GPU count is a node count.
 Without this script `sbatch --gpus=2` (no -N) is a 1-node job: sbatch leaves min_nodes unset
 (SchedMD/slurm@slurm-25-11-0-1:src/common/slurm_opt.c slurm_opt_create_job_desc), slurmctld makes it
 min 1, max 0 (src/slurmctld/job_mgr.c), and the partition metric KEDA scales on, MAX(max_nodes,

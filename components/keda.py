@@ -11,7 +11,7 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 
 from components import helm, monitoring, remote_script, slurmd_scaling
-from components.names import (
+from core.names import (
     AI_CLUSTER_QUEUE,
     GPU_RESOURCE,
     JOBS_NAMESPACE,

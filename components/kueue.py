@@ -27,8 +27,10 @@ import pulumi_command as command
 import pulumi_kubernetes as k8s
 import yaml
 
-from components import helm, host_layout, remote_script, training_operator
-from components.names import (
+from components import helm, remote_script, training_operator
+from components.webhook_gate import webhook_gate
+from core import host_layout
+from core.names import (
     AI_CLUSTER_QUEUE,
     AI_LOCAL_QUEUE,
     AI_PRIORITY_CLASSES,
@@ -48,8 +50,7 @@ from components.names import (
     GpuShares,
     kueue_webhook_configuration,
 )
-from components.webhook_gate import webhook_gate
-from stacks.settings import SettingsError
+from core.settings import SettingsError
 
 CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace

@@ -12,8 +12,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from components import dashboard, helm, host_layout, keda, slurmd_scaling
-from components.names import KUEUE_NAMESPACE, KUEUE_RELEASE, MONITORING_NAMESPACE, MONITORING_RELEASE, Names
+from components import dashboard, helm, keda, slurmd_scaling
+from core import host_layout
+from core.names import KUEUE_NAMESPACE, KUEUE_RELEASE, MONITORING_NAMESPACE, MONITORING_RELEASE, Names
 
 PROMETHEUS_REPO = "https://prometheus-community.github.io/helm-charts"
 DCGM_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components import host_layout
+from core import host_layout
 
 
 @dataclass

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_command as command
 
-from components import host_layout, remote_script
+from components import remote_script
+from core import host_layout
 
 READINESS_SCRIPT = "wait-cluster-ready.sh"
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap, host_layout
+from components import bootstrap
+from core import host_layout
 
 DELETE_TIMEOUT = "10m"
 STEP_NAME = "TESTBED_STEP"  # which script a command runs: `render` and the tests read it back

@@ -11,8 +11,10 @@ import pulumi
 import pulumi_command as command
 import pulumi_kubernetes as k8s
 
-from components import helm, host_layout
-from components.names import (
+from components import helm
+from components.webhook_gate import webhook_gate
+from core import host_layout
+from core.names import (
     DEFAULT_PARTITION,
     SLINKY_OPERATOR_NAMESPACE,
     SLURM_CHART,
@@ -20,7 +22,6 @@ from components.names import (
     SlurmNames,
     slurmd_queue_labels,
 )
-from components.webhook_gate import webhook_gate
 
 CHARTS = "oci://ghcr.io/slinkyproject/charts"
 IMAGES = "ghcr.io/slinkyproject"

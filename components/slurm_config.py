@@ -17,7 +17,7 @@ Followed, at SlinkyProject/slurm-operator@v1.0.0:
 
 from __future__ import annotations
 
-from components.names import SLURMCTLD_PORT, SlurmNames
+from core.names import SLURMCTLD_PORT, SlurmNames
 
 SLURMD_PORT = 6818  # internal/builder/worker_app.go SlurmdPort
 SLURM_ETC = "/etc/slurm"

@@ -80,7 +80,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from components.names import SLURM_METRICS_INTERVAL_SECONDS
+from core.names import SLURM_METRICS_INTERVAL_SECONDS
 
 # Slurm 25.11 openmetrics (SchedMD/slurm@slurm-25-11-0-1 src/plugins/metrics/openmetrics/openmetrics.c),
 # served by slurmctld at /metrics/partitions, label `partition`.

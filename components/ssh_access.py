@@ -7,7 +7,7 @@ import pulumi_aws as aws
 import pulumi_command as command
 import pulumi_tls as tls
 
-from components import host_layout
+from core import host_layout
 
 PER_DIAL_TIMEOUT_SECONDS = 30
 

@@ -12,7 +12,7 @@ import pulumi_command as command
 import yaml
 
 from components import remote_script
-from components.names import JOBS_NAMESPACE, TRAINING_NAMESPACE
+from core.names import JOBS_NAMESPACE, TRAINING_NAMESPACE
 
 SCRIPT = "training-operator.sh"
 DEPLOYMENT = "training-operator"  # manifests/base/deployment.yaml at the tag

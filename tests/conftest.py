@@ -1,6 +1,6 @@
 """One mocks harness for every test: the real program run under Pulumi's mock engine.
 
-`stacks.offline.run` records every resource (type, name, parent, inputs, dependencies) and
+`cli.offline.run` records every resource (type, name, parent, inputs, dependencies) and
 resets Pulumi's runtime before each run, so tests share nothing but what they ask for."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from stacks import offline
-from stacks.settings import PROJECT
+from cli import offline
+from core.settings import PROJECT
 
 ADMIN_CIDR = "203.0.113.7/32"
 
@@ -50,7 +50,7 @@ def spot_run() -> offline.Recording:
 
 def deployed_outputs(**changes: str) -> dict[str, Any]:
     """The stack outputs of a last deployment with the default settings, but for `changes`."""
-    from stacks import infrastructure
+    from program import infrastructure
 
     s = offline.settings_mod.load(config(), offline=True)
     return {
@@ -89,7 +89,7 @@ def depends(rec: offline.Recording, resource: offline.RecordedResource, on: offl
 
 def step_args(rec: offline.Recording, name: str, which: str = "create") -> dict[str, str]:
     """The arguments, by name, that remote step `name` runs its script with (or deletes with)."""
-    from stacks.artifacts import step_arguments
+    from cli.artifacts import step_arguments
 
     return step_arguments(rec.named(name), which)
 

@@ -80,7 +80,7 @@ def test_a_missing_package_is_one_line_saying_what_to_run(tmp_path):
     assert f"-m pip install -r {ROOT / 'requirements.txt'}" in done.stderr
 
 
-def test_python_m_stacks_without_its_packages_is_one_line_too(tmp_path):
-    done = _without_pulumi("import runpy; runpy.run_module('stacks', run_name='__main__')", tmp_path)
+def test_python_m_cli_without_its_packages_is_one_line_too(tmp_path):
+    done = _without_pulumi("import runpy; runpy.run_module('cli', run_name='__main__')", tmp_path)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "'pulumi' is not installed" in done.stderr

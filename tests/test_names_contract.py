@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from components.names import SLINKY_OPERATOR_NAMESPACE, Names
-from stacks import artifacts, offline
-from stacks.offline import ROOT
+from cli import artifacts, offline
+from cli.offline import ROOT
+from cli.validate import main as validate
+from core.names import SLINKY_OPERATOR_NAMESPACE, Names
 from tests.conftest import config, run_program, step_args
-from validation.cli import main as validate
 
 SETTINGS = {"nodesetName": "gpu", "workerCount": 2}
 DEFAULT_NODESET = "slurm-worker-slinky"
@@ -69,7 +69,7 @@ def test_the_runner_refuses_bad_settings_like_plan(capsys):
 
 
 def test_the_runner_refuses_names_a_deployed_stack_contradicts(monkeypatch, capsys):
-    from validation import cli
+    from cli import validate as cli
 
     deployed = {"workerPrivateIps": ["10.0.0.20"] * 4, "sbatchCommand": "... app.kubernetes.io/instance=slurm ..."}
     monkeypatch.setattr(cli, "read_stack_outputs", lambda stack: deployed)
@@ -80,7 +80,7 @@ def test_the_runner_refuses_names_a_deployed_stack_contradicts(monkeypatch, caps
 
 
 def test_names_follow_the_settings():
-    from stacks import settings
+    from core import settings
 
     n = Names.from_settings(settings.load(config(**SETTINGS, kedaCooldownSeconds=120), offline=True))
     assert (n.slurm.nodeset_resource, n.slurm.slurmd_pod_prefix) == ("slurm-worker-gpu", "slurm-worker-gpu-")
@@ -91,6 +91,6 @@ def test_names_follow_the_settings():
 
 
 def test_the_contract_loads_without_pulumi():
-    probe = "import sys, components.names; print(sorted(m for m in sys.modules if m.startswith('pulumi')))"
+    probe = "import sys, core.names; print(sorted(m for m in sys.modules if m.startswith('pulumi')))"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

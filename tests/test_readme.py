@@ -4,7 +4,7 @@ with its default, every offline command run as written, CI runs the test command
 import re
 from pathlib import Path
 
-from stacks.settings import SETTINGS
+from core.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -74,7 +74,7 @@ def test_readme_pictures_exist():
 
 
 # Commands that need no AWS, cluster or CLI: the README's every such line is run as written.
-OFFLINE = re.compile(r"venv/bin/python -m stacks (plan|render|simulate|validate\b.*(--dry-run|--from-timeline))\b")
+OFFLINE = re.compile(r"venv/bin/python -m cli (plan|render|simulate|validate\b.*(--dry-run|--from-timeline))\b")
 
 
 def bash_lines() -> list[str]:
@@ -96,16 +96,16 @@ def test_one_way_to_run_the_tools_throughout():
 
 
 def test_every_offline_command_runs_as_written(monkeypatch, capsys, tmp_path):
-    """Each offline line, word for word, through the entry point `python -m stacks` runs
+    """Each offline line, word for word, through the entry point `python -m cli` runs
     (in-process: a fresh interpreter per line would cost seconds each); one line also runs
-    as a real `venv/bin/python -m stacks` process. The working directory is the repository
+    as a real `venv/bin/python -m cli` process. The working directory is the repository
     root's twin (every top-level entry linked, but a fresh `out/`), so what earlier runs left
     in `out/` cannot fail or be overwritten by the test."""
     import shlex
     import subprocess
     import sys
 
-    from stacks import __main__ as cli
+    from cli import __main__ as cli
 
     commands = list(dict.fromkeys(line for line in bash_lines() if OFFLINE.match(line)))
     assert len(commands) >= 4, commands  # plan, render, validate --dry-run, validate --from-timeline
@@ -115,7 +115,7 @@ def test_every_offline_command_runs_as_written(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
     for command in commands:
         words = shlex.split(command, comments=True)
-        assert words[:3] == ["venv/bin/python", "-m", "stacks"], command
+        assert words[:3] == ["venv/bin/python", "-m", "cli"], command
         # a line that fails on purpose (a finding of the model, such as a killed job) says so
         expected = 1 if re.search(r"# exits 1 on purpose\b", command) else 0
         assert cli.main(words[3:]) == expected, f"{command}\n{capsys.readouterr().err[-2000:]}"

@@ -10,7 +10,7 @@ every test that runs the program, so one surviving mutant would cost the whole s
 each module's mutants run only the test files in RELEVANT (the ones that assert what the
 module renders), which is also what the scores in docs/mutation-scores.md mean.
 
-A function that runs only while its module is imported (stacks.settings' rule factories build
+A function that runs only while its module is imported (core.settings' rule factories build
 the settings table) is called by no test, so mutmut would leave its mutants untested. Each
 mutant therefore runs in a process that imports the project afresh with the mutant active
 (mutmut's fork server, warmed up with third-party modules only: tools/mutation-preload.txt),
@@ -25,41 +25,41 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TREE = "tests/stacks/test_components.py"  # every component's type and children
+TREE = "tests/program/test_components.py"  # every component's type and children
 RELEVANT = {
-    "components.cluster_identity": ("tests/stacks/test_cluster.py", "tests/components/test_bootstrap.py", TREE),
+    "components.cluster_identity": ("tests/program/test_cluster.py", "tests/components/test_bootstrap.py", TREE),
     "components.network": (
         "tests/components/test_network.py",
-        "tests/stacks/test_security.py",
-        "tests/stacks/test_infrastructure.py",
+        "tests/program/test_security.py",
+        "tests/program/test_infrastructure.py",
         TREE,
     ),
     "components.bootstrap": (
         "tests/components/test_bootstrap.py",
         "tests/components/test_bootstrap_idempotent.py",
-        "tests/stacks/test_artifacts.py",
-        "tests/stacks/test_infrastructure.py",  # the SSH key in every node's user-data
+        "tests/cli/test_artifacts.py",
+        "tests/program/test_infrastructure.py",  # the SSH key in every node's user-data
         "tests/components/test_api_hardening.py",  # the control node's API server files
     ),
     "components.ec2": (
-        "tests/stacks/test_infrastructure.py",
-        "tests/stacks/test_security.py",
-        "tests/stacks/test_day2.py",  # the rolling replacement's depends_on, the rebuild trigger
+        "tests/program/test_infrastructure.py",
+        "tests/program/test_security.py",
+        "tests/program/test_day2.py",  # the rolling replacement's depends_on, the rebuild trigger
         TREE,
     ),
-    "components.slinky": ("tests/components/test_slinky.py", "tests/stacks/test_platform.py", TREE),
-    "components.keda": ("tests/stacks/test_platform.py", "tests/components/test_slurmd_scaling.py", TREE),
-    "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/stacks/test_platform.py"),
-    "stacks.settings": (
-        "tests/stacks/test_settings.py",
-        "tests/stacks/test_settings_refusals.py",
-        "tests/stacks/test_cli.py",
+    "components.slinky": ("tests/components/test_slinky.py", "tests/program/test_platform.py", TREE),
+    "components.keda": ("tests/program/test_platform.py", "tests/components/test_slurmd_scaling.py", TREE),
+    "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/program/test_platform.py"),
+    "core.settings": (
+        "tests/core/test_settings.py",
+        "tests/core/test_settings_refusals.py",
+        "tests/cli/test_cli.py",
         "tests/test_readme.py",  # docs/settings.md's table is the table's defaults and accepted values
     ),
     "validation.checks": (
         "tests/validation/test_checks.py",
         "tests/validation/test_runner.py",
-        "tests/validation/test_process_proof.py",  # the process, leak-probe and dcgm checks (issue 9)
+        "tests/validation/test_process_proof.py",  # the process, leak-probe and dcgm checks
     ),
 }
 

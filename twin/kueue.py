@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from components.names import (
+from core.names import (
     AI_LOCAL_QUEUE,
     AI_PRIORITY_CLASSES,
     GPU_RESOURCE,

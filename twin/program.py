@@ -1,6 +1,6 @@
 """What the twin takes from the program: the rendered ScaledObject, slurm chart values and Kueue
 objects, the images its pods run and those on every node, and the Training Operator's
-init-container tries, for a policy, from the stack's settings (`stacks/settings.py`) through the
+init-container tries, for a policy, from the stack's settings (`core/settings.py`) through the
 names contract."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import yaml
 
 from components import images, keda, kueue, slinky, slurm_config, slurmd_scaling, training_operator
-from components.names import DEFAULT_PARTITION, Names
-from stacks.settings import Settings
+from core.names import DEFAULT_PARTITION, Names
+from core.settings import Settings
 from twin import kube
 from twin.sim import Setup
 from twin.slurm import SlurmConfig

@@ -1,4 +1,4 @@
-"""The scenario file (YAML) of `python -m stacks simulate`, validated with one line per problem."""
+"""The scenario file (YAML) of `python -m cli simulate`, validated with one line per problem."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stacks import user_files
-from stacks.settings import escaped, secret_kind, show
+from core import user_files
+from core.settings import escaped, secret_kind, show
 
 KINDS = ("slurm", "pytorchjob", "job")
 FAULTS = ("restapi-down", "metrics-outage", "duplicate-scrape", "kueue-metrics-outage", "kueue-down")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from components.names import (
+from components.slurmd_scaling import KUEUE_PENDING, KUEUE_USAGE
+from core.names import (
     AI_CLUSTER_QUEUE,
     GPU_RESOURCE,
     GPUS_PER_WORKER,
@@ -13,7 +14,6 @@ from components.names import (
     JOBS_NAMESPACE,
     QUEUE_NAME_LABEL,
 )
-from components.slurmd_scaling import KUEUE_PENDING, KUEUE_USAGE
 from twin import kube as k8s
 from twin.autoscale import HPA_SYNC, Hpa, Keda
 from twin.kueue import Kueue

@@ -13,8 +13,9 @@ import time
 from contextlib import contextmanager
 from typing import Protocol
 
-from components import device_plugin, host_layout
-from components.names import (
+from components import device_plugin
+from core import host_layout
+from core.names import (
     JOBS_NAMESPACE,
     NODESET_GROUP,
     NODESET_PLURAL,

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from components import host_layout
-from components.names import DEVICE_PLUGIN_NAMESPACE
+from core import host_layout
+from core.names import DEVICE_PLUGIN_NAMESPACE
 from validation.timeline import GpuProcess
 
 NAMESPACE = DEVICE_PLUGIN_NAMESPACE  # beside the device plugin, which is privileged as well

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from components import host_layout
-from components.names import JOBS_NAMESPACE, SlurmNames
+from core import host_layout
+from core.names import JOBS_NAMESPACE, SlurmNames
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
 GPU = "nvidia.com/gpu"

@@ -2,7 +2,7 @@
 # Remote step on the control node, one per worker, run again when the worker is replaced: waits
 # until that worker's node has (re)joined: registered, its kubelet heard from since this step
 # started, Ready, and, where the device plugin runs in the cluster, its GPU allocatable. On a
-# deployed stack the next worker is replaced only after this step passed (stacks/infrastructure.py).
+# deployed stack the next worker is replaced only after this step passed (program/infrastructure.py).
 # Parameters: WORKER, NODE_IP, INSTANCE_ID, REGION, GPU_RESOURCE, GPUS, DEVICE_PLUGIN_NAMESPACE,
 # TIMEOUT_SECONDS; KUBECONFIG, TESTBED_LIB.
 set -Eeuo pipefail

@@ -1,4 +1,4 @@
-"""API server hardening as the control node receives it (issue 12, item 5): the kubeadm
+"""API server hardening as the control node receives it: the kubeadm
 ClusterConfiguration uses only kubeadm v1beta4 fields, every flag's file is delivered and
 mounted, Pod Security exempts exactly the namespaces that need it, and the audit policy logs
 no request bodies."""
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from components import api_hardening, bootstrap, names
-from stacks.offline import reveal
+from cli.offline import reveal
+from components import api_hardening, bootstrap
+from core import names
 from tests import tokens
 
 ROOT = Path(__file__).resolve().parents[2]

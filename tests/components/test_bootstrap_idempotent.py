@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import bootstrap, host_layout
-from stacks import settings
-from stacks.offline import placeholder_key_pem
+from cli.offline import placeholder_key_pem
+from components import bootstrap
+from core import host_layout, settings
 from tests.conftest import config
 
 S = settings.load(config(), offline=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from components import bootstrap, device_plugin
-from stacks import settings
+from core import settings
 from tests.components.test_bootstrap_idempotent import (
     DRIVER_PACKAGES,
     Sandbox,

@@ -2,8 +2,9 @@
 
 import yaml
 
-from components import bootstrap, images, names, slinky, training_operator
-from stacks.offline import reveal
+from cli.offline import reveal
+from components import bootstrap, images, slinky, training_operator
+from core import names
 from tests.conftest import by_type
 
 

@@ -13,7 +13,8 @@ import subprocess
 
 import pytest
 
-from components import names, slinky
+from components import slinky
+from core import names
 from twin import slurm
 
 NO_VAL, INFINITE = 0xFFFFFFFE, 0xFFFFFFFF

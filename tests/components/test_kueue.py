@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import bootstrap, kueue, names, training_operator
-from components.names import GpuShares
-from stacks import artifacts
+from cli import artifacts
+from components import bootstrap, kueue, training_operator
+from core import names
+from core.names import GpuShares
 from tests.conftest import by_type, depends, run_program, step_args
 
 JOBS_DIR = Path(names.__file__).resolve().parent.parent / "jobs" / "kubernetes"
@@ -190,8 +191,8 @@ def test_a_third_queue_in_the_cohort_and_fair_sharing_are_refused_too():
 
 
 def test_the_program_refuses_a_preempting_policy_before_creating_anything(monkeypatch):
-    """Refused like bad settings: one line per problem, `plan` exits 2 (stacks/__main__.py)."""
-    from stacks import settings as settings_mod
+    """Refused like bad settings: one line per problem, `plan` exits 2 (cli/__main__.py)."""
+    from core import settings as settings_mod
 
     original = kueue.cluster_queues
 

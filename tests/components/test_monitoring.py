@@ -1,7 +1,8 @@
 import json
 
-from components import cert_manager, dashboard, device_plugin, helm, keda, monitoring, names
-from stacks.offline import is_secret, reveal
+from cli.offline import is_secret, reveal
+from components import cert_manager, dashboard, device_plugin, helm, keda, monitoring
+from core import names
 from tests import tokens
 from tests.conftest import by_type, run_program
 
@@ -40,7 +41,7 @@ def test_dcgm_exporter_runs_on_gpu_workers_and_keeps_the_holder_labels():
 
 
 def _names(**settings_) -> names.Names:
-    from stacks import settings
+    from core import settings
     from tests.conftest import config
 
     return names.Names.from_settings(settings.load(config(**settings_), offline=True))

@@ -1,7 +1,8 @@
 import pytest
 
-from components import host_layout, slinky
-from components.names import SLURM_NAMESPACE, SlurmNames, helm_fullname, slurm_names
+from components import slinky
+from core import host_layout
+from core.names import SLURM_NAMESPACE, SlurmNames, helm_fullname, slurm_names
 
 VERSION = "1.0.0"
 

@@ -9,8 +9,8 @@ import pytest
 
 from components import keda
 from components import slurmd_scaling as scaling
-from components.names import GpuShares, slurm_names
 from components.slurmd_scaling import PartitionMetrics as M
+from core.names import GpuShares, slurm_names
 from tests.engines import harness
 from twin.autoscale import Modifiers, Trigger
 from twin.promql import TSDB, Evaluator, PromQLError
@@ -445,8 +445,9 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
 def test_only_the_formula_policies_move_the_cooldown_into_their_query(policy):
     """The older policies keep KEDA's cooldownPeriod (kedaCooldownSeconds) and no formula; the
     twin compares them with exactly these objects (twin/program.py)."""
-    from components.names import Names
-    from stacks import offline, settings
+    from cli import offline
+    from core import settings
+    from core.names import Names
 
     s = settings.load(offline.stack_config("dev", ["kedaCooldownSeconds=240"]), "dev", offline=True)
     n = Names.from_settings(s)

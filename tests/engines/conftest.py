@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from components.names import slurm_names
+from core.names import slurm_names
 from tests.conftest import by_type
 from tests.engines import harness
 from tests.tokens import RELEASE

@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from components import slurm_config
-from components.names import SLURMCTLD_PORT, SlurmNames
+from core.names import SLURMCTLD_PORT, SlurmNames
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT_ENV = "TESTBED_ENGINE_ROOT"

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from cli import doctor, offline
 from components import keda, slinky, slurmd_scaling
-from components.names import Names
-from stacks import doctor, offline, settings
+from core import settings
+from core.names import Names
 from tests.engines import harness
 from tests.engines.conftest import ENGINE, worker_index
 from twin import program

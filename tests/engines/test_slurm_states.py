@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from cli import offline
 from components import keda, slurmd_scaling
-from components.names import Names
-from stacks import offline, settings
+from core import settings
+from core.names import Names
 from tests.engines import harness
 from tests.engines.conftest import ENGINE
 from twin import program

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from cli import offline
 from components import slinky
-from stacks import offline, settings
+from core import settings
 from tests.engines import harness
 from tests.engines.conftest import ENGINE, worker_index
 from twin import program
@@ -111,7 +112,7 @@ def test_any_other_enforce_part_limits_refuses_against_the_nodes_registered_now(
 ):
     """The regression the program's EnforcePartLimits=NO prevents, shown on the real engine and
     expressed by the twin: with no node every job is refused, with one a 2-node job is."""
-    from components.names import slurm_names
+    from core.names import slurm_names
 
     conf = deployed_slurm_values["controller"]["extraConfMap"]
     assert conf["EnforcePartLimits"] == slinky.ENFORCE_PART_LIMITS == "NO"

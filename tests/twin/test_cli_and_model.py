@@ -1,4 +1,4 @@
-"""`python -m stacks simulate` (DESIGN section 4 contract) and the twin's building blocks against the
+"""`python -m cli simulate` and the twin's building blocks against the
 upstream behaviour they cite."""
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stacks.__main__ import main
+from cli.__main__ import main
 from twin.autoscale import Hpa, Keda, Trigger
 from twin.kube import KUBERNETES, SLURMD, Kubernetes, Pod
 from twin.nodeset import NodeSetController

@@ -8,15 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli import offline
 from components import kueue as program_kueue
 from components import slurmd_scaling as scaling
-from components.names import (
+from core import settings
+from core.names import (
     AI_CLUSTER_QUEUE,
     HPC_CLUSTER_QUEUE,
     GpuShares,
     slurmd_queue_labels,
 )
-from stacks import offline, settings
 from twin import kube, program, scenario, sim
 from twin.kueue import Kueue
 
@@ -221,9 +222,9 @@ def test_lending_without_reclaim_would_cost_ai_its_guarantee():
     without_reclaim = result("both-full", policy=scaling.SAFE)["contention"]["share"]["kubernetes"]
     assert without_reclaim < SHARE_BOUND[0] <= result("both-full")["contention"]["share"]["kubernetes"]
     # and a Slurm job wider than HPC's share runs only when HPC may borrow
-    narrow = result("issue-example", "hpcBorrowsAiGpus=false")
+    narrow = result("every-job-kind", "hpcBorrowsAiGpus=false")
     assert next(j for j in narrow["jobs"] if j["name"] == "b")["outcome"] == "refused"
-    assert next(j for j in result("issue-example")["jobs"] if j["name"] == "b")["outcome"] == "completed"
+    assert next(j for j in result("every-job-kind")["jobs"] if j["name"] == "b")["outcome"] == "completed"
 
 
 def test_kueue_down_keeps_running_work_and_waits_for_new_pods():

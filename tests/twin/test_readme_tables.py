@@ -1,4 +1,4 @@
-"""README's twin tables are the generator's (`python -m stacks simulate --readme-tables`): every
+"""README's twin tables are the generator's (`python -m cli simulate --readme-tables`): every
 shipped scenario under every policy of components.slurmd_scaling, Kueue as the scenario says.
 One test per scenario (so the runs spread over the workers) checks its rows; one checks the
 layout around them, so together they compare the whole tables."""
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from cli import offline
+from cli import simulate as cli
+from cli.__main__ import main
 from components import slurmd_scaling
-from stacks import offline, settings
-from stacks.__main__ import main
-from twin import cli, kube, scenario
+from core import settings
+from twin import kube, scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 STALE = f"README's twin tables differ from what the twin gives; regenerate them: {cli.REGENERATE}"

@@ -1,4 +1,4 @@
-"""Every bad scenario file and `simulate` option refused before the run (issue 22, item 5): exit 2,
+"""Every bad scenario file and `simulate` option refused before the run: exit 2,
 one line per problem naming the field, nothing echoed raw or secret, no traceback, fast, nothing
 created."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks.__main__ import main
+from cli.__main__ import main
 from twin import scenario
 
 PRIVATE_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ"

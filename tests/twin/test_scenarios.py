@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli import offline
 from components import slurmd_scaling as scaling
-from stacks import offline, settings
+from core import settings
 from twin import program, scenario, sim
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
@@ -111,14 +112,14 @@ def test_config_overrides_reach_the_twin():
 
 
 def test_the_issues_own_example_runs_and_a_job_held_forever_is_unfinished():
-    r = result("issue-example", scaling.DEFAULT_POLICY)
+    r = result("every-job-kind", scaling.DEFAULT_POLICY)
     assert outcomes(r) == {j: "completed" for j in "abcefpi"} | {"d": "unfinished"}
     assert r["unfinished"] == ["d"] and not sim.ok(r)
     # safe never takes a lent GPU back: slurmd keeps 3 for the 4-node job and the PyTorchJob waits for 2
-    deadlock = result("issue-example", scaling.SAFE)
+    deadlock = result("every-job-kind", scaling.SAFE)
     assert {outcomes(deadlock)[j] for j in "bp"} == {"unfinished"} and deadlock["killed"] == []
     assert r["end"] == {"slurmd_replicas": 0, "gpus_held_by_slurmd": 0}  # the held job keeps no GPU
-    assert result("issue-example", scaling.PREVIOUS)["end"]["gpus_held_by_slurmd"] >= 1  # the held job's, at least
+    assert result("every-job-kind", scaling.PREVIOUS)["end"]["gpus_held_by_slurmd"] >= 1  # the held job's, at least
 
 
 def test_the_remaining_window_a_restapi_outage_just_before_a_scale_in_still_kills():

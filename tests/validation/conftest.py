@@ -2,7 +2,7 @@
 
 import pytest
 
-from validation import cli
+from cli import validate as cli
 
 
 @pytest.fixture(autouse=True)

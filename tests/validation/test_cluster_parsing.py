@@ -1,6 +1,6 @@
 """The pure half of the real cluster layer: what it makes of squeue, nvidia-smi and pod objects."""
 
-from components.names import slurm_names
+from core.names import slurm_names
 from validation.cluster import classify_pod, expand_hostlist, parse_squeue, parse_uuids
 from validation.timeline import KUBERNETES, SLURMD, SlurmJob
 

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from components import dashboard
-from components.names import DEFAULT_PARTITION, Names
-from stacks import settings
+from core import settings
+from core.names import DEFAULT_PARTITION, Names
 from tests.conftest import by_type, config
 
 DEFAULT_NAMES = Names.from_settings(settings.load(config(), offline=True))

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from kubernetes import client
 
-from components.names import slurm_names
+from core.names import slurm_names
 from validation.cluster import ClusterError, KubeCluster
 
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
@@ -205,7 +205,7 @@ CTRL_C_BUDGET = 60.0
 
 @pytest.fixture
 def ctrl_c_raises():
-    """Python's own Ctrl-C handler, as an interactive `python -m stacks validate` has it.
+    """Python's own Ctrl-C handler, as an interactive `python -m cli validate` has it.
 
     A process started as a background job of a non-interactive shell (`.ci/run &`), or by
     mutmut's fork server, inherits SIGINT ignored, and Python then installs no handler (docs:

@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 
 from components import device_plugin
-from components.names import slurm_names
+from core.names import slurm_names
 from validation.cluster import SQUEUE, UUID_QUERY, ClusterError, KubeCluster
 from validation.timeline import RUNNING, SUCCEEDED, GpuPod
 

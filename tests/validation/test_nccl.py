@@ -8,10 +8,10 @@ import yaml
 from kubernetes import client
 from validation_fakes import FakeClock, FakeCluster, Faults, all_reduce_output
 
-from components.names import slurm_names
-from stacks import settings
+from cli import validate as cli
+from core import settings
+from core.names import slurm_names
 from tests.conftest import config
-from validation import cli
 from validation.checks import check_collectives, collective_result, evaluate, expectations
 from validation.cluster import KubeCluster
 from validation.runner import run

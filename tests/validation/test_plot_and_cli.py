@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from validation_builders import GPU_A, handoff_timeline
 
+from cli.validate import main
 from validation.checks import evaluate, expectations
-from validation.cli import main
 from validation.plot import FAIL_COLOUR, draw, handoffs, segments, verdict
 from validation.scenarios import SCENARIOS
 from validation.timeline import Timeline, gpu_uuids
@@ -164,7 +164,7 @@ def test_from_timeline_fails_when_a_check_fails(tmp_path):
             ["--scenario", "mixed", "--interval", "0"],
             'validate: --interval: "0" is not allowed; expected seconds from 1 to 600, e.g. 300 or 2.5',
         ),
-        # issue 22: numbers that parse but mean nothing, all refused at once with the scenario
+        # numbers that parse but mean nothing, all refused at once with the scenario
         (
             ["--scenario", "h\x1bx", "--timeout", "nan", "--interval", "inf"],
             'validate: --scenario: "h\\x1bx" is not one of hpc-parallel, mixed, heavy-mixed, handoff, leak-probe, nccl\n'

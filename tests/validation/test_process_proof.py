@@ -1,4 +1,4 @@
-"""Proof from the processes (issue 9 item 2): the probe's record, dcgm-exporter's record, and
+"""Proof from the processes: the probe's record, dcgm-exporter's record, and
 the checks that fail on a GPU used by a pod not allocated it or by two pods at once."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from test_runner import replay
 from validation_builders import GPU_A, GPU_B, handoff_samples, handoff_timeline, proc
 from validation_fakes import LEAK_POD_UID, Faults
 
-from components import host_layout
-from components.names import slurm_names
+from core import host_layout
+from core.names import slurm_names
 from validation import probe
 from validation.checks import check_dcgm, check_processes
 from validation.cluster import KubeCluster, parse_dcgm

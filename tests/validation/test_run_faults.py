@@ -1,4 +1,4 @@
-"""A run that survives faults, and writes what it saw on every ending (issue 9 item 4)."""
+"""A run that survives faults, and writes what it saw on every ending."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 from test_runner import DURATIONS, replay
 from validation_fakes import FakeClock, FakeCluster, Faults
 
-from stacks.settings import show
+from cli import validate as cli
+from core.settings import show
 from tests.conftest import write_kubeconfig
-from validation import cli, runner
+from validation import runner
 from validation.timeline import Timeline
 
 OUTPUTS = ("timeline.json", "summary.txt", "timeline.png")
@@ -89,7 +90,7 @@ def test_a_cluster_that_stays_busy_submits_nothing():
 
 @pytest.fixture
 def fake_cli(monkeypatch):
-    """`python -m stacks validate` against the fake cluster on a fake clock."""
+    """`python -m cli validate` against the fake cluster on a fake clock."""
     made = {}
 
     def use(faults: Faults | None = None):

@@ -13,8 +13,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from botocore.credentials import Credentials
 
+from cli import validate as cli
 from components import monitoring
-from validation import cli, workspace
+from validation import workspace
 from validation.checks import check_dcgm
 from validation.cluster import ClusterError
 from validation.timeline import Timeline
@@ -74,7 +75,7 @@ def test_the_query_is_signed_for_aps_in_the_region_and_asks_for_the_stacks_serie
 
 
 def test_the_label_queried_is_the_one_prometheus_writes(default_run):
-    from tests.stacks.test_evidence import prometheus_spec
+    from tests.program.test_evidence import prometheus_spec
 
     ((label, stack),) = prometheus_spec(default_run)["externalLabels"].items()
     assert label == monitoring.STACK_LABEL and f'{label}="{stack}"' in workspace.holder_query(stack)

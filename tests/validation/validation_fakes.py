@@ -4,7 +4,7 @@ the program's own ScaledObject, the NodeSet controller and Kubernetes all come f
 
 Faults that make the checks fail: a device plugin that double-books GPUs for slurmd pods, a
 KEDA that never scales down, jobs that end badly, Ctrl-C at a given time; and the ones a run
-must survive or catch (issue 9): an API server that is down for a while or flaky, a lost sbatch
+must survive or catch: an API server that is down for a while or flaky, a lost sbatch
 reply, a previous run's slurmd still up, a pod without a GPU request running on a GPU, a
 process probe that never answers, a toolkit that lets the leak probe reach a GPU.
 """
@@ -15,8 +15,9 @@ import functools
 import itertools
 from dataclasses import dataclass, field
 
-from components.names import SlurmNames, slurm_names
-from stacks import offline, settings
+from cli import offline
+from core import settings
+from core.names import SlurmNames, slurm_names
 from twin import program, sim
 from twin.kube import SLURMD
 from twin.scenario import JobSpec, Scenario

@@ -1,0 +1,411 @@
+"""Run the real program under Pulumi's mock engine: no CLI, credentials, cloud or network.
+
+`plan`, `render` and the test suite all go through `run()`, so what they inspect is what
+`pulumi up` would register. Every ID, IP, AMI and key the mock returns is a placeholder:
+IPs come from the documentation ranges (RFC 5737) and IDs end in `-placeholder`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from google.protobuf import json_format
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
+from pulumi.runtime.settings import reset_options
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from core import settings as settings_mod
+from core import user_files
+
+ROOT = Path(__file__).resolve().parent.parent
+PLACEHOLDER_PUBLIC_IP = "198.51.100.10"  # RFC 5737 documentation range: never a real host
+PLACEHOLDER_ACCOUNT = "123456789012"  # the account id AWS documentation uses
+SECRET_TEXT = "[secret]"
+_SECRET_SIG = rpc._special_sig_key
+_SECRET_VALUE = rpc._special_secret_sig
+
+
+@dataclass
+class RecordedResource:
+    urn: str
+    type: str
+    name: str
+    parent: str
+    depends_on: list[str]
+    inputs: dict[str, Any]
+    outputs: dict[str, Any] = field(default_factory=dict)
+    provider: str = ""  # "<provider urn>::<id>" when an explicit provider is used
+    custom_timeouts: dict[str, str] = field(default_factory=dict)  # create/update/delete, when set
+    # the lifecycle options the engine receives, each only where set (plan --json shows them)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Recording:
+    settings: settings_mod.Settings
+    resources: list[RecordedResource]
+    outputs: dict[str, Any]
+    secret_outputs: set[str]
+    invokes: list[tuple[str, str]]
+    invoke_args: dict[str, dict[str, Any]] = field(default_factory=dict)  # token -> first call's arguments
+
+    def of_type(self, type_token: str) -> list[RecordedResource]:
+        return [r for r in self.resources if r.type == type_token]
+
+    def named(self, name: str) -> RecordedResource:
+        found = [r for r in self.resources if r.name == name]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} resources named {name}")
+        return found[0]
+
+
+# ---------------------------------------------------------------------- values
+
+
+def is_secret(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(_SECRET_SIG) == _SECRET_VALUE
+
+
+def _walk(value: Any, on_secret: Callable[[dict], Any], on_leaf: Callable[[Any], Any] = lambda v: v) -> Any:
+    """Rebuild `value`, handing each secret wrapper to `on_secret` and each plain leaf to `on_leaf`."""
+    if is_secret(value):
+        return on_secret(value)
+    if isinstance(value, dict):
+        return {k: _walk(v, on_secret, on_leaf) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_walk(v, on_secret, on_leaf) for v in value]
+    return on_leaf(value)
+
+
+def whole_numbers(value: Any) -> Any:
+    """The engine carries every number as a double; providers write whole ones as integers
+    (401, not 401.0), and so does render."""
+    return _walk(
+        value,
+        on_secret=lambda s: {**s, "value": whole_numbers(s["value"])},
+        on_leaf=lambda v: int(v) if isinstance(v, float) and v.is_integer() else v,
+    )
+
+
+def reveal(value: Any) -> Any:
+    """The value as deployed, secrets unwrapped (render writes exactly what is deployed)."""
+    return _walk(value, on_secret=lambda s: reveal(s["value"]))
+
+
+def redact(value: Any) -> Any:
+    """The value with every secret replaced by "[secret]" (plan output)."""
+    return _walk(value, on_secret=lambda s: SECRET_TEXT)
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()
+
+
+def placeholder_key_pem(name: str) -> tuple[str, str, str]:
+    """A real, deterministic EC key per resource name: (private PEM, public PEM, OpenSSH).
+
+    Real keys let tests recompute derived values (the kubeadm discovery hash) from the
+    mock's output; determinism keeps two renders byte-identical."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.derive_private_key(int(_digest("key", name), 16) % (2**255) + 1, ec.SECP256R1())
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    public = key.public_key()
+    public_pem = public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+    openssh = public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    return private_pem, public_pem, openssh
+
+
+def placeholder_cert_pem(name: str) -> str:
+    body = _digest("cert", name) * 4
+    lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+    return "-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n"
+
+
+# ---------------------------------------------------------------------- mocks
+
+
+class TestbedMocks(pulumi.runtime.Mocks):
+    """Returns inputs plus the computed outputs the program reads, as placeholders, and
+    records every invoke as (token, provider reference)."""
+
+    def __init__(self, deployed_outputs: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.invokes: list[tuple[str, str]] = []
+        # the stack outputs of the last deployment, as the stack's reference to itself reads
+        # them; none by default (a first deployment)
+        self.deployed_outputs = deployed_outputs or {}
+        self.invoke_args: dict[str, dict[str, Any]] = {}  # what preflight repeats against AWS
+        self.region = "us-east-1"  # the stack's region (run() sets it): the placeholder ARNs carry it
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outputs = dict(args.inputs)
+        typ, name = args.typ, args.name
+        if typ == "tls:index/privateKey:PrivateKey":
+            private_pem, public_pem, openssh = placeholder_key_pem(name)
+            outputs.update(
+                privateKeyPem=private_pem,
+                privateKeyOpenssh=private_pem,
+                publicKeyPem=public_pem,
+                publicKeyOpenssh=openssh + "\n",
+            )
+        elif typ in ("tls:index/selfSignedCert:SelfSignedCert", "tls:index/locallySignedCert:LocallySignedCert"):
+            outputs["certPem"] = placeholder_cert_pem(name)
+        elif typ == "tls:index/certRequest:CertRequest":
+            outputs["certRequestPem"] = "placeholder certificate request for " + name
+        elif typ in ("random:index/randomString:RandomString", "random:index/randomPassword:RandomPassword"):
+            alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+            digest = _digest("random", name)
+            outputs["result"] = "".join(
+                alphabet[int(digest[i : i + 2], 16) % len(alphabet)]
+                for i in range(0, 2 * int(args.inputs.get("length", 16)), 2)
+            )
+        elif typ == "aws:ec2/eip:Eip":
+            outputs["publicIp"] = PLACEHOLDER_PUBLIC_IP
+        elif typ == "aws:amp/workspace:Workspace":
+            workspace = f"ws-{name}-placeholder"
+            outputs["arn"] = f"arn:aws:aps:{self.region}:{PLACEHOLDER_ACCOUNT}:workspace/{workspace}"
+            outputs["prometheusEndpoint"] = (
+                f"https://aps-workspaces.{self.region}.amazonaws.com/workspaces/{workspace}/"
+            )
+        elif typ in ("aws:iam/role:Role", "aws:iam/instanceProfile:InstanceProfile"):
+            outputs.setdefault("name", f"{name}-placeholder")  # the engine's auto-name, in a real run
+            kind = "role" if typ.endswith("Role") else "instance-profile"
+            outputs["arn"] = f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:{kind}/{outputs['name']}"
+        elif typ == "command:remote:Command":
+            outputs["stdout"] = ""
+        elif typ == "pulumi:pulumi:StackReference":
+            outputs.update(outputs=self.deployed_outputs, secretOutputNames=[])
+        return f"{name}-placeholder", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        self.invokes.append((args.token, args.provider or ""))
+        self.invoke_args.setdefault(args.token, dict(args.args))
+        if args.token == "aws:ec2/getAmi:getAmi":
+            return {
+                "id": "ami-0placeholder000000",
+                "imageId": "ami-0placeholder000000",
+                "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-placeholder",
+            }
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            # Offline, nobody knows which zones offer the type: every zone the settings accept
+            # does, so the plan refuses no zone on made-up data; preflight asks AWS (plan_header).
+            region = "us-east-1"
+            for f in args.args.get("filters", []):
+                if f.get("name") == "location":
+                    region = f["values"][0][:-1]
+            letters = settings_mod.REGION_ZONE_LETTERS.get(region, settings_mod.OTHER_REGION_ZONE_LETTERS)
+            zones = [f"{region}{z}" for z in letters]
+            return {
+                "id": "placeholder",
+                "locations": zones,
+                "instanceTypes": ["placeholder"] * len(zones),
+                "locationTypes": ["availability-zone"] * len(zones),
+            }
+        return {}
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    """Records every registration with its parent and the dependencies the engine receives."""
+
+    def __init__(self, mocks: TestbedMocks):
+        super().__init__(mocks)
+        self.recorded: list[RecordedResource] = []
+
+    def _record(self, request, urn: str, properties, **options) -> None:
+        self.recorded.append(
+            RecordedResource(
+                urn=urn,
+                type=request.type,
+                name=request.name,
+                parent=request.parent,
+                depends_on=sorted(set(request.dependencies)),
+                inputs=whole_numbers(rpc.deserialize_properties(properties, keep_unknowns=True)),
+                outputs=self.resources[urn].state,
+                provider=request.provider,
+                **options,
+            )
+        )
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            timeouts = {k: v for k in ("create", "update", "delete") if (v := getattr(request.customTimeouts, k))}
+            self._record(
+                request, response.urn, request.object, custom_timeouts=timeouts, options=lifecycle_options(request)
+            )
+        return response
+
+    def ReadResource(self, request):
+        """A read resource (the stack's reference to itself) is recorded too: others depend on it."""
+        response = super().ReadResource(request)
+        self._record(request, response.urn, request.properties)
+        return response
+
+
+def lifecycle_options(request) -> dict[str, Any]:
+    """deletedWith, ignoreChanges, replaceOnChanges, replaceWith, replacementTrigger,
+    deleteBeforeReplace, protect and retainOnDelete as the RegisterResource request carries them, each only where set."""
+    trigger = request.replacement_trigger
+    options = {
+        "replacementTrigger": whole_numbers(json_format.MessageToDict(trigger))
+        if request.HasField("replacement_trigger")
+        else None,
+        "deletedWith": request.deletedWith,
+        "ignoreChanges": sorted(request.ignoreChanges),
+        "replaceOnChanges": sorted(request.replaceOnChanges),
+        "replaceWith": sorted(request.replace_with),
+        "deleteBeforeReplace": request.deleteBeforeReplace,
+        "protect": request.protect,
+        "retainOnDelete": request.retainOnDelete,
+    }
+    return {k: v for k, v in options.items() if v}
+
+
+# ---------------------------------------------------------------------- running
+
+
+def read_stack_outputs(stack: str, show_secrets: bool = False) -> dict | str:
+    """A deployed stack's outputs (`pulumi stack output --json`), or why they cannot be read."""
+    command = ["pulumi", "stack", "output", "--json", "--stack", stack]
+    try:
+        done = subprocess.run(
+            command + (["--show-secrets"] if show_secrets else []),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,  # the project's folder, wherever the command was run from
+        )
+    except FileNotFoundError:
+        return "the pulumi CLI is not on PATH"
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"pulumi stack output failed ({error.__class__.__name__})"
+    if done.returncode != 0:
+        return f"stack {stack} has no outputs (not deployed, or not this backend)"
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        return "pulumi stack output printed no JSON"
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--stack` and `--config`, the same for every command that reads a stack's settings."""
+    parser.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting (with or without the project prefix); repeatable",
+    )
+
+
+STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # Pulumi's stack name characters; no path separators
+
+
+def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: Path = ROOT) -> dict[str, Any]:
+    """Namespaced config from Pulumi.<stack>.yaml plus KEY=VALUE overrides (prefix optional).
+
+    Scalars are read as their text, as Pulumi passes them to the program, so `workerCount: 2`
+    and `workerCount: "2"` are the same; an encrypted (secure) value stays a mapping, which
+    `settings.load` refuses without echoing it. Defaults are not copied from Pulumi.yaml:
+    `settings.load` applies the same defaults."""
+    if not STACK_NAME.fullmatch(stack) or stack.strip(".") == "":
+        raise settings_mod.SettingsError(
+            [f"--stack: {settings_mod.show(stack)} is not allowed; expected a stack name (letters, digits, _ . -)"]
+        )
+    stack_file = root / f"Pulumi.{stack}.yaml"
+    if not stack_file.is_file():
+        present = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
+        raise settings_mod.SettingsError(
+            [
+                f"--stack: {settings_mod.show(stack)} has no stack file "
+                f"{'Pulumi.<stack>.yaml' if settings_mod.secret_kind(stack) else stack_file.name} in {root}; "
+                f"stacks here: {', '.join(present) or 'none'}"
+            ]
+        )
+    try:
+        # every scalar as its text, as Pulumi passes it to the program
+        document = user_files.read_yaml(stack_file, "a stack file", typed=False) or {}
+    except user_files.UserFileError as error:
+        raise settings_mod.SettingsError([f"{stack_file.name}: {error.problem}"]) from None
+    section = document.get("config") or {} if isinstance(document, dict) else None
+    if not isinstance(section, dict):
+        raise settings_mod.SettingsError([f"{stack_file.name}: config: is not allowed; expected a mapping of keys"])
+    config: dict[str, Any] = {}
+    for key, value in section.items():
+        encrypted = isinstance(value, dict) and "secure" in value
+        config[key] = value if isinstance(value, str) or encrypted else json.dumps(value)
+    prefix = settings_mod.PROJECT + ":"
+    malformed = []
+    overridden: set[str] = set()
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            malformed.append(
+                f"--config: {settings_mod.show(item)} is not allowed; expected KEY=VALUE, e.g. workerCount=2"
+            )
+            continue
+        full = key if ":" in key else prefix + key
+        if full in overridden:  # the last one would win silently
+            malformed.append(f"--config: {settings_mod.key_shown(key)} is given more than once; expected each key once")
+        overridden.add(full)
+        config[full] = value
+    if malformed:
+        raise settings_mod.SettingsError(malformed)
+    return config
+
+
+def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None = None) -> Recording:
+    """Validate settings, then run the whole program under mocks and resolve its outputs."""
+    from program import testbed
+
+    settings = settings_mod.load(config, stack=stack, offline=True)  # raises SettingsError before any resource
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    reset_options(project=settings_mod.PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_all_config(config)
+    mocks = mocks or TestbedMocks()
+    mocks.region = settings.region
+    monitor = RecordingMonitor(mocks)
+    # "organization": what a local (or self-managed) backend calls the organization of every stack.
+    pulumi.runtime.set_mocks(
+        mocks, project=settings_mod.PROJECT, stack=stack, preview=False, monitor=monitor, organization="organization"
+    )
+
+    resolved: dict[str, Any] = {}
+    secret_names: set[str] = set()
+
+    async def program() -> None:
+        outputs = testbed.build(testbed.settings_from_pulumi(offline=True))
+        for name, output in outputs.items():
+            out = pulumi.Output.from_input(output)
+            resolved[name] = await out.future()
+            if await out.is_secret():
+                secret_names.add(name)
+
+    _sync_await(run_pulumi_func(program))
+    return Recording(
+        settings=settings,
+        resources=monitor.recorded,
+        outputs=resolved,
+        secret_outputs=secret_names,
+        invokes=mocks.invokes,
+        invoke_args=mocks.invoke_args,
+    )

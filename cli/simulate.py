@@ -1,0 +1,416 @@
+"""`python -m cli simulate`: run a scenario through the hand-off twin, or every shipped
+scenario under every policy for the README's tables.
+
+    python -m cli simulate --scenario NAME|FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...]
+                           [--json] [--out DIR]
+    python -m cli simulate --readme-tables [README] [--stack S] [--config KEY=VALUE ...]
+
+Exit status: 0 when nothing was killed or double-held and every job that was not refused
+completed; 1 otherwise; 2 for bad input (one line per problem, no traceback). --readme-tables
+prints the tables as Markdown, each between its marker comments, or with a file rewrites what
+lies between those markers in it; it exits 0 (the tables show the failures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from cli import offline
+from components import slurmd_scaling
+from core import user_files
+from core.names import DEFAULT_PARTITION
+from core.settings import Settings, SettingsError, escaped, redacted, show
+from core.settings import load as load_settings
+from twin import kube, nodeset, program, scenario, sim
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+REGENERATE = "venv/bin/python -m cli simulate --readme-tables docs/handoff.md"
+TABLES = ("policies", "kueue")  # the README's generated tables, by marker name
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        raise UsageError(message)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m cli simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--scenario",
+        metavar="NAME|FILE",
+        help="a shipped scenario's name (" + ", ".join(p.stem for p in shipped()) + ") or a scenario YAML file",
+    )
+    what.add_argument(
+        "--readme-tables",
+        nargs="?",
+        const="-",
+        type=Path,
+        metavar="README",
+        help="every shipped scenario under every policy: print the README's tables, or rewrite them in README",
+    )
+    p.add_argument(
+        "--policy",
+        help=f"scaling policy: {', '.join(slurmd_scaling.POLICIES)} (default {slurmd_scaling.DEFAULT_POLICY})",
+    )
+    offline.add_stack_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--out", type=Path, help="write result.json and timeline.png here")
+    return p
+
+
+def timeline(run: sim.Run, name: str):
+    from validation.timeline import Timeline
+
+    data = {
+        "scenario": name,
+        "gpus_total": run.kube.gpus,
+        "interval": sim.SAMPLE_INTERVAL,
+        "started_at": "modelled",
+        "samples": run.samples,
+        "submissions": [
+            {"name": j.name, "kind": {"slurm": "slurm", "pytorchjob": "PyTorchJob", "job": "Job"}[j.kind]}
+            | {"t": j.submit, "gpus": j.gpus_wanted, "ref": j.name}
+            for j in run.scenario.jobs
+        ],
+    }
+    return Timeline.from_dict(data)
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:g} s"
+
+
+def summary(result: dict) -> str:
+    lines = [
+        f"{j['name']:<16} {j['kind']:<11} {j['outcome']:<10} submitted {j['submitted']:g}"
+        + (f", started {j['started']:g}" if j["started"] is not None else "")
+        + (f", finished {j['finished']:g}" if j["finished"] is not None and j["outcome"] != "refused" else "")
+        + (f": {j['reason']}" if "reason" in j else "")
+        for j in result["jobs"]
+    ]
+    lat = result["latency"]
+    lines.append(
+        f"killed: {', '.join(result['killed']) or 'none'}; double-held GPUs: {len(result['double_held'])}; "
+        f"slurmd starts: {result['slurmd_starts']}; end: {result['end']['slurmd_replicas']} replicas, "
+        f"{result['end']['gpus_held_by_slurmd']} GPUs held by slurmd; "
+        f"scale-up {_seconds(lat['scale_up_s'])}, GPU return {_seconds(lat['gpu_return_s'])} (modelled)"
+    )
+    return "\n".join(lines)
+
+
+def scenario_settings(stack: str, config: list[str], sc: scenario.Scenario, base: Settings) -> Settings:
+    """The stack's settings for a scenario: its `workers` is the stack's workerCount, so the
+    ScaledObject and partition limits follow (raises SettingsError, each problem named)."""
+    if sc.workers is None or sc.workers == base.worker_count:
+        return base
+    try:
+        return load_settings(offline.stack_config(stack, [*config, f"workerCount={sc.workers}"]), stack, offline=True)
+    except SettingsError as error:
+        raise SettingsError([f"workers (scenario): {p}" for p in error.problems]) from None
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except UsageError as error:
+        print(f"simulate: {redacted(str(error))}", file=sys.stderr)
+        return 2
+    problems = []
+    if args.readme_tables is None and args.policy is None:
+        args.policy = slurmd_scaling.DEFAULT_POLICY
+    if args.policy is not None and args.policy not in slurmd_scaling.POLICIES:
+        problems.append(
+            f"--policy: {show(args.policy)} is not allowed; expected one of {', '.join(slurmd_scaling.POLICIES)}"
+        )
+    if args.readme_tables is not None:
+        for flag, given in (("--policy", args.policy is not None), ("--json", args.json)):
+            if given:
+                problems.append(f"{flag}: not allowed with --readme-tables, which runs every policy")
+        if args.out:
+            problems.append("--out: not allowed with --readme-tables, which prints Markdown or rewrites README")
+    try:
+        settings = load_settings(offline.stack_config(args.stack, args.config), args.stack, offline=True)
+    except SettingsError as error:
+        problems += error.problems
+        settings = None
+    if args.readme_tables is not None:
+        return _readme_tables(args, settings, problems)
+    path = scenario_path(args.scenario)
+    try:
+        if isinstance(path, str):
+            raise scenario.ScenarioError([path])
+        partitions = (DEFAULT_PARTITION, settings.nodeset_name if settings else "slinky")
+        sc = scenario.load(path, partitions)
+    except scenario.ScenarioError as error:
+        problems += error.problems
+    if not problems:
+        try:
+            settings = scenario_settings(args.stack, args.config, sc, settings)
+        except SettingsError as error:
+            problems += error.problems
+    if args.out is not None and (problem := user_files.out_dir_problem("--out", args.out)):
+        problems.append(problem)
+    if not problems and args.out is not None and (problem := user_files.make_out_dir("--out", args.out)):
+        problems.append(problem)  # checked before the run, which may take half a minute
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 2
+    run = sim.Run(program.setup(settings, args.policy), sc)
+    result = run.run()
+    if args.out:
+        try:
+            write_out(run, result, args.out, path.stem, args.policy)
+        except OSError as error:
+            print(f"--out: {show(str(args.out))} cannot be written ({error.strerror or error})", file=sys.stderr)
+            return 2
+    print(json.dumps(result, indent=1, sort_keys=True) if args.json else summary(result))
+    return 0 if sim.ok(result) else 1
+
+
+def write_out(run: sim.Run, result: dict, out: Path, name: str, policy: str) -> None:
+    from validation.plot import draw
+
+    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    draw(timeline(run, name), out / "timeline.png", f"{escaped(name)}, policy {policy} (modelled)")
+
+
+# ------------------------------------------------------------------ the README's tables
+
+
+def _readme_tables(args: argparse.Namespace, settings: Settings | None, problems: list[str]) -> int:
+    readme = None if str(args.readme_tables) == "-" else args.readme_tables
+    text = ""
+    if readme is not None:
+        try:
+            text = readme.read_text()
+        except OSError as error:
+            problems.append(f"--readme-tables: {show(str(readme))} cannot be read ({error.strerror})")
+        else:
+            problems += [
+                f"--readme-tables: {show(str(readme))} lacks the markers {begin(name)} ... {end(name)}"
+                for name in TABLES
+                if text.count(begin(name)) != 1 or text.count(end(name)) != 1
+            ]
+    runs: dict[str, dict[str, sim.Run]] = {}
+    if not problems:
+        try:
+            runs = run_shipped(args.stack, args.config, settings)
+        except (scenario.ScenarioError, SettingsError) as error:
+            problems += error.problems
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 2
+    generated = tables(runs)
+    if readme is None:
+        print("\n\n".join(generated.values()))
+        return 0
+    for name, block in generated.items():
+        text = text[: text.index(begin(name))] + block + text[text.index(end(name)) + len(end(name)) :]
+    readme.write_text(text)
+    print(f"rewrote the {' and '.join(TABLES)} tables in {readme}")
+    return 0
+
+
+def begin(name: str) -> str:
+    return f"<!-- twin-tables:{name} begin: generated by `{REGENERATE}` -->"
+
+
+def end(name: str) -> str:
+    return f"<!-- twin-tables:{name} end -->"
+
+
+def shipped() -> list[Path]:
+    return sorted(SCENARIOS.glob("*.yaml"))
+
+
+def scenario_path(text: str) -> Path | str:
+    """--scenario's file: a path as given (one that exists, or names a folder or a .yaml/.yml
+    file), else a shipped scenario by name; or the line saying neither matches, with the names."""
+    given = Path(text)
+    if given.exists() or "/" in text or given.suffix in (".yaml", ".yml"):
+        return given
+    names = [p.stem for p in shipped()]
+    if text in names:
+        return SCENARIOS / f"{text}.yaml"
+    return f"--scenario: {show(text)} is neither a file nor a shipped scenario; expected a path or one of {', '.join(names)}"
+
+
+def run_scenario(path: Path, stack: str, config: list[str], settings: Settings) -> dict[str, sim.Run]:
+    """One shipped scenario under every policy of components.slurmd_scaling, Kueue as it says."""
+    sc = scenario.load(path, (DEFAULT_PARTITION, settings.nodeset_name))
+    s = scenario_settings(stack, config, sc, settings)
+    runs = {policy: sim.Run(program.setup(s, policy), sc) for policy in slurmd_scaling.POLICIES}
+    for run in runs.values():
+        run.run()
+    return runs
+
+
+def run_shipped(stack: str, config: list[str], settings: Settings) -> dict[str, dict[str, sim.Run]]:
+    return {path.stem: run_scenario(path, stack, config, settings) for path in shipped()}
+
+
+def _policy_header(policy: str) -> str:
+    return f"{policy} (default)" if policy == slurmd_scaling.DEFAULT_POLICY else policy
+
+
+def _s(value: float | None) -> str:
+    return "–" if value is None else f"{value:g}"
+
+
+def _outcome(result: dict) -> str:
+    problems = [f"{len(result['double_held'])} GPUs double-held"] if result["double_held"] else []
+    problems += [f"{j['name']} {j['outcome']}" for j in result["jobs"] if j["outcome"] != "completed"]
+    return ("pass" if sim.ok(result) else "FAIL") + (f": {'; '.join(problems)}" if problems else "")
+
+
+def _policy_cell(result: dict) -> str:
+    lat = result["latency"]
+    return (
+        f"{_outcome(result)} ({_s(lat['scale_up_s'])} / {_s(lat['gpu_return_s'])} s, "
+        f"{result['slurmd_idle_gpu_s']:g} idle GPU·s, {result['slurmd_starts']} slurmd starts)"
+    )
+
+
+def policy_row(name: str, runs: dict[str, sim.Run]) -> str:
+    cells = [_policy_cell(runs[p].result()) for p in slurmd_scaling.POLICIES]
+    return f"| `{name}.yaml` | " + " | ".join(cells) + " |"
+
+
+def releases(run: sim.Run) -> dict[str, list[float | None]]:
+    """For each Slurm job's end that gives a GPU back while a Kubernetes job waits (submitted, not
+    yet started): the seconds until a pod of a waiting Kubernetes job runs on one of the GPUs given
+    back, None if none does by the end of the run. A GPU counts as given back unless another Slurm
+    job starts on its node before the slurmd pod that held it goes (Slurm reusing it is no
+    release); a pod that never goes keeps it: None. `last` when no other Slurm job still runs,
+    `partial` otherwise."""
+    out: dict[str, list[float | None]] = {"last": [], "partial": []}
+    pods, jobs = run.kube.pods, run.slurm.jobs
+    for job in jobs:
+        if job.started is None or job.finished is None or not job.nodes:
+            continue
+        end = job.finished
+        waiting = {k.name for k in run.kube.jobs if k.submitted <= end and (k.started is None or k.started > end)}
+        given_back = set()
+        for p in pods:
+            if p.holder != kube.SLURMD or p.owner not in job.nodes or p.gpu is None or p.bound_at > end:
+                continue
+            gone = math.inf if p.gone_at is None else p.gone_at  # a pod that never goes never gives it back
+            if gone < end:
+                continue
+            reused = any(o.started is not None and end <= o.started < gone and p.owner in o.nodes for o in jobs)
+            if not reused:
+                given_back.add(p.gpu)
+        if not waiting or not given_back:
+            continue
+        uses = [
+            p.running_at - end
+            for p in pods
+            if p.holder == kube.KUBERNETES and p.owner in waiting and p.gpu in given_back and p.running_at is not None
+            if p.running_at >= end and (p.gone_at is None or p.gone_at > p.running_at)
+        ]
+        others = any(
+            o is not job and o.started is not None and o.started <= end and (o.finished is None or o.finished > end)
+            for o in jobs
+        )
+        out["partial" if others else "last"].append(min(uses) if uses else None)
+    return out
+
+
+def _worst(values: list[float | None]) -> str:
+    if not values:
+        return "–"
+    return "never" if None in values else f"{max(values):g} s"
+
+
+def _share(result: dict) -> str:
+    share = result["contention"]["share"]
+    if share["slurm"] is None:
+        return "–"
+    return f"{share['slurm']:.0%} / {share['kubernetes']:.0%}"
+
+
+def kueue_rows(name: str, runs: dict[str, sim.Run]) -> list[str]:
+    """One row per policy, for a scenario with Kubernetes jobs."""
+    rows = []
+    for policy in slurmd_scaling.POLICIES:
+        run = runs[policy]
+        result, gaps = run.result(), releases(run)
+        if result["kueue"]:
+            evictions = sum(j.get("evictions", 0) for j in result["jobs"])
+            kueue_note = f"{evictions} Kueue eviction{'' if evictions == 1 else 's'}"
+        else:
+            kueue_note = "Kueue off (`kueue: false`)"
+        scale_up = result["latency"]["scale_up_s"]
+        cells = [
+            f"`{name}`, {policy}",
+            _worst([] if scale_up is None else [scale_up]),
+            _worst(gaps["last"]),
+            _worst(gaps["partial"]),
+            _share(result),
+            f"{_outcome(result)}; {kueue_note}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def assumptions() -> str:
+    pulls = ", ".join(f"{role} {seconds:g} s" for role, seconds in kube.IMAGE_PULL.items())
+    return (
+        f"Modelled by the twin, not measured. Its assumptions: container start {kube.CONTAINER_START:g} s, "
+        f"slurmd registration {nodeset.SLURMD_REGISTER:g} s, termination {kube.TERMINATION:g} s, a node's "
+        f"first pull of an image not pre-pulled ({pulls}; only under `images: cold` and for a job's own `image`)."
+    )
+
+
+def has_kubernetes_jobs(sc: scenario.Scenario) -> bool:
+    return any(j.kind != "slurm" for j in sc.jobs)
+
+
+def policies_header() -> list[str]:
+    heads = " | ".join(_policy_header(p) for p in slurmd_scaling.POLICIES)
+    return ["| scenario | " + heads + " |", "|---|" + "---|" * len(slurmd_scaling.POLICIES)]
+
+
+KUEUE_HEADER = [
+    "| scenario, policy | submit → Slurm job running (worst) | last Slurm job done → waiting Kubernetes job "
+    "runs on its GPU (worst) | partial release → waiting Kubernetes job runs on its GPU (worst) | GPU time "
+    "under contention, Slurm / Kubernetes | outcome |",
+    "|---|---|---|---|---|---|",
+]
+
+
+def blocks(policy_rows: list[str], kueue_table_rows: list[str]) -> dict[str, str]:
+    """The README's two tables, each between its markers, from their rows."""
+    return {
+        name: "\n".join([begin(name), assumptions(), "", *header, *rows, end(name)])
+        for name, header, rows in (
+            ("policies", policies_header(), policy_rows),
+            ("kueue", KUEUE_HEADER, kueue_table_rows),
+        )
+    }
+
+
+def tables(runs: dict[str, dict[str, sim.Run]]) -> dict[str, str]:
+    """The README's tables from every shipped scenario's runs under every policy."""
+    return blocks(
+        [policy_row(name, r) for name, r in runs.items()],
+        [
+            row
+            for name, r in runs.items()
+            if has_kubernetes_jobs(next(iter(r.values())).scenario)
+            for row in kueue_rows(name, r)
+        ],
+    )

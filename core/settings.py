@@ -1,0 +1,1062 @@
+"""The one reader of Pulumi config: a typed, validated `Settings` object.
+
+Every setting is declared once in `SETTINGS` (key, type, default, description, what is
+accepted, rule) and again in `Pulumi.yaml` (a test keeps the two in step). Every problem is
+collected and reported at once, one line each, before any resource exists. A value echoed in
+a problem is escaped and truncated, and one that looks like a secret is not echoed at all.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import ipaddress
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from core import host_layout, instance_types
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT: str = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["name"]  # config keys are "<PROJECT>:<key>"
+
+# Subnet layout: AWS reserves the first four and the last address of a subnet.
+CONTROL_HOST_INDEX = 10
+FIRST_WORKER_HOST_INDEX = 20
+SUBNET_PREFIX = 24
+
+MIN_WORKER_ROOT_GB = 60  # driver (~2 GiB), CUDA images (~10 GiB each), Slurm images
+MIN_CONTROL_ROOT_GB = 20
+ADMIN_MIN_PREFIX = 16  # an adminCidr wider than this needs allowOpenIngress
+MAX_INT_DIGITS = 9  # longer numbers are out of every range; int() refuses past 4300 digits anyway
+SHOWN_CHARS = 60  # longest value echoed in a problem
+MAX_BUDGET_USD = 100_000  # a testbed's monthly budget; more is a typo
+# An address AWS Budgets can mail: local@domain.tld, ASCII, no spaces or quotes (no display name).
+EMAIL = r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})+"
+SSH_KEY_MAX_CHARS = 1600  # an 8192-bit RSA key line is about 1400; every user-data carries it
+
+# Commercial AWS partition only: the AMI lookup trusts Canonical's owner id there, which differs
+# in aws-cn and aws-us-gov. boto/botocore@1.44.8:botocore/data/endpoints.json, partition "aws".
+AWS_REGIONS = [
+    "af-south-1",
+    "ap-east-1",
+    "ap-east-2",
+    "ap-northeast-1",
+    "ap-northeast-2",
+    "ap-northeast-3",
+    "ap-south-1",
+    "ap-south-2",
+    "ap-southeast-1",
+    "ap-southeast-2",
+    "ap-southeast-3",
+    "ap-southeast-4",
+    "ap-southeast-5",
+    "ap-southeast-6",
+    "ap-southeast-7",
+    "ca-central-1",
+    "ca-west-1",
+    "eu-central-1",
+    "eu-central-2",
+    "eu-north-1",
+    "eu-south-1",
+    "eu-south-2",
+    "eu-west-1",
+    "eu-west-2",
+    "eu-west-3",
+    "il-central-1",
+    "me-central-1",
+    "me-south-1",
+    "mx-central-1",
+    "sa-east-1",
+    "us-east-1",
+    "us-east-2",
+    "us-west-1",
+    "us-west-2",
+]
+# Zone letters of the regions the price table covers (AWS "Regions and Zones", read 2026-12);
+# elsewhere a zone is checked for its form here and against the offerings at run time.
+REGION_ZONE_LETTERS = {
+    "us-east-1": "abcdef",
+    "us-east-2": "abc",
+    "us-west-2": "abcd",
+    "eu-west-1": "abc",
+    "eu-central-1": "abc",
+}
+# Elsewhere which zones exist is not known offline: any letter, and preflight checks the zone.
+OTHER_REGION_ZONE_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+# RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
+# plan runs as shipped, but nobody can connect from one, so a deployment refuses them.
+DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+
+# Slurm reads PartitionName=DEFAULT as defaults for the partitions after it (SchedMD/slurm
+# slurm.conf.5), and the Slinky chart already defines the partition `all` (names.DEFAULT_PARTITION;
+# a test keeps the two in step: names imports this module, so it cannot be imported here).
+RESERVED_NODESET_NAMES = ("all", "default")
+
+# Namespaces of config keys the program does not read although a user may expect it to.
+EXPLICIT_PROVIDER_NAMESPACES = {
+    "aws": "the program's AWS provider is explicit: its region is the setting region and its credentials "
+    "come from the environment (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
+    "kubernetes": "the program's Kubernetes provider is explicit and uses the kubeconfig the program mints",
+}
+
+
+class SettingsError(Exception):
+    """All problems with the settings, one line each."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+# --------------------------------------------------------------------------- showing values
+
+_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY|PuTTY-User-Key-File|-----BEGIN PGP PRIVATE")
+# Tokens by their documented shapes: AWS access key ids, GitHub (ghp_ and kin, github_pat_),
+# GitLab personal tokens, Slack tokens and webhooks, Google API keys, JSON Web Tokens.
+_TOKENS = (
+    (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key"),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36}|\bgithub_pat_[A-Za-z0-9_]{22,}"), "a GitHub token"),
+    (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), "a GitLab token"),
+    (
+        re.compile(r"\bxox[abposre]-[A-Za-z0-9-]{10,}|\bxapp-[0-9]-[A-Za-z0-9-]{10,}|hooks\.slack\.com/"),
+        "a Slack token",
+    ),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), "a Google API key"),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\."), "a JSON Web Token"),
+    (re.compile(r"\bpul-[0-9a-f]{40}\b"), "a Pulumi access token"),
+    (re.compile(r"\b[sr]k_(live|test)_[A-Za-z0-9]{16,}"), "a Stripe key"),
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}|\bnpm_[A-Za-z0-9]{36}"), "a Hugging Face or npm token"),
+    # 32 or more lower-case hex digits, letters and digits mixed, standing alone: a hex-encoded key
+    # or token. Not after "sha256:" (a digest) nor inside a base64 run (a public key's body).
+    (
+        re.compile(r"(?<![0-9A-Za-z:+/=_-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{32,}(?![0-9A-Za-z+/=])"),
+        "a hex key or token",
+    ),
+)
+# A run of base64 (standard or URL-safe) long enough to hold a key's header; a run of standard
+# base64 alone for a random secret (URL-safe's - and _ join names and UUIDs into long runs).
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{20,}")
+_STANDARD_RUN = re.compile(r"[A-Za-z0-9+/]{32,}")  # an AWS secret access key has 40
+RANDOM_MIN_BITS = 3.9  # bits per character: 32 random base64 characters have 4.07 or more in 2,000 draws
+# What names are made of: in 5,000 random 40-character strings, words cover at most 58% of one;
+# in kubePrometheusStackVersion-like names, 60% and more.
+_WORD = re.compile(r"[a-z]{4,}|[A-Z][a-z]{3,}")
+
+
+def _decoded_head(run: str) -> bytes:
+    """The first bytes `run` stands for as base64, or b"" if it is not base64."""
+    head = run.replace("-", "+").replace("_", "/")[:24]
+    try:
+        return base64.b64decode(head[: len(head) // 4 * 4], validate=True)
+    except ValueError:
+        return b""
+
+
+def _is_private_key_body(head: bytes) -> bool:
+    """OpenSSH's private key format, or DER that opens like a private key: a SEQUENCE whose first
+    element is a small version INTEGER (PKCS#1 RSA and DSA 0, SEC1 EC 1, PKCS#8 0 or 1, PKCS#12 3),
+    where public keys and certificates open with a nested SEQUENCE instead."""
+    if head.startswith(b"openssh-key-v1\0"):
+        return True
+    if len(head) < 6 or head[0] != 0x30:
+        return False
+    start = 2 if head[1] < 0x80 else 2 + (head[1] & 0x7F)
+    return head[start : start + 2] == b"\x02\x01" and head[start + 2 : start + 3] in (b"\0", b"\1", b"\2", b"\3")
+
+
+def _is_public(head: bytes) -> bool:
+    """An SSH public key blob (a length, then ssh-..., ecdsa-... or sk-...) or DER opening with a
+    nested SEQUENCE (a public key or a certificate): long and random, but not secret."""
+    ssh = len(head) > 8 and int.from_bytes(head[:4], "big") < 64 and head[4:].startswith((b"ssh-", b"ecdsa-", b"sk-"))
+    return ssh or (len(head) > 4 and head[0] == 0x30 and 0x30 in head[2:5])
+
+
+def _looks_random(run: str) -> bool:
+    """Of mixed classes, dense in information, and not made of words: a secret key or token."""
+    if not (re.search("[a-z]", run) and re.search("[A-Z]", run) and re.search("[0-9]", run)):
+        return False
+    counts = [run.count(ch) for ch in set(run)]
+    bits = -sum(c / len(run) * math.log2(c / len(run)) for c in counts)
+    wordy = sum(len(w) for w in _WORD.findall(run)) / len(run)
+    return bits >= RANDOM_MIN_BITS and wordy < 0.6
+
+
+def secret_kind(text: str) -> str | None:
+    """Why `text` looks like a secret, or None: a private key (its header, or only its base64
+    body), a token of a known shape, or a long random string (a secret access key)."""
+    if _PRIVATE_KEY.search(text):
+        return "looks like a private key"
+    for pattern, what in _TOKENS:
+        if pattern.search(text):
+            return f"looks like {what}"
+    if any(_is_private_key_body(_decoded_head(run)) for run in _BASE64_RUN.findall(text)):
+        return "looks like a private key"
+    for run in _STANDARD_RUN.findall(text):
+        if not _is_public(_decoded_head(run)) and _looks_random(run):
+            return "looks like a secret key or token"
+    return None
+
+
+def escaped(text: str, limit: int = SHOWN_CHARS) -> str:
+    """Text as a problem line shows it (a value, a config key, a command-line token): control
+    and non-ASCII characters escaped, so no newline or terminal escape reaches a log raw, and
+    cut at `limit` characters."""
+    out, length = [], 0
+    for ch in text:
+        # ascii() leaves printable ASCII as it is and escapes the rest, the backslash included,
+        # as Python writes them (\n, \x1b, \u0661); the quote the value is shown in, too
+        piece = '\\"' if ch == '"' else ascii(ch)[1:-1]
+        if length + len(piece) > limit:
+            return "".join(out) + f"… ({len(text)} characters)"
+        out.append(piece)
+        length += len(piece)
+    return "".join(out)
+
+
+def redacted(text: str, limit: int = 300) -> str:
+    """A free-form message (argparse's, naming what was typed) as a problem line shows it: each
+    word that looks like a secret hidden, the rest escaped and cut at `limit` characters."""
+    words = re.split(r"(\s+)", text)
+    return escaped("".join(f"(hidden: {kind})" if (kind := secret_kind(w)) else w for w in words), limit)
+
+
+def key_shown(key: str) -> str:
+    """A config key as a problem line names it: escaped, or hidden if a secret was pasted as one."""
+    kind = secret_kind(key)
+    return f"(key hidden: {kind})" if kind else escaped(key)
+
+
+def show(raw: Any) -> str:
+    """A value as a problem line echoes it: quoted and escaped, or hidden if it looks secret."""
+    if isinstance(raw, Mapping) and "secure" in raw:
+        return "(value hidden: encrypted with secure:)"
+    text = str(raw)
+    kind = secret_kind(text)
+    return f"(value hidden: {kind})" if kind else f'"{escaped(text)}"'
+
+
+# --------------------------------------------------------------------------- rules
+# A rule takes the parsed value and returns None, or the phrase "what is allowed", or a pair
+# (what is wrong, what is allowed).
+
+Rule = Callable[[Any], "str | tuple[str, str] | None"]
+
+
+def _int_range(lo: int, hi: int) -> Rule:
+    return lambda v: None if lo <= v <= hi else f"an integer from {lo} to {hi}"
+
+
+def _matches(pattern: str, what: str) -> Rule:
+    rx = re.compile(pattern)
+    return lambda v: None if rx.fullmatch(v) else what
+
+
+def _optional(rule: Rule) -> Rule:
+    return lambda v: None if v == "" else rule(v)
+
+
+_NUMBER = r"(0|[1-9][0-9]{0,3})"  # ASCII digits only: `\d` and str.isdigit() accept any script's digits
+
+
+def _release(series: str, tested: str, why: str, *, first_patch: int, leading_v: bool) -> Rule:
+    """A release in the tested series: `series` fixes MAJOR (e.g. "80") or MAJOR.MINOR ("1.34")."""
+    v = "v" if leading_v else ""
+    fixed = tuple(int(p) for p in series.split("."))
+    rx = re.compile(re.escape(v) + r"\.".join([_NUMBER] * 3))
+    free = ".N" * (3 - len(fixed))
+    floor = f", N from {first_patch}" if first_patch else ""
+    what = (
+        f"a release {v}{series}{free} ({v}MAJOR.MINOR.PATCH in ASCII digits"
+        f"{', with its leading v' if leading_v else ''}{floor}): {why}; e.g. {tested}"
+    )
+
+    def rule(value: str) -> str | None:
+        m = rx.fullmatch(value)
+        if not m:
+            return what
+        parts = tuple(int(p) for p in m.groups())
+        if parts[: len(fixed)] != fixed or parts[2] < first_patch:
+            return what
+        return None
+
+    return rule
+
+
+def _ipv4_network(v: str) -> ipaddress.IPv4Network | None:
+    """`v` as an IPv4 network with no host bits set, or None. ASCII digits only: ipaddress accepts
+    no others today, and this does not depend on it."""
+    try:
+        if (
+            re.fullmatch(r"[0-9]+(\.[0-9]+){3}/[0-9]+", v)
+            and (net := ipaddress.ip_network(v, strict=True)).version == 4
+        ):
+            return ipaddress.IPv4Network(net)
+    except ValueError:
+        pass
+    return None
+
+
+def _not_canonical(v: str) -> str:
+    """Canonical text only: ipaddress reads a prefix length of 028 as 28, but the text reaches the
+    security group and the VPC as typed. The phrase to add to what is allowed, or ""."""
+    net = _ipv4_network(v)
+    return f", written without leading zeros (did you mean {net}?)" if net and str(net) != v else ""
+
+
+def _ipv4_cidr(v: str) -> str | None:
+    """The VPC, the Elastic IP and so SSH and the API server are IPv4 only."""
+    if _ipv4_network(v) and not _not_canonical(v):
+        return None
+    allowed = "an IPv4 network in CIDR form with no host bits set, e.g. 203.0.113.7/32 (the testbed is IPv4 only)"
+    return allowed + _not_canonical(v)
+
+
+def _vpc_cidr(v: str) -> str | tuple[str, str] | None:
+    allowed = (
+        f"an RFC 1918 IPv4 network from /16 to /{SUBNET_PREFIX} outside the pod network "
+        f"{host_layout.POD_CIDR} and the service network {host_layout.SERVICE_CIDR}, e.g. 10.0.0.0/16"
+    )
+    if _ipv4_cidr(v):
+        return allowed + _not_canonical(v)
+    net = ipaddress.ip_network(v)
+    if not any(net.subnet_of(r) for r in RFC1918) or not 16 <= net.prefixlen <= SUBNET_PREFIX:
+        return allowed
+    for other, what in (
+        (host_layout.POD_CIDR, "the pod network (Flannel)"),
+        (host_layout.SERVICE_CIDR, "the service network"),
+    ):
+        if net.overlaps(ipaddress.ip_network(other)):
+            return f"overlaps {what} {other}: node and cluster addresses would collide", allowed
+    return None
+
+
+def _region(v: str) -> str | None:
+    if v in AWS_REGIONS:
+        return None
+    close = difflib.get_close_matches(v, AWS_REGIONS, n=1, cutoff=0.8)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"a region of the commercial AWS partition, e.g. us-east-1{hint}"
+
+
+def _catalogue_type(role: str, problem: Callable[[str], str | None], accepted: Callable[[], list[str]]) -> Rule:
+    def rule(v: str) -> str | tuple[str, str] | None:
+        listed = f"a {role} type from core/instance_types.py: {', '.join(accepted())}"
+        if v not in instance_types.CATALOGUE:
+            close = difflib.get_close_matches(v, accepted(), n=1, cutoff=0.8)
+            unknown = "is not in the instance catalogue" + (f" (did you mean {close[0]}?)" if close else "")
+            return unknown, listed
+        wrong = problem(v)
+        return (wrong, listed) if wrong else None
+
+    return rule
+
+
+def _ssh_public_key(v: str) -> str | tuple[str, str] | None:
+    """One OpenSSH public key line; RSA keys of 2048 bits or more (NIST SP 800-131A)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    allowed = (
+        "one OpenSSH public key line (ssh-ed25519, ecdsa-sha2-nistp256/384/521, or ssh-rsa of 2048 bits or more), "
+        f"at most {SSH_KEY_MAX_CHARS} characters"
+    )
+    if len(v) > SSH_KEY_MAX_CHARS:
+        return f"is {len(v)} characters long (every node's user-data carries it, within 16 KiB)", allowed
+    m = re.fullmatch(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(?:256|384|521)) ([A-Za-z0-9+/]+={0,2})( [ -~]*)?", v)
+    if not m:
+        return allowed + ", e.g. ssh-ed25519 AAAA... me@host"
+    try:
+        key = serialization.load_ssh_public_key(f"{m[1]} {m[2]}".encode())
+    except (ValueError, TypeError):  # cryptography's errors for a damaged or mislabelled key
+        return "is not a readable key (damaged base64 or a type that does not match its label)", allowed
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size < 2048:
+        return f"is an RSA key of {key.key_size} bits", allowed
+    return None
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?")
+
+
+def _nodeset_name(v: str) -> str | tuple[str, str] | None:
+    allowed = (
+        "a DNS label: lower-case letters, digits and '-', 1-32 characters, starting and ending with a letter "
+        f"or digit, and none of {', '.join(RESERVED_NODESET_NAMES)}"
+    )
+    if not _DNS_LABEL.fullmatch(v):
+        return allowed
+    if v == RESERVED_NODESET_NAMES[0]:
+        return "clashes with the Slurm partition `all` the Slinky chart defines", allowed
+    if v in RESERVED_NODESET_NAMES:
+        return "is Slurm's keyword for partition defaults (PartitionName=DEFAULT)", allowed
+    return None
+
+
+# --------------------------------------------------------------------------- table
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    kind: type  # str, int or bool: how the config string is parsed
+    default: Any  # None: the setting is required
+    description: str
+    accepted: str  # what docs/settings.md's table says is accepted
+    rule: Rule | None = None
+
+    @property
+    def attribute(self) -> str:
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", self.key).lower()
+
+
+def _version(
+    key: str, default: str, description: str, series: str, why: str, *, first_patch: int = 0, leading_v: bool = False
+) -> Setting:
+    v = "v" if leading_v else ""
+    free = ".N" * (3 - len(series.split(".")))
+    accepted = f"{v}{series}{free}" + (f", N from {first_patch}" if first_patch else "")
+    rule = _release(series, default, why, first_patch=first_patch, leading_v=leading_v)
+    return Setting(key, str, default, description, accepted, rule)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # AWS
+    Setting("region", str, "us-east-1", "AWS region to build in.", "a commercial AWS region", _region),
+    Setting(
+        "availabilityZone",
+        str,
+        "",
+        "Availability zone for the subnet; empty picks the first zone that offers the worker type.",
+        "empty, or a zone name of the region",
+    ),
+    Setting(
+        "adminCidr",
+        str,
+        None,
+        "Who may reach SSH (22) and the API server (6443), e.g. your address as a.b.c.d/32. Required.",
+        f"a public IPv4 CIDR, /{ADMIN_MIN_PREFIX} or narrower unless allowOpenIngress",
+        _ipv4_cidr,
+    ),
+    Setting(
+        "allowOpenIngress",
+        bool,
+        False,
+        "Opt in to adminCidr 0.0.0.0/0 (SSH and the API server open to the internet).",
+        "true or false",
+    ),
+    Setting(
+        "vpcCidr",
+        str,
+        "10.0.0.0/16",
+        "The testbed VPC's address range; the node subnet is its first /24.",
+        f"RFC 1918, /16 to /24, outside {host_layout.POD_CIDR} and {host_layout.SERVICE_CIDR}",
+        _vpc_cidr,
+    ),
+    Setting(
+        "amiId",
+        str,
+        "",
+        "Pin an AMI; empty looks up the newest Canonical Ubuntu 24.04 amd64 image at first create.",
+        "empty, or ami- and 8 or 17 hex digits",
+        _optional(_matches(r"ami-([0-9a-f]{8}|[0-9a-f]{17})", "an AMI id, e.g. ami-0123456789abcdef0")),
+    ),
+    Setting(
+        "controlInstanceType",
+        str,
+        "t3.medium",
+        "Control-plane instance type (2 vCPU, 4 GiB at least).",
+        "an x86_64 type of the catalogue with 2 vCPU and 4 GiB or more",
+        _catalogue_type("control-plane", instance_types.control_problem, instance_types.accepted_controls),
+    ),
+    Setting(
+        "workerInstanceType",
+        str,
+        "g4dn.xlarge",
+        "GPU worker instance type (one NVIDIA GPU each).",
+        "a catalogue type with exactly one NVIDIA GPU, Turing or later",
+        _catalogue_type("GPU worker", instance_types.worker_problem, instance_types.accepted_workers),
+    ),
+    Setting(
+        "workerCount",
+        int,
+        4,
+        "Number of GPU workers (and the most slurmd pods KEDA may run).",
+        f"1 to {2 ** (32 - SUBNET_PREFIX) - 1 - FIRST_WORKER_HOST_INDEX}",
+    ),
+    Setting(
+        "spotWorkers",
+        bool,
+        False,
+        "Request the GPU workers as one-time spot instances; an interrupted worker is terminated "
+        "and the next `pulumi up` replaces it.",
+        "true or false",
+    ),
+    Setting(
+        "controlRootVolumeGb",
+        int,
+        40,
+        "Control node root volume (gp3, encrypted), GiB.",
+        f"{MIN_CONTROL_ROOT_GB} to 16384",
+        _int_range(MIN_CONTROL_ROOT_GB, 16384),
+    ),
+    Setting(
+        "workerRootVolumeGb",
+        int,
+        100,
+        "GPU worker root volume (gp3, encrypted), GiB.",
+        f"{MIN_WORKER_ROOT_GB} to 16384",
+        _int_range(MIN_WORKER_ROOT_GB, 16384),
+    ),
+    Setting(
+        "sshPublicKey",
+        str,
+        "",
+        "OpenSSH public key for user ubuntu; empty generates a key pair (output sshPrivateKey).",
+        "empty, or one ed25519, ECDSA or RSA (2048 bits or more) public key line",
+        _optional(_ssh_public_key),
+    ),
+    Setting(
+        "controlPlaneGeneration",
+        int,
+        1,
+        "Raise it by one to rebuild the control node on purpose (a new, empty cluster; every release is "
+        "installed again); a change that would replace the control node is refused without it.",
+        "1 to 1000",
+        _int_range(1, 1000),
+    ),
+    # Kubernetes and node software
+    _version(
+        "kubernetesVersion",
+        "1.34.7",
+        "kubelet/kubeadm/kubectl release (apt packages held).",
+        "1.34",
+        "the tested minor: the kubeadm v1beta4 config, the charts and the offline schemas are pinned for it",
+    ),
+    _version(
+        "flannelVersion",
+        "v0.27.4",
+        "Flannel CNI release applied by kubeadm init.",
+        "0.27",
+        "the tested minor",
+        leading_v=True,
+    ),
+    Setting(
+        "nvidiaDriverBranch",
+        str,
+        "580",
+        "NVIDIA server driver branch on the GPU workers.",
+        "580",
+        _matches("580", "the tested branch 580 (its -server-open packages on Ubuntu 24.04)"),
+    ),
+    _version(
+        "nvidiaContainerToolkitVersion",
+        "1.18.1",
+        "nvidia-container-toolkit release.",
+        "1.18",
+        "1.18.0 wrote its containerd drop-in to the wrong directory",
+        first_patch=1,
+    ),
+    # Platform
+    _version(
+        "devicePluginVersion", "0.17.0", "NVIDIA device plugin Helm chart version.", "0.17", "the tested chart minor"
+    ),
+    Setting(
+        "gpuFeatureDiscovery",
+        bool,
+        False,
+        "Also deploy GPU feature discovery (with NFD) from the device plugin chart.",
+        "true or false",
+    ),
+    _version(
+        "certManagerVersion",
+        "v1.19.2",
+        "cert-manager Helm chart version (keeps its leading v).",
+        "1.19",
+        "the tested chart minor",
+        leading_v=True,
+    ),
+    _version(
+        "slinkyVersion",
+        "1.0.0",
+        "Slinky slurm-operator, CRD and slurm chart version.",
+        "1.0",
+        "the chart values and CRDs the program writes are those of 1.0",
+    ),
+    Setting(
+        "slurmImageTag",
+        str,
+        "25.11.6-ubuntu24.04",
+        "Tag of the Slinky slurmctld/slurmd/slurmrestd images.",
+        "25.11.N-ubuntu24.04",
+        _matches(
+            r"25\.11\.(0|[1-9][0-9]{0,3})-ubuntu24\.04",
+            "a Slinky image tag 25.11.N-ubuntu24.04 (the Slurm release Slinky 1.0 runs, on the tested image), "
+            "e.g. 25.11.6-ubuntu24.04",
+        ),
+    ),
+    Setting(
+        "nodesetName",
+        str,
+        "slinky",
+        "Name of the GPU NodeSet (and its Slurm partition).",
+        "a DNS label of 1-32 characters, not all or default",
+        _nodeset_name,
+    ),
+    _version(
+        "kubePrometheusStackVersion",
+        "80.9.2",
+        "kube-prometheus-stack Helm chart version.",
+        "80",
+        "the tested chart major (a new major changes CRDs and values)",
+    ),
+    _version(
+        "dcgmExporterVersion", "4.7.1", "NVIDIA dcgm-exporter Helm chart version.", "4.7", "the tested chart minor"
+    ),
+    _version("kedaVersion", "2.16.1", "KEDA Helm chart version.", "2.16", "the tested chart minor"),
+    Setting(
+        "kedaMinReplicas",
+        int,
+        1,
+        "slurmd replicas while Slurm has work (KEDA minReplicaCount).",
+        "1 to the most slurmd replicas",
+    ),
+    Setting(
+        "kedaMaxReplicas",
+        int,
+        0,
+        "Most slurmd replicas (KEDA maxReplicaCount); 0 means every GPU slurmd may hold (workerCount, or HPC's share).",
+        "0 to workerCount (to HPC's share when hpcBorrowsAiGpus is false)",
+    ),
+    Setting(
+        "kedaCooldownSeconds",
+        int,
+        300,
+        "Idle seconds slurmd stays warm while no Kubernetes GPU work waits (the demand-aware query's window).",
+        "1 to 86400",
+        _int_range(1, 86400),
+    ),
+    Setting(
+        "kedaPollingSeconds",
+        int,
+        30,
+        "How often KEDA reads the Slurm metrics (pollingInterval).",
+        "1 to 3600",
+        _int_range(1, 3600),
+    ),
+    Setting(
+        "slurmMetricsIntervalSeconds",
+        int,
+        30,
+        "How often Prometheus scrapes slurmctld's metrics (the ServiceMonitor's interval; the triggers' subquery step).",
+        "5 to 300",
+        _int_range(5, 300),
+    ),
+    _version(
+        "trainingOperatorVersion",
+        "v1.8.1",
+        "Kubeflow Training Operator release (standalone overlay).",
+        "1.8",
+        "the tested minor",
+        leading_v=True,
+    ),
+    _version(
+        "kueueVersion",
+        "0.19.2",
+        "Kueue Helm chart version (oci://registry.k8s.io/kueue/charts/kueue), the admission point for Kubernetes GPU work.",
+        "0.19",
+        "the tested minor: the v1beta2 queues and the manager configuration the program writes are those of 0.19",
+    ),
+    # GPU fairness between HPC (slurmd pods) and AI (queued jobs), both admitted by Kueue: components/kueue.py
+    Setting(
+        "aiGuaranteedGpus",
+        int,
+        -1,
+        "AI's share of the GPUs (Kueue nominalQuota of queue ai); HPC's is the rest. -1: half, rounded down.",
+        "-1 (half of workerCount, rounded down) or 0 to workerCount - 1",
+    ),
+    Setting(
+        "aiBorrowsHpcGpus",
+        bool,
+        True,
+        "Kueue may admit AI work onto HPC's idle share (false keeps that share for slurmd alone).",
+        "true or false",
+    ),
+    Setting(
+        "hpcBorrowsAiGpus",
+        bool,
+        True,
+        "slurmd pods may take AI's idle share, so a Slurm job may span every worker; AI takes it back by "
+        "draining (false caps slurmd at HPC's share).",
+        "true or false",
+    ),
+    # The lend-and-reclaim bounds (docs/handoff.md): a borrowed GPU comes back when the job on it
+    # ends, and these cap how long that can take.
+    Setting(
+        "slurmJobMaxMinutes",
+        int,
+        60,
+        "Longest a Slurm job may run (the partitions' MaxTime; sbatch --time above it is refused). Bounds how "
+        "long AI waits for a GPU slurmd borrowed.",
+        "1 to 10080 (a week)",
+        _int_range(1, 10080),
+    ),
+    Setting(
+        "aiJobMaxMinutes",
+        int,
+        60,
+        "Longest a queued AI job may run (its kueue.x-k8s.io/max-exec-time-seconds label, required and checked "
+        "at submit). Bounds how long HPC waits for a GPU AI borrowed.",
+        "1 to 10080 (a week)",
+        _int_range(1, 10080),
+    ),
+    Setting(
+        "aiPreemptsLowerPriority",
+        bool,
+        False,
+        "A waiting ai-high job may evict running ai-normal jobs (never a slurmd pod); false: Kueue never evicts running AI work.",
+        "true or false",
+    ),
+    # Evidence and cost guard: components/managed_prometheus.py, components/budget.py, docs/evidence-and-budget.md
+    Setting(
+        "managedPrometheus",
+        bool,
+        True,
+        "Create an Amazon Managed Service for Prometheus workspace and remote-write the evidence series to it "
+        "(SigV4, the control node's instance role); false keeps the metrics in the cluster only.",
+        "true or false",
+    ),
+    Setting(
+        "managedPrometheusKeep",
+        bool,
+        True,
+        "Keep the workspace and its samples after `pulumi destroy` (stored samples cost until you delete it); "
+        "false deletes it with the stack.",
+        "true or false",
+    ),
+    Setting(
+        "budgetMonthlyUsd",
+        int,
+        0,
+        "An AWS Budget for the account's monthly cost, in USD, that emails budgetEmail when the forecast "
+        "or the actual cost passes it; 0: no budget.",
+        f"0, or 1 to {MAX_BUDGET_USD}",
+        _int_range(0, MAX_BUDGET_USD),
+    ),
+    Setting(
+        "budgetEmail",
+        str,
+        "",
+        "Who the budget alarm emails; required with budgetMonthlyUsd.",
+        "empty, or one e-mail address (with budgetMonthlyUsd above 0)",
+        _optional(_matches(EMAIL, "one e-mail address, e.g. you@example.com")),
+    ),
+)
+
+SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    region: str
+    availability_zone: str
+    admin_cidr: str
+    allow_open_ingress: bool
+    vpc_cidr: str
+    ami_id: str
+    control_instance_type: str
+    worker_instance_type: str
+    worker_count: int
+    spot_workers: bool
+    control_root_volume_gb: int
+    worker_root_volume_gb: int
+    ssh_public_key: str
+    control_plane_generation: int
+    kubernetes_version: str
+    flannel_version: str
+    nvidia_driver_branch: str
+    nvidia_container_toolkit_version: str
+    device_plugin_version: str
+    gpu_feature_discovery: bool
+    cert_manager_version: str
+    slinky_version: str
+    slurm_image_tag: str
+    nodeset_name: str
+    kube_prometheus_stack_version: str
+    dcgm_exporter_version: str
+    keda_version: str
+    keda_min_replicas: int
+    keda_max_replicas: int
+    keda_cooldown_seconds: int
+    keda_polling_seconds: int
+    slurm_metrics_interval_seconds: int
+    training_operator_version: str
+    kueue_version: str
+    ai_guaranteed_gpus: int
+    ai_borrows_hpc_gpus: bool
+    hpc_borrows_ai_gpus: bool
+    slurm_job_max_minutes: int
+    ai_job_max_minutes: int
+    ai_preempts_lower_priority: bool
+    managed_prometheus: bool
+    managed_prometheus_keep: bool
+    budget_monthly_usd: int
+    budget_email: str
+    stack: str = field(default="dev")
+
+    # Derived values: one place computes each.
+    @property
+    def kubernetes_minor(self) -> str:
+        return ".".join(self.kubernetes_version.split(".")[:2])
+
+    @property
+    def subnet_cidr(self) -> str:
+        return str(next(ipaddress.ip_network(self.vpc_cidr).subnets(new_prefix=SUBNET_PREFIX)))
+
+    @property
+    def control_private_ip(self) -> str:
+        return str(ipaddress.ip_network(self.subnet_cidr)[CONTROL_HOST_INDEX])
+
+    @property
+    def worker_private_ips(self) -> list[str]:
+        subnet = ipaddress.ip_network(self.subnet_cidr)
+        return [str(subnet[FIRST_WORKER_HOST_INDEX + i]) for i in range(self.worker_count)]
+
+    @property
+    def ai_gpus(self) -> int:
+        """AI's share of the GPUs (-1: half of them, rounded down)."""
+        return _ai_gpus(self.worker_count, self.ai_guaranteed_gpus)
+
+    @property
+    def slurmd_max_replicas(self) -> int:
+        """slurmd holds one GPU per pod: every GPU if it may borrow AI's idle share, else HPC's share."""
+        return self.keda_max_replicas or _hpc_max_gpus(self.worker_count, self.ai_gpus, self.hpc_borrows_ai_gpus)
+
+
+def _ai_gpus(worker_count: int, ai_guaranteed_gpus: int) -> int:
+    return worker_count // 2 if ai_guaranteed_gpus == -1 else ai_guaranteed_gpus
+
+
+def _hpc_max_gpus(worker_count: int, ai_gpus: int, hpc_borrows_ai_gpus: bool) -> int:
+    return worker_count if hpc_borrows_ai_gpus else worker_count - ai_gpus
+
+
+def max_workers_for_subnet() -> int:
+    """Workers take consecutive addresses from FIRST_WORKER_HOST_INDEX; AWS keeps the last one."""
+    return 2 ** (32 - SUBNET_PREFIX) - 1 - FIRST_WORKER_HOST_INDEX
+
+
+def _parse(setting: Setting, raw: Any) -> tuple[Any, str | None]:
+    """Config values arrive as strings (Pulumi passes every scalar as its text)."""
+    if not isinstance(raw, str):
+        return None, "a plain value (not encrypted, not a list or mapping)"
+    text = raw.strip()
+    if setting.kind is bool:
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true", None
+        return None, "true or false"
+    if setting.kind is int:
+        m = re.fullmatch(r"(-?)([0-9]+)", text)
+        if not m:
+            return None, "a whole number in ASCII digits"
+        canonical = (m[1] + m[2].lstrip("0")) if m[2].lstrip("0") else "0"
+        if canonical != text:  # 010 is ten here and eight to YAML 1.1 and C: one spelling only
+            return None, f"a whole number in ASCII digits without leading zeros or -0 (did you mean {canonical[:20]}?)"
+        if len(m[2]) > MAX_INT_DIGITS:  # out of every range, whatever its sign: let the range say so
+            return 10**MAX_INT_DIGITS, None
+        return int(text), None
+    return text, None
+
+
+def _refusal(key: str, raw: Any, allowed: str | tuple[str, str]) -> str:
+    what, expected = allowed if isinstance(allowed, tuple) else ("is not allowed", allowed)
+    return f"{key}: {show(raw)} {what}; expected {expected}"
+
+
+def _foreign_key(key: str, raw: Any) -> str | None:
+    """A key outside the project's namespace that the user probably meant for the program."""
+    namespace, sep, name = key.partition(":")
+    shown_key = key_shown(key)
+    if not sep:
+        return f"{shown_key}: a key without a namespace is not read; write {PROJECT}:{shown_key}"
+    if namespace in EXPLICIT_PROVIDER_NAMESPACES:
+        if key == "aws:region":
+            return (
+                f"aws:region: {show(raw)} is not read: {EXPLICIT_PROVIDER_NAMESPACES['aws']}; "
+                f"expected the setting region instead, e.g. pulumi config set region {show(raw)}"
+            )
+        return f"{shown_key}: not read: {EXPLICIT_PROVIDER_NAMESPACES[namespace]}"
+    # case and punctuation typos too: gpu_testbed, GPU-testbed, gputestbed are all near; and any
+    # namespace at all before a setting's own name (testbed:workerCount, gpu:workerCount)
+    setting = {k.lower(): k for k in SETTINGS_BY_KEY}.get(name.lower())
+    if setting is None and difflib.SequenceMatcher(None, namespace.lower(), PROJECT).ratio() < 0.8:
+        return None  # another tool's configuration
+    close = [setting] if setting else difflib.get_close_matches(name, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
+    suggestion = f"; did you mean {PROJECT}:{close[0]}?" if close else ""
+    return f"{shown_key}: not read: the project is {PROJECT}, so its keys start with {PROJECT}:{suggestion}"
+
+
+def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -> Settings:
+    """Build Settings from namespaced config (`gpu-testbed:key` -> value), or raise
+    SettingsError listing every problem. `offline` (plan, render, tests) accepts the example
+    adminCidr from a documentation range; a deployment does not."""
+    problems: list[str] = []
+    prefix = PROJECT + ":"
+    given = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
+
+    for key in sorted(k for k in config if not k.startswith(prefix)):
+        problem = _foreign_key(key, config[key])
+        if problem:
+            problems.append(problem)
+    for key in sorted(set(given) - set(SETTINGS_BY_KEY)):
+        close = difflib.get_close_matches(key, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        problems.append(f"{key_shown(key)}: {show(given[key])} is not a setting of {PROJECT}{hint}")
+
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        if s.key not in given:
+            if s.default is None:
+                problems.append(f"{s.key}: missing; required: {s.description}")
+            values[s.attribute] = s.default
+            continue
+        value, parse_problem = _parse(s, given[s.key])
+        allowed = parse_problem or (s.rule(value) if s.rule else None)
+        if not allowed and isinstance(given[s.key], str) and secret_kind(given[s.key]):
+            allowed = f"no secret in any setting: {s.accepted}"  # it would land in user-data and state
+        if allowed:
+            problems.append(_refusal(s.key, given[s.key], allowed))
+        values[s.attribute] = value
+
+    problems += _cross_checks(values, given, problems, offline)
+    if problems:
+        raise SettingsError(problems)
+    return Settings(**values, stack=stack)
+
+
+def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str], offline: bool) -> list[str]:
+    """Rules between settings; a setting already reported is not reported again. Values are
+    echoed as given (a number too long to parse stands in as one out of every range)."""
+    out: list[str] = []
+
+    def raw(key: str) -> str:
+        return show(given.get(key, v[SETTINGS_BY_KEY[key].attribute]))
+
+    def ok(*keys: str) -> bool:
+        bad = {p.split(":", 1)[0] for p in earlier + out}
+        return not bad.intersection(keys)
+
+    cap = max_workers_for_subnet()
+    if ok("workerCount") and not 1 <= v["worker_count"] <= cap:
+        out.append(
+            f"workerCount: {raw('workerCount')} is not allowed; expected an integer from 1 to {cap} "
+            f"(the /{SUBNET_PREFIX} node subnet's capacity)"
+        )
+    if ok("adminCidr", "allowOpenIngress") and v["admin_cidr"] is not None:
+        out += _admin_cidr_checks(v["admin_cidr"], raw("adminCidr"), v["allow_open_ingress"], offline)
+    if ok("availabilityZone", "region") and v["availability_zone"]:
+        zone, region = v["availability_zone"], v["region"]
+        letters = REGION_ZONE_LETTERS.get(region, OTHER_REGION_ZONE_LETTERS)
+        if not re.fullmatch(re.escape(region) + f"[{letters}]", zone):
+            listed = (
+                ", ".join(region + letter for letter in letters)
+                if region in REGION_ZONE_LETTERS
+                else f"{region} and one letter (which exist is not known offline: `python -m cli preflight` checks it)"
+            )
+            out.append(
+                f"availabilityZone: {raw('availabilityZone')} is not allowed; expected a zone of region {region}: "
+                f"{listed}, or empty to pick one that offers the worker type"
+            )
+    if ok("aiGuaranteedGpus", "workerCount") and not -1 <= v["ai_guaranteed_gpus"] < v["worker_count"]:
+        out.append(
+            f"aiGuaranteedGpus: {raw('aiGuaranteedGpus')} is not allowed; expected -1 (half) or an integer from 0 to "
+            f"workerCount - 1 ({v['worker_count'] - 1}): one GPU per worker, and HPC's share needs at least one"
+        )
+    fair = ok("aiGuaranteedGpus", "workerCount")
+    ai_gpus = _ai_gpus(v["worker_count"], v["ai_guaranteed_gpus"]) if fair else 0
+    if fair and ok("aiBorrowsHpcGpus") and ai_gpus == 0 and not v["ai_borrows_hpc_gpus"]:
+        out.append(
+            f"aiBorrowsHpcGpus: {raw('aiBorrowsHpcGpus')} is not allowed with an AI share of 0 GPUs: Kueue would "
+            "admit no Kubernetes GPU work at all; expected true, or aiGuaranteedGpus of 1 or more"
+        )
+    if fair and ok("kedaMinReplicas", "kedaMaxReplicas", "hpcBorrowsAiGpus"):
+        hpc_max = _hpc_max_gpus(v["worker_count"], ai_gpus, v["hpc_borrows_ai_gpus"])
+        max_replicas = v["keda_max_replicas"] or hpc_max
+        if not 0 <= v["keda_max_replicas"] <= hpc_max:
+            out.append(
+                f"kedaMaxReplicas: {raw('kedaMaxReplicas')} is not allowed; expected 0 (= the GPUs slurmd may hold) "
+                f"or an integer from 1 to {hpc_max} (workerCount, or HPC's share when hpcBorrowsAiGpus is false): "
+                "each slurmd pod holds one worker's GPU"
+            )
+        elif not 1 <= v["keda_min_replicas"] <= max_replicas:
+            out.append(
+                f"kedaMinReplicas: {raw('kedaMinReplicas')} is not allowed; expected an integer from 1 to "
+                f"maxReplicaCount ({max_replicas}); KEDA scales to 0 through idleReplicaCount, which must be below it"
+            )
+    if ok("kedaCooldownSeconds", "kedaPollingSeconds", "slurmMetricsIntervalSeconds"):
+        cooldown, polling = v["keda_cooldown_seconds"], v["keda_polling_seconds"]
+        out += _warmth_checks(cooldown, polling, v["slurm_metrics_interval_seconds"], raw)
+    if ok("budgetMonthlyUsd", "budgetEmail") and bool(v["budget_monthly_usd"]) != bool(v["budget_email"]):
+        if v["budget_monthly_usd"]:
+            out.append(
+                f"budgetEmail: missing with budgetMonthlyUsd {raw('budgetMonthlyUsd')}; expected the e-mail address "
+                "the budget alarm goes to"
+            )
+        else:
+            out.append(
+                f"budgetEmail: {raw('budgetEmail')} is not allowed without a budget; expected budgetMonthlyUsd "
+                "above 0 too, or budgetEmail empty"
+            )
+    return out
+
+
+def _warmth_checks(cooldown: int, polling: int, step: int, raw: Callable[[str], str]) -> list[str]:
+    """kedaCooldownSeconds is the window of the demand-aware query's subquery
+    (components/slurmd_scaling.py, `max_over_time(...[<cooldown + step>s:<step>s])`, the step being
+    slurmMetricsIntervalSeconds): shorter than one step, no warmth shorter than a scrape is seen;
+    shorter than KEDA's pollingInterval, KEDA may not read the query inside the window at all."""
+    floor = max(step, polling)
+    if cooldown >= floor:
+        return []
+    return [
+        f"kedaCooldownSeconds: {raw('kedaCooldownSeconds')} is shorter than "
+        + (
+            f"the {step} s scrape interval the query steps by (slurmMetricsIntervalSeconds): it sees nothing shorter"
+            if cooldown < step
+            else f"kedaPollingSeconds ({polling}): KEDA would not read the query within the window"
+        )
+        + f", so slurmd would not be kept warm; expected at least {floor} (the scrape interval {step} s and "
+        f"kedaPollingSeconds {polling}), or a shorter kedaPollingSeconds or slurmMetricsIntervalSeconds"
+    ]
+
+
+def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline: bool) -> list[str]:
+    network = ipaddress.ip_network(cidr)
+    if network.prefixlen < ADMIN_MIN_PREFIX:
+        if allow_open_ingress:
+            return []
+        return [
+            f"adminCidr: {shown} opens SSH and the API server to {network.num_addresses:,} addresses "
+            f"(wider than /{ADMIN_MIN_PREFIX}); expected your own address range, or set allowOpenIngress true "
+            "to accept that"
+        ]
+    if any(network.subnet_of(d) for d in DOCUMENTATION_NETWORKS):
+        if offline:
+            return []
+        return [
+            f"adminCidr: {shown} is a documentation example address nobody connects from; expected your "
+            'own, e.g. pulumi config set adminCidr "$(curl -s https://checkip.amazonaws.com)/32"'
+        ]
+    if not network.is_global or network.is_multicast:  # ipaddress counts 224.0.0.0/4 as global
+        return [
+            f"adminCidr: {shown} is not an internet address range (private, shared, loopback, multicast or reserved), "
+            "and SSH and the API server are reached at the control node's public address; expected the "
+            "address you connect from, e.g. the output of curl -s https://checkip.amazonaws.com, as a.b.c.d/32"
+        ]
+    return []

@@ -1,1 +1,0 @@
-"""Layers of the testbed, composed in order by `stacks.testbed.build`."""

@@ -1,0 +1,386 @@
+"""`python -m cli doctor` against a fake Kubernetes API and a stub `ssh` (and `pulumi`) on PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import MaxRetryError
+
+from cli import doctor
+from cli.checklist import FAIL, OK
+from components import keda, readiness_gate
+from core import host_layout, names
+from core.settings import load
+from tests.conftest import config
+from tests.validation.test_exec_stream import NON_ZERO, SUCCESS, FakeExecServer, status
+
+PUBLIC_IP = "198.51.100.10"
+TOKEN = "abcdef.0123456789abcdef"
+LOG = (
+    "[testbed] kubeadm join\n"
+    f"kubeadm join 10.0.0.10:6443 --token {TOKEN} --discovery-token-ca-cert-hash sha256:00\n"
+    "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n"
+    "FAILED step: gpu driver\n"
+)
+
+
+def settings(**values):
+    return load(config(**values), offline=True)
+
+
+class FakeKube:
+    """A healthy testbed for `s`, which a test then breaks."""
+
+    def __init__(self, s):
+        self.n = names.Names.from_settings(s)
+        ips = [s.control_private_ip, *s.worker_private_ips]
+        self.node_list = [
+            {
+                "metadata": {"name": f"ip-{ip.replace('.', '-')}"},
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": ip}],
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "allocatable": {} if ip == s.control_private_ip else {"nvidia.com/gpu": "1"},
+                },
+            }
+            for ip in ips
+        ]
+        self.pod_lists = {
+            ns: [{"metadata": {"name": f"{ns}-0"}, "status": {"phase": "Running", "conditions": [_ready()]}}]
+            for ns in doctor.PLATFORM_NAMESPACES
+        }
+        self.refuse: set[str] = set()
+        self.sinfo = (0, "".join(f"{p} up 4 idle\n" for p in self.n.slurm.partitions))
+        self.scaled = {"status": {"conditions": [_ready()]}}
+        # what components/keda.py deploys for this stack
+        self.queries = {t["name"]: t["metadata"]["query"] for t in keda.triggers(self.n)}
+        self.series = {name: [{"value": [0, "0"]}] for name in self.queries}
+        self.calls: list[tuple] = []
+
+    def nodes(self):
+        return self.node_list
+
+    def pods(self, namespace):
+        return self.pod_lists.get(namespace, [])
+
+    def dry_run(self, obj):
+        self.calls.append(("dry_run", obj["kind"]))
+        if obj["kind"] in self.refuse:
+            raise ApiException(status=500, reason="Internal error occurred: failed calling webhook")
+
+    def exec(self, namespace, pod, container, command):
+        self.calls.append(("exec", namespace, pod, container, command[0]))
+        return self.sinfo
+
+    def get(self, group, version, namespace, plural, name):
+        self.calls.append(("get", group, namespace, plural, name))
+        return self.scaled
+
+    def hpa(self, namespace, name):
+        self.calls.append(("hpa", namespace, name))
+        metrics = [
+            {"type": "External", "external": {"metric": {"name": f"s{i}-prometheus"}, "current": {"averageValue": "0"}}}
+            for i in range(len(self.queries))
+        ]
+        return {"status": {"currentMetrics": metrics, "desiredReplicas": 0}}
+
+    def prometheus(self, query):
+        (name,) = [n for n, q in self.queries.items() if q == query]  # only the ScaledObject's queries
+        return self.series[name]
+
+
+def _ready():
+    return {"type": "Ready", "status": "True"}
+
+
+def by(checks, name):
+    return [c for c in checks if c.name == name]
+
+
+@pytest.fixture
+def stub_ssh(tmp_path, monkeypatch):
+    """An `ssh` on PATH that records its arguments and prints a bootstrap log with secrets."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "ssh-calls"
+    script = bin_dir / "ssh"
+    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {record}\ncat <<\'EOF\'\n{LOG}EOF\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return record
+
+
+def ssh_logs(tmp_path):
+    return doctor.Ssh(PUBLIC_IP, "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----", tmp_path)
+
+
+def test_a_healthy_testbed(tmp_path):
+    s = settings()
+    kube = FakeKube(s)
+    checks = doctor.Doctor(s, kube, ssh_logs(tmp_path).log_tail).run()
+    assert {c.status for c in checks} == {OK}, [c.lines() for c in checks]
+    assert len(by(checks, "node")) == 1 + s.worker_count and len(by(checks, "pods")) == len(doctor.PLATFORM_NAMESPACES)
+    assert [c.detail.split(" admits")[0] for c in by(checks, "webhook")] == [
+        "cert-manager",
+        "Slinky operator",
+        "Training Operator",
+    ]
+    triggers = ", ".join(f"s{i}-prometheus=0" for i in range(len(kube.queries)))  # one per trigger
+    assert f"triggers {triggers}; HPA wants 0" in by(checks, "scaledobject")[0].detail
+    shown = by(checks, "prometheus")[0].detail.removeprefix("scrapes slurmctld: ")
+    assert [v.split("=")[0] for v in shown.split(", ")] == list(kube.queries)
+
+
+def test_names_come_from_the_contract(tmp_path):
+    s = settings(nodesetName="gpu", workerCount=2)
+    n = names.Names.from_settings(s)
+    kube = FakeKube(s)
+    doctor.Doctor(s, kube, None).run()
+    assert ("exec", n.slurm.namespace, n.slurm.controller_pod, names.SLURMCTLD_CONTAINER, "sinfo") in kube.calls
+    assert ("get", "keda.sh", n.slurm.namespace, "scaledobjects", n.scaled_object) in kube.calls
+    assert ("hpa", n.slurm.namespace, n.keda_hpa) in kube.calls
+    assert ("dry_run", "NodeSet") in kube.calls
+
+
+def test_a_missing_and_a_notready_worker_bring_their_log_tails_redacted(tmp_path, stub_ssh):
+    s = settings()
+    kube = FakeKube(s)
+    missing_ip, notready_ip = s.worker_private_ips[0], s.worker_private_ips[1]
+    kube.node_list = [n for n in kube.node_list if doctor._internal_ip(n) != missing_ip]
+    next(n for n in kube.node_list if doctor._internal_ip(n) == notready_ip)["status"]["conditions"] = [
+        {"type": "Ready", "status": "False"}
+    ]
+    checks = doctor.Doctor(s, kube, ssh_logs(tmp_path).log_tail).run()
+    failed = [c for c in by(checks, "node") if c.status == FAIL]
+    assert [c.detail for c in failed] == [
+        f"worker {missing_ip} has not joined the cluster",
+        f"worker {notready_ip} (ip-{notready_ip.replace('.', '-')}) is NotReady",
+    ]
+    for c in failed:
+        assert c.evidence.startswith(f"tail of {host_layout.BOOTSTRAP_LOG} on ")
+        assert "FAILED step: gpu driver" in c.evidence and "[redacted token]" in c.evidence
+        assert TOKEN not in c.evidence and "MIIEvQ" not in c.evidence and "[redacted PEM block]" in c.evidence
+    calls = stub_ssh.read_text().splitlines()
+    assert len(calls) == 2
+    for call, ip in zip(calls, (missing_ip, notready_ip), strict=True):
+        assert f"-J {host_layout.SSH_USER}@{PUBLIC_IP} {host_layout.SSH_USER}@{ip} " in call
+        assert call.endswith(f"sudo tail -n {doctor.LOG_LINES} {host_layout.BOOTSTRAP_LOG}")
+    config_text = (tmp_path / "ssh_config").read_text()
+    assert "BatchMode yes" in config_text and f"ConnectTimeout {doctor.SSH_CONNECT_TIMEOUT}" in config_text
+    assert oct((tmp_path / "id_testbed").stat().st_mode & 0o777) == "0o600"
+
+
+def test_doctor_reaches_each_node_with_the_command_the_readiness_gate_prints(tmp_path):
+    s = settings()
+    ssh = ssh_logs(tmp_path)
+    for ip, is_control in ((s.control_private_ip, True), (s.worker_private_ips[0], False)):
+        words = ssh.command(ip, is_control)
+        assert words[1:3] == ["-F", str(tmp_path / "ssh_config")]
+        printed = readiness_gate.ssh_command(PUBLIC_IP, None if is_control else ip)
+        assert [words[0], *words[3:-1]] == printed
+    assert printed == ["ssh", "-J", f"ubuntu@{PUBLIC_IP}", f"ubuntu@{s.worker_private_ips[0]}"]
+
+
+def test_the_control_node_log_is_read_directly(tmp_path, stub_ssh):
+    s = settings()
+    kube = FakeKube(s)
+    kube.node_list = kube.node_list[1:]
+    (failed,) = [c for c in doctor.Doctor(s, kube, ssh_logs(tmp_path).log_tail).run() if c.status == FAIL]
+    assert failed.detail == f"control node {s.control_private_ip} has not joined the cluster"
+    assert "-J" not in stub_ssh.read_text() and f"{host_layout.SSH_USER}@{PUBLIC_IP} sudo tail" in stub_ssh.read_text()
+
+
+def test_a_worker_without_its_gpu(tmp_path):
+    s = settings()
+    kube = FakeKube(s)
+    kube.node_list[1]["status"]["allocatable"] = {}
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert "offers nvidia.com/gpu=0, expected 1" in failed.detail
+    assert "not readable" in failed.evidence
+
+
+def test_pods_not_ready_and_a_namespace_without_pods():
+    s = settings()
+    kube = FakeKube(s)
+    kube.pod_lists[names.KEDA_NAMESPACE] = []
+    kube.pod_lists[names.SLURM_NAMESPACE].append(
+        {"metadata": {"name": "slurm-controller-0"}, "status": {"phase": "Running", "conditions": []}}
+    )
+    kube.pod_lists[names.MONITORING_NAMESPACE].append({"metadata": {"name": "done"}, "status": {"phase": "Succeeded"}})
+    failed = {c.detail for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL}
+    assert failed == {
+        f"namespace {names.KEDA_NAMESPACE}: no pods",
+        f"namespace {names.SLURM_NAMESPACE}: 1 of 2 not Ready: slurm-controller-0",
+    }
+
+
+def test_a_webhook_that_refuses():
+    s = settings()
+    kube = FakeKube(s)
+    kube.refuse = {"PyTorchJob"}
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert failed.name == "webhook" and failed.detail.startswith(
+        "Training Operator: a dry-run PyTorchJob was refused (500"
+    )
+
+
+def test_sinfo_failures():
+    s = settings()
+    kube = FakeKube(s)
+    kube.sinfo = (0, "all up 4 idle\n")
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert failed.detail == f"partitions {s.nodeset_name} missing from sinfo"
+    kube.sinfo = (1, "slurm_load_partitions: Unable to contact slurm controller")
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert "exited 1: slurm_load_partitions" in failed.detail
+
+
+def test_scaled_object_not_ready_and_prometheus_without_slurmctld():
+    s = settings()
+    kube = FakeKube(s)
+    kube.scaled = {"status": {"conditions": [{"type": "Ready", "status": "False", "message": "trigger error"}]}}
+    last = list(kube.series)[-1]  # every query is asked, not only the first
+    kube.series[last] = []
+    failed = {c.name: c.detail for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL}
+    assert failed["scaledobject"] == "slurmd not Ready: trigger error"
+    assert failed["prometheus"].startswith(f"no series for {last}:")
+    assert "MetricsType=metrics/openmetrics" in failed["prometheus"], "names the cause seen on the real slurmctld"
+
+
+def test_prometheus_is_asked_the_deployed_queries_with_the_stacks_cooldown():
+    s = settings(kedaCooldownSeconds="600")
+    kube = FakeKube(s)
+    asked = []
+    answer = kube.prometheus
+    kube.prometheus = lambda query: asked.append(query) or answer(query)
+    checks = {c.name: c.status for c in doctor.Doctor(s, kube, None).run()}
+    assert checks["prometheus"] == OK
+    assert sorted(asked) == sorted(kube.queries.values()) and any("[630s:" in q for q in asked)
+
+
+def test_redaction_of_a_block_the_tail_cut():
+    assert doctor.redact("QUJD\n-----END CERTIFICATE-----\nok") == "[redacted PEM block]\nok"
+    assert doctor.redact("a\n-----BEGIN PRIVATE KEY-----\nQUJD") == "a\n[redacted PEM block]"
+
+
+def write_stub_pulumi(tmp_path, monkeypatch, outputs):
+    bin_dir = tmp_path / "pbin"
+    bin_dir.mkdir()
+    (tmp_path / "outputs.json").write_text(json.dumps(outputs))
+    script = bin_dir / "pulumi"
+    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'outputs.json'}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_cli_exit_codes(tmp_path, monkeypatch, capsys):
+    write_stub_pulumi(tmp_path, monkeypatch, {"controlPlanePublicIp": PUBLIC_IP})
+    s = settings()
+    assert doctor.main(["--config", "adminCidr=203.0.113.7/32"], kube=FakeKube(s)) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("ok      node: control node") and out[-1] == "verdict: healthy"
+    broken = FakeKube(s)
+    broken.refuse = {"ClusterIssuer"}
+    assert doctor.main([], kube=broken) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "verdict: 1 problem(s): webhook"
+
+    class Unreachable(FakeKube):
+        def nodes(self):
+            raise MaxRetryError(None, "/api/v1/nodes")
+
+    assert doctor.main([], kube=Unreachable(s)) == 2
+    assert capsys.readouterr().err.strip() == "cluster: cannot reach the API server (MaxRetryError)"
+    assert doctor.main(["--config", "workerCount=zero"]) == 2
+    assert capsys.readouterr().err.startswith('workerCount: "zero" is not allowed')
+    assert doctor.main(["--kubeconfig", str(tmp_path / "nope")]) == 2
+    assert "--kubeconfig:" in capsys.readouterr().err
+    (tmp_path / "bad.yaml").write_text("not: a kubeconfig\n")
+    assert doctor.main(["--kubeconfig", str(tmp_path / "bad.yaml")]) == 2
+    line = capsys.readouterr().err.strip()  # the path may be cut at 60 characters
+    assert line.startswith('--kubeconfig: "') and line.endswith('" is not a kubeconfig: it names no clusters')
+
+
+def test_dispatch_from_python_m_cli(tmp_path, monkeypatch, capsys):
+    from cli import __main__ as cli
+
+    write_stub_pulumi(tmp_path, monkeypatch, {})
+    assert cli.main(["doctor", "--kubeconfig", str(Path(tmp_path / "missing"))]) == 2
+    assert "is not a file" in capsys.readouterr().err
+
+
+def test_the_real_adapter_asks_the_api_server_the_right_paths():
+    from kubernetes import client
+
+    api = client.ApiClient(client.Configuration(host="https://203.0.113.7:6443"))
+    seen = []
+
+    def call_api(resource_path, method, path_params=None, query_params=None, *args, **kwargs):
+        path = resource_path
+        for key, value in (path_params or {}).items():
+            path = path.replace("{" + key + "}", value)
+        seen.append((method, path, dict(query_params or [])))
+        return ({"data": {"result": [{"value": [0, "2"]}]}}, 200, {})
+
+    api.call_api = call_api
+    n = names.Names.from_settings(settings())
+    kube = doctor.KubeApi(api, n)
+    from components import cert_manager, slinky
+
+    kube.dry_run(cert_manager.webhook_probe())
+    kube.dry_run(slinky.operator_webhook_probe(n.slurm))
+    assert kube.prometheus("up") == [{"value": [0, "2"]}]
+    assert seen == [
+        ("POST", "/apis/cert-manager.io/v1/clusterissuers", {"dryRun": "All"}),
+        (
+            "POST",
+            f"/apis/slinky.slurm.net/v1beta1/namespaces/{names.SLINKY_OPERATOR_NAMESPACE}/nodesets",
+            {"dryRun": "All"},
+        ),
+        (
+            "GET",
+            f"/api/v1/namespaces/{names.MONITORING_NAMESPACE}/services/{n.prometheus_service}:{names.PROMETHEUS_PORT}"
+            "/proxy/api/v1/query",
+            {"query": "up"},
+        ),
+    ]
+
+
+def test_a_missing_object_is_a_failed_check_not_a_crash():
+    s = settings()
+
+    class NoScaledObject(FakeKube):
+        def get(self, *args):
+            raise ApiException(status=404, reason="Not Found")
+
+    failed = [c for c in doctor.Doctor(s, NoScaledObject(s), None).run() if c.status == FAIL]
+    assert [(c.name, c.detail) for c in failed] == [("scaledobject", "API error 404 Not Found")]
+
+
+def test_the_real_adapter_execs_through_validations_exec_stream():
+    """doctor's exec is validation's (KubeCluster._exec), against a fake API server speaking the
+    exec websocket: output and exit code come back, and a stream without an exit status is exit 1
+    with why, not a crash."""
+    from kubernetes import client
+
+    servers = [
+        FakeExecServer([("send", 1, "gpu* up 4 idle\n"), ("send", 2, "warn\n"), status(SUCCESS), ("close",)]),
+        FakeExecServer([("send", 2, "no\n"), status(NON_ZERO), ("close",)]),
+        FakeExecServer([("send", 1, "gpu"), ("close",)]),
+    ]
+    try:
+        answers = []
+        for server in servers:
+            configuration = client.Configuration(host=f"http://127.0.0.1:{server.port}")
+            kube = doctor.KubeApi(client.ApiClient(configuration), names.Names.from_settings(settings()))
+            answers.append(kube.exec("slurm", "slurm-controller-0", "slurmctld", ["sinfo"]))
+    finally:
+        for server in servers:
+            server.stop()
+    assert answers[:2] == [(0, "gpu* up 4 idle\nwarn\n"), (3, "no\n")]
+    assert answers[2][0] == 1 and answers[2][1].startswith("exec sinfo in slurm/slurm-controller-0: ")
+    assert servers[0].requests[0]["path"] == "/api/v1/namespaces/slurm/pods/slurm-controller-0/exec"

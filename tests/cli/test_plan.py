@@ -1,0 +1,118 @@
+"""`python -m cli plan` explains itself: where, what, who may reach it, in what order, at what cost."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+from cli import artifacts
+from program import pricing
+from tests.conftest import ADMIN_CIDR, depends, run_program
+
+
+def with_settings(rec, **changes):
+    return dataclasses.replace(rec, settings=dataclasses.replace(rec.settings, **changes))
+
+
+def test_the_plan_opens_with_stack_region_zone_nodes_and_admin_range(default_run, spot_run):
+    head = artifacts.plan_header(default_run)
+    assert head[0].startswith("stack dev: region us-east-1, zone the first zone of us-east-1 offering g4dn.xlarge")
+    assert "  control-plane: 1 x t3.medium (on-demand; root disk 40 GiB gp3)" in head
+    assert "  gpu-worker: 4 x g4dn.xlarge (on-demand; root disk 100 GiB gp3)" in head
+    assert head[-2] == f"admin range: {ADMIN_CIDR} may reach ports 22, 6443 (SSH, API server)"
+    # the tests' address is a documentation address, as the example stack's is: `pulumi up` refuses it
+    assert head[-1].startswith(f"WARNING: adminCidr {ADMIN_CIDR} is the example address: `pulumi up` refuses it")
+    assert "  gpu-worker: 4 x g4dn.xlarge (4 spot, 0 on-demand; root disk 100 GiB gp3)" in artifacts.plan_header(
+        spot_run
+    )
+    configured = artifacts.plan_header(with_settings(default_run, availability_zone="us-east-1a"))
+    assert configured[0] == (
+        "stack dev: region us-east-1, zone us-east-1a (configured; whether it offers g4dn.xlarge and t3.medium is "
+        "not known offline: `python -m cli preflight` checks it)"
+    )
+
+
+def test_the_summary_gives_the_daily_cost_and_the_deploy_time_and_warns_only_for_an_example_address(default_run):
+    head = artifacts.plan_header(default_run)
+    hourly = pricing.estimate(default_run.settings).hourly_usd
+    (cost,) = [line for line in head if line.startswith("cost: ")]
+    assert (
+        cost
+        == f"cost: about ${hourly:.2f}/hour, ${hourly * 24:.2f}/day, charged until `pulumi destroy` (estimate below)"
+    )
+    assert "$53." in cost, "4 x g4dn.xlarge and a t3.medium in us-east-1: about $53 a day"
+    assert "deploy: `pulumi up` takes about 20-30 minutes" in "\n".join(head)
+    own = artifacts.plan_header(run_program(adminCidr="81.2.69.0/28"))
+    assert "admin range: 81.2.69.0/28 may reach ports 22, 6443 (SSH, API server)" in own
+    assert not [line for line in own if line.startswith("WARNING")]
+    elsewhere = artifacts.plan_header(with_settings(default_run, region="af-south-1"))
+    assert "cost: unknown (no pinned prices for this region; program/pricing.py)" in elsewhere
+    assert not any(line.startswith("None/") for line in artifacts.plan_text(default_run).splitlines())
+
+
+def test_waits_for_uses_the_names_of_the_install_list(default_run):
+    lines = artifacts.install_order(default_run)
+    names = [re.match(r"\s+\d+\. (\S+): ", line)[1] for line in lines]
+    assert len(names) == len(set(names))
+    for index, line in enumerate(lines):
+        after = line.split("  <- ", 1)[1]
+        if after.startswith("every step above"):
+            continue
+        waited = [] if after == "nothing" else after.split(", ")
+        assert set(waited) <= set(names[:index]), line  # only names listed earlier
+
+
+def test_keda_waits_for_everything_and_says_why(default_run):
+    lines = artifacts.install_order(default_run)
+    (keda,) = [(i, line) for i, line in enumerate(lines) if ": helm keda " in line]
+    index, line = keda
+    assert f"<- every step above ({index}): while KEDA's external-metrics APIService" in line
+    # and it really does: its release (or its provider) waits for every earlier step, directly or not
+    release = default_run.named("testbed-keda-release")
+    provider = next(r for r in default_run.resources if r.urn == release.provider.rsplit("::", 1)[0])
+    for earlier in lines[:index]:
+        step = default_run.named(re.match(r"\s+\d+\. (\S+): ", earlier)[1])
+        assert depends(default_run, release, step) or depends(default_run, provider, step), earlier
+
+
+def test_cost_is_broken_down_and_adds_up(default_run):
+    cost = pricing.estimate(default_run.settings)
+    lines = artifacts.cost_lines(default_run, cost)
+    assert lines[0] == f"estimated cost: ${cost.hourly_usd:.2f}/hour ({cost.basis})"
+    assert cost.instances_usd + cost.disks_usd + cost.addresses_usd == pytest.approx(cost.hourly_usd)
+    assert "4 x g4dn.xlarge at $0.526, 1 x t3.medium at $0.0416" in lines[1]
+    assert "(440 GiB gp3 at $0.08/GiB-month)" in lines[2] and "(5 public IPv4 at $0.005 each)" in lines[3]
+    assert not any("WARNING" in line for line in lines)
+
+
+def test_a_type_without_a_price_is_named_not_guessed(default_run):
+    rec = with_settings(default_run, worker_instance_type="g6.xlarge")
+    lines = artifacts.cost_lines(rec, pricing.estimate(rec.settings))
+    assert lines[0].startswith("estimated cost: unknown (no pinned price for g6.xlarge in us-east-1)")
+    assert lines[-1].startswith("  WARNING: no pinned price for g6.xlarge in us-east-1")
+    rec = with_settings(default_run, region="ap-south-1")
+    warned = [line for line in artifacts.cost_lines(rec, pricing.estimate(rec.settings)) if "WARNING" in line]
+    assert [w.split(" for ")[1].split(" in ")[0] for w in warned] == ["t3.medium", "g4dn.xlarge", "gp3"]
+
+
+def test_plan_json_shows_which_worker_waits_for_which(default_run, deployed_run):
+    """What `plan --json` prints: each worker's dependsOn and its joined step's lifecycle options."""
+
+    def elements(rec):
+        return {e["name"]: e for e in json.loads(json.dumps(artifacts.plan_elements(rec)))}
+
+    first, deployed = elements(default_run), elements(deployed_run)
+    control = first["testbed-control-instance"]["urn"]
+    joined = [f"testbed-worker-{i}-joined" for i in range(4)]
+    for i, name in enumerate(joined):
+        for plan in (first, deployed):
+            step = plan[name]
+            assert plan[f"testbed-worker-{i}-instance"]["urn"] in step["dependsOn"]
+            assert (step["deletedWith"], step["replaceWith"], step["deleteBeforeReplace"]) == (control, [control], True)
+    for i in range(1, 4):
+        waits = set(deployed[f"testbed-worker-{i}-instance"]["dependsOn"])
+        assert waits & {deployed[j]["urn"] for j in joined} == {deployed[joined[i - 1]]["urn"]}
+        assert not set(first[f"testbed-worker-{i}-instance"]["dependsOn"]) & {first[j]["urn"] for j in joined}

@@ -1,0 +1,335 @@
+"""`python -m cli preflight` against moto's in-process AWS (no network): each check passing
+and failing. moto has no EC2 quotas, so tests set the ones they need on its Service Quotas
+backend; a quota they do not set reads as unknown, as an unreadable one does on AWS."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from datetime import UTC, datetime
+
+import boto3
+import moto
+import pytest
+from botocore.exceptions import ClientError
+from moto.ec2.models import ec2_backends
+from moto.ec2.models.amis import Ami
+from moto.servicequotas.models import ServiceQuotasBackend
+
+from cli import preflight
+from components import ec2 as ec2_component
+from core.settings import load
+from tests.conftest import config, run_program
+
+REGION = "us-east-1"
+ENOUGH = {
+    ("ec2", "L-DB2E81BA"): 16,
+    ("ec2", "L-1216C47A"): 32,
+    ("ec2", "L-0263D0A3"): 5,
+    ("ec2", "L-3819A6DF"): 16,
+}
+
+
+@pytest.fixture(scope="module")
+def aws_env():
+    """Fake credentials and no default AMIs (loading them is slow); one boto3 session for the
+    module, so service models load once."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": REGION,
+            "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
+        }.items():
+            mp.setenv(key, value)
+        yield boto3.Session()
+
+
+@pytest.fixture
+def recorded(default_run):
+    return preflight.needs(default_run)
+
+
+@pytest.fixture
+def aws(aws_env, monkeypatch):
+    """A fresh emulated account per test, with the quotas in `quotas` readable."""
+    quotas: dict[tuple[str, str], float] = dict(ENOUGH)
+    original = ServiceQuotasBackend.get_service_quota
+
+    def get_service_quota(self, service_code, quota_code):
+        if (service_code, quota_code) in quotas:
+            return {
+                "ServiceCode": service_code,
+                "QuotaCode": quota_code,
+                "Value": float(quotas[service_code, quota_code]),
+            }
+        return original(self, service_code, quota_code)
+
+    monkeypatch.setattr(ServiceQuotasBackend, "get_service_quota", get_service_quota)
+    with moto.mock_aws():
+        yield aws_env, quotas
+
+
+def ubuntu_image(name_suffix: str = "20261120", image_id: str = "ami-0123456789abcdef0") -> None:
+    backend = ec2_backends["123456789012"][REGION]
+    backend.amis[image_id] = Ami(
+        backend,
+        ami_id=image_id,
+        name=ec2_component.UBUNTU_2404_AMD64.replace("*", name_suffix),
+        owner_id=ec2_component.UBUNTU_OWNER,
+        architecture="x86_64",
+        virtualization_type="hvm",
+        creation_date=datetime(2026, 11, 20, tzinfo=UTC),
+        public=True,
+    )
+
+
+def run(session, need, **settings) -> dict[str, preflight.Check]:
+    """The checks by name; vCPU checks by name and quota."""
+    checks = preflight.Preflight(load(config(**settings), offline=True), need, session).run()
+    return {f"{c.name} {c.detail.split(' (')[0]}" if "vCPUs" in c.name else c.name: c for c in checks}
+
+
+def test_needs_come_from_the_program(recorded, spot_run):
+    assert sorted(recorded.instances) == [("g4dn.xlarge", False)] * 4 + [("t3.medium", False)]
+    assert (recorded.elastic_ips, recorded.vpcs, recorded.key_pairs) == (1, 1, ("testbed-ssh-keypair",))
+    # the lookup preflight repeats is the one components/ec2.py makes
+    assert recorded.ami_lookup["owners"] == [ec2_component.UBUNTU_OWNER]
+    assert {"name": "name", "values": [ec2_component.UBUNTU_2404_AMD64]} in recorded.ami_lookup["filters"]
+    spot = preflight.needs(spot_run)
+    assert sorted(spot.instances) == [("g4dn.xlarge", True)] * 4 + [("t3.medium", False)]
+
+
+def test_a_ready_account(aws, recorded):
+    session, _ = aws
+    ubuntu_image()
+    checks = run(session, recorded)
+    assert {c.status for c in checks.values()} == {preflight.OK}, [c.lines() for c in checks.values()]
+    assert "account 123456789012" in checks["credentials"].detail
+    assert checks["zone"].detail.startswith("us-east-1a (first zone offering the worker type)")
+    assert "ami-0123456789abcdef0" in checks["ami"].detail
+    g = checks["on-demand vCPUs Running On-Demand G and VT instances"]
+    assert "need 16 vCPUs, in use 0, quota 16" in g.detail
+    assert "need 2 vCPUs" in checks["on-demand vCPUs Running On-Demand Standard"].detail
+    assert preflight.verdict(list(checks.values())) == (0, "verdict: ready")
+
+
+def test_short_gpu_quota_prints_the_request_counting_what_already_runs(aws, recorded):
+    session, quotas = aws
+    ubuntu_image()
+    quotas["ec2", "L-DB2E81BA"] = 0
+    session.client("ec2", region_name=REGION).run_instances(
+        ImageId="ami-0123456789abcdef0", MinCount=1, MaxCount=1, InstanceType="g4dn.xlarge"
+    )
+    checks = run(session, recorded)
+    g = checks["on-demand vCPUs Running On-Demand G and VT instances"]
+    assert g.status == preflight.FAIL and "need 16 vCPUs, in use 4, quota 0: short by 20" in g.detail
+    assert g.remedy == (
+        "aws service-quotas request-service-quota-increase --service-code ec2 "
+        "--quota-code L-DB2E81BA --desired-value 20 --region us-east-1"
+    )
+    code, text = preflight.verdict(list(checks.values()))
+    assert code == 1 and "on-demand vCPUs" in text
+
+
+def test_spot_workers_count_against_the_spot_quota(aws, recorded, spot_run):
+    session, quotas = aws
+    ubuntu_image()
+    quotas["ec2", "L-3819A6DF"] = 8
+    checks = run(session, preflight.needs(spot_run))
+    spot = checks["spot vCPUs All G and VT Spot Instance Requests"]
+    assert spot.status == preflight.FAIL and "L-3819A6DF" in spot.remedy and "--desired-value 16" in spot.remedy
+    assert not any("G and VT instances" in name for name in checks)  # no on-demand GPU need
+
+
+def test_unreadable_quota_is_unknown_not_a_crash(aws, recorded):
+    session, quotas = aws
+    ubuntu_image()
+    del quotas["ec2", "L-0263D0A3"]
+    checks = run(session, recorded)
+    assert checks["elastic IPs"].status == preflight.UNKNOWN and "unreadable" in checks["elastic IPs"].detail
+    assert preflight.verdict(list(checks.values())) == (0, "verdict: ready, 1 check(s) to confirm by hand")
+
+
+def test_elastic_ips_and_vpcs_in_use_leave_no_room(aws, recorded):
+    session, _ = aws
+    ubuntu_image()
+    client = session.client("ec2", region_name=REGION)
+    for _ in range(5):
+        client.allocate_address(Domain="vpc")
+    for i in range(4):  # with the default VPC: 5 of moto's 5
+        client.create_vpc(CidrBlock=f"10.{i}.0.0/16")
+    checks = run(session, recorded)
+    assert checks["elastic IPs"].status == preflight.FAIL and "in use 5, quota 5" in checks["elastic IPs"].detail
+    assert "--quota-code L-0263D0A3 --desired-value 6" in checks["elastic IPs"].remedy
+    assert checks["VPCs"].status == preflight.FAIL and "--service-code vpc --quota-code L-F678F1CE" in (
+        checks["VPCs"].remedy
+    )
+
+
+def test_zone_that_does_not_offer_a_type(aws, recorded):
+    session, _ = aws
+    checks = run(session, recorded, availabilityZone="us-east-1e")  # moto: no g4dn in 1e
+    assert checks["zone"].status == preflight.FAIL
+    assert checks["zone"].detail.startswith('availabilityZone: "us-east-1e" does not offer g4dn.xlarge')
+    control_elsewhere = dataclasses.replace(recorded, instances=(("g4dn.xlarge", False), ("p3.2xlarge", False)))
+    checks = run(session, control_elsewhere)
+    assert checks["zone"].status == preflight.FAIL and "does not offer p3.2xlarge" in checks["zone"].detail
+
+
+def test_region_not_enabled(aws, recorded):
+    session, _ = aws
+    checks = run(session, recorded, region="ap-east-1")
+    assert checks["region"].status == preflight.FAIL
+    assert checks["region"].remedy == "aws account enable-region --region-name ap-east-1"
+
+
+def test_ami_lookup_and_pin(aws, recorded):
+    session, _ = aws
+    checks = run(session, recorded)
+    assert checks["ami"].status == preflight.FAIL and "pin amiId" in checks["ami"].detail
+    ubuntu_image()
+    pinned = dataclasses.replace(recorded, ami_lookup=None)
+    assert run(session, pinned, amiId="ami-0123456789abcdef0")["ami"].status == preflight.OK
+    missing = run(session, pinned, amiId="ami-0fedcba9876543210")["ami"]
+    assert missing.status == preflight.FAIL and "InvalidAMIID" in missing.detail
+
+
+def test_key_pair_of_this_stack_is_reported(aws, recorded):
+    session, _ = aws
+    ubuntu_image()
+    tags = [{"Key": "testbed:project", "Value": "gpu-testbed"}, {"Key": "testbed:stack", "Value": "dev"}]
+    session.client("ec2", region_name=REGION).create_key_pair(
+        KeyName="testbed-ssh-keypair-1a2b3c4", TagSpecifications=[{"ResourceType": "key-pair", "Tags": tags}]
+    )
+    check = run(session, recorded)["key pair"]
+    assert check.status == preflight.WARN and "testbed-ssh-keypair-1a2b3c4 of stack dev exists" in check.detail
+
+
+def test_a_denied_call_names_the_policy(aws, recorded):
+    session, _ = aws
+    ubuntu_image()
+
+    class Denying:
+        def client(self, name, **kwargs):
+            client = session.client(name, **kwargs)
+            if name == "ec2":
+
+                def denied(**_):
+                    raise ClientError({"Error": {"Code": "UnauthorizedOperation"}}, "DescribeAddresses")
+
+                client.describe_addresses = denied
+            return client
+
+    check = run(Denying(), recorded)["addresses"]
+    assert check.status == preflight.FAIL
+    assert check.detail == "not permitted to call DescribeAddresses: see iam/testbed-policy.json"
+
+
+def test_no_credentials_and_no_network_are_one_line(aws_env, recorded, monkeypatch, tmp_path):
+    s = load(config(), offline=True)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(preflight.Unreachable, match=r"^credentials: none found"):
+        preflight.Preflight(s, recorded, boto3.Session()).run()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on discard
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(preflight.Unreachable, match=r"^network: cannot reach AWS"):
+        preflight.Preflight(s, recorded, boto3.Session()).run()
+
+
+def test_cli_bad_settings_exit_2_before_any_call(capsys):
+    from cli import __main__ as cli
+
+    # Pulumi.dev.yaml ships a documentation adminCidr: fine for plan, refused before a deployment
+    assert cli.main(["preflight"]) == 2
+    assert "adminCidr" in capsys.readouterr().err
+    assert cli.main(["preflight", "--config", "adminCidr=1.2.3.4/32", "--config", "workerCount=0"]) == 2
+    assert capsys.readouterr().err.startswith('workerCount: "0" is not allowed')
+    for tool in ("preflight", "doctor", "e2e"):  # bad arguments: one line, exit 2
+        with pytest.raises(SystemExit) as exited:
+            cli.main([tool, "--no-such-flag"])
+        assert exited.value.code == 2
+        prog = f"python -m cli {tool}"
+        assert capsys.readouterr().err == f"{prog}: unrecognized arguments: --no-such-flag; see {prog} --help\n"
+
+
+def test_cli_prints_one_line_per_check_and_the_verdict(aws, default_run, capsys, monkeypatch):
+    session, quotas = aws
+    monkeypatch.setattr(preflight.offline, "run", lambda config, stack: default_run)  # the same program, recorded once
+    ubuntu_image()
+    quotas["ec2", "L-DB2E81BA"] = 0
+    assert preflight.main(["--config", "adminCidr=1.2.3.4/32"], session=session) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ok      credentials: account 123456789012")
+    assert lines[-1] == "verdict: 1 problem(s): on-demand vCPUs"
+    assert any(line.strip().startswith("-> aws service-quotas request-service-quota-increase") for line in lines)
+
+
+def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, recorded):
+    from tests.program.test_iam import ACTIONS, granted
+
+    session, _ = aws
+    ubuntu_image()
+    calls: set[str] = set()
+
+    def note(model, **_):
+        calls.add(f"{model.service_model.signing_name}:{model.name}")
+
+    session.events.register("before-call", note)
+    try:
+        run(session, recorded)
+        run(session, dataclasses.replace(recorded, ami_lookup=None), amiId="ami-0123456789abcdef0")
+    finally:
+        session.events.unregister("before-call", note)
+    assert calls == set(ACTIONS["tools"]["preflight"]) and calls <= granted()
+    assert all(re.fullmatch(r"[a-z0-9]+:(Describe|Get|List)[A-Za-z]+", c) for c in calls), sorted(calls)
+
+
+def test_managed_prometheus_answers_and_names_the_workspaces_kept_from_earlier_runs(aws, recorded):
+    session, _ = aws
+    ubuntu_image()
+    (alias,) = recorded.workspaces  # the alias the program gives its workspace
+    assert alias == "gpu-testbed-dev"
+    assert (
+        run(session, recorded)["managed prometheus"].detail
+        == "answers in us-east-1; `pulumi up` creates workspace gpu-testbed-dev"
+    )
+    amp = session.client("amp", region_name=REGION)
+    kept = amp.create_workspace(alias=alias)["workspaceId"]
+    amp.create_workspace(alias=alias + "-other")  # AWS filters aliases by prefix: not this stack's
+    check = run(session, recorded)["managed prometheus"]
+    assert check.status == preflight.OK
+    assert check.detail.startswith(f"1 workspace(s) gpu-testbed-dev in the region ({kept}): the deployed stack's, ")
+
+
+def test_managed_prometheus_not_offered_in_the_region_fails_with_the_way_out(aws, recorded):
+    from botocore.exceptions import EndpointConnectionError
+
+    session, _ = aws
+    ubuntu_image()
+
+    def no_endpoint(request, **_):
+        raise EndpointConnectionError(endpoint_url=request.url)
+
+    session.events.register("before-send.amp", no_endpoint)
+    try:
+        checks = run(session, recorded)
+    finally:
+        session.events.unregister("before-send.amp", no_endpoint)
+    check = checks["managed prometheus"]
+    assert check.status == preflight.FAIL and check.detail.endswith("or set managedPrometheus false")
+    assert checks["credentials"].status == preflight.OK  # one line, not "cannot reach AWS"
+
+
+def test_managed_prometheus_false_asks_nothing_of_amp(aws):
+    session, _ = aws
+    ubuntu_image()
+    need = preflight.needs(run_program(managedPrometheus=False))
+    assert need.workspaces == ()
+    assert "managed prometheus" not in run(session, need, managedPrometheus=False)
