@@ -1,0 +1,100 @@
+"""Lend and reclaim, the default, against the previous default (the demand-aware policy with slurmd
+kept to HPC's half and AI's queue BestEffortFIFO): each scenario shows what went wrong before and
+passes now. Modelled, from the program's own rendered objects."""
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import pytest
+
+from cli import offline
+from components import slurmd_scaling as scaling
+from core import settings
+from core.names import AI_CLUSTER_QUEUE
+from twin import program, scenario, sim
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+
+
+def dev(*overrides: str) -> settings.Settings:
+    return settings.load(offline.stack_config("dev", list(overrides)), "dev", offline=True)
+
+
+@functools.cache
+def default_setup() -> sim.Setup:
+    return program.setup(dev(), scaling.DEFAULT_POLICY)
+
+
+@functools.cache
+def previous_setup() -> sim.Setup:
+    """The default before lend and reclaim, as the program rendered it then."""
+    s = program.setup(dev("hpcBorrowsAiGpus=false"), scaling.DEMAND_AWARE)
+    objects = tuple(
+        {**o, "spec": {**o["spec"], "queueingStrategy": "BestEffortFIFO"}}
+        if o["kind"] == "ClusterQueue" and o["metadata"]["name"] == AI_CLUSTER_QUEUE
+        else o
+        for o in s.kueue_objects
+    )
+    return dataclasses.replace(s, kueue_objects=objects)
+
+
+@functools.cache
+def result(name: str, previous: bool = False) -> dict:
+    setup = previous_setup() if previous else default_setup()
+    return sim.Run(setup, scenario.load(SCENARIOS / f"{name}.yaml")).run()
+
+
+def jobs(r: dict) -> dict[str, dict]:
+    return {j["name"]: j for j in r["jobs"]}
+
+
+def bounds() -> scaling.ReclaimBounds:
+    s = dev()
+    return scaling.reclaim_bounds(
+        s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
+    )
+
+
+def test_slurm_gets_the_whole_testbed_when_nobody_else_wants_it():
+    now, before = jobs(result("slurm-alone")), jobs(result("slurm-alone", previous=True))
+    handoff = bounds().handoff_s
+    assert all(now[f"s{i}"]["started"] <= handoff for i in range(1, 5)), "four 1-node jobs at once"
+    assert before["s3"]["started"] >= before["s1"]["finished"], "before: two at a time"
+    assert now["mpi4"]["outcome"] == "completed" and now["mpi4"]["started"] - now["mpi4"]["submitted"] <= handoff
+    assert before["mpi4"]["outcome"] == "refused" and "MaxNodes=2" in before["mpi4"]["reason"]
+    assert now["foam1"]["started"] == now["foam2"]["started"] < now["foam1"]["finished"], "side by side"
+    assert before["foam2"]["started"] >= before["foam1"]["finished"]
+    assert sim.ok(result("slurm-alone"))
+
+
+def test_a_gang_wider_than_ais_share_starts_within_the_bound_while_slurm_has_a_stream():
+    now, before = result("wide-gang"), result("wide-gang", previous=True)
+    bound = bounds().ai_gang_start_s
+    for gang in ("g3", "g4"):
+        job = jobs(now)[gang]
+        assert job["outcome"] == "completed" and job["started"] - job["submitted"] <= bound, job
+        assert jobs(before)[gang]["outcome"] == "unfinished", "before: it waited for the stream to end"
+    assert now["killed"] == [] and sim.ok(now)
+    # the stream goes on around the gangs: every Slurm job completes
+    assert all(j["outcome"] == "completed" for j in now["jobs"] if j["kind"] == "slurm")
+
+
+def test_a_slurm_job_wider_than_what_ai_leaves_gets_no_pod_that_would_idle():
+    now, before = jobs(result("wide-slurm-job")), jobs(result("wide-slurm-job", previous=True))
+    assert before["mpi4"]["outcome"] == "refused"
+    handoff = bounds().handoff_s
+    assert now["post"]["started"] - now["post"]["submitted"] <= handoff, "the 1-node job runs on HPC's idle half"
+    ai_end = max(now[k]["finished"] for k in ("k1", "k2"))
+    assert now["mpi4"]["outcome"] == "completed" and ai_end <= now["mpi4"]["started"] <= ai_end + handoff
+    # slurmd's idle GPU time is the warm tails only (1 pod after the 1-node job, 4 after the 4-node
+    # one; nobody waits for them): no pod for the 4-node job while AI holds its half
+    r = result("wide-slurm-job")
+    assert r["slurmd_idle_gpu_s"] <= 5 * (dev().keda_cooldown_seconds + handoff) and sim.ok(r)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_nothing_is_killed_or_double_held_in_any_shipped_scenario(name):
+    r = result(name)
+    assert r["killed"] == [] and r["double_held"] == []
