@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from components import keda, kueue, remote_script, slurm_config
+from components import ai_run_limit, keda, kueue, remote_script, slurm_config
 from components.names import SLURM_CHART, Names, SlurmNames
 from stacks import pricing, user_files
 from stacks.offline import RecordedResource, Recording, redact, reveal
@@ -28,6 +28,7 @@ HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 AMP_WORKSPACE = "aws:amp/workspace:Workspace"
 IAM_ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 BUDGET = "aws:budgets/budget:Budget"
+RUN_LIMIT_POLICY = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
 
 
 def _is_kubernetes_object(r: RecordedResource) -> bool:
@@ -205,6 +206,8 @@ def plan_text(rec: Recording) -> str:
     lines += install_order(rec)
     lines.append("GPU fairness policy (Kueue):")
     lines += ["  " + line for line in kueue.policy_lines(Names.from_settings(rec.settings).shares)]
+    policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]
+    lines += ["  " + line for line in ai_run_limit.policy_lines(ai_run_limit.limits(policies))]
     cost = pricing.estimate(rec.settings)
     lines += cost_lines(rec, cost)
     lines += guard_lines(rec, cost)
