@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from cli.offline import RecordedResource, Recording, redact, reveal
-from components import keda, kueue, remote_script, slurm_config, slurmd_scaling
+from components import ai_run_limit, keda, kueue, remote_script, slurm_config, slurmd_scaling
 from core import user_files
 from core.names import SLURM_CHART, Names, SlurmNames
 from core.settings import DOCUMENTATION_NETWORKS, show
@@ -29,6 +29,7 @@ HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 AMP_WORKSPACE = "aws:amp/workspace:Workspace"
 IAM_ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 BUDGET = "aws:budgets/budget:Budget"
+RUN_LIMIT_POLICY = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
 
 
 def _is_kubernetes_object(r: RecordedResource) -> bool:
@@ -214,6 +215,8 @@ def plan_text(rec: Recording) -> str:
         "  " + line
         for line in slurmd_scaling.bounds_lines(bounds, names.slurm_job_max_minutes, names.ai_job_max_minutes)
     ]
+    policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]
+    lines += ["  " + line for line in ai_run_limit.policy_lines(ai_run_limit.limits(policies))]
     cost = pricing.estimate(rec.settings)
     lines += cost_lines(rec, cost)
     lines += guard_lines(rec, cost)

@@ -45,6 +45,7 @@ from core.names import (
     KUEUE_NAMESPACE,
     KUEUE_POD_WEBHOOKS,
     KUEUE_RELEASE,
+    MAX_EXEC_TIME_LABEL,
     QUEUE_NAME_LABEL,
     SLURM_NAMESPACE,
     GpuShares,
@@ -309,10 +310,12 @@ def references(obj: dict) -> list[tuple[str, str]]:
 
 def webhook_probe() -> dict:
     """A queued PyTorchJob: admitted only once Kueue's pytorchjob webhooks serve (and the
-    Training Operator's); only ever dry-run."""
+    Training Operator's); only ever dry-run. It declares the shortest run limit, which every
+    aiJobMaxMinutes allows: the gate runs again on a Kueue upgrade, when the run-limit policies
+    (components/ai_run_limit.py) refuse a queued job without one."""
     probe = copy.deepcopy(training_operator.webhook_probe())
     probe["metadata"]["name"] = "testbed-kueue-probe"
-    probe["metadata"]["labels"] = {QUEUE_NAME_LABEL: AI_LOCAL_QUEUE}
+    probe["metadata"]["labels"] = {QUEUE_NAME_LABEL: AI_LOCAL_QUEUE, MAX_EXEC_TIME_LABEL: "1"}
     return probe
 
 

@@ -62,6 +62,9 @@ KUEUE_NAMESPACE = "kueue-system"
 KUEUE_GROUP_VERSION = "kueue.x-k8s.io/v1beta2"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"  # pkg/controller/constants/constants.go QueueLabel
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"  # constants.go WorkloadPriorityClassLabel
+# A job's longest run once admitted, in seconds (constants.go MaxExecTimeSecondsLabel): Kueue
+# deactivates its workload when admitted that long (components/ai_run_limit.py).
+MAX_EXEC_TIME_LABEL = "kueue.x-k8s.io/max-exec-time-seconds"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COHORT = "gpus"  # the cohort both sides' ClusterQueues share
 HPC_CLUSTER_QUEUE = "hpc"  # HPC's share of the GPUs: admits the slurmd pods

@@ -4,7 +4,8 @@ Order, as dependencies: cert-manager -> its webhook gate -> slurm-operator -> it
 monitoring (ServiceMonitor CRD) and the statesave PV -> slurm chart; Training Operator (the
 PyTorchJob CRD) -> Kueue (its own certificates, no cert-manager) -> its pod webhooks narrowed
 (checked) and its webhook gate -> queues -> slurm chart: every slurmd pod is a Kueue workload, so
-none may be created before the narrowed webhooks and its LocalQueue exist;
+none may be created before the narrowed webhooks and its LocalQueue exist; Kueue -> the AI run
+limit (its policies refuse a queued job without a limit, which the gate's probe must not meet first);
 everything else -> KEDA (its metrics API disturbs discovery while it starts) -> ScaledObject.
 The device plugin and the Training Operator need only the cluster."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from components.ai_run_limit import AiRunLimit, AiRunLimitArgs
 from components.cert_manager import CertManager, CertManagerArgs
 from components.device_plugin import DevicePlugin, DevicePluginArgs
 from components.keda import Keda, KedaArgs
@@ -35,6 +37,7 @@ class Platform:
     keda: Keda
     training_operator: TrainingOperator
     kueue: Kueue
+    ai_run_limit: AiRunLimit
 
 
 def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None) -> Platform:
@@ -74,6 +77,10 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             after=[training_operator],
         ),
     )
+    ai_run_limit = AiRunLimit(
+        "testbed-ai-run-limit",
+        AiRunLimitArgs(max_minutes=s.ai_job_max_minutes, gpus=names.gpus_total, provider=provider, after=kueue.ready),
+    )
     slinky = Slinky(
         "testbed-slinky",
         SlinkyArgs(
@@ -98,7 +105,9 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             provider=provider,
             control_connection=ssh,
             scaled_object_after=[slinky.cluster],
-            release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator, kueue],
+            release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator, kueue, ai_run_limit],
         ),
     )
-    return Platform(names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator, kueue)
+    return Platform(
+        names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator, kueue, ai_run_limit
+    )

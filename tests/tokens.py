@@ -48,6 +48,10 @@ RELEASE = "kubernetes:helm.sh/v3:Release"
 PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 SCALED_OBJECT = "kubernetes:keda.sh/v1alpha1:ScaledObject"
+# The AI run limit (components/ai_run_limit.py): its component, policies and bindings
+AI_RUN_LIMIT = "testbed:platform:AiRunLimit"
+VALIDATING_ADMISSION_POLICY = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
+VALIDATING_ADMISSION_POLICY_BINDING = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
 
 # Every AWS type the default program registers: a new one must come with its checks.
 AWS_TYPES = frozenset(

@@ -29,6 +29,11 @@ Followed (kubernetes-sigs/kueue@v0.19.2; FACTS section 14):
   check off once ready). PodsReady for a PyTorchJob is JobRunning, which the Training Operator
   sets once the Master runs (pkg/controller/jobs/kubeflow/kubeflowjob); for a batch Job or a pod,
   all its pods ready.
+* pkg/controller/core/workload_controller.go (reconcileMaxExecutionTime), pkg/workload/
+  admissionchecks.go: a workload whose job declares kueue.x-k8s.io/max-exec-time-seconds is
+  deactivated once admitted that long, its admitted time summed over earlier admissions
+  (AccumulatedPastExecutionTimeSeconds); deactivated, it is evicted, its job suspended (pods
+  deleted) and never requeued.
 
 While Kueue is down (fault `kueue-down`) nothing is admitted, evicted or released: running pods
 keep running, gated pods stay gated, and an ended slurmd pod stays counted (its finalizer). The
@@ -114,6 +119,9 @@ class Workload:
     evictions: int = 0
     requeue_at: float = 0.0
     done: bool = False  # finished, or its pod gone and seen by Kueue: the quota is free again
+    limit: float | None = None  # the job's declared longest run once admitted, in seconds
+    past: float = 0.0  # seconds admitted before the current admission (evicted, then admitted again)
+    deactivated_at: float | None = None  # when Kueue stopped it at its limit
 
     def ended(self) -> bool:
         """The work itself is over (Kueue may not have seen it yet)."""
@@ -145,9 +153,12 @@ class Kueue:
             _seconds(manager_config["waitForPodsReady"]["timeout"]),
         )
 
-    def add(self, job: KubeJob, gpus: int, now: float, local_queue: str = AI_LOCAL_QUEUE) -> Workload:
+    def add(
+        self, job: KubeJob, gpus: int, now: float, local_queue: str = AI_LOCAL_QUEUE, limit: float | None = None
+    ) -> Workload:
         """A queued Kubernetes job (the example jobs' priority class, the lowest AI one)."""
-        w = Workload(gpus, now, self.local_queues[local_queue], self.priorities[AI_PRIORITY_CLASSES[0]], job=job)
+        priority = self.priorities[AI_PRIORITY_CLASSES[0]]
+        w = Workload(gpus, now, self.local_queues[local_queue], priority, job=job, limit=limit)
         self.workloads.append(w)
         self.open_workloads.append(w)
         return w
@@ -208,6 +219,9 @@ class Kueue:
                 continue
             if w.admitted_at is None or (w.pod is not None and w.pod.terminating_at is not None):
                 continue  # waiting, or a pod being deleted: nothing more to decide
+            if w.job is not None and w.limit is not None and now >= w.admitted_at + w.limit - w.past:
+                self._deactivate(w, w.job, kube, now)
+                continue
             if not w.ready and _pods_ready(w, now):
                 w.ready = True  # recoveryTimeout 0s: never evicted once ready
             if not w.ready and now >= w.admitted_at + self.pods_ready_timeout:
@@ -231,8 +245,19 @@ class Kueue:
             self.pod_evictions += 1
             return
         kube.suspend(w.job, now)
+        w.past += now - w.admitted_at
         w.admitted_at = None
         w.requeue_at = now + min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (w.evictions - 1))
+
+    def _deactivate(self, w: Workload, job: KubeJob, kube: Kubernetes, now: float) -> None:
+        """At its limit: the job's pods are deleted and it never runs again; it is over, so
+        nothing counts it as waiting. Unlike `_evict` it keeps its pods' record and start."""
+        for pod in job.pods:
+            kube.delete(pod, now)
+        job.finished, job.failed = now, True
+        w.deactivated_at = now
+        w.admitted_at = None
+        w.done = True
 
     def _admit(self, kube: Kubernetes, now: float) -> bool:
         """Scheduling cycles until one admits nothing. Each cycle takes every queue's head, in

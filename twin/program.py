@@ -1,13 +1,13 @@
 """What the twin takes from the program: the rendered ScaledObject, slurm chart values and Kueue
-objects, the images its pods run and those on every node, and the Training Operator's
-init-container tries, for a policy, from the stack's settings (`core/settings.py`) through the
-names contract."""
+objects, the run-limit policies, the images its pods run and those on every node, and the Training
+Operator's init-container tries, for a policy, from the stack's settings (`core/settings.py`)
+through the names contract."""
 
 from __future__ import annotations
 
 import yaml
 
-from components import images, keda, kueue, slinky, slurm_config, slurmd_scaling, training_operator
+from components import ai_run_limit, images, keda, kueue, slinky, slurm_config, slurmd_scaling, training_operator
 from core.names import DEFAULT_PARTITION, Names
 from core.settings import Settings
 from twin import kube
@@ -82,4 +82,5 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         init_tries=init_container_tries(s.training_operator_version),
         slurmd_labels=values["nodesets"][names.slurm.nodeset]["metadata"]["labels"],
         scrape_interval=names.metrics_interval_seconds,
+        run_limit=ai_run_limit.limits(ai_run_limit.objects(s.ai_job_max_minutes, names.gpus_total)),
     )

@@ -48,6 +48,9 @@ class JobSpec:
     array: int | None = None  # sbatch --array=0-<array-1>
     throttle: int | None = None  # ...%<throttle>: at most this many tasks run at once
     image: str | None = None  # a Kubernetes job's own image; None = the example job's (pre-pulled)
+    # A Kubernetes job's kueue.x-k8s.io/max-exec-time-seconds; None = the most the stack allows
+    # (aiJobMaxMinutes), which is what a job that runs as long as it may declares.
+    limit: int | None = None
 
     @property
     def gpus_wanted(self) -> int:
@@ -131,7 +134,11 @@ _JOB_KEYS = {
     "array",
     "throttle",
     "image",
+    "limit",
 }
+# A week: aiJobMaxMinutes' top (core/settings.py). A limit above the stack's own is refused at
+# submit, in the run; one above every stack's is a mistake in the file.
+MAX_LIMIT = 7 * 24 * 3600
 
 
 def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenario:
@@ -202,6 +209,9 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
             c.bad(f"{where}.image", image, "an image reference such as registry.example/team/train:1.0")
         if kind == "slurm" and "image" in raw:
             c.bad(f"{where}.image", image, "no image on a slurm job (pytorchjob and job only)")
+        limit = None if "limit" not in raw else c.number(f"{where}.limit", raw["limit"], 1, MAX_LIMIT, integer=True)
+        if kind == "slurm" and "limit" in raw:
+            c.bad(f"{where}.limit", raw["limit"], "no limit on a slurm job (pytorchjob and job only)")
         if kind != "slurm":
             for key in ("nodes", "hold", "release", "after", "begin", "partition", "array", "throttle"):
                 if key in raw:
@@ -231,6 +241,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
                 array=array,
                 throttle=throttle,
                 image=image if isinstance(image, str) else None,
+                limit=int(limit) if limit is not None else None,
             )
         )
     slurm_names = {j.name for j in jobs if j.kind == "slurm"}

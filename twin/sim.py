@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from components.ai_run_limit import Limits
 from components.slurmd_scaling import KUEUE_PENDING, KUEUE_USAGE
 from core.names import (
     AI_CLUSTER_QUEUE,
@@ -46,6 +47,8 @@ class Setup:
     # 1-GPU Kueue workload; without it, slurmd is outside Kueue.
     slurmd_labels: dict = field(default_factory=dict)
     scrape_interval: int = SCRAPE_INTERVAL  # slurmMetricsIntervalSeconds (the ServiceMonitor's interval)
+    # What the program's run-limit policies allow a queued job (components/ai_run_limit.py); None: no policy
+    run_limit: Limits | None = None
 
 
 def gpu_uuid(i: int) -> str:
@@ -81,6 +84,7 @@ class Run:
         self.slurmd_queued = self.kueue is not None and QUEUE_NAME_LABEL in s.slurmd_labels
         self._pods_seen_by_kueue = 0  # kube.pods is append-only: the pods before this index are seen
         self._refused: list[JobSpec] = []  # Kubernetes jobs whose create was refused (Kueue down)
+        self.denied: dict[str, str] = {}  # Kubernetes jobs the run-limit policies refused, with why
         self.prom = Prometheus()
         self.prom.targets = [
             Target("slurm-controller", "slurm-controller:6817", self._slurm_metrics),
@@ -170,12 +174,33 @@ class Run:
             self._refused.append(spec)  # the job webhook fails closed; the user submits it again
         else:
             queued = self.kueue is not None
+            limit = self._declared_limit(spec)
+            if queued and (reason := self._denial(spec, limit)):
+                self.denied[spec.name] = reason  # for good: the same job is refused again
+                return
             job = self.kube.submit(
                 spec.name, spec.kind, spec.gpus_wanted, spec.runtime, now, suspended=queued, image=spec.image
             )
             self.kube_jobs[spec.name] = job
             if self.kueue is not None:
-                self.kueue.add(job, spec.gpus_wanted, now)
+                self.kueue.add(job, spec.gpus_wanted, now, limit=limit)
+
+    def _declared_limit(self, spec: JobSpec) -> float | None:
+        """The job's kueue.x-k8s.io/max-exec-time-seconds: its own, or the most the policies allow."""
+        rl = self.setup.run_limit
+        return spec.limit if spec.limit is not None else rl.max_seconds if rl is not None else None
+
+    def _denial(self, spec: JobSpec, limit: float | None) -> str | None:
+        """Why the run-limit policies refuse the job at submit, if they do. The twin's pods ask for
+        one GPU each, so only the label and the total can be wrong."""
+        rl = self.setup.run_limit
+        if rl is None:
+            return None
+        if limit is not None and limit > rl.max_seconds:
+            return f"run limit {limit:g} s is above the stack's {rl.max_seconds} s (aiJobMaxMinutes {rl.max_minutes})"
+        if spec.gpus_wanted > rl.gpus:
+            return f"asks for {spec.gpus_wanted} GPUs; the workers have {rl.gpus} (workerCount)"
+        return None
 
     def tick(self, tick: int) -> None:
         """One second: submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
@@ -311,9 +336,14 @@ class Run:
                 kj = self.kube_jobs.get(spec.name)
                 outcome = "unfinished" if not kj or kj.finished is None else "failed" if kj.failed else "completed"
                 row = {"started": kj.started if kj else None, "finished": kj.finished if kj else None}
+                if spec.name in self.denied:
+                    outcome, row["reason"] = "refused", self.denied[spec.name]
                 if self.kueue is not None and kj is not None:
                     w = next(w for w in self.kueue.workloads if w.job is kj)
                     row |= {"admitted": w.first_admitted, "evictions": w.evictions}
+                    if w.deactivated_at is not None:  # stopped at its own limit, not by the hand-off
+                        outcome = "timed_out"
+                        row["reason"] = f"Kueue stopped it after {w.limit:g} s admitted (its run limit)"
             jobs.append({"name": spec.name, "kind": spec.kind, "outcome": outcome, "submitted": spec.submit, **row})
         slurm_done = [j.finished for j in self.slurm.jobs if j.state == COMPLETED]
         gpu_return = None

@@ -263,7 +263,8 @@ def test_priority_classes_are_ordered_and_the_example_jobs_use_them():
 
 def test_gate_probe_is_a_queued_pytorchjob_the_training_operator_also_accepts():
     probe = kueue.webhook_probe()
-    assert probe["metadata"]["labels"] == {names.QUEUE_NAME_LABEL: names.AI_LOCAL_QUEUE}
+    # queued, with the shortest run limit: the run-limit policies admit it (test_ai_run_limit.py)
+    assert probe["metadata"]["labels"] == {names.QUEUE_NAME_LABEL: names.AI_LOCAL_QUEUE, names.MAX_EXEC_TIME_LABEL: "1"}
     assert probe["metadata"]["namespace"] in kueue.managed_namespaces()
     assert probe["spec"] == training_operator.webhook_probe()["spec"]
     assert probe["metadata"]["name"] != training_operator.webhook_probe()["metadata"]["name"]

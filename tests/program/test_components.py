@@ -19,6 +19,7 @@ COMPONENTS = {
     "testbed-slinky": "testbed:platform:Slinky",
     "testbed-keda": "testbed:platform:Keda",
     "testbed-kueue": "testbed:platform:Kueue",
+    "testbed-ai-run-limit": tokens.AI_RUN_LIMIT,
     "testbed-training-operator": "testbed:platform:TrainingOperator",
 }
 
