@@ -112,7 +112,7 @@ class Limits:
 @dataclass
 class AiRunLimitArgs:
     max_minutes: int  # aiJobMaxMinutes
-    gpus: int  # the workers' GPUs
+    gpus: int  # the most GPUs Kueue admits AI work onto (the workers', or AI's share when it may not borrow)
     provider: k8s.Provider
     after: Sequence[pulumi.Resource]  # Kueue ready: its probe and queues first
 
@@ -183,9 +183,9 @@ def validations(limits: Limits) -> list[dict]:
         {
             "expression": f"{total} <= double(variables.{WORKER_GPUS_VARIABLE})",
             "messageExpression": f"'the job asks for ' + string({total}) + ' {GPU_RESOURCE} in all; expected at "
-            f"most {limits.gpus} (setting workerCount, one GPU each): Kueue could never admit it'",
+            f"most {limits.gpus} (the most AI may hold: workerCount, or the AI share if aiBorrowsHpcGpus is false): Kueue could never admit it'",
             "message": f"the job asks for more than {limits.gpus} {GPU_RESOURCE} in all; expected at most "
-            f"{limits.gpus} (setting workerCount, one GPU each): Kueue could never admit it",
+            f"{limits.gpus} (the most AI may hold: workerCount, or the AI share if aiBorrowsHpcGpus is false): Kueue could never admit it",
         },
     ]
 
@@ -255,7 +255,7 @@ def policy_lines(limits: Limits) -> list[str]:
         f"(aiJobMaxMinutes {limits.max_minutes}); Kueue stops it once admitted that long, so HPC waits at most "
         f"{limits.max_minutes} min for a GPU AI borrowed",
         f"  refused at submit ({POLICY_PREFIX}-*): no such label or one above the limit, a pod asking for more "
-        f"than 1 GPU, a job asking for more than {limits.gpus} GPUs (workerCount)",
+        f"than 1 GPU, a job asking for more than {limits.gpus} GPUs (what AI may hold: workerCount, or the AI share if aiBorrowsHpcGpus is false)",
     ]
 
 

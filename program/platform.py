@@ -79,7 +79,9 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
     )
     ai_run_limit = AiRunLimit(
         "testbed-ai-run-limit",
-        AiRunLimitArgs(max_minutes=s.ai_job_max_minutes, gpus=names.gpus_total, provider=provider, after=kueue.ready),
+        AiRunLimitArgs(
+            max_minutes=s.ai_job_max_minutes, gpus=names.shares.ai_max_gpus, provider=provider, after=kueue.ready
+        ),
     )
     slinky = Slinky(
         "testbed-slinky",

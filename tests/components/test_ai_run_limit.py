@@ -145,7 +145,7 @@ def test_a_pytorchjob_wider_than_the_workers_or_with_a_two_gpu_pod_is_refused():
     assert check(_ddp(5), gpus=6).allowed  # Master + 5 Workers on 6 GPUs
     (wide,) = check(_ddp(5), gpus=5).denials
     assert wide == (
-        f"the job asks for 6 {names.GPU_RESOURCE} in all; expected at most 5 (setting workerCount, one GPU each): "
+        f"the job asks for 6 {names.GPU_RESOURCE} in all; expected at most 5 (the most AI may hold: workerCount, or the AI share if aiBorrowsHpcGpus is false): "
         "Kueue could never admit it"
     )
     (pod,) = check(_ddp(1, worker_gpus="2")).denials  # a string quantity, as kubectl may send it
@@ -252,4 +252,11 @@ def test_the_program_creates_the_policies_after_kueue_from_the_settings():
         assert depends(rec, binding, policy)
     policy_text = artifacts.plan_text(rec).split("GPU fairness policy (Kueue):\n", 1)[1]
     assert f"{LIMIT}, at most 5400 s (aiJobMaxMinutes 90)" in policy_text
-    assert "a job asking for more than 2 GPUs (workerCount)" in policy_text
+    assert "a job asking for more than 2 GPUs (what AI may hold" in policy_text
+
+
+def test_a_job_wider_than_ais_share_is_refused_when_ai_may_not_borrow():
+    """StrictFIFO would keep such a job at the head for ever: AI's queue admits at most its share."""
+    rec = run_program(workerCount=4, aiBorrowsHpcGpus=False)
+    created = by_type(rec, tokens.VALIDATING_ADMISSION_POLICY)
+    assert ai_run_limit.limits([r.inputs for r in created]).gpus == 2
