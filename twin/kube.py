@@ -61,6 +61,10 @@ class Pod:
     main_pull: float = 0.0  # a Worker's pull of its main image, after its init container
     own_image: str | None = None  # a scenario's own image for the main container, instead of the role's
     gated: bool = False  # Kueue's admission scheduling gate: kube-scheduler does not try it
+    # A slurmd pod's annotations, as the NodeSet controller writes them (twin/nodeset.py):
+    # nodeset.slinky.slurm.net/pod-deadline (a time; None = absent) and .../pod-cordon.
+    deadline: float | None = None
+    cordon: bool = False
 
     def running(self, now: float) -> bool:
         return self.running_at is not None and self.running_at <= now and self.gone_at is None

@@ -195,7 +195,7 @@ class Run:
             self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
         client = not self.scenario.fault_active("restapi-down", now)
         down = self._kueue_down(now)
-        self.killed += self.nodeset.reconcile(now, client, can_create=not (self.slurmd_queued and down))
+        self.killed += self.nodeset.reconcile(now, client, refused=self.slurmd_queued and down)
         if self.kueue is not None:
             if self.slurmd_queued:
                 self._queue_new_slurmd_pods(now)
