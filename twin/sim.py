@@ -45,6 +45,7 @@ class Setup:
     # 1-GPU Kueue workload; without it, slurmd is outside Kueue.
     slurmd_labels: dict = field(default_factory=dict)
     scrape_interval: int = SCRAPE_INTERVAL  # slurmMetricsIntervalSeconds (the ServiceMonitor's interval)
+    gpu_replicas: int = 1  # the device plugin's devices per GPU (twin/program.py gpu_replicas)
 
 
 def gpu_uuid(i: int) -> str:
@@ -68,6 +69,7 @@ class Run:
             images=dict(s.images),
             prepulled=frozenset(s.prepulled),
             init_tries=s.init_tries,
+            gpu_replicas=s.gpu_replicas,
         )
         self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm)
         self.keda = Keda.from_scaled_object(s.scaled_object)
