@@ -3,8 +3,17 @@ Operator's PyTorchJob pods and batch Jobs.
 
 Followed:
 * kubernetes/kubernetes@v1.34.0:pkg/scheduler (one queue ordered by priority then creation time;
-  a pod binds to a node that has the extended resource free) and the device plugin API
-  (NVIDIA/k8s-device-plugin@v0.17.0: each `nvidia.com/gpu: 1` gets one whole GPU, never shared).
+  a pod binds to a node that has the extended resource free: plugins/noderesources/fit.go) and
+  the device plugin API. What keeps a GPU to one pod is the device plugin and kubelet's device
+  manager, so the twin binds by what they do. The plugin advertises each GPU as `gpu_replicas`
+  devices: 1, or the replicas of its time-slicing or MPS sharing config
+  (NVIDIA/k8s-device-plugin@v0.17.0: internal/rm/device_map.go:284-330; twin/program.py reads
+  the program's values, which set none). The device manager hands each device to one container
+  (pkg/kubelet/cm/devicemanager/manager.go, devicesToAllocate), so with 1 no GPU has two pods
+  and with more it can. kube-scheduler's default scores count cpu and memory only
+  (pkg/scheduler/apis/config/v1/defaults.go defaultResourceSpec) and it breaks ties at random
+  (pkg/scheduler/schedule_one.go selectHost): the twin takes the lowest-numbered node with a
+  free device, which packs shared GPUs first, a placement the scheduler can make.
 * A pod with a scheduling gate (Kueue's `kueue.x-k8s.io/admission`) is not tried by kube-scheduler
   until the gate is removed (kubernetes/kubernetes@v1.34.0: pkg/scheduler/framework/plugins/
   schedulinggates); it holds no GPU meanwhile.
@@ -30,6 +39,7 @@ Followed:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 # Assumptions of the twin (seconds), not upstream facts.
@@ -61,6 +71,10 @@ class Pod:
     main_pull: float = 0.0  # a Worker's pull of its main image, after its init container
     own_image: str | None = None  # a scenario's own image for the main container, instead of the role's
     gated: bool = False  # Kueue's admission scheduling gate: kube-scheduler does not try it
+    # A slurmd pod's annotations, as the NodeSet controller writes them (twin/nodeset.py):
+    # nodeset.slinky.slurm.net/pod-deadline (a time; None = absent) and .../pod-cordon.
+    deadline: float | None = None
+    cordon: bool = False
 
     def running(self, now: float) -> bool:
         return self.running_at is not None and self.running_at <= now and self.gone_at is None
@@ -98,8 +112,7 @@ class Kubernetes:
     pulled: set[tuple[int, str]] = field(default_factory=set)
     double_held: set[int] = field(default_factory=set)
     container_start: float = CONTAINER_START
-    # A broken device plugin that hands slurmd pods GPUs already held (the validation checks' fault).
-    double_books_slurmd: bool = False
+    gpu_replicas: int = 1  # the `nvidia.com/gpu` devices the device plugin advertises per GPU
     # The pods not yet gone, in creation order; `pods` keeps every pod ever made, which a long
     # scenario would otherwise walk several times a tick.
     _live: list[Pod] = field(default_factory=list)
@@ -176,18 +189,16 @@ class Kubernetes:
             gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + TERMINATION)
             if gone and pod.gone_at is None:
                 pod.gone_at = now
-        held = {p.gpu for p in pods if p.live and p.gpu is not None}
-        free = [g for g in range(self.gpus) if g not in held]
+        held = Counter(p.gpu for p in pods if p.live and p.gpu is not None)
+        # the free devices, one entry per device, lowest-numbered node first
+        free = [g for g in range(self.gpus) for _ in range(self.gpu_replicas - held[g])]
         for pod in sorted(
             (p for p in pods if p.gpu is None and p.live and p.terminating_at is None and not p.gated),
             key=lambda p: p.created,
         ):
-            if self.double_books_slurmd and pod.holder == SLURMD:
-                pod.gpu = 0
-            elif not free:
+            if not free:
                 continue
-            else:
-                pod.gpu = free.pop(0)
+            pod.gpu = free.pop(0)
             pod.bound_at = now
             before, main = self._pulls(pod)
             if pod.wait_for is None:

@@ -1,14 +1,24 @@
 """What the twin takes from the program: the rendered ScaledObject, slurm chart values and Kueue
-objects, the run-limit policies, the images its pods run and those on every node, and the Training
-Operator's init-container tries, for a policy, from the stack's settings (`core/settings.py`)
-through the names contract."""
+objects, the run-limit policies, the images its pods run and those on every node, the Training
+Operator's init-container tries and how many pods the device plugin lets share a GPU, for a policy,
+from the stack's settings (`core/settings.py`) through the names contract."""
 
 from __future__ import annotations
 
 import yaml
 
-from components import ai_run_limit, images, keda, kueue, slinky, slurm_config, slurmd_scaling, training_operator
-from core.names import DEFAULT_PARTITION, Names
+from components import (
+    ai_run_limit,
+    device_plugin,
+    images,
+    keda,
+    kueue,
+    slinky,
+    slurm_config,
+    slurmd_scaling,
+    training_operator,
+)
+from core.names import DEFAULT_PARTITION, GPU_RESOURCE, Names
 from core.settings import Settings
 from twin import kube
 from twin.sim import Setup
@@ -26,6 +36,40 @@ def init_container_tries(training_operator_version: str) -> int:
                 if arg.startswith(TRIES_FLAG):
                     return int(arg.removeprefix(TRIES_FLAG))
     return kube.INIT_TRIES_DEFAULT
+
+
+def gpu_replicas(values: dict) -> int:
+    """The devices the device plugin advertises per GPU, from its rendered chart values: the
+    `replicas` of `nvidia.com/gpu` in the sharing section of the config the plugin selects, else 1.
+    Followed (NVIDIA/k8s-device-plugin@v0.17.0): deployments/helm/nvidia-device-plugin/values.yaml
+    `config` (`map` of named config files, `default`, `fallbackStrategies`);
+    cmd/config-manager/main.go:350-390 (the default if set, else `named` picks "default" and
+    `single` the only file; a node label could pick another, and the program sets none);
+    api/config/v1/sharing.go:37-54 (MPS when set, else time-slicing) and replicas.go:243-255
+    (replicas of 2 or more). Values the twin cannot follow are refused."""
+    config = values.get("config") or {}
+    if config.get("name"):
+        raise ValueError("device plugin config.name: an external ConfigMap, which the twin cannot read")
+    files = config.get("map") or {}
+    if not files:
+        return 1
+    chosen = config.get("default")
+    for strategy in [] if chosen else config.get("fallbackStrategies", ["named", "single"]):
+        if strategy == "named" and "default" in files:
+            chosen = "default"
+        elif strategy == "single" and len(files) == 1:
+            (chosen,) = files
+        elif strategy == "empty":
+            return 1  # an empty config: no sharing
+        if chosen:
+            break
+    if chosen not in files:
+        raise ValueError(f"device plugin config: no config file selected among {sorted(files)}")
+    sharing = (yaml.safe_load(files[chosen]) or {}).get("sharing") or {}
+    replicated = sharing["mps"] if sharing.get("mps") is not None else sharing.get("timeSlicing") or {}
+    if replicated.get("renameByDefault"):
+        raise ValueError("device plugin sharing.renameByDefault: shared GPUs under another resource name")
+    return max([r["replicas"] for r in replicated.get("resources", []) if r["name"] == GPU_RESOURCE] or [1])
 
 
 def pod_images(slurm_values: dict) -> dict[str, str]:
@@ -83,4 +127,5 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         slurmd_labels=values["nodesets"][names.slurm.nodeset]["metadata"]["labels"],
         scrape_interval=names.metrics_interval_seconds,
         run_limit=ai_run_limit.limits(ai_run_limit.objects(s.ai_job_max_minutes, names.shares.ai_max_gpus)),
+        gpu_replicas=gpu_replicas(device_plugin.device_plugin_values(s.device_plugin_version, s.gpu_feature_discovery)),
     )

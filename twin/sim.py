@@ -49,6 +49,7 @@ class Setup:
     scrape_interval: int = SCRAPE_INTERVAL  # slurmMetricsIntervalSeconds (the ServiceMonitor's interval)
     # What the program's run-limit policies allow a queued job (components/ai_run_limit.py); None: no policy
     run_limit: Limits | None = None
+    gpu_replicas: int = 1  # the device plugin's devices per GPU (twin/program.py gpu_replicas)
 
 
 def gpu_uuid(i: int) -> str:
@@ -72,6 +73,7 @@ class Run:
             images=dict(s.images),
             prepulled=frozenset(s.prepulled),
             init_tries=s.init_tries,
+            gpu_replicas=s.gpu_replicas,
         )
         self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm)
         self.keda = Keda.from_scaled_object(s.scaled_object)
@@ -222,7 +224,7 @@ class Run:
             self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
         client = not self.scenario.fault_active("restapi-down", now)
         down = self._kueue_down(now)
-        self.killed += self.nodeset.reconcile(now, client, can_create=not (self.slurmd_queued and down))
+        self.killed += self.nodeset.reconcile(now, client, refused=self.slurmd_queued and down)
         if self.kueue is not None:
             if self.slurmd_queued:
                 self._queue_new_slurmd_pods(now)

@@ -216,10 +216,14 @@ class Slurmctld:
         node = self.nodes.get(name)
         return node is None or (node.drain and name not in self.busy_nodes())
 
-    def deadline(self, name: str) -> float | None:
-        """GetNodeDeadlines: start + time limit of running jobs on the node (here: their end)."""
-        ends = [j.started + j.spec.runtime for j in self.running if name in j.nodes]
-        return max(ends) if ends else None
+    def deadlines(self) -> dict[str, float]:
+        """By node, the latest start + time limit (here: the end) of the jobs running on it, as
+        GetNodeDeadlines folds the RUNNING jobs of a job list."""
+        out: dict[str, float] = {}
+        for job in self.running:
+            for node in job.nodes:
+                out[node] = max(out.get(node, 0.0), job.started + job.spec.runtime)
+        return out
 
     # ------------------------------------------------------------ scheduling
 

@@ -10,7 +10,6 @@ import yaml
 from cli.__main__ import main
 from twin.autoscale import Hpa, Keda, Trigger
 from twin.kube import KUBERNETES, SLURMD, Kubernetes, Pod
-from twin.nodeset import NodeSetController
 from twin.promql import TSDB, Evaluator, PromQLError, parse
 from twin.scenario import JobSpec
 from twin.slurm import RUNNING, SlurmConfig, Slurmctld
@@ -142,37 +141,7 @@ def test_hpa_does_not_scale_down_on_an_invalid_metric():
     assert Hpa(k).sync(ev, 0, 3) == 3
 
 
-# ------------------------------------------------------------------ NodeSet controller, Kubernetes
-
-
-def _cluster(client: bool) -> tuple[NodeSetController, Slurmctld]:
-    kube = Kubernetes(gpus=2, cold=False)
-    slurm = Slurmctld(SlurmConfig("all", "slinky"))
-    ns = NodeSetController("slurm-worker-slinky", "slinky", kube, slurm, replicas=2)
-    for t in range(40):
-        ns.reconcile(t, client)
-        kube.step(t)
-    (job,) = slurm.submit(JobSpec("b", "slurm", 0, 1000, nodes=1), 40)
-    slurm.nodes["slinky-0"].drain = True  # so b lands on the highest ordinal
-    slurm.step(40)
-    slurm.nodes["slinky-0"].drain = False
-    assert job.state == RUNNING and job.nodes == ("slinky-1",)
-    ns.replicas = 1
-    return ns, slurm
-
-
-def test_scale_in_with_a_slurm_client_drains_then_deletes_the_idle_pod():
-    ns, slurm = _cluster(client=True)
-    assert ns.reconcile(41, client=True) == []
-    assert slurm.nodes["slinky-0"].drain and len(ns.pods()) == 2  # drained first
-    assert ns.reconcile(42, client=True) == []
-    assert [p.name for p in ns.pods()] == ["slurm-worker-slinky-1"]
-
-
-def test_scale_in_without_a_slurm_client_deletes_by_ordinal_and_kills():
-    ns, _ = _cluster(client=False)
-    assert ns.reconcile(41, client=False) == ["b"]
-    assert [p.name for p in ns.pods()] == ["slurm-worker-slinky-0"]
+# ------------------------------------------------------------------ Kubernetes, Slurm
 
 
 def test_the_device_plugin_never_gives_one_gpu_to_two_pods():

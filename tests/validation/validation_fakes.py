@@ -62,7 +62,7 @@ class FakeClock:
 
 @dataclass
 class Faults:
-    share_gpus: bool = False  # the device plugin hands slurmd pods GPUs that are already held
+    share_gpus: bool = False  # the device plugin time-slices each GPU between two pods (replicas 2)
     never_scale_down: bool = False  # KEDA keeps slurmd up forever
     fail_jobs: tuple[str, ...] = ()  # name prefixes of jobs that end badly
     interrupt_at: float | None = None  # Ctrl-C at this time
@@ -109,7 +109,7 @@ class FakeCluster:
         self.twin = sim.Run(program.setup(s), Scenario(duration=FOREVER, workers=s.worker_count))
         self.twin.kube.container_start = self.pod_start
         self.twin.nodeset.register_delay = self.slurmd_register
-        self.twin.kube.double_books_slurmd = self.faults.share_gpus
+        self.twin.kube.gpu_replicas = 2 if self.faults.share_gpus else 1
         self.next_tick = 0
         self.floor = 0  # never_scale_down: the most replicas seen
         self.namespaces: dict[str, str] = {}

@@ -1,0 +1,167 @@
+"""The twin's NodeSet controller against SlinkyProject/slurm-operator@v1.0.0 (twin/nodeset.py cites
+the lines): it syncs on events, its scale-in sort reads the deadlines its previous sync wrote, and
+while Kueue is down every sync stops at its first pod patch. Nothing is killed either way: a busy
+node it condemns is drained, not deleted. Modelled figures, from the program's own objects."""
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from cli import offline
+from core import settings
+from twin import program, scenario, sim
+from twin.kube import SLURMD, Kubernetes
+from twin.nodeset import INFORMER_PERIOD, NodeSetController
+from twin.scenario import JobSpec
+from twin.slurm import RUNNING, SlurmConfig, Slurmctld
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+
+
+@functools.cache
+def setup(*overrides: str) -> sim.Setup:
+    return program.setup(settings.load(offline.stack_config("dev", list(overrides)), "dev", offline=True))
+
+
+def _cluster(client: bool, job_at: int = 40) -> tuple[NodeSetController, Slurmctld]:
+    """Two slurmd pods; job b starts at `job_at` on slinky-1; at 41 the NodeSet is scaled to 1. The
+    client's informers list at 0, 30, 60, ..."""
+    kube = Kubernetes(gpus=2, cold=False)
+    slurm = Slurmctld(SlurmConfig("all", "slinky"))
+    ns = NodeSetController("slurm-worker-slinky", "slinky", kube, slurm, replicas=2)
+    for t in range(41):
+        if t == job_at:
+            (job,) = slurm.submit(JobSpec("b", "slurm", t, 1000, nodes=1), t)
+            slurm.nodes["slinky-0"].drain = True  # so b lands on the highest ordinal
+            slurm.step(t)
+            slurm.nodes["slinky-0"].drain = False
+            assert job.state == RUNNING and job.nodes == ("slinky-1",)
+        ns.reconcile(t, client)
+        kube.step(t)
+    ns.replicas = 1
+    return ns, slurm
+
+
+def _active(ns: NodeSetController) -> list[str]:
+    return [p.name.rsplit("-", 1)[1] for p in ns.pods() if p.terminating_at is None]
+
+
+def test_scale_in_with_a_slurm_client_drains_then_deletes_the_idle_pod():
+    """b started before the job list at 30 and the sync that list caused: its deadline is on its pod."""
+    ns, slurm = _cluster(client=True, job_at=25)
+    assert ns.reconcile(41, client=True) == []
+    assert slurm.nodes["slinky-0"].drain and len(ns.pods()) == 2  # drained first
+    assert ns.reconcile(42, client=True) == []
+    assert _active(ns) == ["1"]
+
+
+def test_scale_in_without_a_slurm_client_deletes_by_ordinal_and_kills():
+    ns, _ = _cluster(client=False)
+    assert ns.reconcile(41, client=False) == ["b"]
+    assert _active(ns) == ["0"]
+
+
+def test_a_deadline_reaches_the_sort_one_sync_late_so_the_busy_node_is_drained_until_its_job_ends():
+    """b started at 40, after the last job list (30): at 41 its pod carries no deadline, ties with
+    the idle one, and goes first as the higher ordinal. It is drained, not deleted; the list at 60
+    knows b, but no event follows it, so no sync writes that down before b ends (1040)."""
+    ns, slurm = _cluster(client=True)
+    assert ns.reconcile(41, client=True) == []
+    assert slurm.nodes["slinky-1"].drain and not slurm.nodes["slinky-0"].drain
+    gone = None
+    for t in range(42, 1100):
+        slurm.step(t)
+        assert ns.reconcile(t, client=True) == []
+        ns.kube.step(t)
+        if t < 1040:
+            assert _active(ns) == ["0", "1"] and slurm.nodes["slinky-1"].drain, t
+        if gone is None and _active(ns) == ["0"]:
+            gone = t
+    # b ended at 1040; the informer's next list (1050) is the event that deletes its drained pod
+    assert gone == 1050 and not slurm.nodes["slinky-0"].drain
+
+
+STALE = {
+    "workers": 4,
+    "duration": 3000,
+    "images": "warm",
+    "jobs": [
+        # AI holds its two GPUs; k waits for one of HPC's, which slurmd holds for w and v
+        {"name": "ai", "kind": "job", "submit": 0, "runtime": 2800, "gpus": 2},
+        {"name": "k", "kind": "job", "submit": 100, "runtime": 100, "gpus": 1},
+        {"name": "w", "kind": "slurm", "submit": 0, "runtime": 600, "nodes": 1},  # slinky-0, ends 620
+        {"name": "v", "kind": "slurm", "submit": 0, "runtime": 595, "nodes": 1},  # slinky-1, ends 615
+        {"name": "x", "kind": "slurm", "submit": 605, "runtime": 1500, "nodes": 1},  # then slinky-1 from 615
+    ],
+}
+
+
+def test_a_stale_deadline_condemns_the_node_whose_job_just_started_and_the_idle_gpu_waits_for_it():
+    """w ends at 620 while k waits: the default policy scales slurmd in at once. x started on
+    slinky-1 at 615, where v had just ended. At some phases of the client's informers the scale-in
+    sync reads v's old deadline on slinky-1 (615) and w's on slinky-0 (620), so it condemns
+    slinky-1 and drains it under x; the list that knows x comes with no event after it, so
+    slinky-0's idle GPU goes back only when x ends, about 1500 s later. Nothing is killed."""
+    freed = {}
+    for phase in range(0, int(INFORMER_PERIOD), 5):
+        run = sim.Run(setup(), scenario.parse(STALE))
+        run.nodeset.informer_phase = float(phase)
+        r = run.run()
+        assert r["killed"] == [] and sim.ok(r), phase
+        (w_end,) = [x for x in r["returns"] if x["slurm_job"] == "w"]
+        freed[phase] = w_end["gpu_freed_s"]
+    late = {phase for phase, s in freed.items() if s > 1400}
+    assert late and late != freed.keys(), freed  # some phases only
+    assert max(s for phase, s in freed.items() if phase not in late) <= INFORMER_PERIOD, freed
+
+
+def _tick_by_tick(run: sim.Run) -> list[tuple[float, int, frozenset, frozenset]]:
+    """Per second: the replicas, the slurmd pods not being deleted, and the slurmd pods cordoned or
+    drained in Slurm."""
+    out = []
+    for t in range(int(run.scenario.duration) + 1):
+        run.tick(t)
+        pods = [p for p in run.kube.live_pods() if p.holder == SLURMD]
+        active = frozenset((p.name, p.created) for p in pods if p.terminating_at is None)
+        drained = {n.name for n in run.slurm.nodes.values() if n.drain}
+        out.append((float(t), run.nodeset.replicas, active, frozenset({p.name for p in pods if p.cordon} | drained)))
+    return out
+
+
+def test_while_kueue_is_down_the_nodeset_changes_no_pod_and_nothing_is_killed():
+    """kueue-down.yaml, default stack: c's node is idle from 140 and the HPA asks for one pod fewer
+    during the outage (300-1200), but every sync stops at its first deadline patch: no pod is
+    created, cordoned, drained or deleted until Kueue is back."""
+    run = sim.Run(setup(), scenario.load(SCENARIOS / "kueue-down.yaml"))
+    outage = [tick for tick in _tick_by_tick(run) if 300 <= tick[0] < 1200]
+    assert any(replicas < len(pods) for _, replicas, pods, _ in outage), "the HPA asked for a scale-in"
+    assert len({pods for _, _, pods, _ in outage}) == 1, "no pod created or deleted"
+    assert {held for *_, held in outage} == {frozenset()}, "none cordoned or drained"
+    r = run.result()
+    assert r["killed"] == [] and sim.ok(r)
+
+
+def test_after_kueue_is_back_the_nodeset_waits_for_its_retry_or_the_next_event():
+    """With slurmd allowed every GPU, b (2 nodes, from 600) needs a third pod, refused during the
+    outage. When Kueue is back (1200) nothing enqueues the NodeSet: its retry has backed off (5 ms
+    doubling per failed sync, at most 1000 s) and the next event is a's end (1500), seen by the
+    informer. b runs then, on a's node; the third pod is never made."""
+    run = sim.Run(setup("hpcBorrowsAiGpus=true"), scenario.load(SCENARIOS / "kueue-down.yaml"))
+    ticks = _tick_by_tick(run)
+    short = [t for t, replicas, pods, _ in ticks if replicas > len(pods)]
+    assert short and min(short) < 1200 and all(t in short for t in range(1200, 1500)), "unanswered after 1200"
+    assert not any(c >= 300 for _, _, pods, _ in ticks for _, c in pods)
+    r = run.result()
+    assert {j["name"]: j["started"] for j in r["jobs"]}["b"] >= 1500 and r["killed"] == [] and sim.ok(r)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_nothing_is_killed_in_a_shipped_scenario_at_any_informer_phase(name):
+    """Under the default policy, with the client's informers listing at three phases of their 30 s."""
+    for phase in (0.0, 10.0, 20.0):
+        run = sim.Run(setup(), scenario.load(SCENARIOS / f"{name}.yaml"))
+        run.nodeset.informer_phase = phase
+        r = run.run()
+        assert r["killed"] == [] and r["double_held"] == [], phase
