@@ -37,7 +37,7 @@ def previous_setup() -> sim.Setup:
         else o
         for o in s.kueue_objects
     )
-    return dataclasses.replace(s, kueue_objects=objects)
+    return dataclasses.replace(s, kueue_objects=objects, run_limit=None)  # no run-limit policy then
 
 
 @functools.cache
@@ -92,6 +92,17 @@ def test_a_slurm_job_wider_than_what_ai_leaves_gets_no_pod_that_would_idle():
     # one; nobody waits for them): no pod for the 4-node job while AI holds its half
     r = result("wide-slurm-job")
     assert r["slurmd_idle_gpu_s"] <= 5 * (dev().keda_cooldown_seconds + handoff) and sim.ok(r)
+
+
+def test_a_gap_in_hpcs_work_costs_it_its_share_at_most_for_the_stated_bound():
+    now, before = jobs(result("share-gap")), jobs(result("share-gap", previous=True))
+    # before: the 2-hour job borrowed HPC's half in the 20 s gap and kept it
+    assert before["long"]["started"] - before["a"]["finished"] <= 30 <= before["b"]["started"] - before["a"]["finished"]
+    assert before["b"]["started"] >= before["long"]["finished"]
+    assert before["b"]["started"] - before["b"]["submitted"] > bounds().hpc_share_back_s
+    # now: a job over the run limit is refused at submit, naming the setting; HPC keeps its half
+    assert now["long"]["outcome"] == "refused" and "aiJobMaxMinutes" in now["long"]["reason"]
+    assert now["b"]["started"] - now["b"]["submitted"] <= bounds().handoff_s
 
 
 @pytest.mark.parametrize("name", SHIPPED)
