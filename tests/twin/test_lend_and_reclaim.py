@@ -109,3 +109,22 @@ def test_a_gap_in_hpcs_work_costs_it_its_share_at_most_for_the_stated_bound():
 def test_nothing_is_killed_or_double_held_in_any_shipped_scenario(name):
     r = result(name)
     assert r["killed"] == [] and r["double_held"] == []
+
+
+def test_an_ai_job_that_could_never_be_admitted_does_not_switch_warmth_off():
+    """A 5-GPU job on 4 workers: before, it waited in Kueue for ever and slurmd was never kept warm
+    (a pod started for each Slurm job); now it is refused at submit and slurmd stays warm between
+    Slurm jobs as when nobody waits."""
+    data = {
+        "workers": 4,
+        "duration": 3000,
+        "jobs": [
+            {"name": "never", "kind": "job", "submit": 0, "runtime": 600, "gpus": 5},
+            *({"name": f"s{i}", "kind": "slurm", "submit": 400 * i, "runtime": 200, "nodes": 1} for i in range(5)),
+        ],
+    }
+    now = sim.Run(default_setup(), scenario.parse(data)).run()
+    before = sim.Run(previous_setup(), scenario.parse(data)).run()
+    assert jobs(now)["never"]["outcome"] == "refused" and "workerCount" in jobs(now)["never"]["reason"]
+    assert jobs(before)["never"]["outcome"] == "unfinished"
+    assert now["slurmd_starts"] == 1 < before["slurmd_starts"] == 5
