@@ -87,6 +87,19 @@ GPUS_PER_NODE = 1  # components/job_submit.lua GPUS_PER_NODE (names.GPUS_PER_WOR
 
 
 LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"
+TIME_SETTING = "setting slurmJobMaxMinutes"
+
+
+def time_refusal(time: int | None, partition: str, max_minutes: int | None) -> str:
+    """components/job_submit.lua's first check, for the scenario's --time (minutes, None: not given)
+    and -p (one partition, MaxTime `max_minutes`, None for UNLIMITED): the message it refuses with
+    (return code ESLURM_INVALID_TIME_LIMIT), or ""."""
+    if time is None or max_minutes is None or time <= max_minutes:
+        return ""
+    return (
+        f"testbed: a time limit of {time} minutes is over MaxTime={max_minutes} of partition {partition}, the "
+        f"longest a Slurm job may run on this testbed ({TIME_SETTING}); ask --time={max_minutes} or less"
+    )
 
 
 def job_submit(nodes: int | None, gpus: int | None, partition: str, max_nodes: int | None) -> tuple[int | None, str]:
