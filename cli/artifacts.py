@@ -15,7 +15,7 @@ import yaml
 from cli.offline import RecordedResource, Recording, redact, reveal
 from components import ai_run_limit, keda, kueue, remote_script, slurm_config, slurmd_scaling
 from core import user_files
-from core.names import SLURM_CHART, Names, SlurmNames
+from core.names import DEFAULT_PARTITION, SLURM_CHART, Names, SlurmNames
 from core.settings import DOCUMENTATION_NETWORKS, show
 from program import pricing
 from program.pricing import CostEstimate
@@ -189,6 +189,21 @@ def guard_lines(rec: Recording, cost: CostEstimate) -> list[str]:
     return lines
 
 
+def slurm_limit_lines(rec: Recording) -> list[str]:
+    """Each partition's MaxNodes and MaxTime as the rendered slurm.conf sets them, and how MaxTime applies."""
+    conf = slurm_files(rec)["slurm.conf"]
+    nodes, minutes = slurm_config.partition_max_nodes(conf), slurm_config.partition_max_minutes(conf)
+    lines = [f"partition {p}: MaxNodes={nodes[p]}, MaxTime={minutes[p]} minutes" for p in sorted(nodes)]
+    # slurmctld's limit check runs every PERIODIC_TIMEOUT, 30 s (SchedMD/slurm@slurm-25-11-6-1:
+    # src/slurmctld/slurmctld.h, job_mgr.c job_time_limit).
+    lines.append(
+        f"run limit: a job without --time runs under MaxTime; slurmctld ends one still running at its limit as "
+        f"TIMEOUT, checking every 30 s: a drained node's job ends at most {minutes[DEFAULT_PARTITION]} min 30 s "
+        "after it started (slurmJobMaxMinutes)"
+    )
+    return lines
+
+
 def plan_text(rec: Recording) -> str:
     by_urn = {r.urn: r for r in rec.resources}
     groups: dict[str, dict[str, list[str | None]]] = {}
@@ -217,6 +232,8 @@ def plan_text(rec: Recording) -> str:
     ]
     policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]
     lines += ["  " + line for line in ai_run_limit.policy_lines(ai_run_limit.limits(policies))]
+    lines.append("Slurm limits (slurm.conf; job_submit.lua refuses a job over one at submit):")
+    lines += ["  " + line for line in slurm_limit_lines(rec)]
     cost = pricing.estimate(rec.settings)
     lines += cost_lines(rec, cost)
     lines += guard_lines(rec, cost)

@@ -18,22 +18,32 @@ EnforcePartLimits=NO so that slurmctld does not refuse jobs against that empty p
   * --gpus-per-node, --gres=gpu:K or --gpus-per-socket asking more than one GPU on a node: a refusal
     (no node has K GPUs);
   * a node count (-N, or the one set above) over the MaxNodes of one of the job's partitions: a
-    refusal naming the limit, instead of a job that pends forever (PartitionNodeLimit).
+    refusal naming the limit, instead of a job that pends forever (PartitionNodeLimit);
+  * a time limit (--time, minutes in job_desc.time_limit; --time=0 and UNLIMITED are INFINITE,
+    src/common/slurm_opt.c arg_set_time_limit) over the MaxTime of one of the job's partitions
+    (slurmJobMaxMinutes): a refusal naming the limit and the setting. Under EnforcePartLimits=NO
+    slurmctld accepts such a job and never starts it: job_limits_check finds it over the partition's
+    max_time (_part_access_check) and leaves it pending with reason PartitionTimeLimit
+    (src/slurmctld/job_mgr.c, job_scheduler.c). A job without --time (NO_VAL) is left alone: it gets
+    MaxTime when it starts, DefaultTime being unset (src/slurmctld/node_scheduler.c select_nodes).
 A refusal prints the reason on the user's terminal (slurm.log_user; the client prints it as an
 error, src/common/slurm_protocol_pack.c) followed by the Slurm error of the return code.
 
 The job_desc fields read and set here, and the partition records (max_nodes: the configured MaxNodes,
-flag_default), are those of src/plugins/job_submit/lua/job_submit_lua.c; slurm.NO_VAL, slurm.INFINITE,
-slurm.log_user and the slurm.ESLURM_* codes are registered by src/lua/slurm_lua.c (both at
-slurm-25-11-6-1). Slurm records GPU requests as TRES strings: "gres/gpu:2" (--gpus, --gpus-per-node,
---gres), "gres/gpu=1" (--gpus-per-task), "gres/gpu:tesla:2", "gres/gpu" (one). The testbed's twin models
-this file (twin/slurm.py job_submit); a test runs both on the same cases, and the real-Slurm tests run
-it inside slurmctld.
+max_time: the configured MaxTime in minutes, INFINITE for UNLIMITED; flag_default), are those of
+src/plugins/job_submit/lua/job_submit_lua.c; slurm.NO_VAL, slurm.INFINITE, slurm.log_user and the
+slurm.ESLURM_* codes are registered by src/lua/slurm_lua.c (both at slurm-25-11-6-1). Slurm records GPU
+requests as TRES strings: "gres/gpu:2" (--gpus, --gpus-per-node, --gres), "gres/gpu=1"
+(--gpus-per-task), "gres/gpu:tesla:2", "gres/gpu" (one). The testbed's twin models this file
+(twin/slurm.py time_refusal and job_submit); a test runs both on the same cases, and the real-Slurm
+tests run it inside slurmctld.
 ]]
 
 local GPUS_PER_NODE = 1
--- How to raise the limit a refusal names: the NodeSet's largest size follows these settings.
+-- How to raise the limit a refusal names: the NodeSet's largest size follows these settings,
+-- MaxTime is the other.
 local LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"
+local TIME_SETTING = "setting slurmJobMaxMinutes"
 
 -- The GPU count of a TRES string: entries separated by commas, each "gres/gpu", "gres/gpu:N",
 -- "gres/gpu=N", "gres/gpu:<type>:N" or "gres/gpu:<type>=N", summed. nil: no GPUs asked.
@@ -95,6 +105,32 @@ local function over_limit(job_desc, part_list, nodes, what)
 	return false
 end
 
+-- A refusal when the job's time limit exceeds the configured MaxTime of one of its partitions.
+-- INFINITE (--time=0 or UNLIMITED) exceeds every finite MaxTime.
+local function over_time(job_desc, part_list)
+	local asked = job_desc.time_limit
+	if asked == nil or asked == slurm.NO_VAL then
+		return false
+	end
+	for _, p in ipairs(partitions(job_desc, part_list)) do
+		local limit = p.record.max_time
+		if is_set(limit) and asked > limit then
+			local what = asked == slurm.INFINITE and "no time limit (--time=0 or UNLIMITED)"
+				or string.format("a time limit of %d minutes", asked)
+			slurm.log_user(
+				"testbed: %s is over MaxTime=%d of partition %s, the longest a Slurm job may run on this testbed (%s); ask --time=%d or less",
+				what,
+				limit,
+				p.name,
+				TIME_SETTING,
+				limit
+			)
+			return true
+		end
+	end
+	return false
+end
+
 -- GPUs asked on each node: --gpus-per-node and --gres (tres_per_node), or --gpus-per-socket times
 -- the sockets per node (at least one).
 local function gpus_per_node(job_desc)
@@ -108,6 +144,9 @@ local function gpus_per_node(job_desc)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
+	if over_time(job_desc, part_list) then
+		return slurm.ESLURM_INVALID_TIME_LIMIT
+	end
 	local per_node = gpus_per_node(job_desc)
 	if per_node ~= nil and per_node > GPUS_PER_NODE then
 		slurm.log_user(

@@ -44,6 +44,7 @@ class SlinkyArgs:
     cluster_after: Sequence[pulumi.Resource]  # the ServiceMonitor CRD (monitoring stack)
     max_nodes: int | None = None  # partition MaxNodes, enforced at submit; None: unlimited
     metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # the ServiceMonitor's scrape interval
+    max_minutes: int | None = None  # partition MaxTime, enforced at submit; None: the chart's UNLIMITED
 
 
 CHART_DEFAULT_NODESET = "slinky"  # the key of the chart's own entry under `nodesets:`
@@ -72,13 +73,21 @@ def _shared_volume() -> tuple[dict, dict]:
     return volume, mount
 
 
-def _partition_limits(max_nodes: int) -> dict:
-    """The most nodes a job may ask: the NodeSet's largest size. job_submit.lua refuses a job over it
-    at submit (from this configured value), instead of a job that pends forever. `controller.extraConfMap`
-    and `partitions.<p>.configMap` become slurm.conf lines (SlinkyProject/slurm-operator@v1.0.0:
-    helm/slurm/templates/controller/_helpers.tpl), `nodesets.<k>.partition.configMap` the NodeSet's own
-    partition line (nodeset/nodeset-cr.yaml); components/slurm_config.py assembles them."""
-    return {"MaxNodes": max_nodes}
+def _partition_limits(max_nodes: int | None, max_minutes: int | None) -> dict:
+    """The limits both partitions carry; job_submit.lua refuses a job over one at submit (from these
+    configured values), instead of a job that pends forever (PartitionNodeLimit, PartitionTimeLimit).
+    * MaxNodes: the most nodes a job may ask, the NodeSet's largest size.
+    * MaxTime (minutes): the longest a job may run (slurmJobMaxMinutes). slurmctld ends a job at its
+      time limit (TIMEOUT), and a job without --time gets MaxTime as its limit when it starts, as no
+      DefaultTime is set (SchedMD/slurm@slurm-25-11-6-1:src/slurmctld/node_scheduler.c
+      select_nodes, job_mgr.c job_time_limit): so it bounds how long AI waits for a GPU slurmd
+      borrowed. It replaces the chart's `MaxTime: UNLIMITED` on `all` (helm/slurm/values.yaml).
+    `controller.extraConfMap` and `partitions.<p>.configMap` become slurm.conf lines
+    (SlinkyProject/slurm-operator@v1.0.0: helm/slurm/templates/controller/_helpers.tpl),
+    `nodesets.<k>.partition.configMap` the NodeSet's own partition line (nodeset/nodeset-cr.yaml);
+    components/slurm_config.py assembles them."""
+    limits = {"MaxNodes": max_nodes, "MaxTime": max_minutes}
+    return {key: value for key, value in limits.items() if value}
 
 
 # Never a limit that depends on how many slurmd pods exist at submit: Slinky's slurmd are dynamic
@@ -109,8 +118,10 @@ def slurm_values(
     service_monitor_labels: dict[str, str],
     max_nodes: int | None = None,
     metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS,
+    max_minutes: int | None = None,
 ) -> dict:
     volume, mount = _shared_volume()
+    limits = _partition_limits(max_nodes, max_minutes)
     gpu_key, gpu_value = host_layout.GPU_NODE_LABEL
     base = helm.base_values(slurm_chart(version, n))
     gpu_nodeset = helm.deep_merge(
@@ -129,7 +140,7 @@ def slurm_values(
             },
             "extraConfMap": {"Gres": [GPU_GRES]},
             "podSpec": {"nodeSelector": {gpu_key: gpu_value}, "volumes": [volume]},
-            **({"partition": {"configMap": _partition_limits(max_nodes)}} if max_nodes else {}),
+            **({"partition": {"configMap": limits}} if limits else {}),
         },
     )
     nodesets = {n.nodeset: gpu_nodeset}
@@ -165,9 +176,9 @@ def slurm_values(
         "restapi": {"slurmrestd": {"image": _image("slurmrestd", image_tag)}},
         "nodesets": nodesets,
     }
-    if max_nodes:
+    if limits:
         computed["controller"]["extraConfMap"] = {"EnforcePartLimits": ENFORCE_PART_LIMITS, **_job_submit_plugin()}
-        computed["partitions"] = {DEFAULT_PARTITION: {"configMap": _partition_limits(max_nodes)}}
+        computed["partitions"] = {DEFAULT_PARTITION: {"configMap": limits}}
         computed["configFiles"] = {JOB_SUBMIT_LUA.name: JOB_SUBMIT_LUA.read_text()}
     return helm.deep_merge(base, computed)
 
@@ -263,6 +274,7 @@ class Slinky(pulumi.ComponentResource):
                 args.service_monitor_labels,
                 args.max_nodes,
                 args.metrics_interval_seconds,
+                args.max_minutes,
             ),
             args.provider,
             parent=self,

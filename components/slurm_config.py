@@ -163,14 +163,26 @@ def conf_lines(conf: str) -> list[dict[str, str]]:
     return out
 
 
-def partition_max_nodes(conf: str) -> dict[str, int | None]:
-    """Each partition's MaxNodes in the rendered slurm.conf; None for UNLIMITED (the default)."""
+def _partition_limit(conf: str, key: str) -> dict[str, int | None]:
+    """Each partition's integer `key` in the rendered slurm.conf; None for UNLIMITED (the default)."""
     limits: dict[str, int | None] = {}
     for line in conf_lines(conf):
         if "partitionname" in line:
-            value = line.get("maxnodes", "UNLIMITED")
+            value = line.get(key.lower(), "UNLIMITED")
             limits[line["partitionname"]] = None if value.upper() in ("UNLIMITED", "INFINITE") else int(value)
     return limits
+
+
+def partition_max_nodes(conf: str) -> dict[str, int | None]:
+    """Each partition's MaxNodes; None for UNLIMITED."""
+    return _partition_limit(conf, "MaxNodes")
+
+
+def partition_max_minutes(conf: str) -> dict[str, int | None]:
+    """Each partition's MaxTime in minutes; None for UNLIMITED. Slurm also reads `h:m:s` and `d-h`
+    forms (src/common/parse_time.c time_str2mins); the program writes whole minutes (slurmJobMaxMinutes)
+    or the chart's UNLIMITED, and another form here fails loudly in int()."""
+    return _partition_limit(conf, "MaxTime")
 
 
 def global_setting(conf: str, key: str, default: str) -> str:

@@ -96,6 +96,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             cluster_after=[monitoring.stack, *kueue.ready],
             max_nodes=names.slurmd_max_replicas,
             metrics_interval_seconds=names.metrics_interval_seconds,
+            max_minutes=names.slurm_job_max_minutes,
         ),
     )
     keda = Keda(

@@ -97,14 +97,21 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         scaled_object_after=(),
         policy=policy,
     )
-    # The older policies ran with the chart's unlimited partitions and no job_submit plugin.
-    max_nodes = names.slurmd_max_replicas if policy in slurmd_scaling.GUARDED_POLICIES else None
+    # The older policies ran with the chart's unlimited partitions (MaxTime too) and no job_submit plugin.
+    guarded = policy in slurmd_scaling.GUARDED_POLICIES
     values = slinky.slurm_values(
-        s.slinky_version, s.slurm_image_tag, names.slurm, {}, max_nodes, names.metrics_interval_seconds
+        s.slinky_version,
+        s.slurm_image_tag,
+        names.slurm,
+        {},
+        names.slurmd_max_replicas if guarded else None,
+        names.metrics_interval_seconds,
+        names.slurm_job_max_minutes if guarded else None,
     )
     conf = slurm_config.slurm_files(values, names.slurm)
     slurm_conf = conf["slurm.conf"]
     limit = slurm_config.partition_max_nodes(slurm_conf)[DEFAULT_PARTITION]
+    minutes = slurm_config.partition_max_minutes(slurm_conf)[DEFAULT_PARTITION]
     # Slurm's default is NO (src/common/read_config.c); ALL and ANY both check registered nodes.
     enforce = slurm_config.global_setting(slurm_conf, "EnforcePartLimits", "NO").upper() != "NO"
     lua = "lua" in slurm_config.global_setting(slurm_conf, "JobSubmitPlugins", "") and (
@@ -113,7 +120,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     target = keda.scaling_target(names.slurm, names.metrics_interval_seconds, names.shares)
     return Setup(
         scaled_object=keda.scaled_object(args),
-        slurm=SlurmConfig(DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua),
+        slurm=SlurmConfig(DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua, minutes),
         namespace=target.namespace,
         nodeset=target.nodeset,
         host_prefix=names.slurm.nodeset,

@@ -51,6 +51,7 @@ class JobSpec:
     # A Kubernetes job's kueue.x-k8s.io/max-exec-time-seconds; None = the most the stack allows
     # (aiJobMaxMinutes), which is what a job that runs as long as it may declares.
     limit: int | None = None
+    time: int | None = None  # Slurm --time in minutes; None = not given (the partition's MaxTime)
 
     @property
     def gpus_wanted(self) -> int:
@@ -135,10 +136,13 @@ _JOB_KEYS = {
     "throttle",
     "image",
     "limit",
+    "time",
 }
 # A week: aiJobMaxMinutes' top (core/settings.py). A limit above the stack's own is refused at
 # submit, in the run; one above every stack's is a mistake in the file.
 MAX_LIMIT = 7 * 24 * 3600
+# The same for a Slurm job's --time, in minutes as sbatch takes it: slurmJobMaxMinutes' top.
+MAX_TIME_MINUTES = 7 * 24 * 60
 
 
 def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenario:
@@ -189,6 +193,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         gpus = None if "gpus" not in raw else c.number(f"{where}.gpus", raw["gpus"], 1, 1024, integer=True)
         replicas = c.number(f"{where}.replicas", raw.get("replicas", 1), 1, 1024, integer=True)
         array = None if "array" not in raw else c.number(f"{where}.array", raw["array"], 1, 1000, integer=True)
+        time = None if "time" not in raw else c.number(f"{where}.time", raw["time"], 1, MAX_TIME_MINUTES, integer=True)
         throttle = None
         if "throttle" in raw:
             throttle = c.number(f"{where}.throttle", raw["throttle"], 1, array or 1000, integer=True)
@@ -213,7 +218,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         if kind == "slurm" and "limit" in raw:
             c.bad(f"{where}.limit", raw["limit"], "no limit on a slurm job (pytorchjob and job only)")
         if kind != "slurm":
-            for key in ("nodes", "hold", "release", "after", "begin", "partition", "array", "throttle"):
+            for key in ("nodes", "hold", "release", "after", "begin", "partition", "array", "throttle", "time"):
                 if key in raw:
                     c.bad(f"{where}.{key}", raw[key], f"no {key} on a {kind} (Slurm jobs only)")
             if kind == "job" and "replicas" in raw:
@@ -242,6 +247,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
                 throttle=throttle,
                 image=image if isinstance(image, str) else None,
                 limit=int(limit) if limit is not None else None,
+                time=time,
             )
         )
     slurm_names = {j.name for j in jobs if j.kind == "slurm"}

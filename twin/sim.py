@@ -22,7 +22,7 @@ from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
 from twin.scenario import JobSpec, Scenario
-from twin.slurm import COMPLETED, REFUSED, RUNNING, SlurmConfig, Slurmctld, SlurmJob
+from twin.slurm import COMPLETED, REFUSED, RUNNING, TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
 
 SAMPLE_INTERVAL = 15.0
 
@@ -324,6 +324,8 @@ class Run:
                     outcome = "completed"
                 if REFUSED in states:
                     outcome = "refused"
+                if tasks and states <= {COMPLETED, TIMEOUT} and TIMEOUT in states:
+                    outcome = "timed_out"  # its own time limit (--time or MaxTime), not the hand-off
                 if any(t.restarts for t in tasks):  # requeued: the work it had done was lost
                     outcome = "killed"
                 starts = [t.started for t in tasks if t.started is not None]
@@ -334,6 +336,9 @@ class Run:
                 }
                 if outcome == "refused":
                     row["reason"] = tasks[0].reason
+                if outcome == "timed_out":
+                    limit = next(t.time_limit for t in tasks if t.state == TIMEOUT)
+                    row["reason"] = f"slurmctld ended it at its time limit, {limit / 60:g} min (TIMEOUT)"
             else:
                 kj = self.kube_jobs.get(spec.name)
                 outcome = "unfinished" if not kj or kj.finished is None else "failed" if kj.failed else "completed"
@@ -347,7 +352,7 @@ class Run:
                         outcome = "timed_out"
                         row["reason"] = f"Kueue stopped it after {w.limit:g} s admitted (its run limit)"
             jobs.append({"name": spec.name, "kind": spec.kind, "outcome": outcome, "submitted": spec.submit, **row})
-        slurm_done = [j.finished for j in self.slurm.jobs if j.state == COMPLETED]
+        slurm_done = [j.finished for j in self.slurm.jobs if j.state in (COMPLETED, TIMEOUT)]
         gpu_return = None
         if slurm_done:
             last = max(slurm_done)
@@ -360,6 +365,7 @@ class Run:
             "killed": sorted(set(self.killed)),
             "double_held": sorted(gpu_uuid(g) for g in self.kube.double_held),
             "unfinished": [j["name"] for j in jobs if j["outcome"] == "unfinished"],
+            "timed_out": [j["name"] for j in jobs if j["outcome"] == "timed_out"],  # Slurm's and Kueue's
             "end": {
                 "slurmd_replicas": self.nodeset.replicas,
                 "gpus_held_by_slurmd": self.held_now,

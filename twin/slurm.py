@@ -17,7 +17,14 @@ Followed: SchedMD/slurm@slurm-25-11-0-1
   permitted"; with fewer than its -N, "Node count specification invalid" (seen on the real
   slurmctld 26.05.5, tests/engines). The program sets NO; the twin keeps the other value expressible.
 * src/slurmctld/job_mgr.c validate_job_create_req: the job_submit plugins run first, on what the client
-  sent; the program's components/job_submit.lua (`job_submit` below) sizes a GPU-only job.
+  sent; the program's components/job_submit.lua (`time_refusal`, `job_submit` below) refuses a --time
+  over MaxTime and sizes a GPU-only job.
+* Time limits (at slurm-25-11-6-1): a job without --time gets the partition's MaxTime when it starts,
+  DefaultTime being unset (src/slurmctld/node_scheduler.c select_nodes); job_mgr.c job_time_limit ends
+  a running job whose end time has passed (OverTimeLimit 0) as TIMEOUT. It runs every PERIODIC_TIMEOUT
+  (30 s, slurmctld.h), so the real job ends up to 30 s after its limit, plus KillWait (30 s) if it
+  ignores SIGTERM; the twin ends it at the limit. A --time over MaxTime pends forever under
+  EnforcePartLimits=NO (job_limits_check: PartitionTimeLimit), which job_submit.lua prevents.
 Scheduling is modelled as priority (submit) order with first-fit backfill on every tick: a job
 starts as soon as enough idle, undrained nodes exist (one GPU per node, `gpu:tesla:1`).
 """
@@ -29,7 +36,7 @@ from dataclasses import dataclass, field
 from twin.scenario import JobSpec
 
 PENDING, RUNNING, COMPLETED, REFUSED = "PENDING", "RUNNING", "COMPLETED", "REFUSED"
-CANCELLED = "CANCELLED"
+CANCELLED, TIMEOUT = "CANCELLED", "TIMEOUT"
 # A batch job whose node goes down is requeued, eligible again after the requeue delay: the
 # SchedulerParameters requeue_delay, else the credential lifetime, 120 s, plus 1
 # (SchedMD/slurm@slurm-25-11-6-1:src/slurmctld/job_mgr.c _requeue_delay; the real slurmctld 26.05.5
@@ -52,6 +59,7 @@ class SlurmJob:
     restarts: int = 0  # times its node went down under it: its work was lost each time
     eligible_at: float = 0.0  # a requeued job waits for the requeue delay
     seq: int = 0  # its place among every job record submitted
+    time_limit: float | None = None  # seconds: its --time, else the partition's MaxTime; None: UNLIMITED
 
     @property
     def min_nodes(self) -> int:
@@ -64,6 +72,17 @@ class SlurmJob:
     @property
     def nodes_needed(self) -> int:
         return self.spec.gpus_wanted
+
+    @property
+    def times_out(self) -> bool:
+        """Its work outlasts its time limit: slurmctld ends it at the limit (a job that finishes
+        exactly at its limit completes)."""
+        return self.time_limit is not None and self.spec.runtime > self.time_limit
+
+    @property
+    def run_for(self) -> float:
+        """Seconds it runs once started: its work, or its time limit when that is shorter."""
+        return self.spec.runtime if self.time_limit is None else min(self.spec.runtime, self.time_limit)
 
 
 @dataclass
@@ -81,12 +100,29 @@ class SlurmConfig:
     max_nodes: int | None = None  # partition MaxNodes (both partitions), None = UNLIMITED
     enforce_part_limits: bool = False  # EnforcePartLimits ALL or ANY (not NO)
     job_submit_lua: bool = False  # JobSubmitPlugins=lua with components/job_submit.lua
+    max_minutes: int | None = None  # partition MaxTime (both partitions), None = UNLIMITED
 
 
 GPUS_PER_NODE = 1  # components/job_submit.lua GPUS_PER_NODE (names.GPUS_PER_WORKER)
 
 
 LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"
+TIME_SETTING = "setting slurmJobMaxMinutes"
+# The client's line for each return code of the script (src/common/slurm_errno.c).
+NODE_COUNT_INVALID = "Node count specification invalid"
+TIME_LIMIT_INVALID = "Requested time limit is invalid (missing or exceeds some limit)"
+
+
+def time_refusal(time: int | None, partition: str, max_minutes: int | None) -> str:
+    """components/job_submit.lua's first check, for the scenario's --time (minutes, None: not given)
+    and -p (one partition, MaxTime `max_minutes`, None for UNLIMITED): the message it refuses with
+    (return code ESLURM_INVALID_TIME_LIMIT), or ""."""
+    if time is None or max_minutes is None or time <= max_minutes:
+        return ""
+    return (
+        f"testbed: a time limit of {time} minutes is over MaxTime={max_minutes} of partition {partition}, the "
+        f"longest a Slurm job may run on this testbed ({TIME_SETTING}); ask --time={max_minutes} or less"
+    )
 
 
 def job_submit(nodes: int | None, gpus: int | None, partition: str, max_nodes: int | None) -> tuple[int | None, str]:
@@ -130,7 +166,7 @@ class Slurmctld:
     running: list[SlurmJob] = field(default_factory=list)  # in the order they started
     _closed: bool = False  # a job left open_jobs' states since the last prune
     by_name: dict[str, list[SlurmJob]] = field(default_factory=dict)
-    completed_now: list[SlurmJob] = field(default_factory=list)  # by the steps at the latest time
+    completed_now: list[SlurmJob] = field(default_factory=list)  # ended (or timed out) at the latest time
     _stepped_at: float | None = None
 
     @property
@@ -141,22 +177,35 @@ class Slurmctld:
         """One job, or one record per array task (the metrics count each pending task)."""
         partition = spec.partition or self.config.default_partition
         job_id = 100 + len(self.jobs)
-        limit = self.config.max_nodes
-        sized, refusal = (
-            job_submit(spec.nodes, spec.gpus, partition, limit) if self.config.job_submit_lua else (None, "")
-        )
+        limit, minutes = self.config.max_nodes, self.config.max_minutes
+        lua = self.config.job_submit_lua
+        over_time = time_refusal(spec.time, partition, minutes) if lua else ""
+        sized, refusal = job_submit(spec.nodes, spec.gpus, partition, limit) if lua and not over_time else (None, "")
+        # The limit it runs under: its --time, else MaxTime (given when it starts; the same here).
+        run_minutes = spec.time if spec.time is not None else minutes
         jobs = [
-            SlurmJob(spec, job_id, partition, held=spec.hold, sized=sized, seq=len(self.jobs) + i)
+            SlurmJob(
+                spec,
+                job_id,
+                partition,
+                held=spec.hold,
+                sized=sized,
+                seq=len(self.jobs) + i,
+                time_limit=None if run_minutes is None else run_minutes * 60.0,
+            )
             for i in range(spec.array or 1)
         ]
         failed = "sbatch: error: Batch job submission failed: "
         registered = len(self.nodes)  # every node is in both partitions
-        if refusal:  # the client prints the plugin's message, then the error of its return code
-            reason = f"sbatch: error: {refusal}; {failed}Node count specification invalid"
+        # The client prints the plugin's message, then the error of its return code.
+        if over_time:
+            reason = f"sbatch: error: {over_time}; {failed}{TIME_LIMIT_INVALID}"
+        elif refusal:
+            reason = f"sbatch: error: {refusal}; {failed}{NODE_COUNT_INVALID}"
         elif self.config.enforce_part_limits and registered == 0:
             reason = f"{failed}More processors requested than permitted"
         elif self.config.enforce_part_limits and jobs[0].min_nodes > min(registered, limit or registered):
-            reason = f"{failed}Node count specification invalid"
+            reason = f"{failed}{NODE_COUNT_INVALID}"
         else:
             reason = ""
         if reason:
@@ -222,7 +271,7 @@ class Slurmctld:
         out: dict[str, float] = {}
         for job in self.running:
             for node in job.nodes:
-                out[node] = max(out.get(node, 0.0), job.started + job.spec.runtime)
+                out[node] = max(out.get(node, 0.0), job.started + job.run_for)
         return out
 
     # ------------------------------------------------------------ scheduling
@@ -230,6 +279,9 @@ class Slurmctld:
     def eligible(self, job: SlurmJob, now: float) -> bool:
         if job.state != PENDING or job.held or now < job.eligible_at:
             return False
+        minutes = self.config.max_minutes
+        if job.spec.time is not None and minutes is not None and job.spec.time > minutes:
+            return False  # PartitionTimeLimit, for good: job_submit.lua refuses it first
         if job.spec.begin is not None and now < job.spec.begin:
             return False
         if job.spec.throttle is not None:
@@ -244,9 +296,9 @@ class Slurmctld:
     def step(self, now: float) -> None:
         if now != self._stepped_at:
             self.completed_now, self._stepped_at = [], now
-        ended = [j for j in self.running if now >= j.started + j.spec.runtime]
+        ended = [j for j in self.running if now >= j.started + j.run_for]
         for job in ended:
-            job.state, job.finished = COMPLETED, now
+            job.state, job.finished = TIMEOUT if job.times_out else COMPLETED, now
         if ended:
             self.completed_now += sorted(ended, key=lambda j: j.seq)  # submission order
             self.running = [j for j in self.running if j.state == RUNNING]

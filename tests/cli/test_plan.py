@@ -116,3 +116,15 @@ def test_plan_json_shows_which_worker_waits_for_which(default_run, deployed_run)
         waits = set(deployed[f"testbed-worker-{i}-instance"]["dependsOn"])
         assert waits & {deployed[j]["urn"] for j in joined} == {deployed[joined[i - 1]]["urn"]}
         assert not set(first[f"testbed-worker-{i}-instance"]["dependsOn"]) & {first[j]["urn"] for j in joined}
+
+
+@pytest.mark.parametrize("minutes", [None, 90])
+def test_the_plan_shows_each_partitions_maxtime_beside_its_maxnodes(default_run, minutes):
+    rec = default_run if minutes is None else run_program(slurmJobMaxMinutes=minutes)
+    limits = artifacts.plan_text(rec).split(
+        "Slurm limits (slurm.conf; job_submit.lua refuses a job over one at submit):\n"
+    )[1]
+    want = minutes or 60  # slurmJobMaxMinutes' documented default
+    for partition in ("all", "slinky"):
+        assert f"  partition {partition}: MaxNodes=4, MaxTime={want} minutes\n" in limits
+    assert f"as TIMEOUT, checking every 30 s: a drained node's job ends at most {want} min 30 s after it" in limits

@@ -19,14 +19,15 @@ from twin import slurm
 
 NO_VAL, INFINITE = 0xFFFFFFFE, 0xFFFFFFFF
 # Error numbers as slurm/slurm_errno.h numbers them (ESLURM_INVALID_PARTITION_NAME = 2000, ...).
-SUCCESS, ESLURM_INVALID_NODE_COUNT, ESLURM_INVALID_GRES = 0, 2006, 2072
-PARTITIONS = {"all": (1, 4), "slinky": (0, 4), "wide": (0, INFINITE)}  # name: (flag_default, max_nodes)
+SUCCESS, ESLURM_INVALID_NODE_COUNT, ESLURM_INVALID_TIME_LIMIT, ESLURM_INVALID_GRES = 0, 2006, 2051, 2072
+# name: (flag_default, max_nodes, max_time); UNLIMITED is INFINITE in the partition record
+PARTITIONS = {"all": (1, 4, 60), "slinky": (0, 4, 30), "wide": (0, INFINITE, INFINITE)}
 
 DRIVER = r"""
 local results = {}
 slurm = {
   SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294.0, INFINITE = 4294967295.0,
-  ESLURM_INVALID_NODE_COUNT = 2006, ESLURM_INVALID_GRES = 2072,
+  ESLURM_INVALID_NODE_COUNT = 2006, ESLURM_INVALID_TIME_LIMIT = 2051, ESLURM_INVALID_GRES = 2072,
   log_info = function(fmt, ...) string.format(fmt, ...) end,
   log_user = function(fmt, ...) results.msg = (results.msg and results.msg .. "|" or "") .. string.format(fmt, ...) end,
 }
@@ -34,11 +35,11 @@ assert(dofile(SCRIPT) == slurm.SUCCESS, "the script returns SUCCESS on load")
 assert(type(slurm_job_modify) == "function", "slurm_job_modify is required")
 local part_list = {}
 for name, p in pairs(PARTS) do
-  part_list[name] = {name = name, flag_default = p[1] + 0.0, max_nodes = p[2] + 0.0}
+  part_list[name] = {name = name, flag_default = p[1] + 0.0, max_nodes = p[2] + 0.0, max_time = p[3] + 0.0}
 end
 for i, case in ipairs(CASES) do
   results = {}
-  local job = {min_nodes = slurm.NO_VAL, max_nodes = slurm.NO_VAL, num_tasks = slurm.NO_VAL}
+  local job = {min_nodes = slurm.NO_VAL, max_nodes = slurm.NO_VAL, num_tasks = slurm.NO_VAL, time_limit = slurm.NO_VAL}
   for k, v in pairs(case) do job[k] = type(v) == "number" and v + 0.0 or v end
   local rc = slurm_job_submit(job, part_list, 1000.0)
   print(string.format("%d\t%d\t%d\t%s", rc, job.min_nodes, job.max_nodes, results.msg or ""))
@@ -141,22 +142,60 @@ def test_gpu_only_jobs_get_one_node_per_gpu_or_a_clear_refusal(tmp_path):
         assert msg in g_msg and bool(msg) == bool(g_msg), (label, g_msg)
 
 
+def test_a_time_limit_over_maxtime_is_refused_naming_the_limit_and_the_setting(tmp_path):
+    over = "is over MaxTime=60 of partition all, the longest a Slurm job may run on this testbed (setting "
+    cases = {
+        "no --time (kept: MaxTime when it starts)": ({}, (SUCCESS, NO_VAL, NO_VAL, "")),
+        "--time=60 (at the limit)": ({"time_limit": 60}, (SUCCESS, NO_VAL, NO_VAL, "")),
+        "--time=61": (
+            {"time_limit": 61},
+            (ESLURM_INVALID_TIME_LIMIT, NO_VAL, NO_VAL, f"testbed: a time limit of 61 minutes {over}"),
+        ),
+        "--time=UNLIMITED": (
+            {"time_limit": INFINITE},
+            (ESLURM_INVALID_TIME_LIMIT, NO_VAL, NO_VAL, f"no time limit (--time=0 or UNLIMITED) {over}"),
+        ),
+        "--time=45 -p all,slinky (over slinky's 30)": (
+            {"time_limit": 45, "partition": "all,slinky"},
+            (ESLURM_INVALID_TIME_LIMIT, NO_VAL, NO_VAL, "slurmJobMaxMinutes); ask --time=30 or less"),
+        ),
+        "--time=UNLIMITED -p wide (UNLIMITED, kept)": (
+            {"time_limit": INFINITE, "partition": "wide"},
+            (SUCCESS, NO_VAL, NO_VAL, ""),
+        ),
+        "--time=61 --gpus=2: refused before it is sized": (
+            {"time_limit": 61, "tres_per_job": "gres/gpu:2"},
+            (ESLURM_INVALID_TIME_LIMIT, NO_VAL, NO_VAL, "61 minutes"),
+        ),
+        "--time=60 --gpus=2 (sized)": ({"time_limit": 60, "tres_per_job": "gres/gpu:2"}, (SUCCESS, 2, 2, "")),
+    }
+    got = run_lua([job for job, _ in cases.values()], tmp_path)
+    for (label, (_, (rc, lo, hi, msg))), (g_rc, g_lo, g_hi, g_msg) in zip(cases.items(), got, strict=True):
+        assert (g_rc, g_lo, g_hi) == (rc, lo, hi), label
+        assert msg in g_msg and bool(msg) == bool(g_msg), (label, g_msg)
+
+
 def test_the_twin_models_the_lua_file(tmp_path):
     """Same cases through twin/slurm.py job_submit and the Lua: same node count, same refusal text."""
-    grid = list(itertools.product((None, 1, 2, 4), (None, 1, 2, 4, 5), ("all", "wide")))
+    grid = list(itertools.product((None, 1, 2, 4), (None, 1, 2, 4, 5), ("all", "wide"), (None, 30, 60, 61)))
     cases = []
-    for nodes, gpus, part in grid:
+    for nodes, gpus, part, time in grid:
         job = {"partition": part}
         if gpus is not None:
             job["tres_per_job"] = f"gres/gpu:{gpus}"
         if nodes is not None:
             job["min_nodes"] = job["max_nodes"] = nodes
+        if time is not None:
+            job["time_limit"] = time
         cases.append(job)
-    for (nodes, gpus, part), (rc, lo, _, msg) in zip(grid, run_lua(cases, tmp_path), strict=True):
-        limit = PARTITIONS[part][1]
-        sized, refusal = slurm.job_submit(nodes, gpus, part, None if limit == INFINITE else limit)
-        assert refusal == msg and (rc == SUCCESS) == (not refusal), (nodes, gpus, part)
-        assert lo == (sized or nodes or NO_VAL), (nodes, gpus, part)
+    for (nodes, gpus, part, time), (rc, lo, _, msg) in zip(grid, run_lua(cases, tmp_path), strict=True):
+        _, max_nodes, max_time = (None if v == INFINITE else v for v in PARTITIONS[part])
+        over_time = slurm.time_refusal(time, part, max_time)
+        sized, refusal = (None, over_time) if over_time else slurm.job_submit(nodes, gpus, part, max_nodes)
+        case = (nodes, gpus, part, time)
+        assert refusal == msg and (rc == SUCCESS) == (not refusal), case
+        assert (rc == ESLURM_INVALID_TIME_LIMIT) == bool(over_time), case
+        assert lo == (sized or nodes or NO_VAL), case
 
 
 def test_one_gpu_per_node_everywhere():

@@ -160,3 +160,14 @@ def test_charts_are_the_slinky_oci_charts_at_the_version():
         "slurm-operator": ("slinky", "oci://ghcr.io/slinkyproject/charts/slurm-operator", "1.2.3", None),
         "slurm": ("slurm", "oci://ghcr.io/slinkyproject/charts/slurm", "1.2.3", None),
     }
+
+
+def test_partition_limits_given_alone_still_bring_the_submit_check():
+    """MaxTime without MaxNodes: both partitions carry it and job_submit.lua, which refuses a longer
+    --time, is installed; with neither, the chart's partitions (MaxTime UNLIMITED) stay."""
+    n = slurm_names("slinky")
+    v = slinky.slurm_values(VERSION, "25.11.6-ubuntu24.04", n, {}, max_minutes=30)
+    assert v["partitions"]["all"]["configMap"] == {"State": "UP", "Default": "YES", "MaxTime": 30}
+    assert v["nodesets"]["slinky"]["partition"]["configMap"] == {"MaxTime": 30}
+    assert v["controller"]["extraConfMap"]["JobSubmitPlugins"] == "lua" and "job_submit.lua" in v["configFiles"]
+    assert values()["partitions"]["all"]["configMap"]["MaxTime"] == "UNLIMITED"

@@ -4,6 +4,7 @@ answer compared with the twin's Slurm (twin/slurm.py) on the same request."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +34,22 @@ class Request:
     gpus: int | None = None  # --gpus, or --gpus-per-task times -n
     partition: str | None = None
     stdin: str | None = None  # a batch script, as `sbatch < file`
+    time: int | None = None  # --time in minutes
 
 
 def _script_request(path: Path) -> Request:
-    """A shipped job script submitted as the README does (`sbatch < file`): its -N for the twin."""
+    """A shipped job script submitted as the README does (`sbatch < file`): its -N and --time
+    (HH:MM:SS, the form every shipped script uses) for the twin."""
     text = path.read_text()
     nodes = re.search(r"^#SBATCH --nodes=(\d+)$", text, re.M)
-    return Request(f"jobs/slurm/{path.name}", (), nodes=int(nodes[1]) if nodes else None, stdin=text)
+    hms = re.search(r"^#SBATCH --time=(\d+):(\d\d):00$", text, re.M)
+    return Request(
+        f"jobs/slurm/{path.name}",
+        (),
+        nodes=int(nodes[1]) if nodes else None,
+        stdin=text,
+        time=int(hms[1]) * 60 + int(hms[2]) if hms else None,
+    )
 
 
 REQUESTS = [
@@ -51,6 +61,11 @@ REQUESTS = [
     Request("--gpus=3 (over MaxNodes)", ("--gpus=3",), gpus=3),
     Request("-N 3 (over MaxNodes)", ("-N", "3"), nodes=3),
     Request("-N 1 --gpus=2 (never fits)", ("-N", "1", "--gpus=2"), nodes=1, gpus=2),
+    Request("--time=60 (at MaxTime)", ("--time=60",), time=60),
+    Request("--time=1:01:00 (over MaxTime)", ("--time=1:01:00",), time=61),
+    Request(
+        "--time=61 --gpus=2 (over MaxTime, refused before it is sized)", ("--time=61", "--gpus=2"), gpus=2, time=61
+    ),
     *[_script_request(p) for p in sorted(JOBS.glob("*.sbatch"))],
 ]
 
@@ -67,7 +82,7 @@ def twin_answer(config: SlurmConfig, r: Request, nodes_registered: int) -> tuple
     ctld = Slurmctld(config)
     for i in range(nodes_registered):
         ctld.register(f"slinky-{i}", 0.0)
-    spec = JobSpec(r.label, "slurm", 0.0, 600.0, nodes=r.nodes, gpus=r.gpus, partition=r.partition)
+    spec = JobSpec(r.label, "slurm", 0.0, 600.0, nodes=r.nodes, gpus=r.gpus, partition=r.partition, time=r.time)
     (job, *_) = ctld.submit(spec, 0.0)
     return job.state != REFUSED, job.reason
 
@@ -120,8 +135,8 @@ def test_any_other_enforce_part_limits_refuses_against_the_nodes_registered_now(
         **deployed_slurm_values,
         "controller": {**deployed_slurm_values["controller"], "extraConfMap": {**conf, "EnforcePartLimits": value}},
     }
-    config = program.setup(_dev()).slurm
-    config = SlurmConfig(config.default_partition, config.nodeset_partition, config.max_nodes, True, True)
+    config = dataclasses.replace(program.setup(_dev()).slurm, enforce_part_limits=True)
+    assert config.job_submit_lua
     plain, two = REQUESTS[0], Request("-N 2", ("-N", "2"), nodes=2)
     with harness.engines(tmp_path, values, slurm_names("slinky"), worker_index()) as slurm:
         real = submit(slurm, plain)

@@ -6,8 +6,9 @@ import shlex
 import pytest
 import yaml
 
+from cli import artifacts
 from cli.offline import reveal
-from components import helm, images, monitoring, slinky, training_operator
+from components import helm, images, monitoring, slinky, slurm_config, training_operator
 from core import names
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
@@ -152,6 +153,16 @@ def test_partitions_refuse_a_job_larger_than_the_nodeset_at_submit(default_run):
         values["nodesets"]["slinky"]["partition"]["configMap"]["MaxNodes"],
     }
     assert limits == {so.inputs["spec"]["maxReplicaCount"]}
+
+
+@pytest.mark.parametrize("minutes", [None, 7])
+def test_both_partitions_end_a_job_at_slurm_job_max_minutes(default_run, minutes):
+    """MaxTime on `all` (the chart's UNLIMITED replaced) and on the NodeSet's own partition, in the
+    slurm.conf the operator assembles: the bound on how long AI waits for a GPU slurmd borrowed."""
+    rec = default_run if minutes is None else run_program(slurmJobMaxMinutes=minutes)
+    conf = artifacts.slurm_files(rec)["slurm.conf"]
+    want = minutes or 60  # slurmJobMaxMinutes' documented default
+    assert slurm_config.partition_max_minutes(conf) == {"all": want, "slinky": want}
 
 
 def test_slurmctld_sizes_gpu_only_jobs_with_the_shipped_job_submit_lua(default_run):

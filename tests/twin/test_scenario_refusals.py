@@ -56,6 +56,11 @@ ROWS: list[tuple[str | bytes | Path, list[str], list[tuple[str, str]]]] = [
     ("duration: 1_000\n", [], [("--scenario", "expected decimal digits without leading zeros")]),
     ("duration: 60\nkueue: yes\n", [], [("--scenario", 'line 2: "yes" is a boolean only to YAML 1.1')]),
     (jobs(job("a", "hold: on")), [], [("--scenario", "expected true or false, or quoted text")]),
+    # --time, minutes, on Slurm jobs only
+    (jobs(job("a", "time: 0")), [], [("jobs[0] (a).time", "an integer from 1 to 10080")]),
+    (jobs(job("a", "time: 1.5")), [], [("jobs[0] (a).time", "an integer from 1 to 10080")]),
+    (jobs(job("a", 'time: "01:00:00"')), [], [("jobs[0] (a).time", "an integer from 1 to 10080")]),
+    (jobs(job("p", "time: 5", kind="pytorchjob")), [], [("jobs[0] (p).time", "no time on a pytorchjob (Slurm jobs")]),
     # references and cycles
     (jobs(job("a", "after: b"), job("b", "after: a")), [], [("jobs[0] (a).after", "(a -> b -> a would wait forever)")]),
     (
