@@ -18,7 +18,7 @@ Followed:
   error makes the ScaledObject inactive-with-error and the composite metric an error for the HPA.
 * kubernetes/kubernetes@v1.34.0:pkg/controller/podautoscaler/horizontal.go and
   replica_calculator.go: sync every 15 s; External AverageValue -> ceil(value / target), kept at
-  the current count within the 0.1 tolerance; the largest of several metrics; no change when every
+  the current count within the 0.1 tolerance (external_per_pod_replicas); the largest of several metrics; no change when every
   metric is invalid or some are and the rest would scale down; scale to 0 replicas disables the
   HPA; behavior (pkg/apis/autoscaling/v2/defaults.go fills what is unset): scale-down keeps the
   highest recommendation of its stabilizationWindowSeconds (unset: 300 s), scale-up the lowest of
@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from twin.promql import Evaluator, PromQLError, scalar_result
 
@@ -80,7 +81,9 @@ _EXPR_FUNCS = {"max": max, "min": min, "float": float}
 class Formula:
     """What the program's formulas use of expr-lang v1.16.9 (docs/language-definition.md): numbers,
     trigger names, + - * /, comparisons, && ||, `c ? a : b`, and the builtins max, min, float.
-    Anything else is refused, so a new formula shape fails loudly in the tests."""
+    Anything else is refused, so a new formula shape fails loudly in the tests. The text is parsed
+    once into closures (KEDA compiles it once too, kedacore/keda@v2.16.1:pkg/scaling/modifiers):
+    the HPA and KEDA evaluate it on every sync and poll."""
 
     def __init__(self, text: str):
         self.tokens, pos = [], 0
@@ -91,13 +94,13 @@ class Formula:
             self.tokens.append(m.group(m.lastgroup))
             pos = m.end()
         self.text = text
-
-    def __call__(self, env: dict[str, float]) -> float:
-        self._i, self._env = 0, env
-        value = self._ternary()
+        self._i = 0
+        self._compiled = self._ternary()
         if self._i != len(self.tokens):
             raise ValueError(f"formula: unexpected {self.tokens[self._i]!r} in {self.text!r}")
-        return float(value)
+
+    def __call__(self, env: dict[str, float]) -> float:
+        return float(self._compiled(env))
 
     def _peek(self) -> str | None:
         return self.tokens[self._i] if self._i < len(self.tokens) else None
@@ -109,7 +112,7 @@ class Formula:
         self._i += 1
         return tok
 
-    def _ternary(self):
+    def _ternary(self) -> Callable[[dict], Any]:
         cond = self._binary(0)
         if self._peek() != "?":
             return cond
@@ -117,7 +120,7 @@ class Formula:
         yes = self._ternary()
         self._take(":")
         no = self._ternary()
-        return yes if cond else no
+        return lambda env: yes(env) if cond(env) else no(env)
 
     _LEVELS: ClassVar[tuple] = (("||",), ("&&",), ("==", "!=", "<", ">", "<=", ">="), ("+", "-"), ("*", "/"))
     _OPS: ClassVar[dict] = {
@@ -135,29 +138,30 @@ class Formula:
         "/": lambda a, b: a / b,
     }
 
-    def _binary(self, level: int):
+    def _binary(self, level: int) -> Callable[[dict], Any]:
         if level == len(self._LEVELS):
             return self._unary()
         left = self._binary(level + 1)
         while self._peek() in self._LEVELS[level]:
-            op = self._take()
-            left = self._OPS[op](left, self._binary(level + 1))
+            op = self._OPS[self._take()]
+            left = _binary(op, left, self._binary(level + 1))
         return left
 
-    def _unary(self):
+    def _unary(self) -> Callable[[dict], Any]:
         if self._peek() == "-":
             self._take()
-            return -self._unary()
+            inner = self._unary()
+            return lambda env: -inner(env)
         return self._primary()
 
-    def _primary(self):
+    def _primary(self) -> Callable[[dict], Any]:
         tok = self._take()
         if tok == "(":
-            value = self._ternary()
+            inner = self._ternary()
             self._take(")")
-            return value
+            return inner
         if tok[0].isdigit():
-            return float(tok)
+            return lambda env, value=float(tok): value
         if tok in _EXPR_FUNCS and self._peek() == "(":
             self._take("(")
             args = [self._ternary()]
@@ -165,12 +169,21 @@ class Formula:
                 self._take(",")
                 args.append(self._ternary())
             self._take(")")
-            return _EXPR_FUNCS[tok](*args)
+            fn = _EXPR_FUNCS[tok]
+            return lambda env: fn(*(a(env) for a in args))
         if tok[0].isalpha() or tok[0] == "_":
-            if tok not in self._env:
-                raise ValueError(f"formula: unknown name {tok!r}")
-            return self._env[tok]
+            return lambda env: _name(env, tok)
         raise ValueError(f"formula: unexpected {tok!r} in {self.text!r}")
+
+
+def _binary(op: Callable[[Any, Any], Any], left: Callable[[dict], Any], right: Callable[[dict], Any]):
+    return lambda env: op(left(env), right(env))
+
+
+def _name(env: dict[str, float], name: str) -> float:
+    if name not in env:
+        raise ValueError(f"formula: unknown name {name!r}")
+    return env[name]
 
 
 @dataclass(frozen=True)
@@ -190,8 +203,11 @@ class Modifiers:
         f({name: -1.0 for name in trigger_names})  # KEDA's validation: run once with dummy values
         return cls(f, float(sm["target"]), float(sm.get("activationTarget") or 0))
 
+    def milli(self, values: dict[str, float]) -> int:
+        return math.trunc(self.formula(values) * 1000)  # Quantity.SetMilli(int64(out * 1000))
+
     def value(self, values: dict[str, float]) -> float:
-        return math.trunc(self.formula(values) * 1000) / 1000  # Quantity.SetMilli(int64(out * 1000))
+        return self.milli(values) / 1000
 
 
 @dataclass(frozen=True)
@@ -208,6 +224,27 @@ class Behavior:
         down = (behavior.get("scaleDown") or {}).get("stabilizationWindowSeconds")
         up = (behavior.get("scaleUp") or {}).get("stabilizationWindowSeconds")
         return cls(DOWNSCALE_WINDOW if down is None else float(down), 0.0 if up is None else float(up))
+
+
+def _milli(value: float) -> int:
+    """int64(value * 1000): how KEDA hands a value to the HPA (pkg/scalers/scaler.go
+    GenerateMetricInMili, and GetMetricTargetMili for a target)."""
+    return math.trunc(value * 1000)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One External metric of the HPA: the value KEDA's activation compares, the milli-value and
+    AverageValue target (milli) the HPA reads; milli None for NaN, which the HPA calls invalid."""
+
+    value: float
+    milli: int | None
+    target: int
+    activation: float
+
+    @classmethod
+    def of(cls, value: float, threshold: float, activation: float) -> Metric:
+        return cls(value, None if math.isnan(value) else _milli(value), _milli(threshold), activation)
 
 
 @dataclass
@@ -242,9 +279,11 @@ class Keda:
             behavior=Behavior.from_advanced(advanced),
         )
 
-    def metrics(self, ev: Evaluator, now: float) -> tuple[list[tuple[float, float, float]], bool]:
-        """(value, target, activation) per metric the HPA sees, and whether any trigger erred. With
-        scalingModifiers that is the one composite metric, and none when a trigger errs."""
+    def metrics(self, ev: Evaluator, now: float) -> tuple[list[Metric], bool]:
+        """Each External metric the HPA sees, and whether any trigger erred. Without
+        scalingModifiers, one per trigger (controllers/keda/hpa.go getScaledObjectMetricSpecs); with
+        them, the one composite metric (its target and metricType from scalingModifiers), and none
+        when a trigger errs."""
         values, error = {}, False
         for t in self.triggers:
             try:
@@ -253,15 +292,16 @@ class Keda:
                 error = True
         if self.modifiers is None:
             by_name = {t.name: t for t in self.triggers}
-            return [(v, by_name[n].threshold, by_name[n].activation) for n, v in values.items()], error
+            return [Metric.of(v, by_name[n].threshold, by_name[n].activation) for n, v in values.items()], error
         if error:
             return [], True
         m = self.modifiers
-        return [(m.value(values), m.target, m.activation)], False
+        milli = m.milli(values)
+        return [Metric(milli / 1000, milli, _milli(m.target), m.activation)], False
 
     def poll(self, ev: Evaluator, now: float, current: int) -> int:
         metrics, error = self.metrics(ev, now)
-        active = any(v > activation for v, _, activation in metrics)  # NaN is never active
+        active = any(m.value > m.activation for m in metrics)  # NaN is never active
         self.errors += error
         if active:
             if (self.idle_replicas is not None and current < self.min_replicas) or current == 0:
@@ -276,6 +316,22 @@ class Keda:
         if current > idle and (self.last_active is None or now >= self.last_active + self.cooldown):
             return idle
         return current
+
+
+def external_per_pod_replicas(usage: int, target: int, current: int) -> int:
+    """An External metric with an AverageValue target, in milli-units, as kubernetes/kubernetes@v1.34.0:
+    pkg/controller/podautoscaler/replica_calculator.go GetExternalPerPodMetricReplicas computes it:
+    the current count while usage / (target * current) lies within [1 - 0.1, 1 + 0.1]
+    (Tolerances.isWithin, both ends included, with the controller's default
+    --horizontal-pod-autoscaler-tolerance 0.1), else ceil(usage / target). So from 10 pods on, a
+    change of one pod (a ratio of 1.1 or 0.9) is no change. Upstream the current count is the
+    scale's status replicas (the pods that exist), the twin passes the NodeSet's replicas: for a
+    whole-number metric below 10 pods both give ceil(usage / target), as within the tolerance the
+    usage is then the count itself."""
+    ratio = usage / (target * current)
+    if 1.0 - TOLERANCE <= ratio <= 1.0 + TOLERANCE:
+        return current
+    return math.ceil(usage / target)
 
 
 @dataclass
@@ -293,12 +349,11 @@ class Hpa:
         metrics, _ = self.keda.metrics(ev, now)
         expected = 1 if self.keda.modifiers is not None else len(self.keda.triggers)
         proposals, invalid = [], expected - len(metrics)
-        for v, target, _ in metrics:
-            if math.isnan(v):
+        for m in metrics:
+            if m.milli is None:
                 invalid += 1
                 continue
-            ratio = v / (target * current)
-            proposals.append(current if abs(ratio - 1.0) <= TOLERANCE else math.ceil(v / target))
+            proposals.append(external_per_pod_replicas(m.milli, m.target, current))
         desired = max(proposals, default=0)
         if invalid == expected or (invalid and desired < current):
             return current

@@ -114,8 +114,10 @@ class Kubernetes:
     container_start: float = CONTAINER_START
     gpu_replicas: int = 1  # the `nvidia.com/gpu` devices the device plugin advertises per GPU
     # The pods not yet gone, in creation order; `pods` keeps every pod ever made, which a long
-    # scenario would otherwise walk several times a tick.
+    # scenario would otherwise walk several times a tick. Likewise the jobs not finished (pruned
+    # each step, so one that finished in the latest step may still be there).
     _live: list[Pod] = field(default_factory=list)
+    open_jobs: list[KubeJob] = field(default_factory=list)
 
     def create_pod(self, pod: Pod) -> Pod:
         self.pods.append(pod)
@@ -141,6 +143,7 @@ class Kubernetes:
         kind = "PyTorchJob" if kind == "pytorchjob" else "Job"
         job = KubeJob(name, kind, runtime, now, replicas=replicas, image=image)
         self.jobs.append(job)
+        self.open_jobs.append(job)
         if not suspended:
             self.unsuspend(job, now)
         return job
@@ -174,6 +177,7 @@ class Kubernetes:
         for job in self.jobs:
             if job.name == name:
                 self.jobs.remove(job)
+                self.open_jobs = [j for j in self.open_jobs if j is not job]
                 for pod in job.pods:
                     self.delete(pod, now)
                 return
@@ -242,16 +246,15 @@ class Kubernetes:
                 self._fail(pod.owner, now)  # out of tries: the Worker (restartPolicy Never) and its job fail
 
     def _fail(self, name: str, now: float) -> None:
-        for job in self.jobs:
+        for job in self.open_jobs:
             if job.name == name and job.finished is None:
                 job.finished, job.failed = now, True
                 for pod in job.pods:
                     pod.gone_at = now
 
     def _jobs(self, now: float) -> None:
-        for job in self.jobs:
-            if job.finished is not None:
-                continue
+        self.open_jobs = [j for j in self.open_jobs if j.finished is None]
+        for job in self.open_jobs:
             if job.started is None and job.pods and all(p.running(now) for p in job.pods):
                 job.started = now
             if job.started is not None and now >= job.started + job.runtime:

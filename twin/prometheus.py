@@ -37,8 +37,8 @@ class Prometheus:
     def scrape(self, now: float, down: Callable[[Target], bool]) -> None:
         for target in self.targets:
             mine = {"job": target.job, "instance": target.instance}
-            if down(target):
-                self.db.mark_stale(lambda labels, m=mine: all(labels.get(k) == v for k, v in m.items()), now)
+            if down(target):  # every series of the target not yet stale is one its last scrape exposed
+                self.db.mark_stale(target.last, now)
                 target.last = set()
                 continue
             seen = set()
@@ -46,6 +46,5 @@ class Prometheus:
                 full = {**labels, **mine}
                 seen.add(frozenset(full.items()))
                 self.db.add(full, now, value)
-            for gone in target.last - seen:
-                self.db.mark_stale(lambda labels, g=gone: frozenset(labels.items()) == g, now)
+            self.db.mark_stale(target.last - seen, now)
             target.last = seen

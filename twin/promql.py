@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 LOOKBACK = 300.0  # promql/engine.go defaultLookbackDelta (5m)
@@ -41,28 +41,52 @@ class Series:
 
 
 class TSDB:
-    """Append-only samples, one Series per full label set (as the scrape writes them)."""
+    """Append-only samples, one Series per full label set (as the scrape writes them). For the
+    Evaluator's result cache it counts the writes to each metric name, keeps the latest sample
+    time, and the series whose last sample is not a staleness marker (live)."""
 
     def __init__(self) -> None:
         self.series: dict[frozenset, Series] = {}
         self.by_name: dict[str, list[Series]] = {}
+        self.writes: dict[str, int] = {}
+        self.latest = -math.inf
+        self.live: dict[str, dict[frozenset, Series]] = {}
 
     def add(self, labels: dict[str, str], t: float, value: float) -> None:
         key = frozenset(labels.items())
+        name = labels["__name__"]
         s = self.series.get(key)
         if s is None:
             s = self.series[key] = Series(dict(labels))
-            self.by_name.setdefault(labels["__name__"], []).append(s)
+            self.by_name.setdefault(name, []).append(s)
+        self._write(name, s, t, value)
+        live = self.live.setdefault(name, {})
+        if math.isnan(value):
+            live.pop(key, None)
+        else:
+            live[key] = s
+
+    def _write(self, name: str, s: Series, t: float, value: float) -> None:
         s.times.append(t)
         s.values.append(value)
+        self.writes[name] = self.writes.get(name, 0) + 1
+        self.latest = max(self.latest, t)
 
-    def mark_stale(self, predicate: Callable[[dict[str, str]], bool], t: float) -> None:
-        """A scrape that fails, or a target that goes away, ends its series with a staleness marker
-        (scrape/scrape.go: staleness markers on a failed scrape and on target removal)."""
-        for s in self.series.values():
-            if predicate(s.labels) and s.values and not math.isnan(s.values[-1]):
-                s.times.append(t)
-                s.values.append(STALE)
+    def visible_until(self, names: tuple[str, ...]) -> float:
+        """Past this time an instant query at or after the latest sample may lose a series of these
+        names to the lookback, though nothing more is written: the earliest last sample of their
+        live series, plus the lookback."""
+        return min((s.times[-1] + LOOKBACK for n in names for s in self.live.get(n, {}).values()), default=math.inf)
+
+    def mark_stale(self, keys: Iterable[frozenset], t: float) -> None:
+        """A scrape that fails, or a target that goes away, ends its series (by full label set) with
+        a staleness marker (scrape/scrape.go: staleness markers on a failed scrape and on target removal)."""
+        for key in keys:
+            s = self.series.get(key)
+            if s is not None and s.values and not math.isnan(s.values[-1]):
+                name = s.labels["__name__"]
+                self._write(name, s, t, STALE)
+                self.live[name].pop(key)
 
 
 # ------------------------------------------------------------------ parser
@@ -232,6 +256,11 @@ class Evaluator:
         self._final_before = -math.inf
         self._memo: dict[tuple[int, float], Vector | float] = {}
         self._now_memo: dict[tuple[int, float], Vector | float] = {}  # until new samples arrive
+        # *_over_time results by their steps, once every step is final: evaluations at different
+        # times within one step (a KEDA poll, an HPA sync) share them.
+        self._windows: dict[tuple[str, int, float, int], Vector] = {}
+        # Each query's last result, and what it was computed from (see instant).
+        self._results: dict[str, tuple[tuple, float, float, Vector | float]] = {}
 
     @property
     def final_before(self) -> float:
@@ -243,7 +272,21 @@ class Evaluator:
         self._now_memo = {}
 
     def instant(self, query: str, t: float) -> Vector | float:
-        return self._eval(parse(query), t)
+        """The query at t. A query's result at t is its last one while no sample of a metric it
+        selects was written since, each of its outermost subqueries has the same steps, and no
+        series it saw has passed the lookback: it is the same result, not an approximation (a KEDA
+        poll and an HPA sync between two scrapes of the metrics it reads). Kept only when computed
+        at or after the latest sample, so no sample lies between the two times."""
+        node = parse(query)
+        names, windows = _inputs(node)
+        key = (tuple(self.db.writes.get(n, 0) for n in names), tuple(_steps(t, r, s) for r, s in windows))
+        last = self._results.get(query)
+        if last is not None and last[0] == key and last[1] <= t < last[2]:
+            return last[3]
+        value = self._eval(node, t)
+        if t >= self.db.latest:
+            self._results[query] = (key, t, self.db.visible_until(names), value)
+        return value
 
     def _select(self, name: str, matchers: tuple, t: float) -> Vector:
         out: Vector = {}
@@ -302,13 +345,18 @@ class Evaluator:
         if sub[0] != "subquery":
             raise PromQLError(f"{name} needs a subquery argument")
         _, inner, rng, step = sub
-        first = (math.floor((t - rng) / step + 1e-9) + 1) * step  # left-open: never the step at t - R
+        first, steps = _steps(t, rng, step)
+        final = first + (steps - 1) * step < self._final_before
+        key = (name, id(inner), first, steps)
+        if final and key in self._windows:
+            return self._windows[key]
         acc: dict[frozenset, float] = {}
         pick = min if name == "min_over_time" else max
-        steps = math.floor((t - first) / step + 1e-9) + 1  # never a step after t
         for k in range(steps):
             for labels, value in self._step(inner, first + k * step).items():
                 acc[labels] = pick(acc[labels], value) if labels in acc else value
+        if final:
+            self._windows[key] = acc
         return acc
 
     def _step(self, inner: tuple, t: float) -> Vector:
@@ -351,6 +399,44 @@ class Evaluator:
             else:
                 out[k] = _arith(op, a, b)
         return out
+
+
+def _steps(t: float, rng: float, step: float) -> tuple[float, int]:
+    """A subquery's first step and number of steps at t: multiples of the step within (t - R, t]."""
+    first = (math.floor((t - rng) / step + 1e-9) + 1) * step  # left-open: never the step at t - R
+    return first, math.floor((t - first) / step + 1e-9) + 1  # never a step after t
+
+
+_INPUTS: dict[int, tuple[tuple[str, ...], tuple[tuple[float, float], ...]]] = {}
+
+
+def _inputs(node: tuple) -> tuple[tuple[str, ...], tuple[tuple[float, float], ...]]:
+    """The metric names a parsed query selects, and the (range, step) of each subquery evaluated at
+    the query's own time (not inside another subquery, whose steps follow from the outer one's)."""
+    if id(node) not in _INPUTS:
+        names: set[str] = set()
+        windows: list[tuple[float, float]] = []
+
+        def walk(n: tuple, outermost: bool) -> None:
+            kind = n[0]
+            if kind == "sel":
+                names.add(n[1])
+            elif kind == "agg":
+                walk(n[3], outermost)
+            elif kind == "func":
+                for arg in n[2]:
+                    walk(arg, outermost)
+            elif kind == "bin":
+                walk(n[2], outermost)
+                walk(n[3], outermost)
+            elif kind == "subquery":
+                if outermost:
+                    windows.append((n[2], n[3]))
+                walk(n[1], False)
+
+        walk(node, True)
+        _INPUTS[id(node)] = (tuple(sorted(names)), tuple(windows))
+    return _INPUTS[id(node)]
 
 
 def scalar_result(v: Vector | float) -> float | None:

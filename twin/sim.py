@@ -22,7 +22,7 @@ from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
 from twin.scenario import JobSpec, Scenario
-from twin.slurm import COMPLETED, REFUSED, RUNNING, TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
+from twin.slurm import CANCELLED, COMPLETED, REFUSED, RUNNING, TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
 
 SAMPLE_INTERVAL = 15.0
 
@@ -107,6 +107,9 @@ class Run:
         self.gpu_holder: dict[int, str] = {}
         self.owner_changes = 0  # a GPU going from slurmd to a Kubernetes job or back
         self.waiting_at_end: list[tuple[SlurmJob, list[k8s.KubeJob]]] = []  # Slurm job ends while AI waits
+        self._noted: set[int] = set()  # the Slurm jobs in waiting_at_end
+        # The sample rows of jobs that ended (final): a sample builds only the open jobs' rows.
+        self._final_rows: dict[int, dict] = {}
         self._events = sorted(self.scenario.jobs, key=lambda j: j.submit)
         self._releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
         self.now = 0.0
@@ -238,10 +241,13 @@ class Run:
 
     def _note_ends(self, now: float) -> None:
         """Each Slurm job that ends while a Kubernetes job waits (queued in Kueue or Pending)."""
-        waiting = [j for j in self.kube.jobs if j.started is None and j.finished is None]
+        if not self.slurm.completed_now:
+            return
+        waiting = [j for j in self.kube.open_jobs if j.started is None and j.finished is None]
         if waiting:
-            noted = {id(j) for j, _ in self.waiting_at_end}
-            self.waiting_at_end += [(j, waiting) for j in self.slurm.completed_now if id(j) not in noted]
+            ended = [j for j in self.slurm.completed_now if id(j) not in self._noted]
+            self._noted.update(id(j) for j in ended)
+            self.waiting_at_end += [(j, waiting) for j in ended]
 
     def _kueue_down(self, now: float) -> bool:
         return self.scenario.fault_active("kueue-down", now)
@@ -254,26 +260,30 @@ class Run:
                 self.kueue.add_pod(pod, self.setup.slurmd_labels, GPUS_PER_WORKER, now)
 
     def _account(self, now: float) -> None:
-        pods = self.kube.live_pods()
-        for p in pods:
-            if p.gpu is not None and p.running(now):
+        busy = self.slurm.busy_nodes()
+        held = idle = used = 0  # GPUs slurmd pods hold; of them, on nodes running nothing / a job
+        for p in self.kube.live_pods():
+            if p.gpu is None:
+                continue
+            if p.running(now):
                 if self.gpu_holder.get(p.gpu, p.holder) != p.holder:
                     self.owner_changes += 1
                 self.gpu_holder[p.gpu] = p.holder
-        busy = self.slurm.busy_nodes()
-        self.idle_gpu_s += sum(1 for p in pods if p.holder == k8s.SLURMD and p.gpu is not None and p.owner not in busy)
-        self.held_now = sum(1 for p in pods if p.holder == k8s.SLURMD and p.gpu is not None)
+            if p.holder == k8s.SLURMD:
+                held += 1
+                if p.owner in busy:
+                    used += 1
+                else:
+                    idle += 1
+        self.idle_gpu_s += idle
+        self.held_now = held
         self.held.append(self.held_now)
         slurm_waits = any(j.finished is None for j in self.slurm.open_jobs)
-        kube_waits = any(j.finished is None for j in self.kube.jobs)
-        if slurm_waits and kube_waits:
+        kube_open = [j for j in self.kube.open_jobs if j.finished is None]
+        if slurm_waits and kube_open:
             self.contended["seconds"] += 1
-            self.contended["slurm"] += sum(
-                1 for p in pods if p.holder == k8s.SLURMD and p.gpu is not None and p.owner in busy
-            )
-            self.contended["kubernetes"] += sum(
-                len(j.pods) for j in self.kube.jobs if j.started is not None and j.finished is None
-            )
+            self.contended["slurm"] += used
+            self.contended["kubernetes"] += sum(len(j.pods) for j in kube_open if j.started is not None)
         if self.held_now == 0:
             if self.zero_spans and self.zero_spans[-1][1] == now - 1:
                 self.zero_spans[-1][1] = now
@@ -287,16 +297,8 @@ class Run:
             "t": now,
             "nodeset_replicas": self.nodeset.replicas,
             "slurmd_ready": sum(1 for p in self.nodeset.pods() if p.owner in self.slurm.nodes),
-            "slurm_jobs": [
-                {
-                    "job_id": str(j.job_id),
-                    "name": j.spec.name,
-                    "state": "CANCELLED" if j.state == REFUSED else j.state,
-                    "nodes": list(j.nodes) if j.state == RUNNING else [],
-                }
-                for j in self.slurm.jobs
-            ],
-            "kube_jobs": [{"kind": j.kind, "name": j.name, "phase": _kube_phase(j, now)} for j in self.kube.jobs],
+            "slurm_jobs": [self._final_rows.get(id(j)) or self._slurm_row(j) for j in self.slurm.jobs],
+            "kube_jobs": [self._final_rows.get(id(j)) or self._kube_row(j, now) for j in self.kube.jobs],
             "gpu_pods": [
                 {
                     "namespace": self.setup.namespace if p.holder == k8s.SLURMD else "default",
@@ -312,6 +314,23 @@ class Run:
                 for p in self.kube.live_pods()
             ],
         }
+
+    def _slurm_row(self, j: SlurmJob) -> dict:
+        row = {
+            "job_id": str(j.job_id),
+            "name": j.spec.name,
+            "state": "CANCELLED" if j.state == REFUSED else j.state,
+            "nodes": list(j.nodes) if j.state == RUNNING else [],
+        }
+        if j.state in (COMPLETED, REFUSED, CANCELLED):  # no way back from these (a requeue is from RUNNING)
+            self._final_rows[id(j)] = row
+        return row
+
+    def _kube_row(self, j: k8s.KubeJob, now: float) -> dict:
+        row = {"kind": j.kind, "name": j.name, "phase": _kube_phase(j, now)}
+        if j.finished is not None:
+            self._final_rows[id(j)] = row
+        return row
 
     def result(self) -> dict:
         jobs = []

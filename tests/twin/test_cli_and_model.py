@@ -89,7 +89,7 @@ def test_staleness_marker_ends_a_series_at_once_and_lookback_is_five_minutes():
     db = TSDB()
     db.add({"__name__": "m", "i": "1"}, 0, 1.0)
     db.add({"__name__": "m", "i": "2"}, 0, 2.0)
-    db.mark_stale(lambda labels: labels["i"] == "1", 30)
+    db.mark_stale([frozenset({"__name__": "m", "i": "1"}.items())], 30)
     ev = Evaluator(db)
     assert ev.instant("sum(m)", 29) == {frozenset(): 3.0}
     assert ev.instant("sum(m)", 30) == {frozenset(): 2.0}

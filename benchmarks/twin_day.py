@@ -1,0 +1,83 @@
+"""The twin's cost over a day of work (a benchmark, not a test).
+
+    venv/bin/python benchmarks/twin_day.py [--jobs 300] [--hours 24] [--repeat 1] [--policy NAME]
+
+Generates a scenario of `--jobs` jobs of every kind submitted evenly over `--hours` (seeded, so
+every run is the same scenario; 4 workers, about 70 % GPU load), runs it through the twin under
+the default stack and prints the seconds it took and the simulated seconds per wall second. The
+target (issue 20): 300 jobs over 24 h in under 10 s on this project's 2-core machine. A twin
+whose tick walks only the open work stays near-flat when --jobs grows at a fixed --hours."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cli import offline
+from components import slurmd_scaling
+from core import settings
+from twin import program, scenario, sim
+
+SEED = 20
+
+
+def day(jobs: int, hours: float, seed: int = SEED) -> scenario.Scenario:
+    """`jobs` jobs, submitted at even gaps with jitter: 3 in 5 Slurm (1 or 2 nodes), 1 in 5 a
+    2-replica PyTorchJob, 1 in 5 a 1-GPU batch Job, runtimes 5 to 20 minutes."""
+    rng = random.Random(seed)
+    duration = hours * 3600
+    gap = duration * 0.9 / jobs  # the last submissions leave time to drain
+    raw = []
+    for i in range(jobs):
+        submit = round(i * gap + rng.uniform(0, gap / 2))
+        runtime = rng.choice((300, 450, 600, 900, 1200))
+        kind = ("slurm", "slurm", "slurm", "pytorchjob", "job")[i % 5]
+        job = {"name": f"j{i:03d}", "kind": kind, "submit": submit, "runtime": runtime}
+        if kind == "slurm":
+            job["nodes"] = rng.choice((1, 1, 2))
+        elif kind == "pytorchjob":
+            job["replicas"] = 2
+        else:
+            job["gpus"] = 1
+        raw.append(job)
+    return scenario.parse({"workers": 4, "duration": duration, "images": "warm", "jobs": raw})
+
+
+def time_run(sc: scenario.Scenario, setup: sim.Setup, repeat: int) -> tuple[float, float, dict]:
+    """Median wall and CPU seconds (CPU time is the steadier figure on a shared machine)."""
+    wall, cpu, result = [], [], {}
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        result = sim.Run(setup, sc).run()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu), result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--hours", type=float, default=24)
+    parser.add_argument("--repeat", type=int, default=1, help="runs; the median is reported")
+    parser.add_argument("--policy", default=slurmd_scaling.DEFAULT_POLICY)
+    args = parser.parse_args()
+    s = settings.load(offline.stack_config("dev", []), "dev", offline=True)
+    setup = program.setup(s, args.policy)
+    sc = day(args.jobs, args.hours)
+    seconds, cpu, result = time_run(sc, setup, args.repeat)
+    done = sum(1 for j in result["jobs"] if j["outcome"] == "completed")
+    print(
+        f"{args.jobs} jobs over {args.hours:g} h, policy {args.policy}: {seconds:.2f} s ({cpu:.2f} s CPU, "
+        f"{sc.duration / seconds:,.0f} simulated s per s); {done} completed, killed {len(result['killed'])}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
