@@ -19,10 +19,7 @@ from core.names import (
     NODESET_GROUP,
     NODESET_KIND,
     NODESET_VERSION,
-    SLURM_METRICS_INTERVAL_SECONDS,
-    GpuShares,
     Names,
-    SlurmNames,
 )
 
 REPO = "https://kedacore.github.io/charts"
@@ -48,12 +45,9 @@ def chart(version: str) -> helm.Chart:
     return helm.Chart("keda", KEDA_NAMESPACE, "keda", version, REPO)
 
 
-def scaling_target(
-    names: SlurmNames,
-    scrape_seconds: int = SLURM_METRICS_INTERVAL_SECONDS,
-    shares: GpuShares | None = None,
-) -> slurmd_scaling.Target:
-    """What the triggers look at; `shares` (the GPU split) only matters to lend-and-reclaim's cap."""
+def scaling_target(n: Names) -> slurmd_scaling.Target:
+    """What the triggers look at, for one stack: its Slurm names, scrape interval and GPU split."""
+    names = n.slurm
     return slurmd_scaling.Target(
         partitions=names.partitions,
         nodeset_partition=names.nodeset,  # the chart's nodesets.<key>.partition, named after the key
@@ -65,15 +59,15 @@ def scaling_target(
         ai_cluster_queue=AI_CLUSTER_QUEUE,
         ai_namespace=JOBS_NAMESPACE,
         gpu_resource=GPU_RESOURCE,
-        scrape_seconds=scrape_seconds,
-        gpus_total=shares.gpus_total if shares else 0,
-        ai_share=shares.ai_guaranteed_gpus if shares else 0,
+        scrape_seconds=n.metrics_interval_seconds,
+        gpus_total=n.shares.gpus_total,
+        ai_share=n.shares.ai_guaranteed_gpus,
     )
 
 
 def triggers(n: Names, policy: str = slurmd_scaling.DEFAULT_POLICY) -> list[dict]:
     """The ScaledObject's triggers for a stack: the doctor asks Prometheus the same queries."""
-    target = scaling_target(n.slurm, n.metrics_interval_seconds, n.shares)
+    target = scaling_target(n)
     return slurmd_scaling.keda_triggers(n.prometheus_url, target, policy, n.cooldown_seconds)
 
 
@@ -90,7 +84,7 @@ def _formula_policy(n: Names, policy: str) -> dict:
         "cooldownPeriod": 0,
         "advanced": {
             "scalingModifiers": {
-                "formula": slurmd_scaling.formula(scaling_target(n.slurm, shares=n.shares), policy),
+                "formula": slurmd_scaling.formula(scaling_target(n), policy),
                 "target": "1",
                 "activationTarget": "0",
                 "metricType": "AverageValue",

@@ -57,7 +57,7 @@ def stack_values(version: str, n: Names) -> dict:
     (`additionalPrometheusRulesMap` becomes PrometheusRule objects the stack's Prometheus selects:
     prometheus-community/helm-charts@kube-prometheus-stack-80.9.2:charts/kube-prometheus-stack/
     templates/prometheus/additionalPrometheusRules.yaml)."""
-    target = keda.scaling_target(n.slurm, n.metrics_interval_seconds)
+    target = keda.scaling_target(n)
     rules = {"testbed-slurm-metrics": {"groups": [slurmd_scaling.metrics_alert_rules(target)]}}
     return helm.merged_values(
         stack_chart(version), {"fullnameOverride": MONITORING_RELEASE, "additionalPrometheusRulesMap": rules}

@@ -117,7 +117,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     lua = "lua" in slurm_config.global_setting(slurm_conf, "JobSubmitPlugins", "") and (
         slinky.JOB_SUBMIT_LUA.name in conf
     )
-    target = keda.scaling_target(names.slurm, names.metrics_interval_seconds, names.shares)
+    target = keda.scaling_target(names)
     return Setup(
         scaled_object=keda.scaled_object(args),
         slurm=SlurmConfig(DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua, minutes),

@@ -10,15 +10,15 @@ import pytest
 from components import keda
 from components import slurmd_scaling as scaling
 from components.slurmd_scaling import PartitionMetrics as M
-from core.names import GpuShares, slurm_names
+from core.names import GpuShares, Names, slurm_names
 from tests.engines import harness
 from twin.autoscale import Modifiers, Trigger
 from twin.promql import TSDB, Evaluator, PromQLError
 
 WORKERS = 4
 AI_SHARE = 2  # the default split of 4 GPUs
-NAMES = slurm_names("slinky")
-TARGET = keda.scaling_target(NAMES, shares=GpuShares(WORKERS, AI_SHARE, True, False, True))
+STACK = Names(slurm_names("slinky"), WORKERS, WORKERS, 300, 30, GpuShares(WORKERS, AI_SHARE, True, False, True))
+TARGET = keda.scaling_target(STACK)
 ALL, OWN = TARGET.partitions
 HISTORY = 16  # samples 30 s apart: 8 minutes, several stall windows
 EVAL = HISTORY * 30
@@ -456,7 +456,7 @@ def test_only_the_formula_policies_move_the_cooldown_into_their_query(policy):
     if policy in scaling.FORMULA_POLICIES:
         (recently_busy,) = [t for t in spec["triggers"] if t["name"] == scaling.RECENTLY_BUSY]
         assert spec["cooldownPeriod"] == 0 and "[270s:30s]" in recently_busy["metadata"]["query"], "240 s and one step"
-        formula = scaling.formula(keda.scaling_target(n.slurm, shares=n.shares), policy)
+        formula = scaling.formula(keda.scaling_target(n), policy)
         assert spec["advanced"]["scalingModifiers"]["formula"] == formula
         assert (f"({n.gpus_total} - " in formula) == (policy == scaling.LEND_RECLAIM), "the cap reads the stack's GPUs"
     else:

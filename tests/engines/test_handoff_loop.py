@@ -56,7 +56,7 @@ class KubeStateMetrics(http.server.ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], names: Names):
         self.pods: list[str] = []
-        target = keda.scaling_target(names.slurm)
+        target = keda.scaling_target(names)
         self.namespace, self.nodeset, self.restapi = target.namespace, target.nodeset, target.restapi_deployment
         super().__init__(address, _KsmHandler)
 
@@ -171,7 +171,7 @@ def test_from_zero_and_back_twice_a_two_node_job_and_work_arriving_during_scale_
     assert values["controller"]["metrics"]["serviceMonitor"]["interval"] == "5s"
     rules = {
         "slurm-metrics.yaml": yaml.safe_dump(
-            {"groups": [slurmd_scaling.metrics_alert_rules(keda.scaling_target(names.slurm))]}
+            {"groups": [slurmd_scaling.metrics_alert_rules(keda.scaling_target(names))]}
         )
     }
     with harness.engines(tmp_path, values, names.slurm, worker_index()) as e:
@@ -248,7 +248,7 @@ def test_a_slurmctld_without_metrics_fires_the_alert_and_fails_the_doctor(engine
     values["controller"]["metrics"]["enabled"] = False
     rules = {
         "slurm-metrics.yaml": yaml.safe_dump(
-            {"groups": [slurmd_scaling.metrics_alert_rules(keda.scaling_target(names.slurm))]}
+            {"groups": [slurmd_scaling.metrics_alert_rules(keda.scaling_target(names))]}
         )
     }
     with harness.engines(tmp_path, values, names.slurm, worker_index()) as e:

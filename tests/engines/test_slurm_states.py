@@ -153,7 +153,7 @@ def test_states_agree_with_the_twin_and_triggers_with_prometheus_3(slurm, tmp_pa
     m = Mirror(slurm, Slurmctld(config))
     names = Names.from_settings(s)
     queries = {t["name"]: t["metadata"]["query"] for t in keda.triggers(names)}
-    target = keda.scaling_target(names.slurm, names.metrics_interval_seconds)
+    target = keda.scaling_target(names)
     partitions = names.slurm.partitions
     groups, twin_values, seen = [], {}, {}
 
