@@ -3,7 +3,8 @@
     python -m stacks plan     [--stack dev] [--config KEY=VALUE ...] [--json]
     python -m stacks render   [--stack dev] [--config KEY=VALUE ...] --out DIR
     python -m stacks validate --scenario NAME [--dry-run] [--kubeconfig FILE] [--timeout S] [--out DIR]
-    python -m stacks simulate --scenario NAME|FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
+    python -m stacks simulate --scenario NAME|FILE [--policy NAME] [--phase-set S] [--phases N]
+                              [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
     python -m stacks simulate --readme-tables [README] [--stack S] [--config KEY=VALUE ...]
     python -m stacks preflight [--stack dev] [--config KEY=VALUE ...]
     python -m stacks doctor    [--stack dev] [--config KEY=VALUE ...] [--kubeconfig FILE]
