@@ -23,7 +23,7 @@ from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
 from twin.scenario import JobSpec, Scenario
-from twin.slurm import CANCELLED, COMPLETED, REFUSED, RUNNING, SlurmConfig, Slurmctld, SlurmJob
+from twin.slurm import COMPLETED, REFUSED, RUNNING, SlurmConfig, Slurmctld, SlurmJob
 
 SAMPLE_INTERVAL = 15.0
 DEFAULT_PHASE_SET = 0  # the phases of `simulate` and the README's tables; --phases N sweeps sets 0..N-1
@@ -131,8 +131,9 @@ class Run:
         self.owner_changes = 0  # a GPU going from slurmd to a Kubernetes job or back
         self.waiting_at_end: list[tuple[SlurmJob, list[k8s.KubeJob]]] = []  # Slurm job ends while AI waits
         self._noted: set[int] = set()  # the Slurm jobs in waiting_at_end
-        # The sample rows of jobs that ended (final): a sample builds only the open jobs' rows.
-        self._final_rows: dict[int, dict] = {}
+        # Each job's last sample row and what it was built from: a sample builds only the rows of
+        # jobs that changed since (a pending array task stays pending for hours).
+        self._rows: dict[int, tuple[object, dict]] = {}
         self._events = sorted(self.scenario.jobs, key=lambda j: j.submit)
         self._releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
         self.now = 0.0
@@ -299,8 +300,8 @@ class Run:
             "t": now,
             "nodeset_replicas": self.nodeset.replicas,
             "slurmd_ready": sum(1 for p in self.nodeset.pods() if p.owner in self.slurm.nodes),
-            "slurm_jobs": [self._final_rows.get(id(j)) or self._slurm_row(j) for j in self.slurm.jobs],
-            "kube_jobs": [self._final_rows.get(id(j)) or self._kube_row(j, now) for j in self.kube.jobs],
+            "slurm_jobs": self._slurm_rows(),
+            "kube_jobs": self._kube_rows(now),
             "gpu_pods": [
                 {
                     "namespace": self.setup.namespace if p.holder == k8s.SLURMD else "default",
@@ -317,22 +318,25 @@ class Run:
             ],
         }
 
-    def _slurm_row(self, j: SlurmJob) -> dict:
-        row = {
-            "job_id": str(j.job_id),
-            "name": j.spec.name,
-            "state": "CANCELLED" if j.state == REFUSED else j.state,
-            "nodes": list(j.nodes) if j.state == RUNNING else [],
-        }
-        if j.state in (COMPLETED, REFUSED, CANCELLED):  # no way back from these (a requeue is from RUNNING)
-            self._final_rows[id(j)] = row
-        return row
+    def _slurm_rows(self) -> list[dict]:
+        """Each Slurm job's sample row, the same object while its state and nodes are the same."""
+        out, rows = [], self._rows
+        for j in self.slurm.jobs:
+            last = rows.get(id(j))
+            if last is None or last[0] != (j.state, j.nodes):
+                last = rows[id(j)] = ((j.state, j.nodes), _slurm_row(j))
+            out.append(last[1])
+        return out
 
-    def _kube_row(self, j: k8s.KubeJob, now: float) -> dict:
-        row = {"kind": j.kind, "name": j.name, "phase": _kube_phase(j, now)}
-        if j.finished is not None:
-            self._final_rows[id(j)] = row
-        return row
+    def _kube_rows(self, now: float) -> list[dict]:
+        """Each Kubernetes job's sample row, the same object while its phase is the same."""
+        out, rows = [], self._rows
+        for j in self.kube.jobs:
+            phase, last = _kube_phase(j, now), rows.get(id(j))
+            if last is None or last[0] != phase:
+                last = rows[id(j)] = (phase, {"kind": j.kind, "name": j.name, "phase": phase})
+            out.append(last[1])
+        return out
 
     def result(self) -> dict:
         jobs = []
@@ -453,6 +457,15 @@ class Run:
             if earlier:
                 since = max(since, earlier[-1])
         return since
+
+
+def _slurm_row(j: SlurmJob) -> dict:
+    return {
+        "job_id": str(j.job_id),
+        "name": j.spec.name,
+        "state": "CANCELLED" if j.state == REFUSED else j.state,
+        "nodes": list(j.nodes) if j.state == RUNNING else [],
+    }
 
 
 def _kube_phase(j: k8s.KubeJob, now: float) -> str:
