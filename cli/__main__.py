@@ -3,7 +3,8 @@
     python -m cli plan     [--stack dev] [--config KEY=VALUE ...] [--json]
     python -m cli render   [--stack dev] [--config KEY=VALUE ...] --out DIR
     python -m cli validate --scenario NAME [--dry-run] [--kubeconfig FILE] [--timeout S] [--out DIR]
-    python -m cli simulate --scenario NAME|FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
+    python -m cli simulate --scenario NAME|FILE [--policy NAME] [--phase-set S] [--phases N]
+                           [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
     python -m cli simulate --readme-tables [README] [--stack S] [--config KEY=VALUE ...]
     python -m cli preflight [--stack dev] [--config KEY=VALUE ...]
     python -m cli doctor    [--stack dev] [--config KEY=VALUE ...] [--kubeconfig FILE]

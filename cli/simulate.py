@@ -1,14 +1,20 @@
 """`python -m cli simulate`: run a scenario through the hand-off twin, or every shipped
 scenario under every policy for the README's tables.
 
-    python -m cli simulate --scenario NAME|FILE [--policy NAME] [--stack S] [--config KEY=VALUE ...]
-                           [--json] [--out DIR]
+    python -m cli simulate --scenario NAME|FILE [--policy NAME] [--phase-set S] [--phases N]
+                           [--stack S] [--config KEY=VALUE ...] [--json] [--out DIR]
     python -m cli simulate --readme-tables [README] [--stack S] [--config KEY=VALUE ...]
 
+The scrape of each target, KEDA's poll and the HPA's sync fire at their own phases, drawn as
+--phase-set S (a number; default 0, as the README's tables). --phases N runs the scenario under
+the phase sets S to S+N-1 and reports its latencies as p50/p95 over them, and the sets under
+which a job was killed, a GPU double-held or a job left unfinished.
+
 Exit status: 0 when nothing was killed or double-held and every job that was not refused
-completed; 1 otherwise; 2 for bad input (one line per problem, no traceback). --readme-tables
-prints the tables as Markdown, each between its marker comments, or with a file rewrites what
-lies between those markers in it; it exits 0 (the tables show the failures).
+completed (under every phase set with --phases); 1 otherwise; 2 for bad input (one line per
+problem, no traceback). --readme-tables prints the tables as Markdown, each between its marker
+comments, or with a file rewrites what lies between those markers in it; it exits 0 (the tables
+show the failures).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from twin import kube, nodeset, program, scenario, sim
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 REGENERATE = "venv/bin/python -m cli simulate --readme-tables docs/handoff.md"
 TABLES = ("policies", "kueue")  # the README's generated tables, by marker name
+MAX_PHASES = 100  # a sweep of the largest scenario (about a minute each) stays within hours
 
 
 class UsageError(Exception):
@@ -62,6 +69,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         help=f"scaling policy: {', '.join(slurmd_scaling.POLICIES)} (default {slurmd_scaling.DEFAULT_POLICY})",
+    )
+    p.add_argument(
+        "--phase-set",
+        type=int,
+        default=sim.DEFAULT_PHASE_SET,
+        metavar="S",
+        help="which draw of the scrape, poll and sync phases (default %(default)s)",
+    )
+    p.add_argument(
+        "--phases",
+        type=int,
+        metavar="N",
+        help=f"run under N phase sets from --phase-set (1 to {MAX_PHASES}): p50/p95 over them",
     )
     offline.add_stack_arguments(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -109,6 +129,37 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _spread(spread: dict | None) -> str:
+    if spread is None:
+        return "never"
+    runs = spread["none"]
+    never = f", never in {runs} run{'' if runs == 1 else 's'}" if runs else ""
+    return f"p50 {spread['p50']:g} s, p95 {spread['p95']:g} s, max {spread['max']:g} s{never}"
+
+
+def _by_set(by_set: dict[int, list[str]]) -> str:
+    return "; ".join(f"phase set {n}: {', '.join(what)}" for n, what in by_set.items()) or "none"
+
+
+def sweep_summary(swept: dict) -> str:
+    sets = swept["phase_sets"]
+    lines = [
+        f"{len(sets)} phase sets ({sets[0]} to {sets[-1]}) of scrape, poll and sync (modelled)",
+        f"scale-up: {_spread(swept['latency']['scale_up_s'])}",
+        f"GPU return: {_spread(swept['latency']['gpu_return_s'])}",
+    ]
+    for kind, spreads in swept["returns"].items():
+        if spreads["gpu_freed_s"] is not None or spreads["kube_running_s"] is not None:
+            lines.append(
+                f"{kind} release while Kubernetes waits: GPU freed {_spread(spreads['gpu_freed_s'])}; "
+                f"waiting job running {_spread(spreads['kube_running_s'])}"
+            )
+    lines.append(f"killed: {_by_set(swept['killed'])}")
+    lines.append(f"double-held GPUs: {_by_set(swept['double_held'])}")
+    lines.append(f"not ok: {', '.join(f'phase set {n}' for n in swept['not_ok']) or 'none'}")
+    return "\n".join(lines)
+
+
 def scenario_settings(stack: str, config: list[str], sc: scenario.Scenario, base: Settings) -> Settings:
     """The stack's settings for a scenario: its `workers` is the stack's workerCount, so the
     ScaledObject and partition limits follow (raises SettingsError, each problem named)."""
@@ -133,8 +184,21 @@ def main(argv: list[str]) -> int:
         problems.append(
             f"--policy: {show(args.policy)} is not allowed; expected one of {', '.join(slurmd_scaling.POLICIES)}"
         )
+    if args.phases is not None and not 1 <= args.phases <= MAX_PHASES:
+        problems.append(
+            f"--phases: {args.phases} is not allowed; expected a number of phase sets from 1 to {MAX_PHASES}"
+        )
+    if not 0 <= args.phase_set < 2**32:
+        problems.append(f"--phase-set: {args.phase_set} is not allowed; expected a whole number from 0 to {2**32 - 1}")
+    if args.phases is not None and args.out:
+        problems.append("--out: not allowed with --phases, which runs the scenario once per phase set")
     if args.readme_tables is not None:
-        for flag, given in (("--policy", args.policy is not None), ("--json", args.json)):
+        for flag, given in (
+            ("--policy", args.policy is not None),
+            ("--json", args.json),
+            ("--phases", args.phases is not None),
+            ("--phase-set", args.phase_set != sim.DEFAULT_PHASE_SET),
+        ):
             if given:
                 problems.append(f"{flag}: not allowed with --readme-tables, which runs every policy")
         if args.out:
@@ -167,7 +231,12 @@ def main(argv: list[str]) -> int:
         for problem in problems:
             print(problem, file=sys.stderr)
         return 2
-    run = sim.Run(program.setup(settings, args.policy), sc)
+    setup = program.setup(settings, args.policy)
+    if args.phases is not None:
+        swept = sim.sweep(setup, sc, range(args.phase_set, args.phase_set + args.phases))
+        print(json.dumps(swept, indent=1, sort_keys=True) if args.json else sweep_summary(swept))
+        return 0 if not swept["not_ok"] else 1
+    run = sim.Run(setup, sc, args.phase_set)
     result = run.run()
     if args.out:
         try:
@@ -183,7 +252,11 @@ def write_out(run: sim.Run, result: dict, out: Path, name: str, policy: str) -> 
     from validation.plot import draw
 
     (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    draw(timeline(run, name), out / "timeline.png", f"{escaped(name)}, policy {policy} (modelled)")
+    draw(
+        timeline(run, name),
+        out / "timeline.png",
+        f"{escaped(name)}, policy {policy}, phase set {run.phase_set} (modelled)",
+    )
 
 
 # ------------------------------------------------------------------ the README's tables
@@ -373,7 +446,9 @@ def assumptions() -> str:
         f"slurmd registration {nodeset.SLURMD_REGISTER:g} s, termination {kube.TERMINATION:g} s, the operator's "
         f"Slurm client listing nodes and jobs {nodeset.INFORMER_PHASE:g} s into each "
         f"{nodeset.INFORMER_PERIOD:g} s, a node's "
-        f"first pull of an image not pre-pulled ({pulls}; only under `images: cold` and for a job's own `image`)."
+        f"first pull of an image not pre-pulled ({pulls}; only under `images: cold` and for a job's own `image`); "
+        f"each scrape target, KEDA's poll and the HPA's sync at its own phase (phase set {sim.DEFAULT_PHASE_SET}; "
+        "`simulate --phases N` sweeps them)."
     )
 
 

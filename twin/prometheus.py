@@ -7,6 +7,10 @@ Labels: the target adds `instance` and `job`, so one target scraped twice (a dup
 ServiceMonitor or scrape config) gives two series per metric that differ only in `instance`.
 Scrape intervals: 30 s for both (kube-prometheus-stack 80.9.2 `prometheus.prometheusSpec.scrapeInterval`
 default and the slurm chart's ServiceMonitor, SlinkyProject/slurm-operator@v1.0.0:helm/slurm/values.yaml).
+Phases: each target is scraped at its own offset within the interval, fixed for the target and
+pinned to absolute time: `(hash(target) ^ offsetSeed) % interval`, offsetSeed from the server's
+hostname and external labels (scrape/target.go Target.offset, v2.42.0 and 3.x alike). The twin
+draws each target's offset from the run's phase set (twin/sim.py Phases).
 """
 
 from __future__ import annotations
@@ -27,17 +31,23 @@ class Target:
     instance: str
     collect: Callable[[float], list[Sample]]
     last: set[frozenset] = field(default_factory=set)
+    offset: int = 0  # scraped at the times offset + k * interval
 
 
 @dataclass
 class Prometheus:
     db: TSDB = field(default_factory=TSDB)
     targets: list[Target] = field(default_factory=list)
+    interval: int = SCRAPE_INTERVAL
 
-    def scrape(self, now: float, down: Callable[[Target], bool]) -> None:
-        for target in self.targets:
+    def due(self, tick: int) -> list[Target]:
+        return [t for t in self.targets if (tick - t.offset) % self.interval == 0]
+
+    def scrape(self, now: float, targets: list[Target], down: Callable[[Target, float], bool]) -> None:
+        """Scrape `targets` at `now`; `down(target, now)` says which fail."""
+        for target in targets:
             mine = {"job": target.job, "instance": target.instance}
-            if down(target):  # every series of the target not yet stale is one its last scrape exposed
+            if down(target, now):  # every series of the target not yet stale is one its last scrape exposed
                 self.db.mark_stale(target.last, now)
                 target.last = set()
                 continue

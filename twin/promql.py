@@ -42,13 +42,14 @@ class Series:
 
 class TSDB:
     """Append-only samples, one Series per full label set (as the scrape writes them). For the
-    Evaluator's result cache it counts the writes to each metric name, keeps the latest sample
-    time, and the series whose last sample is not a staleness marker (live)."""
+    Evaluator's result cache it counts, per metric name, the samples that can change a query's
+    result (see _write), keeps the latest sample time, and the series whose last sample is not a
+    staleness marker (live)."""
 
     def __init__(self) -> None:
         self.series: dict[frozenset, Series] = {}
         self.by_name: dict[str, list[Series]] = {}
-        self.writes: dict[str, int] = {}
+        self.changes: dict[str, int] = {}
         self.latest = -math.inf
         self.live: dict[str, dict[frozenset, Series]] = {}
 
@@ -67,9 +68,13 @@ class TSDB:
             live[key] = s
 
     def _write(self, name: str, s: Series, t: float, value: float) -> None:
+        """A sample that repeats its series' last value (not a staleness marker) changes no query
+        at or after it, and extends the series' lookback: not a change. Anything else is."""
+        last = s.values[-1] if s.values else STALE
+        if math.isnan(last) or last != value:
+            self.changes[name] = self.changes.get(name, 0) + 1
         s.times.append(t)
         s.values.append(value)
-        self.writes[name] = self.writes.get(name, 0) + 1
         self.latest = max(self.latest, t)
 
     def visible_until(self, names: tuple[str, ...]) -> float:
@@ -272,14 +277,15 @@ class Evaluator:
         self._now_memo = {}
 
     def instant(self, query: str, t: float) -> Vector | float:
-        """The query at t. A query's result at t is its last one while no sample of a metric it
-        selects was written since, each of its outermost subqueries has the same steps, and no
-        series it saw has passed the lookback: it is the same result, not an approximation (a KEDA
-        poll and an HPA sync between two scrapes of the metrics it reads). Kept only when computed
-        at or after the latest sample, so no sample lies between the two times."""
+        """The query at t. A query's result at t is its last one while no sample written since
+        changes a metric it selects (TSDB._write), each of its outermost subqueries has the same
+        steps, and no series it saw has passed the lookback: it is the same result, not an
+        approximation (a KEDA poll and an HPA sync between two scrapes, or after scrapes that
+        read the same values). Kept only when computed at or after the latest sample, so every
+        sample after it was counted."""
         node = parse(query)
         names, windows = _inputs(node)
-        key = (tuple(self.db.writes.get(n, 0) for n in names), tuple(_steps(t, r, s) for r, s in windows))
+        key = (tuple(self.db.changes.get(n, 0) for n in names), tuple(_steps(t, r, s) for r, s in windows))
         last = self._results.get(query)
         if last is not None and last[0] == key and last[1] <= t < last[2]:
             return last[3]
@@ -302,9 +308,10 @@ class Evaluator:
     def _eval(self, node: tuple, t: float):
         key = (id(node), t)
         memo = self._memo if t < self._final_before else self._now_memo
-        if key not in memo:
-            memo[key] = self._eval_node(node, t)
-        return memo[key]
+        value = memo.get(key)
+        if value is None:
+            value = memo[key] = self._eval_node(node, t)
+        return value
 
     def _eval_node(self, node: tuple, t: float):
         kind = node[0]
@@ -350,17 +357,39 @@ class Evaluator:
         key = (name, id(inner), first, steps)
         if final and key in self._windows:
             return self._windows[key]
-        acc: dict[frozenset, float] = {}
         pick = min if name == "min_over_time" else max
-        for k in range(steps):
-            for labels, value in self._step(inner, first + k * step).items():
-                acc[labels] = pick(acc[labels], value) if labels in acc else value
+        acc = self._slid(name, inner, first, steps, step) if final else None
+        if acc is None:
+            acc = {}
+            for k in range(steps):
+                for labels, value in self._step(inner, first + k * step).items():
+                    acc[labels] = pick(acc[labels], value) if labels in acc else value
         if final:
             self._windows[key] = acc
         return acc
 
+    def _slid(self, name: str, inner: tuple, first: float, steps: int, step: float) -> Vector | None:
+        """A final window from the one a step earlier (an evaluation every step or so sees each of
+        them): drop that one's first step, take in this one's last. None (compute it whole) when
+        there is no such window, a value is NaN, or the dropped step held a series' extreme (the
+        runner-up is not kept)."""
+        before = self._windows.get((name, id(inner), first - step, steps))
+        if before is None:
+            return None
+        dropped, added = self._step(inner, first - step), self._step(inner, first + (steps - 1) * step)
+        values = [*before.values(), *dropped.values(), *added.values()]
+        if any(math.isnan(v) for v in values) or any(v == before[labels] for labels, v in dropped.items()):
+            return None
+        acc, pick = dict(before), min if name == "min_over_time" else max
+        for labels, value in added.items():
+            acc[labels] = pick(acc[labels], value) if labels in acc else value
+        return acc
+
     def _step(self, inner: tuple, t: float) -> Vector:
-        return self._vector(self._eval(inner, t))
+        # a final step's vector straight from the memo: a window slides one step at a time, so all
+        # but its newest step were evaluated before
+        v = self._memo.get((id(inner), t)) if t < self._final_before else None
+        return v if isinstance(v, dict) else self._vector(self._eval(inner, t))
 
     def _bin(self, node: tuple, t: float):
         _, op, left_node, right_node, use_bool, on = node

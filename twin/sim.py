@@ -3,6 +3,9 @@ Kubernetes, driven by the program's own ScaledObject and slurm chart values."""
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from components.ai_run_limit import Limits
@@ -22,9 +25,10 @@ from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
 from twin.scenario import JobSpec, Scenario
-from twin.slurm import CANCELLED, COMPLETED, REFUSED, RUNNING, TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
+from twin.slurm import COMPLETED, REFUSED, RUNNING, TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
 
 SAMPLE_INTERVAL = 15.0
+DEFAULT_PHASE_SET = 0  # the phases of `simulate` and the README's tables; --phases N sweeps sets 0..N-1
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,28 @@ class Setup:
     gpu_replicas: int = 1  # the device plugin's devices per GPU (twin/program.py gpu_replicas)
 
 
+@dataclass(frozen=True)
+class Phases:
+    """Where each periodic loop fires within its period, in seconds from the run's start. On a
+    cluster they are independent: each scrape target at its own offset (prometheus/prometheus
+    scrape/target.go Target.offset: a hash of the target), the KEDA poll from when its scale loop
+    started (kedacore/keda@v2.16.1:pkg/scaling/scale_handler.go startScaleLoop: a check, then one
+    every pollingInterval) and the HPA sync from when the HPA was first queued (kubernetes/
+    kubernetes@v1.34.0:pkg/controller/podautoscaler/horizontal.go: each HPA is requeued one
+    resync period after it was processed). A phase set (a number) draws them: random.Random(it),
+    so a run stays reproducible."""
+
+    scrape: tuple[int, ...]  # per scrape target, in Run's target order
+    poll: int
+    sync: int
+
+    @classmethod
+    def drawn(cls, phase_set: int, targets: int, scrape_interval: int, polling: int) -> Phases:
+        rng = random.Random(phase_set)
+        scrape = tuple(rng.randrange(scrape_interval) for _ in range(targets))
+        return cls(scrape, rng.randrange(polling), rng.randrange(HPA_SYNC))
+
+
 def gpu_uuid(i: int) -> str:
     return f"GPU-{i:08x}-0000-4000-8000-twin{i:08x}"
 
@@ -60,6 +86,7 @@ def gpu_uuid(i: int) -> str:
 class Run:
     setup: Setup
     scenario: Scenario
+    phase_set: int = DEFAULT_PHASE_SET  # draws the Phases
     slurm: Slurmctld = field(init=False)
     kube: k8s.Kubernetes = field(init=False)
     samples: list[dict] = field(default_factory=list)
@@ -87,13 +114,16 @@ class Run:
         self._pods_seen_by_kueue = 0  # kube.pods is append-only: the pods before this index are seen
         self._refused: list[JobSpec] = []  # Kubernetes jobs whose create was refused (Kueue down)
         self.denied: dict[str, str] = {}  # Kubernetes jobs the run-limit policies refused, with why
-        self.prom = Prometheus()
+        self.prom = Prometheus(interval=s.scrape_interval)
         self.prom.targets = [
             Target("slurm-controller", "slurm-controller:6817", self._slurm_metrics),
             Target("slurm-controller", "slurm-controller-dup:6817", self._slurm_metrics),
             Target("kube-state-metrics", "kube-state-metrics:8080", self._kube_state),
             Target("kueue", "kueue-controller-manager-metrics-service:8443", self._kueue_metrics),
         ]
+        self.phases = Phases.drawn(self.phase_set, len(self.prom.targets), s.scrape_interval, int(self.keda.polling))
+        for target, offset in zip(self.prom.targets, self.phases.scrape, strict=True):
+            target.offset = offset
         self.ev = Evaluator(self.prom.db)
         self.killed: list[str] = []
         self.kube_jobs: dict[str, k8s.KubeJob] = {}
@@ -108,11 +138,15 @@ class Run:
         self.owner_changes = 0  # a GPU going from slurmd to a Kubernetes job or back
         self.waiting_at_end: list[tuple[SlurmJob, list[k8s.KubeJob]]] = []  # Slurm job ends while AI waits
         self._noted: set[int] = set()  # the Slurm jobs in waiting_at_end
-        # The sample rows of jobs that ended (final): a sample builds only the open jobs' rows.
-        self._final_rows: dict[int, dict] = {}
+        # Each job's last sample row and what it was built from: a sample builds only the rows of
+        # jobs that changed since (a pending array task stays pending for hours).
+        self._rows: dict[int, tuple[object, dict]] = {}
         self._events = sorted(self.scenario.jobs, key=lambda j: j.submit)
         self._releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
         self.now = 0.0
+        # The stack was up before the run: each target's last scrape before 0 saw the idle cluster.
+        for target in self.prom.targets:
+            self.prom.scrape(float(target.offset - self.prom.interval), [target], self._target_down)
 
     # ------------------------------------------------------------ scrape targets
 
@@ -153,8 +187,7 @@ class Run:
             out.append(({"__name__": KUEUE_USAGE} | labels, float(self.kueue.usage(cq))))
         return out
 
-    def _target_down(self, target: Target) -> bool:
-        now = self.now
+    def _target_down(self, target: Target, now: float) -> bool:
         if target.job == "kueue":  # its metrics endpoint is down too while Kueue is
             return self.scenario.fault_active("kueue-metrics-outage", now) or self._kueue_down(now)
         if target.job != "slurm-controller":
@@ -218,12 +251,11 @@ class Run:
         while self._releases and self._releases[0][0] <= now:
             self.slurm.release(self._releases.pop(0)[1])
         self.slurm.step(now)
-        if tick % self.setup.scrape_interval == 0:
-            self.prom.scrape(now, self._target_down)
+        self.prom.scrape(now, self.prom.due(tick), self._target_down)
         self.ev.final_before = now
-        if tick % int(self.keda.polling) == 0:
+        if (tick - self.phases.poll) % int(self.keda.polling) == 0:
             self.nodeset.replicas = self.keda.poll(self.ev, now, self.nodeset.replicas)
-        if tick % HPA_SYNC == 0:
+        if (tick - self.phases.sync) % HPA_SYNC == 0:
             self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
         client = not self.scenario.fault_active("restapi-down", now)
         down = self._kueue_down(now)
@@ -297,8 +329,8 @@ class Run:
             "t": now,
             "nodeset_replicas": self.nodeset.replicas,
             "slurmd_ready": sum(1 for p in self.nodeset.pods() if p.owner in self.slurm.nodes),
-            "slurm_jobs": [self._final_rows.get(id(j)) or self._slurm_row(j) for j in self.slurm.jobs],
-            "kube_jobs": [self._final_rows.get(id(j)) or self._kube_row(j, now) for j in self.kube.jobs],
+            "slurm_jobs": self._slurm_rows(),
+            "kube_jobs": self._kube_rows(now),
             "gpu_pods": [
                 {
                     "namespace": self.setup.namespace if p.holder == k8s.SLURMD else "default",
@@ -315,22 +347,25 @@ class Run:
             ],
         }
 
-    def _slurm_row(self, j: SlurmJob) -> dict:
-        row = {
-            "job_id": str(j.job_id),
-            "name": j.spec.name,
-            "state": "CANCELLED" if j.state == REFUSED else j.state,
-            "nodes": list(j.nodes) if j.state == RUNNING else [],
-        }
-        if j.state in (COMPLETED, REFUSED, CANCELLED):  # no way back from these (a requeue is from RUNNING)
-            self._final_rows[id(j)] = row
-        return row
+    def _slurm_rows(self) -> list[dict]:
+        """Each Slurm job's sample row, the same object while its state and nodes are the same."""
+        out, rows = [], self._rows
+        for j in self.slurm.jobs:
+            last = rows.get(id(j))
+            if last is None or last[0] != (j.state, j.nodes):
+                last = rows[id(j)] = ((j.state, j.nodes), _slurm_row(j))
+            out.append(last[1])
+        return out
 
-    def _kube_row(self, j: k8s.KubeJob, now: float) -> dict:
-        row = {"kind": j.kind, "name": j.name, "phase": _kube_phase(j, now)}
-        if j.finished is not None:
-            self._final_rows[id(j)] = row
-        return row
+    def _kube_rows(self, now: float) -> list[dict]:
+        """Each Kubernetes job's sample row, the same object while its phase is the same."""
+        out, rows = [], self._rows
+        for j in self.kube.jobs:
+            phase, last = _kube_phase(j, now), rows.get(id(j))
+            if last is None or last[0] != phase:
+                last = rows[id(j)] = (phase, {"kind": j.kind, "name": j.name, "phase": phase})
+            out.append(last[1])
+        return out
 
     def result(self) -> dict:
         jobs = []
@@ -464,6 +499,15 @@ class Run:
         return since
 
 
+def _slurm_row(j: SlurmJob) -> dict:
+    return {
+        "job_id": str(j.job_id),
+        "name": j.spec.name,
+        "state": "CANCELLED" if j.state == REFUSED else j.state,
+        "nodes": list(j.nodes) if j.state == RUNNING else [],
+    }
+
+
 def _kube_phase(j: k8s.KubeJob, now: float) -> str:
     if j.finished is not None:
         return "succeeded"
@@ -477,3 +521,46 @@ def ok(result: dict) -> bool:
         and not result["double_held"]
         and all(j["outcome"] in ("completed", "refused") for j in result["jobs"])
     )
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q % of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _spread(values: list[float | None]) -> dict | None:
+    """p50, p95 and max of the values known, and how many runs had none (never happened)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    return {
+        "p50": percentile(known, 50),
+        "p95": percentile(known, 95),
+        "max": max(known),
+        "none": len(values) - len(known),
+    }
+
+
+def sweep(setup: Setup, scenario: Scenario, phase_sets: Iterable[int]) -> dict:
+    """The scenario once per phase set, each with its own Phases: the latencies of `Run.result` as
+    p50/p95 over the phases, and the phase sets under which a job was killed, a GPU double-held,
+    or the run was otherwise not ok."""
+    results = {n: Run(setup, scenario, n).run() for n in phase_sets}
+    returns = [r for result in results.values() for r in result["returns"]]
+    return {
+        "phase_sets": list(results),
+        "latency": {
+            name: _spread([r["latency"][name] for r in results.values()]) for name in ("scale_up_s", "gpu_return_s")
+        },
+        "returns": {
+            kind: {
+                name: _spread([r[name] for r in returns if r["kind"] == kind])
+                for name in ("gpu_freed_s", "kube_running_s")
+            }
+            for kind in ("last", "partial")
+        },
+        "killed": {n: r["killed"] for n, r in results.items() if r["killed"]},
+        "double_held": {n: r["double_held"] for n, r in results.items() if r["double_held"]},
+        "not_ok": [n for n, r in results.items() if not ok(r)],
+    }

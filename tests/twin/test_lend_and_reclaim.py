@@ -96,8 +96,8 @@ def test_a_slurm_job_wider_than_what_ai_leaves_gets_no_pod_that_would_idle():
 
 def test_a_gap_in_hpcs_work_costs_it_its_share_at_most_for_the_stated_bound():
     now, before = jobs(result("share-gap")), jobs(result("share-gap", previous=True))
-    # before: the 2-hour job borrowed HPC's half in the 20 s gap and kept it
-    assert before["long"]["started"] - before["a"]["finished"] <= 30 <= before["b"]["started"] - before["a"]["finished"]
+    # before: the 2-hour job borrowed HPC's half in the gap and kept it
+    assert before["a"]["finished"] < before["long"]["started"] < before["b"]["submitted"]
     assert before["b"]["started"] >= before["long"]["finished"]
     assert before["b"]["started"] - before["b"]["submitted"] > bounds().hpc_share_back_s
     # now: a job over the run limit is refused at submit, naming the setting; HPC keeps its half
