@@ -154,6 +154,9 @@ def sweep_summary(swept: dict) -> str:
                 f"{kind} release while Kubernetes waits: GPU freed {_spread(spreads['gpu_freed_s'])}; "
                 f"waiting job running {_spread(spreads['kube_running_s'])}"
             )
+    for side, who in (("slurm", "HPC"), ("kubernetes", "AI")):
+        if swept["reclaim_waits"][side] is not None:
+            lines.append(f"{who} waiting for its lent share: {_spread(swept['reclaim_waits'][side])}")
     lines.append(f"killed: {_by_set(swept['killed'])}")
     lines.append(f"double-held GPUs: {_by_set(swept['double_held'])}")
     lines.append(f"not ok: {', '.join(f'phase set {n}' for n in swept['not_ok']) or 'none'}")

@@ -137,6 +137,18 @@ class Run:
         self.gpu_holder: dict[int, str] = {}
         self.owner_changes = 0  # a GPU going from slurmd to a Kubernetes job or back
         self.waiting_at_end: list[tuple[SlurmJob, list[k8s.KubeJob]]] = []  # Slurm job ends while AI waits
+        # Each side's guaranteed GPUs (its ClusterQueue's nominalQuota), and the stretches it waited
+        # below them while the other side held more than its own: a lent share not yet back.
+        self.shares = (
+            {
+                side: self.kueue.queues[cq].nominal
+                for side, cq in (("slurm", HPC_CLUSTER_QUEUE), ("kubernetes", AI_CLUSTER_QUEUE))
+            }
+            if self.kueue is not None
+            else None
+        )
+        self.reclaim_waits: dict[str, list[float]] = {"slurm": [], "kubernetes": []}
+        self._lent_since: dict[str, float | None] = {"slurm": None, "kubernetes": None}
         self._noted: set[int] = set()  # the Slurm jobs in waiting_at_end
         # Each job's last sample row and what it was built from: a sample builds only the rows of
         # jobs that changed since (a pending array task stays pending for hours).
@@ -294,6 +306,7 @@ class Run:
     def _account(self, now: float) -> None:
         busy = self.slurm.busy_nodes()
         held = idle = used = 0  # GPUs slurmd pods hold; of them, on nodes running nothing / a job
+        ai_held = 0  # GPUs Kubernetes jobs' pods hold
         for p in self.kube.live_pods():
             if p.gpu is None:
                 continue
@@ -301,7 +314,9 @@ class Run:
                 if self.gpu_holder.get(p.gpu, p.holder) != p.holder:
                     self.owner_changes += 1
                 self.gpu_holder[p.gpu] = p.holder
-            if p.holder == k8s.SLURMD:
+            if p.holder != k8s.SLURMD:
+                ai_held += 1
+            else:
                 held += 1
                 if p.owner in busy:
                     used += 1
@@ -321,6 +336,27 @@ class Run:
                 self.zero_spans[-1][1] = now
             else:
                 self.zero_spans.append([now, now])
+        if self.shares is not None:
+            self._reclaim_wait("slurm", held, ai_held, self.shares, now)
+            self._reclaim_wait("kubernetes", ai_held, held, self.shares, now)
+
+    def _reclaim_wait(self, side: str, mine: int, theirs: int, shares: dict[str, int], now: float) -> None:
+        """A side waits for its lent share while it has work waiting, holds less than its share
+        and the other side more than its own."""
+        other = "kubernetes" if side == "slurm" else "slurm"
+        lent = mine < shares[side] and theirs > shares[other] and self._waits(side, now)
+        since = self._lent_since[side]
+        if lent and since is None:
+            self._lent_since[side] = now
+        elif not lent and since is not None:
+            self.reclaim_waits[side].append(now - since)
+            self._lent_since[side] = None
+
+    def _waits(self, side: str, now: float) -> bool:
+        """Work of the side that could start now: an eligible Slurm job, a workload Kueue has not admitted."""
+        if side == "slurm":
+            return any(self.slurm.eligible(j, now) for j in self.slurm.open_jobs)
+        return self.kueue is not None and self.kueue.pending_gpus(AI_CLUSTER_QUEUE) > 0
 
     # ------------------------------------------------------------ results
 
@@ -434,6 +470,12 @@ class Run:
             "slurmd_in_kueue": self.slurmd_queued,
             "kueue_pod_evictions": self.kueue.pod_evictions if self.kueue is not None else 0,
             "contention": self._contention(),
+            # seconds each side waited for its lent share, per wait; one still open at the end counts
+            # until then
+            "reclaim_waits": {
+                side: waits + ([self.now - since] if (since := self._lent_since[side]) is not None else [])
+                for side, waits in self.reclaim_waits.items()
+            },
         }
 
     def _returns(self) -> list[dict]:
@@ -544,8 +586,9 @@ def _spread(values: list[float | None]) -> dict | None:
 
 def sweep(setup: Setup, scenario: Scenario, phase_sets: Iterable[int]) -> dict:
     """The scenario once per phase set, each with its own Phases: the latencies of `Run.result` as
-    p50/p95 over the phases, and the phase sets under which a job was killed, a GPU double-held,
-    or the run was otherwise not ok."""
+    p50/p95 over the phases, each side's waits for its lent share over every wait of every set,
+    and the phase sets under which a job was killed, a GPU double-held, or the run was otherwise
+    not ok."""
     results = {n: Run(setup, scenario, n).run() for n in phase_sets}
     returns = [r for result in results.values() for r in result["returns"]]
     return {
@@ -559,6 +602,10 @@ def sweep(setup: Setup, scenario: Scenario, phase_sets: Iterable[int]) -> dict:
                 for name in ("gpu_freed_s", "kube_running_s")
             }
             for kind in ("last", "partial")
+        },
+        "reclaim_waits": {
+            side: _spread([w for r in results.values() for w in r["reclaim_waits"][side]])
+            for side in ("slurm", "kubernetes")
         },
         "killed": {n: r["killed"] for n, r in results.items() if r["killed"]},
         "double_held": {n: r["double_held"] for n, r in results.items() if r["double_held"]},

@@ -16,6 +16,9 @@ from twin import program, scenario, sim
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+PHASE_SETS = range(3)  # a few draws: each shipped scenario once per set (about 9 s of CPU a set)
+# A side that waits for its lent share under every one of PHASE_SETS: the measure is not vacuous.
+LENDERS = {"both-full": "slurm", "wide-gang": "kubernetes"}
 
 
 def dev(*overrides: str) -> settings.Settings:
@@ -106,9 +109,22 @@ def test_a_gap_in_hpcs_work_costs_it_its_share_at_most_for_the_stated_bound():
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_nothing_is_killed_or_double_held_in_any_shipped_scenario(name):
-    r = result(name)
-    assert r["killed"] == [] and r["double_held"] == []
+def test_under_every_phase_set_nothing_is_killed_or_double_held_and_each_lender_waits_within_its_bound(name):
+    """Each shipped scenario under a few draws of the scrape, poll and sync phases: no job killed,
+    no GPU with two owners, and every wait of a side for its lent share (work waiting, fewer GPUs
+    than its share while the other side holds more than its own) within the stated bound. The
+    sweep reports the waits and the latencies as p50/p95 over the sets."""
+    swept = sim.sweep(default_setup(), scenario.load(SCENARIOS / f"{name}.yaml"), PHASE_SETS)
+    assert swept["phase_sets"] == list(PHASE_SETS)
+    assert swept["killed"] == {} and swept["double_held"] == {}, swept
+    if name in LENDERS:
+        assert swept["reclaim_waits"][LENDERS[name]] is not None, swept["reclaim_waits"]
+    b = bounds()
+    for side, bound in (("slurm", b.hpc_share_back_s), ("kubernetes", b.ai_share_back_s)):
+        waits = swept["reclaim_waits"][side]
+        assert waits is None or waits["p50"] <= waits["p95"] <= waits["max"] <= bound, (side, waits)
+    for spread in swept["latency"].values():
+        assert spread is None or spread["p50"] <= spread["p95"] <= spread["max"], swept["latency"]
 
 
 def test_an_ai_job_that_could_never_be_admitted_does_not_switch_warmth_off():
