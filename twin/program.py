@@ -117,10 +117,13 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     lua = "lua" in slurm_config.global_setting(slurm_conf, "JobSubmitPlugins", "") and (
         slinky.JOB_SUBMIT_LUA.name in conf
     )
+    kill_invalid_depend = "kill_invalid_depend" in slurm_config.global_setting(slurm_conf, "DependencyParameters", "")
     target = keda.scaling_target(names)
     return Setup(
         scaled_object=keda.scaled_object(args),
-        slurm=SlurmConfig(DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua, minutes),
+        slurm=SlurmConfig(
+            DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua, minutes, kill_invalid_depend
+        ),
         namespace=target.namespace,
         nodeset=target.nodeset,
         host_prefix=names.slurm.nodeset,

@@ -22,7 +22,17 @@ from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
 from twin.scenario import JobSpec, Scenario
-from twin.slurm import CANCELLED, COMPLETED, REFUSED, RUNNING, TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
+from twin.slurm import (
+    CANCELLED,
+    COMPLETED,
+    NEVER_SATISFIED,
+    REFUSED,
+    RUNNING,
+    TIMEOUT,
+    SlurmConfig,
+    Slurmctld,
+    SlurmJob,
+)
 
 SAMPLE_INTERVAL = 15.0
 
@@ -345,6 +355,8 @@ class Run:
                     outcome = "refused"
                 if tasks and states <= {COMPLETED, TIMEOUT} and TIMEOUT in states:
                     outcome = "timed_out"  # its own time limit (--time or MaxTime), not the hand-off
+                if tasks and all(t.reason == NEVER_SATISFIED for t in tasks):
+                    outcome = "cancelled"  # by slurmctld: what it depends on did not complete
                 if any(t.restarts for t in tasks):  # requeued: the work it had done was lost
                     outcome = "killed"
                 starts = [t.started for t in tasks if t.started is not None]
@@ -355,6 +367,8 @@ class Run:
                 }
                 if outcome == "refused":
                     row["reason"] = tasks[0].reason
+                if outcome == "cancelled":
+                    row["reason"] = f"{spec.after} did not complete: {NEVER_SATISFIED}, cancelled (kill_invalid_depend)"
                 if outcome == "timed_out":
                     limit = next(t.time_limit for t in tasks if t.state == TIMEOUT)
                     row["reason"] = f"slurmctld ended it at its time limit, {limit / 60:g} min (TIMEOUT)"
