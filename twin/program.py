@@ -9,6 +9,7 @@ import yaml
 
 from components import (
     ai_run_limit,
+    bootstrap,
     device_plugin,
     images,
     keda,
@@ -138,4 +139,5 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         scrape_interval=names.metrics_interval_seconds,
         run_limit=ai_run_limit.limits(ai_run_limit.objects(s.ai_job_max_minutes, names.shares.ai_max_gpus)),
         gpu_replicas=gpu_replicas(device_plugin.device_plugin_values(s.device_plugin_version, s.gpu_feature_discovery)),
+        hpa_tolerance=float(bootstrap.HPA_TOLERANCE),
     )

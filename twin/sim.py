@@ -16,7 +16,7 @@ from core.names import (
     QUEUE_NAME_LABEL,
 )
 from twin import kube as k8s
-from twin.autoscale import HPA_SYNC, Hpa, Keda
+from twin.autoscale import HPA_SYNC, TOLERANCE, Hpa, Keda
 from twin.kueue import Kueue
 from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
@@ -60,6 +60,7 @@ class Setup:
     # What the program's run-limit policies allow a queued job (components/ai_run_limit.py); None: no policy
     run_limit: Limits | None = None
     gpu_replicas: int = 1  # the device plugin's devices per GPU (twin/program.py gpu_replicas)
+    hpa_tolerance: float = TOLERANCE  # kube-controller-manager's, as the kubeadm config sets it
 
 
 def gpu_uuid(i: int) -> str:
@@ -87,7 +88,7 @@ class Run:
         )
         self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm)
         self.keda = Keda.from_scaled_object(s.scaled_object)
-        self.hpa = Hpa(self.keda)
+        self.hpa = Hpa(self.keda, s.hpa_tolerance)
         self.kueue = (
             Kueue.from_program(list(s.kueue_objects), s.kueue_config)
             if self.scenario.kueue and s.kueue_objects
