@@ -18,6 +18,7 @@ from tests.tokens import RELEASE
 from twin import program
 from twin.scenario import JobSpec
 from twin.slurm import COMPLETED, PENDING, TIMEOUT, Slurmctld
+from validation.scenarios import time_minutes
 
 pytestmark = engine_marks(__name__)
 NODE = "slinky-0"
@@ -128,3 +129,16 @@ def test_without_the_submit_check_a_longer_time_pends_for_good(engine_root, tmp_
     for now in range(200):
         twin.step(float(now))
     assert t_over.state == PENDING and t_fits.state == COMPLETED
+
+
+def test_validate_reads_a_time_as_slurmctld_does(slurm):
+    """`validate` refuses a scenario whose --time is over slurmJobMaxMinutes before submitting it
+    (validation/scenarios.py time_minutes): each form sbatch takes, as slurmctld records it, and
+    one second over the limit refused by job_submit.lua as 61 minutes (seconds round up)."""
+    forms = ["45", "1:30", "0:59:01", "00:15:00", "0-0:30", "0-0:30:01", "0-1"]
+    for given in forms:
+        job = sbatch(slurm, "--hold", f"--time={given}")
+        assert _minutes(show_job(slurm, job)["TimeLimit"]) == time_minutes(given), given
+    over = slurm.client("sbatch", "--hold", "--time=1:00:01", "--wrap", "sleep 1")
+    assert over.returncode != 0 and "a time limit of 61 minutes" in over.stderr
+    assert time_minutes("1:00:01") == 61
