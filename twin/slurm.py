@@ -31,6 +31,7 @@ starts as soon as enough idle, undrained nodes exist (one GPU per node, `gpu:tes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from twin.scenario import JobSpec
@@ -268,12 +269,15 @@ class Slurmctld:
         return node is None or (node.drain and name not in self.busy_nodes())
 
     def deadlines(self) -> dict[str, float]:
-        """By node, the latest start + time limit (here: the end) of the jobs running on it, as
-        GetNodeDeadlines folds the RUNNING jobs of a job list."""
+        """By node, the latest start + time limit of the jobs running on it, as GetNodeDeadlines folds
+        the RUNNING jobs of a job list: the limit, not the end no one knows in advance; an UNLIMITED
+        job's deadline is infinite (SlinkyProject/slurm-operator@v1.0.0: internal/controller/nodeset/
+        slurmcontrol/slurmcontrol.go GetNodeDeadlines, infiniteDuration)."""
         out: dict[str, float] = {}
         for job in self.running:
+            limit = math.inf if job.time_limit is None else job.time_limit
             for node in job.nodes:
-                out[node] = max(out.get(node, 0.0), job.started + job.run_for)
+                out[node] = max(out.get(node, 0.0), job.started + limit)
         return out
 
     # ------------------------------------------------------------ scheduling
