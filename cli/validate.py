@@ -27,7 +27,7 @@ from core import settings, user_files
 from core.names import MONITORING_NAMESPACE, PROMETHEUS_PORT, Names
 from validation import probe
 from validation.checks import Expectations, describe_checks, evaluate, expectations
-from validation.scenarios import SCENARIOS, Scenario, describe, plan
+from validation.scenarios import SCENARIOS, Scenario, describe, limit_problems, plan
 from validation.timeline import DcgmHolding, Timeline
 
 WORK_SECONDS = 2400.0  # heavy-mixed queues for about this long; the default timeout adds the cooldown
@@ -153,7 +153,8 @@ def scenario_blocker(scenario_name: str, stack: str) -> str | None:
     scenario = SCENARIOS[scenario_name]
     names = stack_facts(stack, [], read_outputs=lambda _: "not read").names
     planned = plan(scenario, "e2e", gpus_total=names.gpus_total)
-    return needs_every_gpu(scenario, expectations(scenario, planned, names.gpus_total), names)
+    blockers = [needs_every_gpu(scenario, expectations(scenario, planned, names.gpus_total), names)]
+    return "; ".join(b for b in blockers + limit_problems(scenario, planned, names) if b) or None
 
 
 def load_kubeconfig(given: Path | None, stack: str) -> dict:
@@ -310,9 +311,9 @@ def _main(argv: list[str]) -> int:
     run_id = "dryrun" if args.dry_run else now.strftime("r%m%d%H%M%S")
     planned = plan(scenario, run_id, gpus_total=names.gpus_total, share_server=facts.share_server)
     exp = expectations(scenario, planned, names.gpus_total)
-    blocker = needs_every_gpu(scenario, exp, names)
-    if blocker:
-        raise UsageError(blocker)
+    blockers = [b for b in [needs_every_gpu(scenario, exp, names)] if b] + limit_problems(scenario, planned, names)
+    if blockers:
+        raise UsageError(*blockers)
     out = args.out or Path("out") / f"validate-{scenario.name}-{now.strftime('%Y%m%dT%H%M%SZ')}"
 
     if args.dry_run:

@@ -34,6 +34,12 @@ CA_CERT_FILE = "/etc/kubernetes/pki/ca.crt"
 CA_KEY_FILE = "/etc/kubernetes/pki/ca.key"  # delivered over SSH (deliver-ca-key.sh), never in user-data
 CA_KEY_WAIT_SECONDS = 30 * 60  # control-plane.sh waits this long for it
 USER_DATA_LIMIT = 16384  # EC2's limit on user-data, in bytes
+# kube-controller-manager's HPA tolerance, 0.1 by default: within 10 % of the current count the HPA
+# makes no change (kubernetes/kubernetes@v1.34.0: pkg/controller/podautoscaler/replica_calculator.go
+# Tolerances.isWithin), so from 10 slurmd pods on, the one more or one fewer that KEDA's whole-number
+# metric asks for was lost (twin/autoscale.py). 0: every change the metric asks for. The flag is
+# cluster-wide: an HPA of your own on a noisy metric then wants a stabilization window.
+HPA_TOLERANCE = "0"
 # GPU health before the worker joins: DCGM's diagnostic at run level 1 (deployment and software
 # checks: NVML and CUDA libraries, permissions, page retirement, inforom; under a minute; the PCIe
 # and memory tests are level 2, docs/evidence-and-budget.md), with the DCGM release the pinned dcgm-exporter image carries (NVIDIA/dcgm-exporter tag
@@ -135,6 +141,12 @@ def kubeadm_init_config(p: ControlPlaneBootstrap) -> str:
         **hardening,
         # The Elastic IP is not on the NIC: name it so the API certificate covers it.
         "apiServer": {**hardening["apiServer"], "certSANs": [p.public_ip, p.private_ip]},
+        "controllerManager": {
+            "extraArgs": [
+                *hardening["controllerManager"]["extraArgs"],
+                {"name": "horizontal-pod-autoscaler-tolerance", "value": HPA_TOLERANCE},
+            ]
+        },
     }
     return _yaml_documents(init, cluster)
 

@@ -96,6 +96,11 @@ def _partition_limits(max_nodes: int | None, max_minutes: int | None) -> dict:
 # requested than permitted"; SchedMD/slurm@slurm-25-11-6-1:src/slurmctld/job_mgr.c _part_access_check,
 # _valid_job_part). Seen on the real slurmctld (tests/engines/test_slurm_submit.py).
 ENFORCE_PART_LIMITS = "NO"
+# A job whose dependency can never be satisfied (afterok on a job that failed or timed out) is
+# cancelled instead of pending for good (SchedMD/slurm@slurm-25-11-6-1: doc/man/man5/slurm.conf.5,
+# DependencyParameters): a pending job that can never start would otherwise count as work, and
+# slurmd would start for it each time the stall memory of components/slurmd_scaling.py runs out.
+DEPENDENCY_PARAMETERS = "kill_invalid_depend"
 
 
 def _job_submit_plugin() -> dict:
@@ -177,7 +182,11 @@ def slurm_values(
         "nodesets": nodesets,
     }
     if limits:
-        computed["controller"]["extraConfMap"] = {"EnforcePartLimits": ENFORCE_PART_LIMITS, **_job_submit_plugin()}
+        computed["controller"]["extraConfMap"] = {
+            "EnforcePartLimits": ENFORCE_PART_LIMITS,
+            "DependencyParameters": DEPENDENCY_PARAMETERS,
+            **_job_submit_plugin(),
+        }
         computed["partitions"] = {DEFAULT_PARTITION: {"configMap": limits}}
         computed["configFiles"] = {JOB_SUBMIT_LUA.name: JOB_SUBMIT_LUA.read_text()}
     return helm.deep_merge(base, computed)

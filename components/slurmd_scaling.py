@@ -1,7 +1,7 @@
 """How many slurmd pods KEDA asks for: the rule as a pure function, and the trigger set that
 implements it in PromQL. The hand-off twin (`twin/`) runs these very triggers under faults.
 
-Rule (policy "safe", the default): replicas = nodes busy now (ALLOCATED or MIXED) + what the
+Rule (policy "safe", the base of the others): replicas = nodes busy now (ALLOCATED or MIXED) + what the
 *runnable* pending work needs, at least the largest such job's node count and at least one
 node per such job; capped at maxReplicaCount; 0 (after the cooldown) with nothing busy or
 runnable. On top of that:
@@ -36,7 +36,7 @@ runnable. On top of that:
   (SlinkyProject/slurm-operator@v1.0.0:internal/controller/slurmclient/slurmclient_sync.go,
   internal/controller/nodeset/slurmcontrol/slurmcontrol.go, nodeset/utils/sort.go).
 
-Policy "demand-aware" (the default) keeps every trigger of "safe" and adds who waits for a GPU:
+Policy "demand-aware" keeps every trigger of "safe" and adds who waits for a GPU:
 replicas = the safe rule's demand, and, only while no Kubernetes GPU work waits, at least
 min(nodes busy at some point in the last kedaCooldownSeconds, slurmd pods that exist). Warmth
 lives in the query, so KEDA's cooldownPeriod and the HPA's scale-down window are 0: with AI
@@ -63,6 +63,12 @@ waiting, slurmd stays for the cooldown as under "safe".
   formula.go): trigger names are its variables, so they are identifiers. Any trigger error makes
   the composite metric an error for the HPA and the ScaledObject inactive-with-error for KEDA
   (pkg/scaling/scale_handler.go GetScaledObjectMetrics, getScaledObjectState): the freeze holds.
+
+Policy "lend-and-reclaim" (the default) is demand-aware's wish capped at the GPUs AI does not
+claim (`ai_claim`: what AI holds and what waits in Kueue, up to its share, or every GPU once an AI
+job has waited RESERVE_AFTER_SECONDS although AI held less than its share). Above the cap the
+NodeSet drains and releases pods as their Slurm jobs end: nothing is killed. A multi-node job's
+nodes are asked for only when they all fit under the cap. The bounds are `reclaim_bounds`.
 
 Policies "previous" (busy + max(largest, pending) on `all`, `sum()` and `or vector(0)`) and
 "reference-triggers" (the reference testbed's three triggers: jobs pending, nodes allocated, the
@@ -136,6 +142,11 @@ RESERVE_AFTER_SECONDS = 120
 # terminationGracePeriodSeconds (the slurm chart 1.0.0 sets none for slurmd).
 HPA_SYNC_SECONDS = 15
 POD_TERMINATION_SECONDS = 30
+# slurmctld ends a job past its limit in job_time_limit, run every PERIODIC_TIMEOUT (30 s), then
+# waits KillWait (30 s, slurm.conf's default; the program sets none) before SIGKILL
+# (SchedMD/slurm@slurm-25-11-6-1: src/slurmctld/slurmctld.h, job_mgr.c; doc/man/man5/slurm.conf.5).
+SLURM_LIMIT_CHECK_SECONDS = 30
+SLURM_KILL_WAIT_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -153,11 +164,13 @@ def reclaim_bounds(
 ) -> ReclaimBounds:
     """Each wait is a run limit the engines enforce (Slurm's MaxTime, Kueue's max-exec-time) plus
     the hand-off's own latency: two scrapes (the end, then the metric that reflects it), one KEDA
-    poll, one HPA sync and one pod termination. The gang first waits RESERVE_AFTER_SECONDS to be
-    known as first in line, then for whichever ends last: AI's running jobs or the Slurm jobs on
-    the nodes it needs."""
+    poll, one HPA sync and one pod termination. A Slurm job ends up to one limit check and KillWait
+    after its MaxTime; Kueue deactivates a workload at its limit, and the termination above covers
+    its pods' grace period. The gang first waits RESERVE_AFTER_SECONDS to be known as first in line,
+    then for whichever ends last: AI's running jobs or the Slurm jobs on the nodes it needs."""
     handoff = 2 * scrape_seconds + polling_seconds + HPA_SYNC_SECONDS + POD_TERMINATION_SECONDS
-    slurm, ai = 60 * slurm_job_max_minutes, 60 * ai_job_max_minutes
+    slurm = 60 * slurm_job_max_minutes + SLURM_LIMIT_CHECK_SECONDS + SLURM_KILL_WAIT_SECONDS
+    ai = 60 * ai_job_max_minutes
     return ReclaimBounds(
         handoff_s=handoff,
         ai_share_back_s=slurm + handoff,
@@ -170,7 +183,8 @@ def bounds_lines(b: ReclaimBounds, slurm_job_max_minutes: int, ai_job_max_minute
     """The bounds in words, as `plan` prints them."""
 
     def minutes(seconds: int) -> str:
-        return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds} s"
+        whole, rest = divmod(seconds, 60)
+        return f"{seconds} s" if seconds < 600 else f"{whole} min {rest} s" if rest else f"{whole} min"
 
     return [
         "lend and reclaim (policy lend-and-reclaim): either side uses the other's idle GPUs; nothing is killed",

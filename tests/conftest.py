@@ -16,6 +16,14 @@ from core.settings import PROJECT
 ADMIN_CIDR = "203.0.113.7/32"
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per core, and two more when the engine tests run: they mostly wait on
+    Slurm's and Prometheus' clocks (a 60 s MaxTime, 5 s scrapes), and a worker waiting in one would
+    otherwise leave its core idle while the CPU-bound tests queue behind it."""
+    cores = len(os.sched_getaffinity(0))
+    return cores if "not engine" in (config.option.markexpr or "") else cores + 2
+
+
 def config(**settings: Any) -> dict[str, str]:
     """Project-prefixed config with the one required setting filled in."""
     values = {"adminCidr": ADMIN_CIDR, **settings}

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from twin.promql import Evaluator, PromQLError, scalar_result
 
 HPA_SYNC = 15
-TOLERANCE = 0.1
+TOLERANCE = 0.1  # --horizontal-pod-autoscaler-tolerance's default; the program sets its own (Setup)
 DOWNSCALE_WINDOW = 300.0
 SCALE_UP_PODS, SCALE_UP_PERCENT = 4, 100
 
@@ -318,18 +318,19 @@ class Keda:
         return current
 
 
-def external_per_pod_replicas(usage: int, target: int, current: int) -> int:
+def external_per_pod_replicas(usage: int, target: int, current: int, tolerance: float = TOLERANCE) -> int:
     """An External metric with an AverageValue target, in milli-units, as kubernetes/kubernetes@v1.34.0:
     pkg/controller/podautoscaler/replica_calculator.go GetExternalPerPodMetricReplicas computes it:
     the current count while usage / (target * current) lies within [1 - 0.1, 1 + 0.1]
     (Tolerances.isWithin, both ends included, with the controller's default
     --horizontal-pod-autoscaler-tolerance 0.1), else ceil(usage / target). So from 10 pods on, a
-    change of one pod (a ratio of 1.1 or 0.9) is no change. Upstream the current count is the
+    change of one pod (a ratio of 1.1 or 0.9) is no change under the default; the program's
+    kubeadm config sets 0 (components/bootstrap.py HPA_TOLERANCE). Upstream the current count is the
     scale's status replicas (the pods that exist), the twin passes the NodeSet's replicas: for a
     whole-number metric below 10 pods both give ceil(usage / target), as within the tolerance the
     usage is then the count itself."""
     ratio = usage / (target * current)
-    if 1.0 - TOLERANCE <= ratio <= 1.0 + TOLERANCE:
+    if 1.0 - tolerance <= ratio <= 1.0 + tolerance:
         return current
     return math.ceil(usage / target)
 
@@ -337,6 +338,7 @@ def external_per_pod_replicas(usage: int, target: int, current: int) -> int:
 @dataclass
 class Hpa:
     keda: Keda
+    tolerance: float = TOLERANCE
     recommendations: list[tuple[float, int]] = field(default_factory=list)
 
     @property
@@ -353,7 +355,7 @@ class Hpa:
             if m.milli is None:
                 invalid += 1
                 continue
-            proposals.append(external_per_pod_replicas(m.milli, m.target, current))
+            proposals.append(external_per_pod_replicas(m.milli, m.target, current, self.tolerance))
         desired = max(proposals, default=0)
         if invalid == expected or (invalid and desired < current):
             return current

@@ -9,6 +9,7 @@ import yaml
 
 from components import (
     ai_run_limit,
+    bootstrap,
     device_plugin,
     images,
     keda,
@@ -117,10 +118,13 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     lua = "lua" in slurm_config.global_setting(slurm_conf, "JobSubmitPlugins", "") and (
         slinky.JOB_SUBMIT_LUA.name in conf
     )
+    kill_invalid_depend = "kill_invalid_depend" in slurm_config.global_setting(slurm_conf, "DependencyParameters", "")
     target = keda.scaling_target(names)
     return Setup(
         scaled_object=keda.scaled_object(args),
-        slurm=SlurmConfig(DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua, minutes),
+        slurm=SlurmConfig(
+            DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua, minutes, kill_invalid_depend
+        ),
         namespace=target.namespace,
         nodeset=target.nodeset,
         host_prefix=names.slurm.nodeset,
@@ -135,4 +139,5 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         scrape_interval=names.metrics_interval_seconds,
         run_limit=ai_run_limit.limits(ai_run_limit.objects(s.ai_job_max_minutes, names.shares.ai_max_gpus)),
         gpu_replicas=gpu_replicas(device_plugin.device_plugin_values(s.device_plugin_version, s.gpu_feature_discovery)),
+        hpa_tolerance=float(bootstrap.HPA_TOLERANCE),
     )

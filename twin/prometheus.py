@@ -1,8 +1,11 @@
 """Prometheus scraping slurmctld's /metrics/partitions and kube-state-metrics into the twin's TSDB.
 
-Followed: prometheus/prometheus@v2.42.0:scrape/scrape.go: each target is scraped every interval;
+Followed: Prometheus 3's scrape loop (prometheus/prometheus scrape/scrape.go; the stack deploys
+Prometheus 3 and tests/engines runs Debian's 3.5.3): each target is scraped every interval;
 series that a successful scrape no longer exposes, and every series of a failed scrape, get a
-staleness marker, so instant queries stop returning them at once (not after the 5 m lookback).
+staleness marker, so instant queries stop returning them at once (not after the 5 m lookback):
+on the real 3.5.3 a slurmd pod gone from kube-state-metrics leaves the triggers' count at the
+next scrape (tests/engines/test_handoff_loop.py).
 Labels: the target adds `instance` and `job`, so one target scraped twice (a duplicate
 ServiceMonitor or scrape config) gives two series per metric that differ only in `instance`.
 Scrape intervals: 30 s for both (kube-prometheus-stack 80.9.2 `prometheus.prometheusSpec.scrapeInterval`

@@ -19,13 +19,22 @@ from core.names import (
     QUEUE_NAME_LABEL,
 )
 from twin import kube as k8s
-from twin.autoscale import HPA_SYNC, Hpa, Keda
+from twin.autoscale import HPA_SYNC, TOLERANCE, Hpa, Keda
 from twin.kueue import Kueue
 from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator
 from twin.scenario import JobSpec, Scenario
-from twin.slurm import COMPLETED, REFUSED, RUNNING, TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
+from twin.slurm import (
+    COMPLETED,
+    NEVER_SATISFIED,
+    REFUSED,
+    RUNNING,
+    TIMEOUT,
+    SlurmConfig,
+    Slurmctld,
+    SlurmJob,
+)
 
 SAMPLE_INTERVAL = 15.0
 DEFAULT_PHASE_SET = 0  # the phases of `simulate` and the README's tables; --phases N sweeps sets 0..N-1
@@ -54,6 +63,7 @@ class Setup:
     # What the program's run-limit policies allow a queued job (components/ai_run_limit.py); None: no policy
     run_limit: Limits | None = None
     gpu_replicas: int = 1  # the device plugin's devices per GPU (twin/program.py gpu_replicas)
+    hpa_tolerance: float = TOLERANCE  # kube-controller-manager's, as the kubeadm config sets it
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,7 @@ class Run:
         )
         self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm)
         self.keda = Keda.from_scaled_object(s.scaled_object)
-        self.hpa = Hpa(self.keda)
+        self.hpa = Hpa(self.keda, s.hpa_tolerance)
         self.kueue = (
             Kueue.from_program(list(s.kueue_objects), s.kueue_config)
             if self.scenario.kueue and s.kueue_objects
@@ -416,6 +426,8 @@ class Run:
                     outcome = "refused"
                 if tasks and states <= {COMPLETED, TIMEOUT} and TIMEOUT in states:
                     outcome = "timed_out"  # its own time limit (--time or MaxTime), not the hand-off
+                if tasks and all(t.reason == NEVER_SATISFIED for t in tasks):
+                    outcome = "cancelled"  # by slurmctld: what it depends on did not complete
                 if any(t.restarts for t in tasks):  # requeued: the work it had done was lost
                     outcome = "killed"
                 starts = [t.started for t in tasks if t.started is not None]
@@ -426,6 +438,8 @@ class Run:
                 }
                 if outcome == "refused":
                     row["reason"] = tasks[0].reason
+                if outcome == "cancelled":
+                    row["reason"] = f"{spec.after} did not complete: {NEVER_SATISFIED}, cancelled (kill_invalid_depend)"
                 if outcome == "timed_out":
                     limit = next(t.time_limit for t in tasks if t.state == TIMEOUT)
                     row["reason"] = f"slurmctld ended it at its time limit, {limit / 60:g} min (TIMEOUT)"

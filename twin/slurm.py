@@ -31,12 +31,14 @@ starts as soon as enough idle, undrained nodes exist (one GPU per node, `gpu:tes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from twin.scenario import JobSpec
 
 PENDING, RUNNING, COMPLETED, REFUSED = "PENDING", "RUNNING", "COMPLETED", "REFUSED"
 CANCELLED, TIMEOUT = "CANCELLED", "TIMEOUT"
+NEVER_SATISFIED = "DependencyNeverSatisfied"
 # A batch job whose node goes down is requeued, eligible again after the requeue delay: the
 # SchedulerParameters requeue_delay, else the credential lifetime, 120 s, plus 1
 # (SchedMD/slurm@slurm-25-11-6-1:src/slurmctld/job_mgr.c _requeue_delay; the real slurmctld 26.05.5
@@ -101,6 +103,7 @@ class SlurmConfig:
     enforce_part_limits: bool = False  # EnforcePartLimits ALL or ANY (not NO)
     job_submit_lua: bool = False  # JobSubmitPlugins=lua with components/job_submit.lua
     max_minutes: int | None = None  # partition MaxTime (both partitions), None = UNLIMITED
+    kill_invalid_depend: bool = False  # DependencyParameters=kill_invalid_depend
 
 
 GPUS_PER_NODE = 1  # components/job_submit.lua GPUS_PER_NODE (names.GPUS_PER_WORKER)
@@ -266,12 +269,15 @@ class Slurmctld:
         return node is None or (node.drain and name not in self.busy_nodes())
 
     def deadlines(self) -> dict[str, float]:
-        """By node, the latest start + time limit (here: the end) of the jobs running on it, as
-        GetNodeDeadlines folds the RUNNING jobs of a job list."""
+        """By node, the latest start + time limit of the jobs running on it, as GetNodeDeadlines folds
+        the RUNNING jobs of a job list: the limit, not the end no one knows in advance; an UNLIMITED
+        job's deadline is infinite (SlinkyProject/slurm-operator@v1.0.0: internal/controller/nodeset/
+        slurmcontrol/slurmcontrol.go GetNodeDeadlines, infiniteDuration)."""
         out: dict[str, float] = {}
         for job in self.running:
+            limit = math.inf if job.time_limit is None else job.time_limit
             for node in job.nodes:
-                out[node] = max(out.get(node, 0.0), job.started + job.run_for)
+                out[node] = max(out.get(node, 0.0), job.started + limit)
         return out
 
     # ------------------------------------------------------------ scheduling
@@ -304,6 +310,8 @@ class Slurmctld:
             self.running = [j for j in self.running if j.state == RUNNING]
             self._closed = True
         if self._closed:
+            if self.config.kill_invalid_depend:
+                self._cancel_never_satisfied(now)
             self.open_jobs = [j for j in self.open_jobs if j.state in (PENDING, RUNNING)]
             self._closed = False
         busy = self.busy_nodes()
@@ -318,6 +326,16 @@ class Slurmctld:
                 job.nodes, idle = tuple(idle[: job.nodes_needed]), idle[job.nodes_needed :]
                 job.state, job.started = RUNNING, now
                 self.running.append(job)
+
+    def _cancel_never_satisfied(self, now: float) -> None:
+        """afterok on a job that ended otherwise (TIMEOUT, CANCELLED) can never be satisfied: with
+        kill_invalid_depend slurmctld cancels the job, else it pends with reason
+        DependencyNeverSatisfied for good (slurm.conf.5 DependencyParameters; seen on slurmctld
+        26.05.5, tests/engines/test_slurm_submit.py)."""
+        for job in self.open_jobs:
+            parents = self.by_name.get(job.spec.after or "", [])
+            if job.state == PENDING and parents and any(p.state in (TIMEOUT, CANCELLED) for p in parents):
+                job.state, job.finished, job.reason = CANCELLED, now, NEVER_SATISFIED
 
     # ------------------------------------------------------------ metrics
 

@@ -8,6 +8,7 @@ copies of one job can run side by side and every row in squeue or the API is our
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from core import host_layout
-from core.names import JOBS_NAMESPACE, SlurmNames
+from core.names import JOBS_NAMESPACE, MAX_EXEC_TIME_LABEL, Names, SlurmNames
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
 GPU = "nvidia.com/gpu"
@@ -196,6 +197,64 @@ def kube_gpus(obj: dict) -> int:
 
 
 # ------------------------------------------------------------------ planning
+
+
+def time_minutes(text: str) -> float | None:
+    """An sbatch --time in minutes, seconds rounded up as slurmctld rounds them: "minutes",
+    "minutes:seconds", "hours:minutes:seconds", "days-hours", "days-hours:minutes",
+    "days-hours:minutes:seconds" (SchedMD/slurm@slurm-25-11-6-1: doc/man/man1/sbatch.1, --time;
+    src/common/parse_time.c time_str2mins). infinity for INFINITE or UNLIMITED; None if unreadable."""
+    value = text.strip()
+    if value.upper() in ("INFINITE", "UNLIMITED"):
+        return math.inf
+    days, dash, rest = value.partition("-")
+    if not dash:
+        days, rest = "0", value
+    parts = rest.split(":")
+    if not days.isdigit() or not all(p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    numbers = [int(p) for p in parts]
+    if dash:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = [*numbers, 0, 0][:3]
+    elif len(numbers) == 3:  # hours:minutes:seconds
+        hours, minutes, seconds = numbers
+    else:  # minutes[:seconds]
+        hours, (minutes, seconds) = 0, [*numbers, 0][:2]
+    return int(days) * 1440 + hours * 60 + minutes + math.ceil(seconds / 60)
+
+
+def limit_problems(scenario: Scenario, planned: list[Planned], names: Names) -> list[str]:
+    """The submissions the stack's run limits would refuse, one line each: a Slurm --time over
+    slurmJobMaxMinutes (components/job_submit.lua refuses it at submit), an AI job whose
+    max-exec-time label is over aiJobMaxMinutes or that asks for more GPUs than AI may hold
+    (components/ai_run_limit.py's admission policies refuse it)."""
+    problems = []
+    for p in planned:
+        where = f"--scenario {scenario.name}: jobs/{p.source}"
+        if isinstance(p, PlannedSlurm):
+            given = sbatch_options(p.script).get("--time")
+            minutes = time_minutes(given) if given is not None else None
+            if minutes is not None and minutes > names.slurm_job_max_minutes:
+                problems.append(
+                    f"{where} asks --time={given} ({minutes:g} min), over slurmJobMaxMinutes "
+                    f"{names.slurm_job_max_minutes}: job_submit.lua would refuse it at submit; "
+                    f"raise slurmJobMaxMinutes to {minutes:g} or more"
+                )
+            continue
+        declared = p.obj.get("metadata", {}).get("labels", {}).get(MAX_EXEC_TIME_LABEL)
+        limit = 60 * names.ai_job_max_minutes
+        if declared is not None and str(declared).isdigit() and int(declared) > limit:
+            problems.append(
+                f"{where} declares {MAX_EXEC_TIME_LABEL} {declared}, over aiJobMaxMinutes "
+                f"{names.ai_job_max_minutes} ({limit} s): the admission policy would refuse it; "
+                f"raise aiJobMaxMinutes to {math.ceil(int(declared) / 60)} or more"
+            )
+        if p.gpus > names.shares.ai_max_gpus:
+            problems.append(
+                f"{where} asks for {p.gpus} GPUs, more than AI may hold ({names.shares.ai_max_gpus}): the "
+                "admission policy would refuse it; raise workerCount, or aiGuaranteedGpus if aiBorrowsHpcGpus is false"
+            )
+    return list(dict.fromkeys(problems))  # a job file the scenario submits twice, once
 
 
 def load_objects(path: Path) -> list[dict]:

@@ -128,3 +128,24 @@ def test_the_plan_shows_each_partitions_maxtime_beside_its_maxnodes(default_run,
     for partition in ("all", "slinky"):
         assert f"  partition {partition}: MaxNodes=4, MaxTime={want} minutes\n" in limits
     assert f"as TIMEOUT, checking every 30 s: a drained node's job ends at most {want} min 30 s after it" in limits
+
+
+@pytest.mark.parametrize("slurm_minutes, ai_minutes", [(None, None), (90, 20)])
+def test_the_plan_states_each_reclaim_bound_from_the_limits_the_engines_enforce(default_run, slurm_minutes, ai_minutes):
+    """The bounds are derived from the rendered slurm.conf's MaxTime and the admission policy's limit
+    (not the settings echoed back): Slurm's end lags its limit by one 30 s check and KillWait (30 s),
+    and each hand-off adds two 30 s scrapes, a 30 s poll, a 15 s HPA sync and a 30 s termination."""
+    changes = {k: v for k, v in (("slurmJobMaxMinutes", slurm_minutes), ("aiJobMaxMinutes", ai_minutes)) if v}
+    rec = run_program(**changes) if changes else default_run
+    text = artifacts.plan_text(rec)
+    maxtime = int(re.search(r"partition all: MaxNodes=\d+, MaxTime=(\d+) minutes", text)[1])
+    ai_limit = int(re.search(r"max-exec-time-seconds, at most (\d+) s", text)[1])
+    handoff = 2 * 30 + 30 + 15 + 30
+
+    def said(seconds: int) -> str:
+        return f"{seconds // 60} min {seconds % 60} s" if seconds % 60 else f"{seconds // 60} min"
+
+    assert f"AI gets its share back within {said(maxtime * 60 + 60 + handoff)}:" in text
+    assert f"HPC gets its share back within {said(ai_limit + handoff)}:" in text
+    assert f"starts within {said(120 + max(maxtime * 60 + 60, ai_limit) + handoff)}" in text
+    assert f"a freed GPU reaches waiting work within {handoff} s" in text

@@ -12,8 +12,12 @@ from tests.conftest import by_type
 from tests.engines import harness
 from tests.tokens import RELEASE
 
-# Every module here starts with ENGINE: marked, and one Slurm at a time (xdist's loadgroup) on two cores.
-ENGINE = [pytest.mark.engine, pytest.mark.xdist_group("engines")]
+
+def engine_marks(module: str) -> list[pytest.MarkDecorator]:
+    """Every module here starts with `pytestmark = engine_marks(__name__)`: marked, and its tests kept
+    on one xdist worker (loadgroup). The modules mostly wait on Slurm's and Prometheus' clocks, so
+    they run beside each other and the CPU-bound tests; each worker has its own bridge and subnet."""
+    return [pytest.mark.engine, pytest.mark.xdist_group(f"engines-{module.rsplit('.', 1)[-1]}")]
 
 
 @pytest.fixture(scope="session")

@@ -22,12 +22,12 @@ from components import keda, slinky, slurmd_scaling
 from core import settings
 from core.names import Names
 from tests.engines import harness
-from tests.engines.conftest import ENGINE, worker_index
+from tests.engines.conftest import engine_marks, worker_index
 from twin import program
 from twin.autoscale import HPA_SYNC, Hpa, Keda
 from twin.promql import PromQLError
 
-pytestmark = ENGINE
+pytestmark = engine_marks(__name__)
 
 FAST = ["kedaCooldownSeconds=10", "kedaPollingSeconds=5", "slurmMetricsIntervalSeconds=5"]
 KSM_PORT = 18080
@@ -203,15 +203,22 @@ def _loop(loop: Loop, e: harness.Engines, s) -> None:
     ended = time.monotonic()
     loop.run_until(lambda: not loop.nodeset.pods, s.keda_cooldown_seconds + 60, "back to 0 pods")
     assert time.monotonic() - ended >= s.keda_cooldown_seconds, "kept warm for the cooldown"
-    # 3. sbatch works again at 0; a 2-node job submitted while 1 node is busy grows the NodeSet to 2.
+    # 3. sbatch works again at 0; a 2-node job submitted while 1 node is busy grows the NodeSet: to
+    # busy + largest = 3 once Slurm calls the job runnable, to 2 while it still pends for
+    # PartitionNodeLimit (one node registered) - which of the two depends on scrape timing.
     _submit(e, "one", seconds=10)
     loop.run_until(lambda: loop.jobs().get("one") == "RUNNING", 60, "a job from 0 again")
     _submit(e, "two-nodes", "-N", "2", seconds=5)
-    loop.run_until(lambda: len(loop.nodeset.pods) == 2, 40, "a second pod for the 2-node job")
+    loop.run_until(lambda: len(loop.nodeset.pods) >= 2, 40, "more pods for the 2-node job")
     # A job that pended for PartitionNodeLimit (one node registered) may wait for the main scheduler's
     # next pass, every sched_interval (60 s; SchedMD/slurm slurm.conf.5), after "one" ends.
-    loop.run_until(lambda: loop.jobs().get("two-nodes") == "COMPLETED", SCHED_INTERVAL + 60, "the 2-node job done")
-    assert loop.jobs().get("one") == "COMPLETED"
+    # With 3 pods it runs beside "one" and may end first.
+    loop.run_until(
+        lambda: loop.jobs().get("two-nodes") == loop.jobs().get("one") == "COMPLETED",
+        SCHED_INTERVAL + 60,
+        "the 2-node job and the one before it done",
+    )
+    assert max(replicas for _, replicas, _ in loop.timeline) <= 3, "never more than busy + largest"
 
     # 4. Work that arrives while scale-in drains a node runs, and nothing is killed.
     def late_work() -> None:

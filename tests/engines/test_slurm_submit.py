@@ -15,12 +15,12 @@ from cli import offline
 from components import slinky
 from core import settings
 from tests.engines import harness
-from tests.engines.conftest import ENGINE, worker_index
+from tests.engines.conftest import engine_marks, worker_index
 from twin import program
 from twin.scenario import JobSpec
-from twin.slurm import REFUSED, SlurmConfig, Slurmctld
+from twin.slurm import NEVER_SATISFIED, REFUSED, SlurmConfig, Slurmctld
 
-pytestmark = ENGINE
+pytestmark = engine_marks(__name__)
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "slurm"
 
 
@@ -147,3 +147,51 @@ def test_any_other_enforce_part_limits_refuses_against_the_nodes_registered_now(
         assert "Node count specification invalid" in real.stderr
         _assert_same(real, *twin_answer(config, two, 1), two.label)
         _assert_same(submit(slurm, plain), *twin_answer(config, plain, 1), plain.label)
+
+
+def _job_id(done) -> str:
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()[-1]
+
+
+def _state_and_reason(slurm: harness.Engines, job: str) -> tuple[str, str]:
+    state, reason = slurm.client("squeue", "-h", "-t", "all", "-j", job, "-o", "%T %r").stdout.split()
+    return state, reason
+
+
+@pytest.mark.parametrize("kill_invalid_depend", [True, False])
+def test_a_dependency_that_can_never_be_satisfied_is_cancelled_as_the_twin_cancels_it(
+    engine_root, tmp_path, deployed_slurm_values, kill_invalid_depend
+):
+    """afterok on a job that was cancelled: the program's DependencyParameters=kill_invalid_depend
+    has slurmctld cancel the dependent job; without it the job pends for good
+    (DependencyNeverSatisfied), work slurmd would keep starting for. The twin's Slurm agrees."""
+    from core.names import slurm_names
+
+    conf = deployed_slurm_values["controller"]["extraConfMap"]
+    assert conf["DependencyParameters"] == slinky.DEPENDENCY_PARAMETERS
+    if not kill_invalid_depend:
+        conf = {k: v for k, v in conf.items() if k != "DependencyParameters"}
+    values = {**deployed_slurm_values, "controller": {**deployed_slurm_values["controller"], "extraConfMap": conf}}
+    config = program.setup(_dev()).slurm
+    assert config.kill_invalid_depend
+    config = dataclasses.replace(config, kill_invalid_depend=kill_invalid_depend)
+    want = ("CANCELLED" if kill_invalid_depend else "PENDING", NEVER_SATISFIED)
+    with harness.engines(tmp_path, values, slurm_names("slinky"), worker_index()) as slurm:
+        slurm.start_node("slinky-0")
+        first = _job_id(slurm.client("sbatch", "--wrap", "sleep 600"))
+        then = _job_id(slurm.client("sbatch", f"--dependency=afterok:{first}", "--wrap", "sleep 1"))
+        slurm.wait_for(lambda: _state_and_reason(slurm, first)[0] == "RUNNING", 30, "the first job to start")
+        assert slurm.client("scancel", first).returncode == 0
+        slurm.wait_for(lambda: _state_and_reason(slurm, then) == want, 30, f"the dependent job {want}")
+
+    twin = Slurmctld(config)
+    twin.register("slinky-0", 0.0)
+    (t_first,) = twin.submit(JobSpec("first", "slurm", 0.0, 600.0), 0.0)
+    (t_then,) = twin.submit(JobSpec("then", "slurm", 0.0, 1.0, after="first"), 0.0)
+    twin.step(0.0)
+    twin.cancel(t_first, 5.0)
+    twin.step(5.0)
+    for now in range(5, 200):
+        twin.step(float(now))
+    assert t_then.state == want[0] and t_then.reason == (NEVER_SATISFIED if kill_invalid_depend else "")

@@ -8,17 +8,19 @@ import dataclasses
 import re
 
 from cli import offline
+from components import slurmd_scaling as scaling
 from core import settings
 from core.names import slurm_names
 from tests.conftest import by_type, run_program
 from tests.engines import harness
-from tests.engines.conftest import ENGINE, worker_index
+from tests.engines.conftest import engine_marks, worker_index
 from tests.tokens import RELEASE
 from twin import program
 from twin.scenario import JobSpec
 from twin.slurm import COMPLETED, PENDING, TIMEOUT, Slurmctld
+from validation.scenarios import time_minutes
 
-pytestmark = ENGINE
+pytestmark = engine_marks(__name__)
 NODE = "slinky-0"
 
 
@@ -90,7 +92,11 @@ def test_a_job_past_its_time_limit_is_ended_by_slurm_as_the_twin_ends_it(engine_
         slurm.wait_for(lambda: show_job(slurm, job).get("JobState") == "TIMEOUT", 60 + 30 + 20, "the job to time out")
         ended = show_job(slurm, job)
         # RunTime: start to end as slurmctld recorded them (88 s in one run: the check came 28 s late).
-        assert ended["Reason"] == "TimeLimit" and 60 <= _seconds(ended["RunTime"]) <= 60 + 30 + 5, ended
+        run = _seconds(ended["RunTime"])
+        assert ended["Reason"] == "TimeLimit" and 60 <= run <= 60 + scaling.SLURM_LIMIT_CHECK_SECONDS + 5, ended
+        # the bound `plan` states for AI's lent GPUs covers the real end before the hand-off's own latency
+        bounds = scaling.reclaim_bounds(30, 30, slurm_job_max_minutes=1, ai_job_max_minutes=1)
+        assert run <= bounds.ai_share_back_s - bounds.handoff_s
         slurm.wait_for(lambda: slurm.node_states() == {NODE: "idle"}, 40, "the node to be idle again")
 
     twin = _twin("slurmJobMaxMinutes=1")
@@ -123,3 +129,16 @@ def test_without_the_submit_check_a_longer_time_pends_for_good(engine_root, tmp_
     for now in range(200):
         twin.step(float(now))
     assert t_over.state == PENDING and t_fits.state == COMPLETED
+
+
+def test_validate_reads_a_time_as_slurmctld_does(slurm):
+    """`validate` refuses a scenario whose --time is over slurmJobMaxMinutes before submitting it
+    (validation/scenarios.py time_minutes): each form sbatch takes, as slurmctld records it, and
+    one second over the limit refused by job_submit.lua as 61 minutes (seconds round up)."""
+    forms = ["45", "1:30", "0:59:01", "00:15:00", "0-0:30", "0-0:30:01", "0-1"]
+    for given in forms:
+        job = sbatch(slurm, "--hold", f"--time={given}")
+        assert _minutes(show_job(slurm, job)["TimeLimit"]) == time_minutes(given), given
+    over = slurm.client("sbatch", "--hold", "--time=1:00:01", "--wrap", "sleep 1")
+    assert over.returncode != 0 and "a time limit of 61 minutes" in over.stderr
+    assert time_minutes("1:00:01") == 61

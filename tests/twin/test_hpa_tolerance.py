@@ -1,11 +1,22 @@
 """The HPA's 10 % tolerance on KEDA's metrics, as kubernetes/kubernetes@v1.34.0 applies it
 (pkg/controller/podautoscaler/replica_calculator.go GetExternalPerPodMetricReplicas,
-Tolerances.isWithin): at 10 or more slurmd pods a change of one pod is no change (issue 20)."""
+Tolerances.isWithin): at 10 or more slurmd pods a change of one pod is no change under the
+default 0.1, so the program's kubeadm config sets 0 (components/bootstrap.py HPA_TOLERANCE)."""
+
+import dataclasses
 
 import pytest
 
-from twin.autoscale import Hpa, Keda, Modifiers, Trigger, external_per_pod_replicas
+from cli import offline
+from components import slurmd_scaling
+from core import settings
+from twin import program, scenario, sim
+from twin.autoscale import TOLERANCE, Hpa, Keda, Modifiers, Trigger, external_per_pod_replicas
 from twin.promql import TSDB, Evaluator
+
+
+def _dev(*overrides: str) -> settings.Settings:
+    return settings.load(offline.stack_config("dev", list(overrides)), "dev", offline=True)
 
 
 @pytest.mark.parametrize(
@@ -52,3 +63,33 @@ def test_each_trigger_is_its_own_metric_and_the_largest_proposal_wins():
     assert Hpa(k).sync(ev, 0.0, 10) == 12
     k, ev = _keda({"a": 11.0, "b": 10.0})
     assert Hpa(k).sync(ev, 0.0, 10) == 10
+
+
+def test_the_twin_uses_the_tolerance_the_rendered_kubeadm_config_sets(default_run):
+    """kube-controller-manager's flag as the control node's user-data delivers it, not a constant."""
+    from tests.components.test_api_hardening import cluster_configuration, flags
+
+    rendered = flags(cluster_configuration(default_run)["controllerManager"])["horizontal-pod-autoscaler-tolerance"]
+    setup = program.setup(_dev())
+    assert float(rendered) == setup.hpa_tolerance == 0.0
+    assert flags(cluster_configuration(default_run)["controllerManager"])["profiling"] == "false", "hardening kept"
+
+
+def test_at_twenty_gpus_the_eleventh_slurm_job_gets_its_pod():
+    """Ten 1-node jobs at once, an eleventh 10 minutes later, on 20 GPUs nobody else wants: under
+    the default tolerance the HPA keeps 10 pods (11 is within 10 % of 10) and the eleventh waits
+    for a job to end; with the program's 0 it starts within the hand-off bound."""
+    jobs = [{"name": f"s{i:02d}", "kind": "slurm", "submit": 0, "runtime": 3000, "nodes": 1} for i in range(10)]
+    jobs.append({"name": "eleventh", "kind": "slurm", "submit": 600, "runtime": 600, "nodes": 1})
+    data = {"workers": 20, "duration": 3600, "images": "warm", "jobs": jobs}
+    setup = program.setup(_dev("workerCount=20"))
+    now = sim.Run(setup, scenario.parse(data)).run()
+    before = sim.Run(dataclasses.replace(setup, hpa_tolerance=TOLERANCE), scenario.parse(data)).run()
+    bound = slurmd_scaling.reclaim_bounds(30, 30, 60, 60).handoff_s
+
+    def wait(r: dict) -> float:
+        (j,) = [j for j in r["jobs"] if j["name"] == "eleventh"]
+        return j["started"] - j["submitted"]
+
+    assert wait(now) <= bound and sim.ok(now)
+    assert wait(before) >= 3000 - 600, "before: it waited for the first ten to end"

@@ -222,7 +222,7 @@ def test_a_side_that_wants_less_than_its_share_gets_it_within_the_reclaim_bound(
     coming back."""
     r = result("busy-hour")
     kept = result("busy-hour", "hpcBorrowsAiGpus=false")["contention"]["share"]["slurm"]
-    assert r["contention"]["share"]["slurm"] > kept and sim.ok(r)  # 0.60 against 0.53 at phase set 0
+    assert r["contention"]["share"]["slurm"] > kept and sim.ok(r)  # 0.65 against 0.53 at phase set 0
     s = dev()
     bound = scaling.reclaim_bounds(
         s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes

@@ -92,7 +92,8 @@ STALE = {
         {"name": "ai", "kind": "job", "submit": 0, "runtime": 2800, "gpus": 2},
         {"name": "k", "kind": "job", "submit": 100, "runtime": 100, "gpus": 1},
         {"name": "w", "kind": "slurm", "submit": 0, "runtime": 600, "nodes": 1},  # slinky-0
-        {"name": "v", "kind": "slurm", "submit": 0, "runtime": 595, "nodes": 1},  # slinky-1, ends first
+        # slinky-1, ends first; its deadline (start + time limit) is the earlier one
+        {"name": "v", "kind": "slurm", "submit": 0, "runtime": 595, "nodes": 1, "time": 10},
         {"name": "x", "kind": "slurm", "submit": 605, "runtime": 1500, "nodes": 1},  # then slinky-1
     ],
 }
@@ -105,9 +106,10 @@ STALE_PHASE_SET = 2
 def test_a_stale_deadline_condemns_the_node_whose_job_just_started_and_the_idle_gpu_waits_for_it():
     """w (52-652) ends while k waits: the default policy scales slurmd in. x started on slinky-1 at
     650, where v had just ended. At some phases of the client's informers the scale-in sync reads
-    v's old deadline on slinky-1 (650) and w's on slinky-0 (652), so it condemns slinky-1 and drains
-    it under x; the list that knows x comes with no event after it, so slinky-0's idle GPU goes back
-    only when x ends, about 1500 s later. Nothing is killed."""
+    v's old deadline on slinky-1 (its start, 55, plus its 10-minute limit) and w's on slinky-0 (52
+    plus MaxTime, 60 minutes), so it condemns slinky-1 and drains it under x; the list that knows x
+    comes with no event after it, so slinky-0's idle GPU goes back only when x ends, about 1500 s
+    later. Nothing is killed."""
     freed = {}
     for phase in range(0, int(INFORMER_PERIOD), 5):
         run = sim.Run(setup(), scenario.parse(STALE), STALE_PHASE_SET)

@@ -5,6 +5,7 @@ submit as components/job_submit.lua refuses it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -116,3 +117,25 @@ def test_no_shipped_scenario_has_a_slurm_job_longer_than_the_default_limit():
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
         sc = scenario.load(path)
         assert all(j.runtime <= 60 * 60 and j.time is None for j in sc.jobs if j.kind == "slurm"), path.name
+
+
+def test_a_job_after_one_that_timed_out_is_cancelled_and_slurmd_stops_cycling_for_it():
+    """e depends on a (afterok), which outlasts its 1-minute --time: e can never run. With the
+    rendered DependencyParameters=kill_invalid_depend slurmctld cancels it and slurmd goes for good;
+    without it e pends for ever, and slurmd starts for it each time the stall memory runs out."""
+    jobs = [
+        {"name": "a", "kind": "slurm", "submit": 0, "runtime": 300, "time": 1},
+        {"name": "e", "kind": "slurm", "submit": 0, "runtime": 60, "after": "a"},
+    ]
+    data = {"workers": 4, "duration": 3 * 3600, "images": "warm", "jobs": jobs}
+    setup = program.setup(dev())
+    assert setup.slurm.kill_invalid_depend
+    before = dataclasses.replace(setup, slurm=dataclasses.replace(setup.slurm, kill_invalid_depend=False))
+    now, then = (sim.Run(s, scenario.parse(data)).run() for s in (setup, before))
+    assert by_name(now)["e"]["outcome"] == "cancelled" and "DependencyNeverSatisfied" in by_name(now)["e"]["reason"]
+    # one pod for a, one for e while it waited on a (pending work counts until found stalled), none after
+    assert now["slurmd_starts"] == 2 and now["end"]["slurmd_replicas"] == 0
+    assert by_name(then)["e"]["outcome"] == "unfinished"
+    # then a fresh start each time the stall memory runs out, about every 32 minutes
+    cycle = scaling.STALL_MEMORY_SECONDS + scaling.STALL_SECONDS
+    assert then["slurmd_starts"] >= now["slurmd_starts"] + (data["duration"] - 80) // cycle - 1
