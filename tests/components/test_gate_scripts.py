@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import subprocess
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,7 +73,14 @@ case $2 in
   *) echo "stub ssh: unexpected command $2" >&2; exit 2 ;;
 esac
 """
-STUB_SLEEP = "#!/usr/bin/env bash\nexit 0\n"
+# sleep returns at once and logs the pause. Past $STUB/max_sleeps pauses it stops its caller: a
+# gate that would poll on to its deadline ends there instead of spinning until the run's timeout.
+STUB_SLEEP = r"""#!/usr/bin/env bash
+echo "sleep $*" >>"$STUB/sleeps"
+if [ -f "$STUB/max_sleeps" ] && [ "$(wc -l <"$STUB/sleeps")" -gt "$(cat "$STUB/max_sleeps")" ]; then
+  kill -TERM "$PPID"
+fi
+"""
 
 
 @pytest.fixture
@@ -102,6 +108,7 @@ def stub(tmp_path):
         (tmp_path / name).write_text(value)
     (tmp_path / "expected_key").write_text(SSH_KEY + "\n")
     (tmp_path / "calls").touch()
+    (tmp_path / "sleeps").touch()
     (tmp_path / "root" / "var" / "log").mkdir(parents=True)
     (tmp_path / "tmp").mkdir()
     return tmp_path
@@ -374,10 +381,11 @@ def test_a_worker_whose_bootstrap_fails_stops_the_gate_at_once_with_step_log_tai
     control_status(stub, recorded("succeeded", "control-plane.sh", "admin kubeconfig for ubuntu"))
     worker(stub, "10.0.0.20", RUNNING, log=LOG, fails_after=3)
     worker(stub, "10.0.0.21", RUNNING)  # still running: no reason to stop
-    started = time.monotonic()
+    (stub / "max_sleeps").write_text("10")  # a gate that waits on for its 600 s deadline is stopped
     result = run(stub, readiness_gate(600, "us-east-1", "10.0.0.10=i-0c", "10.0.0.20=i-0w", "10.0.0.21=i-0x"))
+    # the fourth poll, not the deadline: three pauses between them, none after
+    assert reads(stub, "10.0.0.20") == 4 and (stub / "sleeps").read_text().splitlines() == ["sleep 10"] * 3
     assert result.returncode == 1
-    assert time.monotonic() - started < 20 and reads(stub, "10.0.0.20") == 4  # the fourth poll, not the deadline
     step = "kubeadm join 10.0.0.10:6443 (retried until the control plane answers)"
     assert f'--- worker 10.0.0.20: bootstrap FAILED at gpu-worker.sh step "{step}" (exit 1, ' in result.stderr
     assert "): kubeadm join did not succeed\n" in result.stderr

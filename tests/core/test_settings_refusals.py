@@ -2,7 +2,7 @@
 
 Each row is (config, the key its line names, a fragment of that line). `settings.load` runs on
 every row (fast); a sample goes through the CLI, and the Pulumi program itself, to show the
-same lines, exit 2 and nothing registered."""
+same lines, exit 2 and nothing registered. What the refusals cost is benchmarks/refusals.py's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import hashlib
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -438,9 +437,7 @@ def test_the_rules_agree_with_the_names_contract():
 
 @pytest.mark.parametrize("values, key, fragment", ROWS, ids=[f"{i}-{r[1]}" for i, r in enumerate(ROWS)])
 def test_a_bad_setting_is_refused_in_one_clear_line(values, key, fragment):
-    started = time.monotonic()
     problems = _problems(values)
-    assert time.monotonic() - started < 1
     found = [p for p in problems if p.startswith(f"{key}: ")]
     assert len(found) == 1, problems
     assert fragment in found[0], found[0]
@@ -685,8 +682,8 @@ CLI_CLASSES: list[tuple[str, list[str], list[tuple[str, str]]]] = [
 
 @pytest.mark.parametrize("text, overrides, expected", CLI_CLASSES, ids=[str(i) for i in range(len(CLI_CLASSES))])
 def test_each_class_of_bad_input_exits_2_through_the_cli(text, overrides, expected, tmp_path, capsys, monkeypatch):
-    """Exit 2, one line per problem in order, nothing raw or secret echoed, quickly, and the mock
-    engine never started (a traceback would fail the call itself)."""
+    """Exit 2, one line per problem in order, nothing raw or secret echoed, and the mock engine
+    never started (a traceback would fail the call itself)."""
     import pulumi
 
     from cli import __main__ as cli
@@ -697,9 +694,7 @@ def test_each_class_of_bad_input_exits_2_through_the_cli(text, overrides, expect
     monkeypatch.setattr(pulumi.runtime, "set_mocks", no_engine)
     monkeypatch.setattr(offline.stack_config, "__defaults__", ("dev", None, tmp_path))  # stack files from tmp_path
     (tmp_path / "Pulumi.odd.yaml").write_text(text)
-    started = time.monotonic()
     code = cli.main(["plan", "--stack", "odd", *(a for item in overrides for a in ("--config", item))])
-    assert time.monotonic() - started < 5
     out, err = capsys.readouterr()
     assert code == 2 and out == "", (code, out, err)
     lines = err.splitlines()
@@ -791,10 +786,8 @@ BROKEN_STACK_FILES = [
 def test_a_broken_stack_file_is_one_line_naming_the_file(tmp_path, text, fragment):
     path = tmp_path / "Pulumi.odd.yaml"
     path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
-    started = time.monotonic()
     with pytest.raises(settings.SettingsError) as error:
         offline.stack_config("odd", root=tmp_path)
-    assert time.monotonic() - started < 2
     (line,) = error.value.problems
     assert line.startswith("Pulumi.odd.yaml: ") and fragment in line, line
     assert all(" " <= ch <= "~" or ch == "…" for ch in line) and len(line) < 300, line
