@@ -80,7 +80,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
     ai_run_limit = AiRunLimit(
         "testbed-ai-run-limit",
         AiRunLimitArgs(
-            max_minutes=s.ai_job_max_minutes, gpus=names.shares.ai_max_gpus, provider=provider, after=kueue.ready
+            max_minutes=names.ai_job_max_minutes, gpus=names.shares.ai_max_gpus, provider=provider, after=kueue.ready
         ),
     )
     slinky = Slinky(

@@ -137,7 +137,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         init_tries=init_container_tries(s.training_operator_version),
         slurmd_labels=values["nodesets"][names.slurm.nodeset]["metadata"]["labels"],
         scrape_interval=names.metrics_interval_seconds,
-        run_limit=ai_run_limit.limits(ai_run_limit.objects(s.ai_job_max_minutes, names.shares.ai_max_gpus)),
+        run_limit=ai_run_limit.limits(ai_run_limit.objects(names.ai_job_max_minutes, names.shares.ai_max_gpus)),
         gpu_replicas=gpu_replicas(device_plugin.device_plugin_values(s.device_plugin_version, s.gpu_feature_discovery)),
         hpa_tolerance=float(bootstrap.HPA_TOLERANCE),
     )
