@@ -324,11 +324,19 @@ def scenario_path(text: str) -> Path | str:
     return f"--scenario: {show(text)} is neither a file nor a shipped scenario; expected a path or one of {', '.join(names)}"
 
 
-def run_scenario(path: Path, stack: str, config: list[str], settings: Settings) -> dict[str, sim.Run]:
-    """One shipped scenario under every policy of components.slurmd_scaling, Kueue as it says."""
+def policy_setups(
+    path: Path, stack: str, config: list[str], settings: Settings
+) -> tuple[scenario.Scenario, dict[str, sim.Setup]]:
+    """A shipped scenario and the stack's Setup under each policy of components.slurmd_scaling."""
     sc = scenario.load(path, (DEFAULT_PARTITION, settings.nodeset_name))
     s = scenario_settings(stack, config, sc, settings)
-    runs = {policy: sim.Run(program.setup(s, policy), sc) for policy in slurmd_scaling.POLICIES}
+    return sc, {policy: program.setup(s, policy) for policy in slurmd_scaling.POLICIES}
+
+
+def run_scenario(path: Path, stack: str, config: list[str], settings: Settings) -> dict[str, sim.Run]:
+    """One shipped scenario under every policy of components.slurmd_scaling, Kueue as it says."""
+    sc, setups = policy_setups(path, stack, config, settings)
+    runs = {policy: sim.Run(setup, sc) for policy, setup in setups.items()}
     for run in runs.values():
         run.run()
     return runs

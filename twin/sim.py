@@ -603,7 +603,11 @@ def sweep(setup: Setup, scenario: Scenario, phase_sets: Iterable[int]) -> dict:
     p50/p95 over the phases, each side's waits for its lent share over every wait of every set,
     and the phase sets under which a job was killed, a GPU double-held, or the run was otherwise
     not ok."""
-    results = {n: Run(setup, scenario, n).run() for n in phase_sets}
+    return summary({n: Run(setup, scenario, n).run() for n in phase_sets})
+
+
+def summary(results: dict[int, dict]) -> dict:
+    """`sweep`'s report from the results of its runs, by phase set."""
     returns = [r for result in results.values() for r in result["returns"]]
     return {
         "phase_sets": list(results),

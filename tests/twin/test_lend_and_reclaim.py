@@ -12,11 +12,15 @@ from cli import offline
 from components import slurmd_scaling as scaling
 from core import settings
 from core.names import AI_CLUSTER_QUEUE
+from tests.twin import runs
 from twin import program, scenario, sim
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
 PHASE_SETS = range(3)  # a few draws: each shipped scenario once per set (about 9 s of CPU a set)
+# The client's informers list at these offsets into their 30 s, one per phase set (phase set n at
+# INFORMER_PHASES[n]): the scrape, poll and sync phases and the informers' vary in one sweep.
+INFORMER_PHASES = (0.0, 10.0, 20.0)
 # A side that waits for its lent share under every one of PHASE_SETS: the measure is not vacuous.
 LENDERS = {"both-full": "slurm", "wide-gang": "kubernetes"}
 
@@ -43,10 +47,9 @@ def previous_setup() -> sim.Setup:
     return dataclasses.replace(s, kueue_objects=objects, run_limit=None)  # no run-limit policy then
 
 
-@functools.cache
 def result(name: str, previous: bool = False) -> dict:
     setup = previous_setup() if previous else default_setup()
-    return sim.Run(setup, scenario.load(SCENARIOS / f"{name}.yaml")).run()
+    return runs.result(setup, scenario.load(SCENARIOS / f"{name}.yaml"))
 
 
 def jobs(r: dict) -> dict[str, dict]:
@@ -110,11 +113,12 @@ def test_a_gap_in_hpcs_work_costs_it_its_share_at_most_for_the_stated_bound():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_under_every_phase_set_nothing_is_killed_or_double_held_and_each_lender_waits_within_its_bound(name):
-    """Each shipped scenario under a few draws of the scrape, poll and sync phases: no job killed,
-    no GPU with two owners, and every wait of a side for its lent share (work waiting, fewer GPUs
-    than its share while the other side holds more than its own) within the stated bound. The
-    sweep reports the waits and the latencies as p50/p95 over the sets."""
-    swept = sim.sweep(default_setup(), scenario.load(SCENARIOS / f"{name}.yaml"), PHASE_SETS)
+    """Each shipped scenario under a few draws of the scrape, poll and sync phases, each with the
+    client's informers listing at another of three phases of their 30 s (tests/twin/test_nodeset.py):
+    no job killed, no GPU with two owners, and every wait of a side for its lent share (work
+    waiting, fewer GPUs than its share while the other side holds more than its own) within the
+    stated bound. The sweep reports the waits and the latencies as p50/p95 over the sets."""
+    swept = runs.sweep(default_setup(), scenario.load(SCENARIOS / f"{name}.yaml"), PHASE_SETS, INFORMER_PHASES)
     assert swept["phase_sets"] == list(PHASE_SETS)
     assert swept["killed"] == {} and swept["double_held"] == {}, swept
     if name in LENDERS:

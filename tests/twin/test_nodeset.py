@@ -6,8 +6,6 @@ node it condemns is drained, not deleted. Modelled figures, from the program's o
 import functools
 from pathlib import Path
 
-import pytest
-
 from cli import offline
 from core import settings
 from twin import program, scenario, sim
@@ -17,7 +15,6 @@ from twin.scenario import JobSpec
 from twin.slurm import RUNNING, SlurmConfig, Slurmctld
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
-SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
 
 
 @functools.cache
@@ -161,13 +158,3 @@ def test_after_kueue_is_back_the_nodeset_waits_for_its_retry_or_the_next_event()
     assert not any(c >= 300 for _, _, pods, _ in ticks for _, c in pods)
     r = run.result()
     assert {j["name"]: j["started"] for j in r["jobs"]}["b"] >= 1500 and r["killed"] == [] and sim.ok(r)
-
-
-@pytest.mark.parametrize("name", SHIPPED)
-def test_nothing_is_killed_in_a_shipped_scenario_at_any_informer_phase(name):
-    """Under the default policy, with the client's informers listing at three phases of their 30 s."""
-    for phase in (0.0, 10.0, 20.0):
-        run = sim.Run(setup(), scenario.load(SCENARIOS / f"{name}.yaml"))
-        run.nodeset.informer_phase = phase
-        r = run.run()
-        assert r["killed"] == [] and r["double_held"] == [], phase

@@ -12,6 +12,7 @@ from cli import offline
 from cli.__main__ import main
 from components import slurmd_scaling as scaling
 from core import settings
+from tests.twin import runs
 from twin import program, scenario, sim
 from twin.autoscale import HPA_SYNC
 
@@ -30,9 +31,8 @@ def load(name: str) -> scenario.Scenario:
     return scenario.load(SCENARIOS / f"{name}.yaml")
 
 
-@functools.cache
 def swept(name: str, policy: str, sets: range = SETS) -> dict:
-    return sim.sweep(setup(policy), load(name), sets)
+    return runs.sweep(setup(policy), load(name), sets)
 
 
 def test_each_loop_fires_at_its_own_phase_drawn_from_the_phase_set():

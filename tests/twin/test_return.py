@@ -13,6 +13,7 @@ import pytest
 from cli import offline
 from components import slurmd_scaling as scaling
 from core import settings
+from tests.twin import runs
 from twin import program, scenario, sim
 from twin.autoscale import DOWNSCALE_WINDOW, Formula, Keda
 
@@ -32,9 +33,8 @@ def setup(policy: str) -> sim.Setup:
     return program.setup(settings_dev(), policy)
 
 
-@functools.cache
 def result(name: str, policy: str) -> dict:
-    return sim.Run(setup(policy), scenario.load(SCENARIOS / f"{name}.yaml")).run()
+    return runs.result(setup(policy), scenario.load(SCENARIOS / f"{name}.yaml"))
 
 
 def p95(values: list[float]) -> float:

@@ -14,6 +14,7 @@ import yaml
 from cli import offline
 from components import slurmd_scaling as scaling
 from core import settings
+from tests.twin import runs
 from twin import program, scenario, sim
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
@@ -25,9 +26,8 @@ def settings_dev():
     return settings.load(offline.stack_config("dev", [EVERY_GPU]), "dev", offline=True)
 
 
-@functools.cache
 def result(name: str, policy: str) -> dict:
-    return sim.Run(program.setup(settings_dev(), policy), scenario.load(SCENARIOS / f"{name}.yaml")).run()
+    return runs.result(program.setup(settings_dev(), policy), scenario.load(SCENARIOS / f"{name}.yaml"))
 
 
 def outcomes(r: dict) -> dict[str, str]:
@@ -96,9 +96,9 @@ def test_a_duplicate_scrape_does_not_inflate_demand():
 def test_a_duplicate_scrape_starts_no_more_slurmd_pods_than_the_jobs_need_under_any_phase():
     sc = scenario.load(SCENARIOS / "duplicate-scrape.yaml")
     for policy in (scaling.SAFE, scaling.DEMAND_AWARE):
-        runs = [sim.Run(program.setup(settings_dev(), policy), sc, n).run() for n in range(6)]
-        assert all(sim.ok(r) for r in runs), policy
-        assert [r["slurmd_starts"] for r in runs] == [2] * 6, policy
+        swept = [runs.result(program.setup(settings_dev(), policy), sc, n) for n in range(6)]
+        assert all(sim.ok(r) for r in swept), policy
+        assert [r["slurmd_starts"] for r in swept] == [2] * 6, policy
 
 
 @pytest.mark.parametrize("name", ["handoff", "cold-start"])
