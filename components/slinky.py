@@ -97,9 +97,10 @@ def _partition_limits(max_nodes: int | None, max_minutes: int | None) -> dict:
 # _valid_job_part). Seen on the real slurmctld (tests/engines/test_slurm_submit.py).
 ENFORCE_PART_LIMITS = "NO"
 # A job whose dependency can never be satisfied (afterok on a job that failed or timed out) is
-# cancelled instead of pending for good (SchedMD/slurm@slurm-25-11-6-1: doc/man/man5/slurm.conf.5,
-# DependencyParameters): a pending job that can never start would otherwise count as work, and
-# slurmd would start for it each time the stall memory of components/slurmd_scaling.py runs out.
+# cancelled instead of pending for good (SchedMD/slurm@slurm-25-11-6-1: doc/man/man5/slurm.conf.5
+# DependencyParameters; src/slurmctld/job_mgr.c reads it as 26.05.5 does, which tests/engines runs):
+# a pending job that can never start would otherwise count as work, and slurmd would start for it
+# each time the stall memory of components/slurmd_scaling.py runs out.
 DEPENDENCY_PARAMETERS = "kill_invalid_depend"
 
 
