@@ -268,8 +268,15 @@ def _m(metric: str, partition: str) -> str:
     return f'max({metric}{{partition="{partition}"}})'
 
 
+def _series(metric: str, partition: str) -> str:
+    return f'{metric}{{partition="{partition}"}}'
+
+
 def _busy(t: Target) -> str:
-    return f"({_m(NODES_ALLOC, t.nodeset_partition)} + {_m(NODES_MIXED, t.nodeset_partition)})"
+    # Summed per scrape target before max(): two targets read a node moving from MIXED to ALLOCATED
+    # at different moments, and max() of each metric alone would count it twice.
+    p = t.nodeset_partition
+    return f"max({_series(NODES_ALLOC, p)} + {_series(NODES_MIXED, p)})"
 
 
 def _pending(t: Target) -> str:

@@ -43,6 +43,8 @@ def input_series(case: dict) -> list[tuple[dict, str]]:
     nodes = case.get("nodes")  # node counts are the same in every partition (all nodes are in both)
     targets = ["slurm-controller:6817"] + (["slurm-controller-dup:6817"] if case.get("duplicate") else [])
     for instance in targets:
+        if instance != targets[0] and "dup_nodes" in case:  # the duplicate scraped at another moment
+            nodes = case["dup_nodes"]
         for partition in TARGET.partitions:
             m = case.get(partition, M())
             if nodes is not None:
@@ -187,6 +189,11 @@ EXTRA = [
         "duplicate target",
         {"nodes": M(nodes_mixed=1), ALL: M(jobs_pending=1, largest_pending_job_nodes=1), "duplicate": True},
         2,
+    ),
+    (
+        "duplicate targets scraped as a node went from MIXED to ALLOCATED: one busy node",
+        {"nodes": M(nodes_mixed=1), "dup_nodes": M(nodes_alloc=1), "duplicate": True},
+        1,
     ),
     ("restapi down: every pod stays", {"nodes": M(nodes_mixed=1), "restapi_down": True, "pods": 3}, 3),
     ("restapi up: pods do not count", {"nodes": M(nodes_mixed=1), "pods": 3}, 1),
