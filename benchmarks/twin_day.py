@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cli import offline
 from components import slurmd_scaling
-from core import settings
 from twin import program, scenario, sim
 
 SEED = 20
@@ -69,7 +68,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs; the median is reported")
     parser.add_argument("--policy", default=slurmd_scaling.DEFAULT_POLICY)
     args = parser.parse_args()
-    s = settings.load(offline.stack_config("dev", []), "dev", offline=True)
+    s = offline.stack_settings("dev", [])
     setup = program.setup(s, args.policy)
     sc = day(args.jobs, args.hours)
     seconds, cpu, result = time_run(sc, setup, args.repeat)

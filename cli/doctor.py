@@ -22,7 +22,7 @@ from cli import checklist, offline
 from cli.checklist import FAIL, OK, Check
 from components import readiness_gate
 from core import host_layout, names, user_files
-from core.settings import Settings, SettingsError, load
+from core.settings import Settings, SettingsError
 
 GPU_RESOURCE = "nvidia.com/gpu"
 LOG_LINES = 40
@@ -415,7 +415,7 @@ def _kubeconfig(given: Path | None, outputs: dict | str) -> dict:
 def main(argv: list[str], kube: Kube | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        s = load(offline.stack_config(args.stack, args.config), stack=args.stack, offline=True)
+        s = offline.stack_settings(args.stack, args.config)
     except SettingsError as error:
         for problem in error.problems:
             print(problem, file=sys.stderr)

@@ -373,6 +373,12 @@ def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: P
     return config
 
 
+def stack_settings(stack: str = "dev", overrides: list[str] | None = None) -> settings_mod.Settings:
+    """The stack's settings as the program reads them, without Pulumi: `stack_config` through
+    `settings.load` (SettingsError, every problem at once, on bad input)."""
+    return settings_mod.load(stack_config(stack, overrides), stack=stack, offline=True)
+
+
 def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None = None) -> Recording:
     """Validate settings, then run the whole program under mocks and resolve its outputs."""
     from program import testbed

@@ -30,7 +30,6 @@ from components import slurmd_scaling
 from core import user_files
 from core.names import DEFAULT_PARTITION
 from core.settings import Settings, SettingsError, escaped, redacted, show
-from core.settings import load as load_settings
 from twin import kube, nodeset, program, scenario, sim
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -169,7 +168,7 @@ def scenario_settings(stack: str, config: list[str], sc: scenario.Scenario, base
     if sc.workers is None or sc.workers == base.worker_count:
         return base
     try:
-        return load_settings(offline.stack_config(stack, [*config, f"workerCount={sc.workers}"]), stack, offline=True)
+        return offline.stack_settings(stack, [*config, f"workerCount={sc.workers}"])
     except SettingsError as error:
         raise SettingsError([f"workers (scenario): {p}" for p in error.problems]) from None
 
@@ -207,7 +206,7 @@ def main(argv: list[str]) -> int:
         if args.out:
             problems.append("--out: not allowed with --readme-tables, which prints Markdown or rewrites README")
     try:
-        settings = load_settings(offline.stack_config(args.stack, args.config), args.stack, offline=True)
+        settings = offline.stack_settings(args.stack, args.config)
     except SettingsError as error:
         problems += error.problems
         settings = None

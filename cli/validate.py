@@ -116,7 +116,7 @@ def stack_facts(
     stack: str, overrides: list[str], read_outputs: Callable[[str], dict | str] | None = None
 ) -> StackFacts:
     try:
-        s = settings.load(offline.stack_config(stack, overrides), stack=stack, offline=True)
+        s = offline.stack_settings(stack, overrides)
     except settings.SettingsError as error:
         raise UsageError(*error.problems) from None
     names = Names.from_settings(s)

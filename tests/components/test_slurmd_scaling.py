@@ -453,10 +453,9 @@ def test_only_the_formula_policies_move_the_cooldown_into_their_query(policy):
     """The older policies keep KEDA's cooldownPeriod (kedaCooldownSeconds) and no formula; the
     twin compares them with exactly these objects (twin/program.py)."""
     from cli import offline
-    from core import settings
     from core.names import Names
 
-    s = settings.load(offline.stack_config("dev", ["kedaCooldownSeconds=240"]), "dev", offline=True)
+    s = offline.stack_settings("dev", ["kedaCooldownSeconds=240"])
     n = Names.from_settings(s)
     args = keda.KedaArgs(s.keda_version, n, 1, None, None, (), policy=policy)
     spec = keda.scaled_object(args)["spec"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -221,6 +222,17 @@ class Engines:
         binds = {"/etc/slurm": self.work / "etc", "/run": self._run_dir("ctld")}  # the slurmctld container's
         cmd = self._command(ctld.netns, None, binds, list(argv))
         return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout)
+
+    def sbatch(self, *args: str, command: str = "sleep 600") -> str:
+        """`sbatch --parsable ARGS --wrap COMMAND`, accepted: the job id."""
+        done = self.client("sbatch", "--parsable", *args, "--wrap", command)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job -o`: the fields the tests read (JobState, Reason, TimeLimit, RunTime)."""
+        out = self.client("scontrol", "show", "job", "-o", job_id).stdout
+        return dict(re.findall(r"\b(JobState|Reason|TimeLimit|RunTime)=(\S+)", out))
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -19,7 +19,6 @@ import yaml
 
 from cli import doctor, offline
 from components import keda, slinky, slurmd_scaling
-from core import settings
 from core.names import Names
 from tests.engines import harness
 from tests.engines.conftest import engine_marks, worker_index
@@ -35,7 +34,7 @@ SCHED_INTERVAL = 60  # Slurm's main scheduler pass (slurm.conf SchedulerParamete
 
 
 def _settings(overrides: list[str]):
-    return settings.load(offline.stack_config("dev", overrides), "dev", offline=True)
+    return offline.stack_settings("dev", overrides)
 
 
 class RealPrometheus:

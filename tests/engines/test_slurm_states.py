@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from cli import offline
 from components import keda, slurmd_scaling
-from core import settings
 from core.names import Names
 from tests.engines import harness
 from tests.engines.conftest import engine_marks
@@ -42,7 +41,7 @@ STEP = 30
 
 
 def _settings():
-    return settings.load(offline.stack_config("dev", []), "dev", offline=True)
+    return offline.stack_settings("dev", [])
 
 
 @dataclass

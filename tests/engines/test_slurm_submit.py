@@ -5,7 +5,6 @@ answer compared with the twin's Slurm (twin/slurm.py) on the same request."""
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,12 +12,12 @@ import pytest
 
 from cli import offline
 from components import slinky
-from core import settings
 from tests.engines import harness
 from tests.engines.conftest import engine_marks, worker_index
 from twin import program
 from twin.scenario import JobSpec
 from twin.slurm import NEVER_SATISFIED, REFUSED, SlurmConfig, Slurmctld
+from validation.scenarios import sbatch_options, time_minutes
 
 pytestmark = engine_marks(__name__)
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "slurm"
@@ -38,17 +37,17 @@ class Request:
 
 
 def _script_request(path: Path) -> Request:
-    """A shipped job script submitted as the README does (`sbatch < file`): its -N and --time
-    (HH:MM:SS, the form every shipped script uses) for the twin."""
+    """A shipped job script submitted as the README does (`sbatch < file`): its -N and --time for
+    the twin, read as `validate` reads them."""
     text = path.read_text()
-    nodes = re.search(r"^#SBATCH --nodes=(\d+)$", text, re.M)
-    hms = re.search(r"^#SBATCH --time=(\d+):(\d\d):00$", text, re.M)
+    options = sbatch_options(text)
+    minutes = time_minutes(options["--time"]) if "--time" in options else None
     return Request(
         f"jobs/slurm/{path.name}",
         (),
-        nodes=int(nodes[1]) if nodes else None,
+        nodes=int(options["--nodes"]) if "--nodes" in options else None,
         stdin=text,
-        time=int(hms[1]) * 60 + int(hms[2]) if hms else None,
+        time=int(minutes) if minutes is not None else None,
     )
 
 
@@ -88,7 +87,7 @@ def twin_answer(config: SlurmConfig, r: Request, nodes_registered: int) -> tuple
 
 
 def _dev():
-    return settings.load(offline.stack_config("dev", []), "dev", offline=True)
+    return offline.stack_settings("dev", [])
 
 
 def _assert_same(real, accepted: bool, reason: str, label: str) -> None:
@@ -149,16 +148,6 @@ def test_any_other_enforce_part_limits_refuses_against_the_nodes_registered_now(
         _assert_same(submit(slurm, plain), *twin_answer(config, plain, 1), plain.label)
 
 
-def _job_id(done) -> str:
-    assert done.returncode == 0, done.stderr
-    return done.stdout.split()[-1]
-
-
-def _state_and_reason(slurm: harness.Engines, job: str) -> tuple[str, str]:
-    state, reason = slurm.client("squeue", "-h", "-t", "all", "-j", job, "-o", "%T %r").stdout.split()
-    return state, reason
-
-
 @pytest.mark.parametrize("kill_invalid_depend", [True, False])
 def test_a_dependency_that_can_never_be_satisfied_is_cancelled_as_the_twin_cancels_it(
     engine_root, tmp_path, deployed_slurm_values, kill_invalid_depend
@@ -179,11 +168,16 @@ def test_a_dependency_that_can_never_be_satisfied_is_cancelled_as_the_twin_cance
     want = ("CANCELLED" if kill_invalid_depend else "PENDING", NEVER_SATISFIED)
     with harness.engines(tmp_path, values, slurm_names("slinky"), worker_index()) as slurm:
         slurm.start_node("slinky-0")
-        first = _job_id(slurm.client("sbatch", "--wrap", "sleep 600"))
-        then = _job_id(slurm.client("sbatch", f"--dependency=afterok:{first}", "--wrap", "sleep 1"))
-        slurm.wait_for(lambda: _state_and_reason(slurm, first)[0] == "RUNNING", 30, "the first job to start")
+        first = slurm.sbatch()
+        then = slurm.sbatch(f"--dependency=afterok:{first}", command="sleep 1")
+
+        def state(job: str) -> tuple[str, str]:
+            shown = slurm.show_job(job)
+            return shown.get("JobState", ""), shown.get("Reason", "")
+
+        slurm.wait_for(lambda: state(first)[0] == "RUNNING", 30, "the first job to start")
         assert slurm.client("scancel", first).returncode == 0
-        slurm.wait_for(lambda: _state_and_reason(slurm, then) == want, 30, f"the dependent job {want}")
+        slurm.wait_for(lambda: state(then) == want, 30, f"the dependent job {want}")
 
     twin = Slurmctld(config)
     twin.register("slinky-0", 0.0)

@@ -5,11 +5,9 @@ Slurm on the same jobs. The refusal of a longer --time is a row of test_slurm_su
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from cli import offline
 from components import slurmd_scaling as scaling
-from core import settings
 from core.names import slurm_names
 from tests.conftest import by_type, run_program
 from tests.engines import harness
@@ -32,22 +30,10 @@ def _values(**config) -> dict:
 
 def _twin(*config: str, lua: bool = True) -> Slurmctld:
     """The twin's Slurm for the settings (with or without job_submit.lua), NODE registered."""
-    s = settings.load(offline.stack_config("dev", list(config)), "dev", offline=True)
+    s = offline.stack_settings("dev", list(config))
     twin = Slurmctld(dataclasses.replace(program.setup(s).slurm, job_submit_lua=lua))
     twin.register(NODE, 0.0)
     return twin
-
-
-def show_job(slurm: harness.Engines, job_id: str) -> dict[str, str]:
-    """`scontrol show job -o`: the fields this module reads (JobState, Reason, TimeLimit, RunTime)."""
-    out = slurm.client("scontrol", "show", "job", "-o", job_id).stdout
-    return dict(re.findall(r"\b(JobState|Reason|TimeLimit|RunTime)=(\S+)", out))
-
-
-def sbatch(slurm: harness.Engines, *args: str, command: str = "sleep 600") -> str:
-    done = slurm.client("sbatch", "--parsable", *args, "--wrap", command)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 def _seconds(duration: str) -> int:
@@ -64,16 +50,16 @@ def _minutes(limit: str) -> float:
 def test_a_job_without_time_runs_under_maxtime_and_one_at_the_limit_is_accepted(slurm):
     """No DefaultTime: a job without --time gets MaxTime (60, slurmJobMaxMinutes' default) when it
     starts (SchedMD/slurm@slurm-25-11-6-1:src/slurmctld/node_scheduler.c select_nodes)."""
-    plain, at_limit = sbatch(slurm), sbatch(slurm, "--time=60")
+    plain, at_limit = slurm.sbatch(), slurm.sbatch("--time=60")
     slurm.start_node(NODE)
     twin = _twin()
     jobs = [twin.submit(JobSpec(name, "slurm", 0.0, 600.0, time=t), 0.0)[0] for name, t in (("p", None), ("a", 60))]
     twin.step(0.0)
-    slurm.wait_for(lambda: show_job(slurm, plain).get("JobState") == "RUNNING", 60, "the plain job to start")
-    assert _minutes(show_job(slurm, plain)["TimeLimit"]) == 60 == jobs[0].time_limit / 60
+    slurm.wait_for(lambda: slurm.show_job(plain).get("JobState") == "RUNNING", 60, "the plain job to start")
+    assert _minutes(slurm.show_job(plain)["TimeLimit"]) == 60 == jobs[0].time_limit / 60
     # One node: the job at the limit waits behind it, accepted, with its own limit.
-    assert show_job(slurm, at_limit)["JobState"] == "PENDING" and jobs[1].state == PENDING
-    assert _minutes(show_job(slurm, at_limit)["TimeLimit"]) == 60 == jobs[1].time_limit / 60
+    assert slurm.show_job(at_limit)["JobState"] == "PENDING" and jobs[1].state == PENDING
+    assert _minutes(slurm.show_job(at_limit)["TimeLimit"]) == 60 == jobs[1].time_limit / 60
 
 
 def test_a_job_past_its_time_limit_is_ended_by_slurm_as_the_twin_ends_it(engine_root, tmp_path):
@@ -85,12 +71,12 @@ def test_a_job_past_its_time_limit_is_ended_by_slurm_as_the_twin_ends_it(engine_
     values = _values(slurmJobMaxMinutes=1)
     with harness.engines(tmp_path, values, slurm_names("slinky"), worker_index()) as slurm:
         slurm.start_node(NODE)
-        job = sbatch(slurm, command="sleep 120")
-        slurm.wait_for(lambda: show_job(slurm, job).get("JobState") == "RUNNING", 60, "the job to start")
-        assert _minutes(show_job(slurm, job)["TimeLimit"]) == 1
+        job = slurm.sbatch(command="sleep 120")
+        slurm.wait_for(lambda: slurm.show_job(job).get("JobState") == "RUNNING", 60, "the job to start")
+        assert _minutes(slurm.show_job(job)["TimeLimit"]) == 1
         # The limit, one check period, and slack for a loaded machine; well short of the job's 120 s.
-        slurm.wait_for(lambda: show_job(slurm, job).get("JobState") == "TIMEOUT", 60 + 30 + 20, "the job to time out")
-        ended = show_job(slurm, job)
+        slurm.wait_for(lambda: slurm.show_job(job).get("JobState") == "TIMEOUT", 60 + 30 + 20, "the job to time out")
+        ended = slurm.show_job(job)
         # RunTime: start to end as slurmctld recorded them (88 s in one run: the check came 28 s late).
         run = _seconds(ended["RunTime"])
         assert ended["Reason"] == "TimeLimit" and 60 <= run <= 60 + scaling.SLURM_LIMIT_CHECK_SECONDS + 5, ended
@@ -114,14 +100,14 @@ def test_without_the_submit_check_a_longer_time_pends_for_good(engine_root, tmp_
     values = {**deployed_slurm_values, "controller": {**deployed_slurm_values["controller"], "extraConfMap": conf}}
     with harness.engines(tmp_path, values, slurm_names("slinky"), worker_index()) as slurm:
         slurm.start_node(NODE)
-        over = sbatch(slurm, "--time=61")
+        over = slurm.sbatch("--time=61")
         slurm.wait_for(
-            lambda: show_job(slurm, over).get("Reason") == "PartitionTimeLimit", 60, "the reason PartitionTimeLimit"
+            lambda: slurm.show_job(over).get("Reason") == "PartitionTimeLimit", 60, "the reason PartitionTimeLimit"
         )
-        assert show_job(slurm, over)["JobState"] == "PENDING" and slurm.node_states() == {NODE: "idle"}
-        fits = sbatch(slurm, "--time=60")
-        slurm.wait_for(lambda: show_job(slurm, fits).get("JobState") == "RUNNING", 60, "the job within MaxTime to run")
-        assert show_job(slurm, over)["JobState"] == "PENDING"
+        assert slurm.show_job(over)["JobState"] == "PENDING" and slurm.node_states() == {NODE: "idle"}
+        fits = slurm.sbatch("--time=60")
+        slurm.wait_for(lambda: slurm.show_job(fits).get("JobState") == "RUNNING", 60, "the job within MaxTime to run")
+        assert slurm.show_job(over)["JobState"] == "PENDING"
 
     twin = _twin(lua=False)
     (t_over,) = twin.submit(JobSpec("over", "slurm", 0.0, 60.0, time=61), 0.0)
@@ -137,8 +123,8 @@ def test_validate_reads_a_time_as_slurmctld_does(slurm):
     one second over the limit refused by job_submit.lua as 61 minutes (seconds round up)."""
     forms = ["45", "1:30", "0:59:01", "00:15:00", "0-0:30", "0-0:30:01", "0-1"]
     for given in forms:
-        job = sbatch(slurm, "--hold", f"--time={given}")
-        assert _minutes(show_job(slurm, job)["TimeLimit"]) == time_minutes(given), given
+        job = slurm.sbatch("--hold", f"--time={given}")
+        assert _minutes(slurm.show_job(job)["TimeLimit"]) == time_minutes(given), given
     over = slurm.client("sbatch", "--hold", "--time=1:00:01", "--wrap", "sleep 1")
     assert over.returncode != 0 and "a time limit of 61 minutes" in over.stderr
     assert time_minutes("1:00:01") == 61

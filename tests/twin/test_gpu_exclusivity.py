@@ -23,7 +23,7 @@ SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
 
 @functools.cache
 def dev() -> settings.Settings:
-    return settings.load(offline.stack_config("dev", []), "dev", offline=True)
+    return offline.stack_settings("dev", [])
 
 
 def shipped_values() -> dict:

@@ -9,14 +9,9 @@ import pytest
 
 from cli import offline
 from components import slurmd_scaling
-from core import settings
 from twin import program, scenario, sim
 from twin.autoscale import TOLERANCE, Hpa, Keda, Modifiers, Trigger, external_per_pod_replicas
 from twin.promql import TSDB, Evaluator
-
-
-def _dev(*overrides: str) -> settings.Settings:
-    return settings.load(offline.stack_config("dev", list(overrides)), "dev", offline=True)
 
 
 @pytest.mark.parametrize(
@@ -70,9 +65,8 @@ def test_the_twin_uses_the_tolerance_the_rendered_kubeadm_config_sets(default_ru
     from tests.components.test_api_hardening import cluster_configuration, flags
 
     rendered = flags(cluster_configuration(default_run)["controllerManager"])["horizontal-pod-autoscaler-tolerance"]
-    setup = program.setup(_dev())
+    setup = program.setup(offline.stack_settings())
     assert float(rendered) == setup.hpa_tolerance == 0.0
-    assert flags(cluster_configuration(default_run)["controllerManager"])["profiling"] == "false", "hardening kept"
 
 
 def test_at_twenty_gpus_the_eleventh_slurm_job_gets_its_pod():
@@ -82,7 +76,7 @@ def test_at_twenty_gpus_the_eleventh_slurm_job_gets_its_pod():
     jobs = [{"name": f"s{i:02d}", "kind": "slurm", "submit": 0, "runtime": 3000, "nodes": 1} for i in range(10)]
     jobs.append({"name": "eleventh", "kind": "slurm", "submit": 600, "runtime": 600, "nodes": 1})
     data = {"workers": 20, "duration": 3600, "images": "warm", "jobs": jobs}
-    setup = program.setup(_dev("workerCount=20"))
+    setup = program.setup(offline.stack_settings("dev", ["workerCount=20"]))
     now = sim.Run(setup, scenario.parse(data)).run()
     before = sim.Run(dataclasses.replace(setup, hpa_tolerance=TOLERANCE), scenario.parse(data)).run()
     bound = slurmd_scaling.reclaim_bounds(30, 30, 60, 60).handoff_s

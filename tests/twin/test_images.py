@@ -23,7 +23,7 @@ OWN_IMAGE = "registry.example/team/train:1.0"
 
 @functools.cache
 def dev() -> settings.Settings:
-    return settings.load(offline.stack_config("dev", []), "dev", offline=True)
+    return offline.stack_settings("dev", [])
 
 
 @functools.cache

@@ -29,7 +29,7 @@ SHARE_BOUND = (0.4, 0.6)
 
 
 def dev(*overrides: str) -> settings.Settings:
-    return settings.load(offline.stack_config("dev", list(overrides)), "dev", offline=True)
+    return offline.stack_settings("dev", list(overrides))
 
 
 @functools.cache

@@ -26,7 +26,7 @@ LENDERS = {"both-full": "slurm", "wide-gang": "kubernetes"}
 
 
 def dev(*overrides: str) -> settings.Settings:
-    return settings.load(offline.stack_config("dev", list(overrides)), "dev", offline=True)
+    return offline.stack_settings("dev", list(overrides))
 
 
 @functools.cache

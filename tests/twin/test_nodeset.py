@@ -7,7 +7,6 @@ import functools
 from pathlib import Path
 
 from cli import offline
-from core import settings
 from twin import program, scenario, sim
 from twin.kube import SLURMD, Kubernetes
 from twin.nodeset import INFORMER_PERIOD, NodeSetController
@@ -19,7 +18,7 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
 @functools.cache
 def setup(*overrides: str) -> sim.Setup:
-    return program.setup(settings.load(offline.stack_config("dev", list(overrides)), "dev", offline=True))
+    return program.setup(offline.stack_settings("dev", list(overrides)))
 
 
 def _cluster(client: bool, job_at: int = 40) -> tuple[NodeSetController, Slurmctld]:

@@ -11,7 +11,6 @@ import pytest
 from cli import offline
 from cli.__main__ import main
 from components import slurmd_scaling as scaling
-from core import settings
 from tests.twin import runs
 from twin import program, scenario, sim
 from twin.autoscale import HPA_SYNC
@@ -24,7 +23,7 @@ RETURN_BOUND_S = 90  # tests/twin/test_return.py: the GPUs go back within 90 s w
 
 @functools.cache
 def setup(policy: str) -> sim.Setup:
-    return program.setup(settings.load(offline.stack_config("dev", []), "dev", offline=True), policy)
+    return program.setup(offline.stack_settings("dev", []), policy)
 
 
 def load(name: str) -> scenario.Scenario:

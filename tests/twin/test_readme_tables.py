@@ -23,7 +23,7 @@ STALE = f"README's twin tables differ from what the twin gives; regenerate them:
 
 @functools.cache
 def dev() -> settings.Settings:
-    return settings.load(offline.stack_config("dev", []), "dev", offline=True)
+    return offline.stack_settings("dev", [])
 
 
 def block(name: str, text: str | None = None) -> str:

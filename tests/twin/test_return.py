@@ -12,7 +12,6 @@ import pytest
 
 from cli import offline
 from components import slurmd_scaling as scaling
-from core import settings
 from tests.twin import runs
 from twin import program, scenario, sim
 from twin.autoscale import DOWNSCALE_WINDOW, Formula, Keda
@@ -25,7 +24,7 @@ RETURN_BOUND_S = 90
 
 @functools.cache
 def settings_dev():
-    return settings.load(offline.stack_config("dev", ["hpcBorrowsAiGpus=false"]), "dev", offline=True)
+    return offline.stack_settings("dev", ["hpcBorrowsAiGpus=false"])
 
 
 @functools.cache

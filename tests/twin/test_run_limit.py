@@ -17,7 +17,7 @@ from twin.kueue import Kueue
 
 
 def dev(*overrides: str) -> settings.Settings:
-    return settings.load(offline.stack_config("dev", list(overrides)), "dev", offline=True)
+    return offline.stack_settings("dev", list(overrides))
 
 
 def run(jobs: list[dict], *overrides: str, duration: int = 3000, workers: int = 4) -> dict:

@@ -13,7 +13,6 @@ import yaml
 
 from cli import offline
 from components import slurmd_scaling as scaling
-from core import settings
 from tests.twin import runs
 from twin import program, scenario, sim
 
@@ -23,7 +22,7 @@ EVERY_GPU = "hpcBorrowsAiGpus=true"  # slurmd's cap is workerCount, as these sce
 
 @functools.cache
 def settings_dev():
-    return settings.load(offline.stack_config("dev", [EVERY_GPU]), "dev", offline=True)
+    return offline.stack_settings("dev", [EVERY_GPU])
 
 
 def result(name: str, policy: str) -> dict:
@@ -118,7 +117,7 @@ def test_one_hour_twenty_jobs_simulates_in_under_ten_seconds():
 
 def test_config_overrides_reach_the_twin():
     """--config changes the rendered ScaledObject the twin runs: a shorter cooldown returns GPUs sooner."""
-    fast = settings.load(offline.stack_config("dev", ["kedaCooldownSeconds=60"]), "dev", offline=True)
+    fast = offline.stack_settings("dev", ["kedaCooldownSeconds=60"])
     sc = scenario.load(SCENARIOS / "handoff.yaml")
     quick = sim.Run(program.setup(fast, scaling.SAFE), sc).run()
     assert quick["latency"]["gpu_return_s"] < result("handoff", scaling.SAFE)["latency"]["gpu_return_s"] - 200

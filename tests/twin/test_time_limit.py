@@ -23,12 +23,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def dev(*config: str) -> settings.Settings:
-    return settings.load(offline.stack_config("dev", list(config)), "dev", offline=True)
+    return offline.stack_settings("dev", list(config))
 
 
-def run(jobs: list[dict], *config: str, policy: str = scaling.DEFAULT_POLICY, duration: int = 1500) -> dict:
+def run(
+    jobs: list[dict],
+    *config: str,
+    policy: str = scaling.DEFAULT_POLICY,
+    duration: int = 1500,
+    setup: sim.Setup | None = None,
+) -> dict:
+    """The jobs on 4 workers; under `setup` if given, else the program's for the config and policy."""
     data = {"workers": 4, "duration": duration, "jobs": jobs}
-    return sim.Run(program.setup(dev(*config), policy), scenario.parse(data)).run()
+    return sim.Run(setup or program.setup(dev(*config), policy), scenario.parse(data)).run()
 
 
 def by_name(result: dict) -> dict[str, dict]:
@@ -127,15 +134,15 @@ def test_a_job_after_one_that_timed_out_is_cancelled_and_slurmd_stops_cycling_fo
         {"name": "a", "kind": "slurm", "submit": 0, "runtime": 300, "time": 1},
         {"name": "e", "kind": "slurm", "submit": 0, "runtime": 60, "after": "a"},
     ]
-    data = {"workers": 4, "duration": 3 * 3600, "images": "warm", "jobs": jobs}
+    duration = 3 * 3600
     setup = program.setup(dev())
     assert setup.slurm.kill_invalid_depend
     before = dataclasses.replace(setup, slurm=dataclasses.replace(setup.slurm, kill_invalid_depend=False))
-    now, then = (sim.Run(s, scenario.parse(data)).run() for s in (setup, before))
+    now, then = run(jobs, duration=duration), run(jobs, duration=duration, setup=before)
     assert by_name(now)["e"]["outcome"] == "cancelled" and "DependencyNeverSatisfied" in by_name(now)["e"]["reason"]
     # one pod for a, one for e while it waited on a (pending work counts until found stalled), none after
     assert now["slurmd_starts"] == 2 and now["end"]["slurmd_replicas"] == 0
     assert by_name(then)["e"]["outcome"] == "unfinished"
     # then a fresh start each time the stall memory runs out, about every 32 minutes
     cycle = scaling.STALL_MEMORY_SECONDS + scaling.STALL_SECONDS
-    assert then["slurmd_starts"] >= now["slurmd_starts"] + (data["duration"] - 80) // cycle - 1
+    assert then["slurmd_starts"] >= now["slurmd_starts"] + (duration - 80) // cycle - 1

@@ -82,7 +82,7 @@ class FakeClusterError(ClusterError):
 
 @functools.cache
 def _settings(overrides: tuple[str, ...]) -> settings.Settings:
-    return settings.load(offline.stack_config("dev", list(overrides)), "dev", offline=True)
+    return offline.stack_settings("dev", list(overrides))
 
 
 @dataclass
