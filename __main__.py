@@ -3,7 +3,7 @@
 import pulumi
 
 from core import settings
-from program import testbed
+from stacks import testbed
 
 try:
     loaded = testbed.settings_from_pulumi()

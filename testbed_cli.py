@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 PROJECT_NAME = "gpu-testbed"  # Pulumi.yaml's `name:`
 HOME_VARIABLE = "TESTBED_HOME"
-EXIT_BAD_INPUT = 2
-# The project's own top-level packages: a module missing from one of these is a bug, not a missing install.
-PROJECT_PACKAGES = frozenset({"core", "components", "program", "twin", "validation", "cli", "testbed_cli"})
+EXIT_BAD_INPUT = 2  # cli.guard.EXIT_BAD_INPUT; restated: the launcher runs before the checkout is on sys.path
 INSTALLED_AT = Path(__file__).resolve().parent  # the checkout itself, for an editable install
 
 
@@ -46,31 +44,6 @@ def find_project(cwd: Path, environ: Mapping[str, str], installed_at: Path = INS
     )
 
 
-def missing_dependency(error: ModuleNotFoundError, root: Path) -> str | None:
-    """One line saying what to install, for a third-party module that is not installed; None for
-    the project's own modules (a bug there keeps its traceback)."""
-    name = (error.name or "").split(".")[0]
-    if not name or name in PROJECT_PACKAGES:
-        return None
-    requirements = root / "requirements.txt"
-    return (
-        f"testbed: the Python package {name!r} is not installed for {sys.executable}; "
-        f"run: {sys.executable} -m pip install -r {requirements}"
-    )
-
-
-def run_guarded(command: Callable[[], int], root: Path) -> int:
-    """command(), with a missing third-party module reported in one line, exit 2."""
-    try:
-        return command()
-    except ModuleNotFoundError as error:
-        line = missing_dependency(error, root)
-        if line is None:
-            raise
-        print(line, file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-
 def main(argv: list[str] | None = None) -> int:
     found = find_project(Path.cwd(), os.environ, INSTALLED_AT)
     if isinstance(found, str):
@@ -79,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     if str(found) not in sys.path:
         sys.path.insert(0, str(found))
     args = sys.argv[1:] if argv is None else argv
+
+    # The checkout is on sys.path only now: its guard and the CLI come from there, not from a copy.
+    from cli.guard import run_guarded
 
     def command() -> int:
         from cli.__main__ import run_as_command

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli import offline
 from core.settings import PROJECT
+from stacks import offline
 
 WORKER_COUNTS = (4, 16, 64)
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli import offline
 from core import settings, user_files
 from core.settings import PROJECT
+from stacks import offline
 from twin import scenario
 
 ADMIN = "81.2.69.0/28"

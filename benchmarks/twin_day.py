@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli import offline
 from components import slurmd_scaling
+from stacks import offline
 from twin import program, scenario, sim
 
 SEED = 20

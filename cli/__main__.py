@@ -24,15 +24,18 @@ import os
 import sys
 from pathlib import Path
 
+from cli.guard import run_guarded
+
 PROJECT = Path(__file__).resolve().parent.parent
 
 try:
     import pulumi
 
-    from cli import artifacts, offline
+    from cli import artifacts
     from core.settings import SettingsError, escaped, redacted, show
+    from stacks import offline
 except ModuleNotFoundError as missing:  # `python -m cli` outside the venv: one line, not a traceback
-    from testbed_cli import EXIT_BAD_INPUT, missing_dependency
+    from cli.guard import EXIT_BAD_INPUT, missing_dependency
 
     if __name__ != "__main__" or (line := missing_dependency(missing, PROJECT)) is None:
         raise
@@ -129,8 +132,6 @@ def run_as_command(argv: list[str] | None = None) -> int:
     """main(), for a shell: output cut short by a pipe's reader (`| head`) ends quietly, no
     traceback (https://docs.python.org/3/library/signal.html#note-on-sigpipe); a third-party
     module that is not installed (one a command imports when it runs) is one line, exit 2."""
-    from testbed_cli import run_guarded
-
     try:
         code = run_guarded(lambda: main(argv), PROJECT)
         sys.stdout.flush()

@@ -12,13 +12,13 @@ from typing import Any
 
 import yaml
 
-from cli.offline import RecordedResource, Recording, redact, reveal
 from components import ai_run_limit, keda, kueue, remote_script, slurm_config, slurmd_scaling
 from core import user_files
 from core.names import DEFAULT_PARTITION, SLURM_CHART, Names, SlurmNames
 from core.settings import DOCUMENTATION_NETWORKS, show
-from program import pricing
-from program.pricing import CostEstimate
+from stacks import pricing
+from stacks.offline import RecordedResource, Recording, redact, reveal
+from stacks.pricing import CostEstimate
 
 # README "Cost and time": estimates from the readiness gate's expectation, the Helm limits and
 # EC2 launch times, not a measured run.
@@ -110,7 +110,7 @@ def plan_header(rec: Recording) -> list[str]:
     lines += [_node_line(role, nodes) for role, nodes in sorted(_nodes(rec).items())]
     hourly = pricing.estimate(s).hourly_usd
     lines.append(
-        "cost: unknown (no pinned prices for this region; program/pricing.py)"
+        "cost: unknown (no pinned prices for this region; stacks/pricing.py)"
         if hourly is None
         else f"cost: about ${hourly:.2f}/hour, ${hourly * 24:.2f}/day, charged until `pulumi destroy` (estimate below)"
     )
@@ -154,7 +154,7 @@ def cost_lines(rec: Recording, cost: CostEstimate) -> list[str]:
     if cost.spot_saving_hourly_usd:
         lines.append(f"  spot saves about ${cost.spot_saving_hourly_usd:.2f}/hour (included above)")
     lines += [
-        f"  WARNING: no pinned price for {what} in {s.region} (program/pricing.py); the estimate leaves it unknown"
+        f"  WARNING: no pinned price for {what} in {s.region} (stacks/pricing.py); the estimate leaves it unknown"
         for what in cost.unpriced
     ]
     return lines

@@ -18,11 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from cli import checklist, offline
+from cli import checklist
 from cli.checklist import FAIL, OK, Check
 from components import readiness_gate
 from core import host_layout, names, user_files
 from core.settings import Settings, SettingsError
+from stacks import offline
 
 GPU_RESOURCE = "nvidia.com/gpu"
 LOG_LINES = 40

@@ -23,8 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cli import checklist, offline
+from cli import checklist
 from core import user_files
+from stacks import offline
 
 EXIT_INTERRUPTED = 130
 # `pulumi up` progress lines in non-interactive mode: " +  aws:ec2:Vpc testbed-network-vpc created (2s)"

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli import checklist, offline
+from cli import checklist
 from cli.checklist import FAIL, OK, UNKNOWN, WARN, Check
 from core.settings import PROJECT, Settings, SettingsError, load
-from program.infrastructure import ZoneError, choose_zone
+from stacks import offline
+from stacks.infrastructure import ZoneError, choose_zone
 
 EXIT_BAD_INPUT = checklist.EXIT_BAD_INPUT
 

@@ -25,11 +25,11 @@ import math
 import sys
 from pathlib import Path
 
-from cli import offline
 from components import slurmd_scaling
 from core import user_files
 from core.names import DEFAULT_PARTITION
 from core.settings import Settings, SettingsError, escaped, redacted, show
+from stacks import offline
 from twin import kube, nodeset, program, scenario, sim
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

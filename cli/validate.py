@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
-from cli import offline
-from cli.offline import read_stack_outputs
 from core import settings, user_files
 from core.names import MONITORING_NAMESPACE, PROMETHEUS_PORT, Names
+from stacks import offline
+from stacks.offline import read_stack_outputs
 from validation import probe
 from validation.checks import Expectations, describe_checks, evaluate, expectations
 from validation.scenarios import SCENARIOS, Scenario, describe, limit_problems, plan

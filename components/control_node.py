@@ -21,7 +21,7 @@ class ControlNodeArgs:
     share_export_cidr: str
     authorized_keys: tuple[str, ...]
     bootstrap_token: pulumi.Output[str]
-    ca_cert_pem: pulumi.Output[str]  # the key is not here: it comes over SSH (program/cluster.py)
+    ca_cert_pem: pulumi.Output[str]  # the key is not here: it comes over SSH (stacks/cluster.py)
 
 
 def render_user_data(args: ControlNodeArgs, public_ip: pulumi.Output[str]) -> pulumi.Output[str]:

@@ -14,7 +14,7 @@ from core import names
 
 JOINED_SCRIPT = "wait-node-joined.sh"
 # Driver install and kubeadm join dominate a worker's boot: ~10-20 minutes is typical, as for the
-# readiness gate (program/cluster.py READINESS_TIMEOUT_SECONDS).
+# readiness gate (stacks/cluster.py READINESS_TIMEOUT_SECONDS).
 JOINED_TIMEOUT_SECONDS = 45 * 60
 
 

@@ -12,9 +12,6 @@ import pulumi_kubernetes as k8s
 
 from components import helm, monitoring, remote_script, slurmd_scaling
 from core.names import (
-    AI_CLUSTER_QUEUE,
-    GPU_RESOURCE,
-    JOBS_NAMESPACE,
     KEDA_NAMESPACE,
     NODESET_GROUP,
     NODESET_KIND,
@@ -45,29 +42,9 @@ def chart(version: str) -> helm.Chart:
     return helm.Chart("keda", KEDA_NAMESPACE, "keda", version, REPO)
 
 
-def scaling_target(n: Names) -> slurmd_scaling.Target:
-    """What the triggers look at, for one stack: its Slurm names, scrape interval and GPU split."""
-    names = n.slurm
-    return slurmd_scaling.Target(
-        partitions=names.partitions,
-        nodeset_partition=names.nodeset,  # the chart's nodesets.<key>.partition, named after the key
-        namespace=names.namespace,
-        nodeset=names.nodeset_resource,
-        # The RestApi's Deployment and Service share one name, Key() = ServiceKey()
-        # (SlinkyProject/slurm-operator@v1.0.0:api/v1beta1/restapi_keys.go).
-        restapi_deployment=names.restapi_service,
-        ai_cluster_queue=AI_CLUSTER_QUEUE,
-        ai_namespace=JOBS_NAMESPACE,
-        gpu_resource=GPU_RESOURCE,
-        scrape_seconds=n.metrics_interval_seconds,
-        gpus_total=n.shares.gpus_total,
-        ai_share=n.shares.ai_guaranteed_gpus,
-    )
-
-
 def triggers(n: Names, policy: str = slurmd_scaling.DEFAULT_POLICY) -> list[dict]:
     """The ScaledObject's triggers for a stack: the doctor asks Prometheus the same queries."""
-    target = scaling_target(n)
+    target = slurmd_scaling.scaling_target(n)
     return slurmd_scaling.keda_triggers(n.prometheus_url, target, policy, n.cooldown_seconds)
 
 
@@ -84,7 +61,7 @@ def _formula_policy(n: Names, policy: str) -> dict:
         "cooldownPeriod": 0,
         "advanced": {
             "scalingModifiers": {
-                "formula": slurmd_scaling.formula(scaling_target(n), policy),
+                "formula": slurmd_scaling.formula(slurmd_scaling.scaling_target(n), policy),
                 "target": "1",
                 "activationTarget": "0",
                 "metricType": "AverageValue",

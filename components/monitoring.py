@@ -12,7 +12,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from components import dashboard, helm, keda, slurmd_scaling
+from components import dashboard, helm, slurmd_scaling
 from core import host_layout
 from core.names import KUEUE_NAMESPACE, KUEUE_RELEASE, MONITORING_NAMESPACE, MONITORING_RELEASE, Names
 
@@ -57,7 +57,7 @@ def stack_values(version: str, n: Names) -> dict:
     (`additionalPrometheusRulesMap` becomes PrometheusRule objects the stack's Prometheus selects:
     prometheus-community/helm-charts@kube-prometheus-stack-80.9.2:charts/kube-prometheus-stack/
     templates/prometheus/additionalPrometheusRules.yaml)."""
-    target = keda.scaling_target(n)
+    target = slurmd_scaling.scaling_target(n)
     rules = {"testbed-slurm-metrics": {"groups": [slurmd_scaling.metrics_alert_rules(target)]}}
     return helm.merged_values(
         stack_chart(version), {"fullnameOverride": MONITORING_RELEASE, "additionalPrometheusRulesMap": rules}

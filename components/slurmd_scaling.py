@@ -86,7 +86,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from core.names import SLURM_METRICS_INTERVAL_SECONDS
+from core.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, JOBS_NAMESPACE, SLURM_METRICS_INTERVAL_SECONDS, Names
 
 # Slurm 25.11 openmetrics (SchedMD/slurm@slurm-25-11-0-1 src/plugins/metrics/openmetrics/openmetrics.c),
 # served by slurmctld at /metrics/partitions, label `partition`.
@@ -511,3 +511,23 @@ def keda_triggers(server_address: str, t: Target, policy: str, warm_seconds: int
         }
         for name, query in queries(t, policy, warm_seconds)
     ]
+
+
+def scaling_target(n: Names) -> Target:
+    """What the triggers look at, for one stack: its Slurm names, scrape interval and GPU split."""
+    names = n.slurm
+    return Target(
+        partitions=names.partitions,
+        nodeset_partition=names.nodeset,  # the chart's nodesets.<key>.partition, named after the key
+        namespace=names.namespace,
+        nodeset=names.nodeset_resource,
+        # The RestApi's Deployment and Service share one name, Key() = ServiceKey()
+        # (SlinkyProject/slurm-operator@v1.0.0:api/v1beta1/restapi_keys.go).
+        restapi_deployment=names.restapi_service,
+        ai_cluster_queue=AI_CLUSTER_QUEUE,
+        ai_namespace=JOBS_NAMESPACE,
+        gpu_resource=GPU_RESOURCE,
+        scrape_seconds=n.metrics_interval_seconds,
+        gpus_total=n.shares.gpus_total,
+        ai_share=n.shares.ai_guaranteed_gpus,
+    )

@@ -1,6 +1,6 @@
 """One mocks harness for every test: the real program run under Pulumi's mock engine.
 
-`cli.offline.run` records every resource (type, name, parent, inputs, dependencies) and
+`stacks.offline.run` records every resource (type, name, parent, inputs, dependencies) and
 resets Pulumi's runtime before each run, so tests share nothing but what they ask for."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from cli import offline
 from core.settings import PROJECT
+from stacks import offline
 
 ADMIN_CIDR = "203.0.113.7/32"
 
@@ -58,7 +58,7 @@ def spot_run() -> offline.Recording:
 
 def deployed_outputs(**changes: str) -> dict[str, Any]:
     """The stack outputs of a last deployment with the default settings, but for `changes`."""
-    from program import infrastructure
+    from stacks import infrastructure
 
     s = offline.settings_mod.load(config(), offline=True)
     return {

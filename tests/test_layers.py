@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: tuple[dict[str, set[str]], ...] = (
     {"ground": {"core"}},  # the settings and the names contract: no Pulumi
     {"components": {"components"}},
-    {"program": {"program", "__main__"}},  # __main__.py: Pulumi's entry into the program
+    {"stacks": {"stacks", "__main__"}},  # the Pulumi program and its offline engine; __main__.py: Pulumi's entry
     {"twin": {"twin"}, "validation": {"validation"}},
     {"tools": {"cli", "testbed_cli"}},  # testbed_cli.py: the launcher of the `testbed` command
     {"development": {"benchmarks", "tools"}},  # plan timing, mutation testing: not shipped
@@ -109,8 +109,80 @@ def test_the_architecture_page_draws_the_same_layers():
     (picture,) = re.findall(r"^## Layout\n.*?^```\n(.*?)^```", page, re.M | re.S)
     rows = []
     for line in picture.splitlines():
-        # a top-level name: not part of a longer path (`program/testbed.py` names program only as text)
+        # a top-level name: not part of a longer path (`stacks/testbed.py` names program only as text)
         names = set(re.findall(r"(?<![\w/.])(\w+)(?:/(?![\w])|\.py\b)", line))
         if names:
             rows.append(names)
     assert rows[::-1] == [set().union(*row.values()) for row in LAYERS]
+
+
+def module_of(path: Path) -> str:
+    """`components/keda.py` -> `components.keda`; a package's `__init__.py` -> the package."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(module: str, text: str, known: set[str]) -> set[str]:
+    """The project modules one file imports (inside functions too): `from components import keda`
+    reaches components.keda when that is a module, else the package."""
+    package = module if module in {m.rsplit(".", 1)[0] for m in known if "." in m} else module.rpartition(".")[0]
+    reached = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            reached |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package if node.level else (node.module or "")
+            if node.level and node.module:
+                base = f"{base}.{node.module}"
+            for alias in node.names:
+                reached.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {name for name in reached if name in known and name != module}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of more than one module: each is a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for after in sorted(graph[node]):
+            if after not in index:
+                visit(after)
+                low[node] = min(low[node], low[after])
+            elif after in stack:
+                low[node] = min(low[node], index[after])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_circles_between_modules_even_inside_one_layer():
+    files = layered_files()
+    known = {module_of(f) for f in files}
+    graph = {module_of(f): module_imports(module_of(f), f.read_text(), known) for f in files}
+    assert import_circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle_inside_one_layer():
+    known = {"components.keda", "components.monitoring", "components.helm"}
+    graph = {
+        "components.keda": module_imports("components.keda", "from components import monitoring, helm\n", known),
+        "components.monitoring": module_imports("components.monitoring", "def f():\n    from . import keda\n", known),
+        "components.helm": set(),
+    }
+    assert import_circles(graph) == [["components.keda", "components.monitoring"]]

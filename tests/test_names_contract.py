@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
-from cli import artifacts, offline
-from cli.offline import ROOT
+from cli import artifacts
 from cli.validate import main as validate
 from core.names import SLINKY_OPERATOR_NAMESPACE, Names
+from stacks import offline
+from stacks.offline import ROOT
 from tests.conftest import config, run_program, step_args
 
 SETTINGS = {"nodesetName": "gpu", "workerCount": 2}

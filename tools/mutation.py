@@ -25,31 +25,31 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TREE = "tests/program/test_components.py"  # every component's type and children
+TREE = "tests/stacks/test_components.py"  # every component's type and children
 RELEVANT = {
-    "components.cluster_identity": ("tests/program/test_cluster.py", "tests/components/test_bootstrap.py", TREE),
+    "components.cluster_identity": ("tests/stacks/test_cluster.py", "tests/components/test_bootstrap.py", TREE),
     "components.network": (
         "tests/components/test_network.py",
-        "tests/program/test_security.py",
-        "tests/program/test_infrastructure.py",
+        "tests/stacks/test_security.py",
+        "tests/stacks/test_infrastructure.py",
         TREE,
     ),
     "components.bootstrap": (
         "tests/components/test_bootstrap.py",
         "tests/components/test_bootstrap_idempotent.py",
         "tests/cli/test_artifacts.py",
-        "tests/program/test_infrastructure.py",  # the SSH key in every node's user-data
+        "tests/stacks/test_infrastructure.py",  # the SSH key in every node's user-data
         "tests/components/test_api_hardening.py",  # the control node's API server files
     ),
     "components.ec2": (
-        "tests/program/test_infrastructure.py",
-        "tests/program/test_security.py",
-        "tests/program/test_day2.py",  # the rolling replacement's depends_on, the rebuild trigger
+        "tests/stacks/test_infrastructure.py",
+        "tests/stacks/test_security.py",
+        "tests/stacks/test_day2.py",  # the rolling replacement's depends_on, the rebuild trigger
         TREE,
     ),
-    "components.slinky": ("tests/components/test_slinky.py", "tests/program/test_platform.py", TREE),
-    "components.keda": ("tests/program/test_platform.py", "tests/components/test_slurmd_scaling.py", TREE),
-    "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/program/test_platform.py"),
+    "components.slinky": ("tests/components/test_slinky.py", "tests/stacks/test_platform.py", TREE),
+    "components.keda": ("tests/stacks/test_platform.py", "tests/components/test_slurmd_scaling.py", TREE),
+    "components.slurmd_scaling": ("tests/components/test_slurmd_scaling.py", "tests/stacks/test_platform.py"),
     "core.settings": (
         "tests/core/test_settings.py",
         "tests/core/test_settings_refusals.py",

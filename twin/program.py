@@ -119,7 +119,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         slinky.JOB_SUBMIT_LUA.name in conf
     )
     kill_invalid_depend = "kill_invalid_depend" in slurm_config.global_setting(slurm_conf, "DependencyParameters", "")
-    target = keda.scaling_target(names)
+    target = slurmd_scaling.scaling_target(names)
     return Setup(
         scaled_object=keda.scaled_object(args),
         slurm=SlurmConfig(

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from pulumi import automation as auto
 
-from cli import e2e, offline
+from cli import e2e
 from cli import validate as validation_cli
+from stacks import offline
 
 STUB = f"""#!{sys.executable}
 import json, os, sys

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from cli import artifacts
-from program import pricing
+from stacks import pricing
 from tests.conftest import ADMIN_CIDR, depends, run_program
 
 
@@ -49,7 +49,7 @@ def test_the_summary_gives_the_daily_cost_and_the_deploy_time_and_warns_only_for
     assert "admin range: 81.2.69.0/28 may reach ports 22, 6443 (SSH, API server)" in own
     assert not [line for line in own if line.startswith("WARNING")]
     elsewhere = artifacts.plan_header(with_settings(default_run, region="af-south-1"))
-    assert "cost: unknown (no pinned prices for this region; program/pricing.py)" in elsewhere
+    assert "cost: unknown (no pinned prices for this region; stacks/pricing.py)" in elsewhere
     assert not any(line.startswith("None/") for line in artifacts.plan_text(default_run).splitlines())
 
 

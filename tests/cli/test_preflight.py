@@ -272,7 +272,7 @@ def test_cli_prints_one_line_per_check_and_the_verdict(aws, default_run, capsys,
 
 
 def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, recorded):
-    from tests.program.test_iam import ACTIONS, granted
+    from tests.stacks.test_iam import ACTIONS, granted
 
     session, _ = aws
     ubuntu_image()

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from cli import artifacts
-from program import workloads
+from stacks import workloads
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the README and docs/ tell users to run

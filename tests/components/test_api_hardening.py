@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from cli.offline import reveal
 from components import api_hardening, bootstrap
 from core import names
+from stacks.offline import reveal
 from tests import tokens
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
 
-from cli.offline import placeholder_key_pem, reveal
 from components import bootstrap
 from core import host_layout
+from stacks.offline import placeholder_key_pem, reveal
 from tests import tokens
 from tests.conftest import by_type, step_args, step_secrets
 

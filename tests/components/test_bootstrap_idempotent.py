@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.offline import placeholder_key_pem
 from components import bootstrap
 from core import host_layout, settings
+from stacks.offline import placeholder_key_pem
 from tests.conftest import config
 
 S = settings.load(config(), offline=True)

@@ -15,7 +15,7 @@ import yaml
 from components import bootstrap, cert_manager, keda, remote_script, training_operator, webhook_gate
 from components import readiness_gate as readiness
 from core import host_layout
-from program import cluster
+from stacks import cluster
 from tests.components.test_bootstrap_idempotent import Sandbox, worker_user_data
 
 STUB_KUBECTL = r"""#!/usr/bin/env bash

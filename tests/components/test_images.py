@@ -2,9 +2,9 @@
 
 import yaml
 
-from cli.offline import reveal
 from components import bootstrap, images, slinky, training_operator
 from core import names
+from stacks.offline import reveal
 from tests.conftest import by_type
 
 

@@ -1,8 +1,8 @@
 import json
 
-from cli.offline import is_secret, reveal
 from components import cert_manager, dashboard, device_plugin, helm, keda, monitoring
 from core import names
+from stacks.offline import is_secret, reveal
 from tests import tokens
 from tests.conftest import by_type, run_program
 

@@ -62,7 +62,7 @@ def test_a_worker_type_the_region_does_not_offer_is_refused_by_name():
     import pulumi
     import pytest
 
-    from cli import offline
+    from stacks import offline
     from tests.conftest import config
 
     class NoOfferings(offline.TestbedMocks):
@@ -81,7 +81,7 @@ def test_a_configured_zone_that_does_not_offer_the_worker_type_is_refused():
     import pulumi
     import pytest
 
-    from cli import offline
+    from stacks import offline
     from tests.conftest import config
 
     class OffersAToD(offline.TestbedMocks):

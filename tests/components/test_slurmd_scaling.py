@@ -18,7 +18,7 @@ from twin.promql import TSDB, Evaluator, PromQLError
 WORKERS = 4
 AI_SHARE = 2  # the default split of 4 GPUs
 STACK = Names(slurm_names("slinky"), WORKERS, WORKERS, 300, 30, GpuShares(WORKERS, AI_SHARE, True, False, True))
-TARGET = keda.scaling_target(STACK)
+TARGET = scaling.scaling_target(STACK)
 ALL, OWN = TARGET.partitions
 HISTORY = 16  # samples 30 s apart: 8 minutes, several stall windows
 EVAL = HISTORY * 30
@@ -452,8 +452,8 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
 def test_only_the_formula_policies_move_the_cooldown_into_their_query(policy):
     """The older policies keep KEDA's cooldownPeriod (kedaCooldownSeconds) and no formula; the
     twin compares them with exactly these objects (twin/program.py)."""
-    from cli import offline
     from core.names import Names
+    from stacks import offline
 
     s = offline.stack_settings("dev", ["kedaCooldownSeconds=240"])
     n = Names.from_settings(s)
@@ -462,7 +462,7 @@ def test_only_the_formula_policies_move_the_cooldown_into_their_query(policy):
     if policy in scaling.FORMULA_POLICIES:
         (recently_busy,) = [t for t in spec["triggers"] if t["name"] == scaling.RECENTLY_BUSY]
         assert spec["cooldownPeriod"] == 0 and "[270s:30s]" in recently_busy["metadata"]["query"], "240 s and one step"
-        formula = scaling.formula(keda.scaling_target(n), policy)
+        formula = scaling.formula(scaling.scaling_target(n), policy)
         assert spec["advanced"]["scalingModifiers"]["formula"] == formula
         assert (f"({n.gpus_total} - " in formula) == (policy == scaling.LEND_RECLAIM), "the cap reads the stack's GPUs"
     else:

@@ -34,7 +34,7 @@ def test_settings_attributes_match_the_table():
 
 
 def test_example_stack_file_loads():
-    from cli import offline
+    from stacks import offline
 
     loaded = settings.load(offline.stack_config("dev"), offline=True)
     assert loaded.worker_count == 4 and loaded.region == "us-east-1"
@@ -84,7 +84,7 @@ def test_the_program_reads_its_stack_and_refuses_the_example_address_as_a_deploy
     import pulumi
     from pulumi.runtime import config as runtime_config
 
-    from program import testbed
+    from stacks import testbed
 
     monkeypatch.setenv("PULUMI_CONFIG", json.dumps(config()))  # adminCidr 203.0.113.7/32
     no_explicit_config = contextvars.ContextVar("config")  # only the environment's, as `pulumi up` passes it

@@ -17,9 +17,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from cli import offline
 from core import instance_types, settings
 from core.settings import PROJECT
+from stacks import offline
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "81.2.69.0/28"  # RFC 5737 is refused by a deployment; this is a public range

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from cli import doctor, offline
-from components import keda, slinky, slurmd_scaling
+from cli import doctor
+from components import slinky, slurmd_scaling
 from core.names import Names
+from stacks import offline
 from tests.engines import harness
 from tests.engines.conftest import engine_marks, worker_index
 from twin import program
@@ -55,7 +56,7 @@ class KubeStateMetrics(http.server.ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], names: Names):
         self.pods: list[str] = []
-        target = keda.scaling_target(names)
+        target = slurmd_scaling.scaling_target(names)
         self.namespace, self.nodeset, self.restapi = target.namespace, target.nodeset, target.restapi_deployment
         super().__init__(address, _KsmHandler)
 
@@ -170,7 +171,7 @@ def test_from_zero_and_back_twice_a_two_node_job_and_work_arriving_during_scale_
     assert values["controller"]["metrics"]["serviceMonitor"]["interval"] == "5s"
     rules = {
         "slurm-metrics.yaml": yaml.safe_dump(
-            {"groups": [slurmd_scaling.metrics_alert_rules(keda.scaling_target(names))]}
+            {"groups": [slurmd_scaling.metrics_alert_rules(slurmd_scaling.scaling_target(names))]}
         )
     }
     with harness.engines(tmp_path, values, names.slurm, worker_index()) as e:
@@ -254,7 +255,7 @@ def test_a_slurmctld_without_metrics_fires_the_alert_and_fails_the_doctor(engine
     values["controller"]["metrics"]["enabled"] = False
     rules = {
         "slurm-metrics.yaml": yaml.safe_dump(
-            {"groups": [slurmd_scaling.metrics_alert_rules(keda.scaling_target(names))]}
+            {"groups": [slurmd_scaling.metrics_alert_rules(slurmd_scaling.scaling_target(names))]}
         )
     }
     with harness.engines(tmp_path, values, names.slurm, worker_index()) as e:

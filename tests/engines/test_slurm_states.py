@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cli import offline
 from components import keda, slurmd_scaling
 from core.names import Names
+from stacks import offline
 from tests.engines import harness
 from tests.engines.conftest import engine_marks
 from twin import program
@@ -152,7 +152,7 @@ def test_states_agree_with_the_twin_and_triggers_with_prometheus_3(slurm, tmp_pa
     m = Mirror(slurm, Slurmctld(config))
     names = Names.from_settings(s)
     queries = {t["name"]: t["metadata"]["query"] for t in keda.triggers(names)}
-    target = keda.scaling_target(names)
+    target = slurmd_scaling.scaling_target(names)
     partitions = names.slurm.partitions
     groups, twin_values, seen = [], {}, {}
 

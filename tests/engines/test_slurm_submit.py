@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import offline
 from components import slinky
+from stacks import offline
 from tests.engines import harness
 from tests.engines.conftest import engine_marks, worker_index
 from twin import program

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from cli import offline
 from components import slurmd_scaling as scaling
 from core.names import slurm_names
+from stacks import offline
 from tests.conftest import by_type, run_program
 from tests.engines import harness
 from tests.engines.conftest import engine_marks, worker_index

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli import offline
 from components import device_plugin
 from core import settings
+from stacks import offline
 from twin import program, scenario, sim
 from twin.kube import KUBERNETES, SLURMD, Kubernetes, Pod
 

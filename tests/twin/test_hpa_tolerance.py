@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from cli import offline
 from components import slurmd_scaling
+from stacks import offline
 from twin import program, scenario, sim
 from twin.autoscale import TOLERANCE, Hpa, Keda, Modifiers, Trigger, external_per_pod_replicas
 from twin.promql import TSDB, Evaluator

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli import offline
 from components import images, slinky, training_operator
 from components import slurmd_scaling as scaling
 from core import settings
 from core.names import Names
+from stacks import offline
 from twin import kube, program, scenario, sim
 from twin.kube import KUBERNETES, Kubernetes, Pod
 

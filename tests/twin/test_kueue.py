@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli import offline
 from components import kueue as program_kueue
 from components import slurmd_scaling as scaling
 from core import settings
@@ -18,6 +17,7 @@ from core.names import (
     GpuShares,
     slurmd_queue_labels,
 )
+from stacks import offline
 from twin import kube, program, scenario, sim
 from twin.kueue import Kueue
 

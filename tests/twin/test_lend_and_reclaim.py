@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cli import offline
 from components import slurmd_scaling as scaling
 from core import settings
 from core.names import AI_CLUSTER_QUEUE
+from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
 

@@ -6,7 +6,7 @@ node it condemns is drained, not deleted. Modelled figures, from the program's o
 import functools
 from pathlib import Path
 
-from cli import offline
+from stacks import offline
 from twin import program, scenario, sim
 from twin.kube import SLURMD, Kubernetes
 from twin.nodeset import INFORMER_PERIOD, NodeSetController

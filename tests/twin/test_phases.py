@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cli import offline
 from cli.__main__ import main
 from components import slurmd_scaling as scaling
+from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
 from twin.autoscale import HPA_SYNC

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from cli import offline
 from cli import simulate as cli
 from cli.__main__ import main
 from components import slurmd_scaling
 from core import settings
+from stacks import offline
 from tests.twin import runs as cached
 from twin import kube, scenario
 

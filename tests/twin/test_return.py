@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import offline
 from components import slurmd_scaling as scaling
+from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
 from twin.autoscale import DOWNSCALE_WINDOW, Formula, Keda

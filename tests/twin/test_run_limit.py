@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from cli import offline
 from cli.__main__ import main
 from components import ai_run_limit
 from components import kueue as program_kueue
 from components import slurmd_scaling as scaling
 from core import settings
 from core.names import GpuShares
+from stacks import offline
 from twin import kube, program, scenario, sim
 from twin.kueue import Kueue
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli import offline
 from components import slurmd_scaling as scaling
+from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
 

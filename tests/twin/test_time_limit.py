@@ -11,10 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from cli import offline
 from cli.__main__ import main
 from components import slurmd_scaling as scaling
 from core import settings
+from stacks import offline
 from twin import program, scenario, sim
 from twin.scenario import JobSpec
 from twin.slurm import COMPLETED, PENDING, TIMEOUT, SlurmConfig, Slurmctld

@@ -75,7 +75,7 @@ def test_the_query_is_signed_for_aps_in_the_region_and_asks_for_the_stacks_serie
 
 
 def test_the_label_queried_is_the_one_prometheus_writes(default_run):
-    from tests.program.test_evidence import prometheus_spec
+    from tests.stacks.test_evidence import prometheus_spec
 
     ((label, stack),) = prometheus_spec(default_run)["externalLabels"].items()
     assert label == monitoring.STACK_LABEL and f'{label}="{stack}"' in workspace.holder_query(stack)

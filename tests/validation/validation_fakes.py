@@ -15,9 +15,9 @@ import functools
 import itertools
 from dataclasses import dataclass, field
 
-from cli import offline
 from core import settings
 from core.names import SlurmNames, slurm_names
+from stacks import offline
 from twin import program, sim
 from twin.kube import SLURMD
 from twin.scenario import JobSpec, Scenario

@@ -3,9 +3,8 @@ unless controlPlaneGeneration is raised, and a deliberate rebuild recreates ever
 
 import pytest
 
-from cli import offline
 from components import gpu_worker, remote_script
-from program import infrastructure
+from stacks import infrastructure, offline
 from tests.conftest import config, depends, deployed_outputs, step_args
 
 CONTROL = "testbed-control-instance"

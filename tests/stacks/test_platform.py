@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from cli import artifacts
-from cli.offline import reveal
 from components import helm, images, monitoring, slinky, slurm_config, training_operator
 from core import names
+from stacks.offline import reveal
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
 

@@ -8,12 +8,11 @@ import re
 
 import pytest
 
-from cli import offline
 from components import dashboard, keda, managed_prometheus, monitoring, slurmd_scaling
 from core import host_layout
 from core.names import Names
 from core.settings import SettingsError, load
-from program import infrastructure
+from stacks import infrastructure, offline
 from tests import tokens
 from tests.conftest import by_type, config, deployed_outputs, run_program
 
@@ -223,7 +222,7 @@ def test_budget_settings_are_refused_with_one_line_each(settings, problem):
 
 def test_plan_says_where_the_evidence_lives_and_what_watches_the_bill(default_run, without_evidence):
     from cli import artifacts
-    from program import pricing
+    from stacks import pricing
 
     lines = artifacts.guard_lines(default_run, pricing.estimate(default_run.settings))
     assert lines == [

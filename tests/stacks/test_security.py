@@ -5,7 +5,7 @@ import json
 import pytest
 
 from cli import artifacts
-from cli.offline import is_secret, reveal
+from stacks.offline import is_secret, reveal
 from tests import tokens
 from tests.conftest import by_type, run_program
 

@@ -8,10 +8,10 @@ import pulumi
 
 from core import host_layout
 from core.names import SLURMCTLD_CONTAINER, SlurmNames, label_selector
-from program.cluster import ClusterAccess
-from program.infrastructure import WORKER_IPS_OUTPUT, Infrastructure
-from program.platform import Platform
-from program.pricing import CostEstimate
+from stacks.cluster import ClusterAccess
+from stacks.infrastructure import WORKER_IPS_OUTPUT, Infrastructure
+from stacks.platform import Platform
+from stacks.pricing import CostEstimate
 
 KUBECONFIG_FILE = "kubeconfig.yaml"
 SSH_KEY_FILE = "testbed.pem"

@@ -24,7 +24,7 @@ from components.slinky import Slinky, SlinkyArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from core.names import Names
 from core.settings import Settings
-from program.cluster import ClusterAccess
+from stacks.cluster import ClusterAccess
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pulumi.runtime import config as runtime_config
 from components.budget import BudgetAlarm, BudgetAlarmArgs
 from core import settings
 from core.settings import PROJECT, Settings
-from program import cluster, infrastructure, platform, pricing, workloads
+from stacks import cluster, infrastructure, platform, pricing, workloads
 
 
 def settings_from_pulumi(offline: bool = False) -> Settings:

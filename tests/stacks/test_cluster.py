@@ -5,9 +5,9 @@ import pulumi_command as command
 import pytest
 import yaml
 
-from cli.offline import is_secret, reveal
 from components import cluster_identity, remote_script
 from core import host_layout
+from stacks.offline import is_secret, reveal
 from tests import tokens
 from tests.conftest import by_type, step_args, step_secrets
 

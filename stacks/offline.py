@@ -381,7 +381,7 @@ def stack_settings(stack: str = "dev", overrides: list[str] | None = None) -> se
 
 def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None = None) -> Recording:
     """Validate settings, then run the whole program under mocks and resolve its outputs."""
-    from program import testbed
+    from stacks import testbed
 
     settings = settings_mod.load(config, stack=stack, offline=True)  # raises SettingsError before any resource
     asyncio.set_event_loop(asyncio.new_event_loop())

@@ -13,7 +13,7 @@ from components.cluster_identity import ClusterIdentity
 from components.readiness_gate import BootstrapWatch, ReadinessGate, ReadinessGateArgs
 from core import host_layout
 from core.settings import Settings
-from program.infrastructure import Infrastructure
+from stacks.infrastructure import Infrastructure
 
 # Driver install and kubeadm join on the workers dominate: ~10-20 minutes is typical.
 READINESS_TIMEOUT_SECONDS = 45 * 60

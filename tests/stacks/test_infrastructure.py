@@ -2,8 +2,7 @@ from typing import ClassVar
 
 import pytest
 
-from cli import offline
-from program import pricing
+from stacks import offline, pricing
 from tests import tokens
 from tests.conftest import by_type, config, run_program, step_args
 
@@ -127,7 +126,7 @@ def test_ssh_key_pair_is_generated_and_an_extra_user_key_is_authorized():
     rec = run_program(sshPublicKey=key)
     import yaml
 
-    from cli.offline import reveal
+    from stacks.offline import reveal
 
     for node in by_type(rec, tokens.INSTANCE):
         assert yaml.safe_load(reveal(node.inputs["userData"]))["ssh_authorized_keys"] == [key]
