@@ -785,14 +785,61 @@ class Settings:
         return [str(subnet[FIRST_WORKER_HOST_INDEX + i]) for i in range(self.worker_count)]
 
     @property
+    def gpu_shares(self) -> GpuShares:
+        return GpuShares.split(
+            self.worker_count,
+            self.ai_guaranteed_gpus,
+            self.ai_borrows_hpc_gpus,
+            self.ai_preempts_lower_priority,
+            self.hpc_borrows_ai_gpus,
+        )
+
+    @property
     def ai_gpus(self) -> int:
         """AI's share of the GPUs (-1: half of them, rounded down)."""
-        return _ai_gpus(self.worker_count, self.ai_guaranteed_gpus)
+        return self.gpu_shares.ai_guaranteed_gpus
 
     @property
     def slurmd_max_replicas(self) -> int:
         """slurmd holds one GPU per pod: every GPU if it may borrow AI's idle share, else HPC's share."""
-        return self.keda_max_replicas or _hpc_max_gpus(self.worker_count, self.ai_gpus, self.hpc_borrows_ai_gpus)
+        return self.keda_max_replicas or self.gpu_shares.hpc_max_gpus
+
+
+@dataclass(frozen=True)
+class GpuShares:
+    """How the workers' GPUs are split between HPC (slurmd pods) and AI (queued jobs). Both are
+    Kueue workloads in one cohort: each side's nominalQuota is its share, and each lends its idle
+    share to the other only if the policy says so (lendingLimit 0 otherwise)."""
+
+    gpus_total: int
+    ai_guaranteed_gpus: int
+    ai_borrows_hpc_gpus: bool
+    ai_preempts_lower_priority: bool
+    hpc_borrows_ai_gpus: bool = True
+
+    @classmethod
+    def split(
+        cls, workers: int, ai_guaranteed_gpus: int, ai_borrows: bool, ai_preempts: bool, hpc_borrows: bool
+    ) -> GpuShares:
+        """The split of `workers` workers' GPUs; an aiGuaranteedGpus of -1 is half of them, rounded down."""
+        total = workers * instance_types.GPUS_PER_WORKER
+        ai = total // 2 if ai_guaranteed_gpus == -1 else ai_guaranteed_gpus
+        return cls(total, ai, ai_borrows, ai_preempts, hpc_borrows)
+
+    @property
+    def hpc_gpus(self) -> int:
+        """HPC's share: everything AI's is not."""
+        return self.gpus_total - self.ai_guaranteed_gpus
+
+    @property
+    def ai_max_gpus(self) -> int:
+        """The most GPUs Kueue admits AI work onto at once."""
+        return self.gpus_total if self.ai_borrows_hpc_gpus else self.ai_guaranteed_gpus
+
+    @property
+    def hpc_max_gpus(self) -> int:
+        """The most slurmd pods Kueue admits at once."""
+        return self.gpus_total if self.hpc_borrows_ai_gpus else self.hpc_gpus
 
 
 @dataclass(frozen=True)
@@ -824,14 +871,6 @@ def _table() -> tuple[Setting, ...]:
 
 SETTINGS: tuple[Setting, ...] = _table()
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
-
-
-def _ai_gpus(worker_count: int, ai_guaranteed_gpus: int) -> int:
-    return worker_count // 2 if ai_guaranteed_gpus == -1 else ai_guaranteed_gpus
-
-
-def _hpc_max_gpus(worker_count: int, ai_gpus: int, hpc_borrows_ai_gpus: bool) -> int:
-    return worker_count if hpc_borrows_ai_gpus else worker_count - ai_gpus
 
 
 def max_workers_for_subnet() -> int:
@@ -965,15 +1004,24 @@ def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str
             f"aiGuaranteedGpus: {raw('aiGuaranteedGpus')} is not allowed; expected -1 (half) or an integer from 0 to "
             f"workerCount - 1 ({v['worker_count'] - 1}): one GPU per worker, and HPC's share needs at least one"
         )
-    fair = ok("aiGuaranteedGpus", "workerCount")
-    ai_gpus = _ai_gpus(v["worker_count"], v["ai_guaranteed_gpus"]) if fair else 0
-    if fair and ok("aiBorrowsHpcGpus") and ai_gpus == 0 and not v["ai_borrows_hpc_gpus"]:
+    shares = (
+        GpuShares.split(
+            v["worker_count"],
+            v["ai_guaranteed_gpus"],
+            v["ai_borrows_hpc_gpus"],
+            v["ai_preempts_lower_priority"],
+            v["hpc_borrows_ai_gpus"],
+        )
+        if ok("aiGuaranteedGpus", "workerCount")
+        else None
+    )
+    if shares and ok("aiBorrowsHpcGpus") and shares.ai_guaranteed_gpus == 0 and not v["ai_borrows_hpc_gpus"]:
         out.append(
             f"aiBorrowsHpcGpus: {raw('aiBorrowsHpcGpus')} is not allowed with an AI share of 0 GPUs: Kueue would "
             "admit no Kubernetes GPU work at all; expected true, or aiGuaranteedGpus of 1 or more"
         )
-    if fair and ok("kedaMinReplicas", "kedaMaxReplicas", "hpcBorrowsAiGpus"):
-        hpc_max = _hpc_max_gpus(v["worker_count"], ai_gpus, v["hpc_borrows_ai_gpus"])
+    if shares and ok("kedaMinReplicas", "kedaMaxReplicas", "hpcBorrowsAiGpus"):
+        hpc_max = shares.hpc_max_gpus
         max_replicas = v["keda_max_replicas"] or hpc_max
         if not 0 <= v["keda_max_replicas"] <= hpc_max:
             out.append(

@@ -16,6 +16,7 @@ from typing import Protocol
 from components import device_plugin
 from core import host_layout
 from core.names import (
+    GPU_RESOURCE,
     JOBS_NAMESPACE,
     NODESET_GROUP,
     NODESET_PLURAL,
@@ -27,7 +28,7 @@ from core.names import (
 )
 from validation import probe
 from validation.probe import parse_processes
-from validation.scenarios import GPU, SLURM, SLURM_OUTPUT_DIR, sbatch_command
+from validation.scenarios import SLURM, SLURM_OUTPUT_DIR, sbatch_command
 from validation.timeline import (
     KUBERNETES,
     SLURMD,
@@ -210,7 +211,7 @@ def parse_uuids(text: str) -> tuple[str, ...]:
 
 def _gpus(container: dict) -> int:
     limits = (container.get("resources") or {}).get("limits") or {}
-    return int(limits.get(GPU, 0) or 0)
+    return int(limits.get(GPU_RESOURCE, 0) or 0)
 
 
 def pod_gpu_count(pod_spec: dict) -> int:
