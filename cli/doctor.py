@@ -348,7 +348,7 @@ class KubeApi:
         from validation.cluster import ClusterError
 
         try:
-            code, out, err = self.cluster._exec(namespace, pod, container, command)
+            code, out, err = self.cluster.exec_in_pod(namespace, pod, container, command)
         except ClusterError as error:
             return 1, str(error)
         return code, out + err
