@@ -5,6 +5,7 @@ resets Pulumi's runtime before each run, so tests share nothing but what they as
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -16,12 +17,34 @@ from stacks import offline
 ADMIN_CIDR = "203.0.113.7/32"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """`-n auto --dist loadgroup` unless `-n` is given, where xdist is loaded: here, not in
+    pytest.ini's addopts, so `-p no:xdist` runs the suite in one process instead of refusing `-n`.
+    Not in a worker, which xdist starts with no `-n` and runs this hook in (xdist 3 remote.py)."""
+    xdist_controller = config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput")
+    if xdist_controller and config.option.numprocesses is None:
+        config.option.numprocesses = "auto"
+        if config.option.dist == "no":
+            config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown, and no error, under `-p no:xdist`
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker per core, and two more when the engine tests run: they mostly wait on
     Slurm's and Prometheus' clocks (a 60 s MaxTime, 5 s scrapes), and a worker waiting in one would
     otherwise leave its core idle while the CPU-bound tests queue behind it."""
     cores = len(os.sched_getaffinity(0))
     return cores if "not engine" in (config.option.markexpr or "") else cores + 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A `-m` expression that does not name `slow` leaves the slow twin sweeps out, so the fast
+    set `-m "not engine"` is fast; a plain run, `-m "... slow ..."` and every run under CI=true
+    (.ci/run) keep them."""
+    expression = config.option.markexpr
+    if expression and "slow" not in expression and os.environ.get("CI") != "true":
+        config.option.markexpr = f"({expression}) and not slow"
 
 
 def config(**settings: Any) -> dict[str, str]:
@@ -33,8 +56,17 @@ def config(**settings: Any) -> dict[str, str]:
     }
 
 
+_recordings: dict[tuple[tuple[str, str], ...], offline.Recording] = {}
+
+
 def run_program(**settings: Any) -> offline.Recording:
-    return offline.run(config(**settings))
+    """The program under mocks with `settings`, run once per worker for each distinct set of
+    settings (the program is deterministic for them, which tests/cli/test_cli.py's two renders
+    check through uncached runs); each caller gets its own copy, so no test sees another's changes."""
+    key = tuple(sorted(config(**settings).items()))
+    if key not in _recordings or os.environ.get("MUTANT_UNDER_TEST") == "stats":  # see _default_run_scope
+        _recordings[key] = offline.run(dict(key))
+    return copy.deepcopy(_recordings[key])
 
 
 def _default_run_scope(fixture_name: str, config: pytest.Config) -> str:
