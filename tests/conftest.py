@@ -5,8 +5,11 @@ resets Pulumi's runtime before each run, so tests share nothing but what they as
 
 from __future__ import annotations
 
-import copy
+import fcntl
+import hashlib
 import os
+import pickle
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -56,17 +59,8 @@ def config(**settings: Any) -> dict[str, str]:
     }
 
 
-_recordings: dict[tuple[tuple[str, str], ...], offline.Recording] = {}
-
-
 def run_program(**settings: Any) -> offline.Recording:
-    """The program under mocks with `settings`, run once per worker for each distinct set of
-    settings (the program is deterministic for them, which tests/cli/test_cli.py's two renders
-    check through uncached runs); each caller gets its own copy, so no test sees another's changes."""
-    key = tuple(sorted(config(**settings).items()))
-    if key not in _recordings or os.environ.get("MUTANT_UNDER_TEST") == "stats":  # see _default_run_scope
-        _recordings[key] = offline.run(dict(key))
-    return copy.deepcopy(_recordings[key])
+    return offline.run(config(**settings))
 
 
 def _default_run_scope(fixture_name: str, config: pytest.Config) -> str:
@@ -74,6 +68,40 @@ def _default_run_scope(fixture_name: str, config: pytest.Config) -> str:
     (its stats pass credits a call to the test it happens in: a session-wide run would credit
     every function to the first test only, and mutants would run no other test)."""
     return "function" if os.environ.get("MUTANT_UNDER_TEST") == "stats" else "session"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_recording_per_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every run of the program under the default mocks (`run_program`, `plan`, `render` and
+    the other commands in-process) is made once per session for each stack and config, and
+    shared by every xdist worker through a folder of the session's (as tests/twin/runs.py shares
+    the twin's runs): the program is deterministic for them, which tests/cli/test_cli.py's two
+    renders in fresh processes check. Each call unpickles a copy of its own, so no test sees
+    another's changes; bad settings raise as before and are not kept. Runs with other mocks,
+    and mutmut's stats pass (see _default_run_scope), run afresh."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    # An xdist worker's base is <session's base>/gwN: the session's own is shared by every worker.
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "offline-runs"
+    folder.mkdir(exist_ok=True)
+    fresh = offline.run
+
+    def shared_run(config: dict[str, str], stack: str = "dev", mocks: offline.TestbedMocks | None = None):
+        if mocks is not None:
+            return fresh(config, stack, mocks)
+        key = hashlib.sha256(repr((sorted(config.items()), stack)).encode()).hexdigest()
+        path = folder / f"{key}.pickle"
+        with open(folder / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the first asks, the others wait and read; released on close
+            if not path.exists():
+                path.write_bytes(pickle.dumps(fresh(config, stack)))
+            return pickle.loads(path.read_bytes())
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(offline, "run", shared_run)
+        yield
 
 
 @pytest.fixture(scope=_default_run_scope)
