@@ -12,7 +12,7 @@ from components import bootstrap, remote_script
 from components.cluster_identity import ClusterIdentity
 from components.readiness_gate import BootstrapWatch, ReadinessGate, ReadinessGateArgs
 from core import host_layout
-from core.names import REMOTE_COMMAND_TYPE_TOKEN
+from core.names import AI_USER_ROLE, REMOTE_COMMAND_TYPE_TOKEN, hpc_user_role, slurm_names
 from core.settings import Settings
 from stacks.infrastructure import Infrastructure
 
@@ -55,6 +55,7 @@ class ClusterAccess:
     kubeconfig: pulumi.Output[str]
     provider: k8s.Provider
     control_connection: command.remote.ConnectionArgs  # for later steps that run on the control node
+    role_kubeconfigs: dict[str, pulumi.Output[str]]  # the HPC and AI users', by stack output name
 
 
 def build_identity() -> ClusterIdentity:
@@ -159,7 +160,14 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
             after=[infra.control.eip_association, *credentials, *(w.joined for w in infra.workers)],
         ),
     )
-    kubeconfig = identity.kubeconfig(f"testbed-{s.stack}", infra.control.public_ip, host_layout.API_SERVER_PORT)
+    cluster_name, port = f"testbed-{s.stack}", host_layout.API_SERVER_PORT
+    kubeconfig = identity.kubeconfig(cluster_name, infra.control.public_ip, port)
+    role_kubeconfigs = {
+        role.output: identity.role_kubeconfig(
+            role, s.role_credential_hours, cluster_name, infra.control.public_ip, port
+        )
+        for role in (hpc_user_role(slurm_names(s.nodeset_name)), AI_USER_ROLE)
+    }
     provider = k8s.Provider(
         "testbed-k8s",
         kubeconfig=kubeconfig,
@@ -172,4 +180,5 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
         kubeconfig=kubeconfig,
         provider=provider,
         control_connection=infra.ssh.connection(infra.control.public_ip, DIAL_ERROR_LIMIT),
+        role_kubeconfigs=role_kubeconfigs,
     )

@@ -22,6 +22,7 @@ from components.managed_prometheus import ManagedPrometheus
 from components.monitoring import Monitoring, MonitoringArgs, RemoteWrite, service_monitor_labels
 from components.slinky import Slinky, SlinkyArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
+from components.user_roles import UserRoles, UserRolesArgs
 from core.names import Names
 from core.settings import Settings
 from stacks.cluster import ClusterAccess
@@ -38,6 +39,7 @@ class Platform:
     training_operator: TrainingOperator
     kueue: Kueue
     ai_run_limit: AiRunLimit
+    user_roles: UserRoles
 
 
 def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None) -> Platform:
@@ -111,6 +113,10 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator, kueue, ai_run_limit],
         ),
     )
+    # what the hpcKubeconfig and aiKubeconfig outputs may do
+    user_roles = UserRoles(
+        "testbed-user-roles", UserRolesArgs(slurm=names.slurm, provider=provider, after=[kueue.slurm_namespace])
+    )
     return Platform(
-        names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator, kueue, ai_run_limit
+        names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator, kueue, ai_run_limit, user_roles
     )

@@ -33,7 +33,8 @@ def outputs(
     infra: Infrastructure, access: ClusterAccess, platform: Platform, cost: CostEstimate
 ) -> dict[str, pulumi.Input]:
     return {
-        "kubeconfig": access.kubeconfig,
+        "kubeconfig": access.kubeconfig,  # the operator's: cluster-admin
+        **access.role_kubeconfigs,  # hpcKubeconfig, aiKubeconfig: short-lived, least privilege
         "controlPlanePublicIp": infra.control.public_ip,
         WORKER_IPS_OUTPUT: [w.private_ip for w in infra.workers],  # the next run reads it back
         "sshPrivateKey": infra.ssh.private_key,
