@@ -250,6 +250,7 @@ def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
             "SLURM_UID": str(host_layout.SLURM_UID),
             "CA_KEY_FILE": CA_KEY_FILE,
             "CA_KEY_WAIT_SECONDS": str(CA_KEY_WAIT_SECONDS),
+            "HOST_KEY_MARKER": host_layout.HOST_KEY_MARKER,
         },
         kubeadm_config=kubeadm_init_config(p),
         # kubeadm init keeps a CA it finds here: the program minted it, so workers can

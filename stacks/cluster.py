@@ -142,7 +142,7 @@ def deliver_node_credentials(
 def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) -> ClusterAccess:
     # registered first: it applies to every resource created after it
     pulumi.runtime.register_stack_transformation(lives_and_dies_with(infra.control.instance))
-    connection = infra.ssh.connection(infra.control.public_ip)
+    connection = infra.control_connection()
     # the gate passes once every node is Ready and its join token deleted
     watch = BootstrapWatch.over(connection, s.control_private_ip)
     credentials = deliver_node_credentials(s, infra, identity, connection, watch)
@@ -179,6 +179,6 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
         gate=gate,
         kubeconfig=kubeconfig,
         provider=provider,
-        control_connection=infra.ssh.connection(infra.control.public_ip, DIAL_ERROR_LIMIT),
+        control_connection=infra.control_connection(DIAL_ERROR_LIMIT),
         role_kubeconfigs=role_kubeconfigs,
     )
