@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import shlex
-
 import pulumi
 
 from core import host_layout
-from core.names import SLURMCTLD_CONTAINER, SlurmNames, label_selector
+from core.names import SLURMCTLD_CONTAINER, SlurmNames, hpc_user_role
 from stacks.cluster import ClusterAccess
 from stacks.infrastructure import WORKER_IPS_OUTPUT, Infrastructure
 from stacks.platform import Platform
@@ -18,13 +16,11 @@ SSH_KEY_FILE = "testbed.pem"
 
 
 def sbatch_command(names: SlurmNames) -> str:
-    """HPC users submit from inside slurmctld; the job script travels on stdin."""
-    pod = (
-        f"$(kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} get pod "
-        f"-l {shlex.quote(label_selector(names.slurmctld_selector))} -o name)"
-    )
+    """HPC users submit from inside slurmctld, with their own kubeconfig (which may reach that
+    one pod, by name: components/user_roles.py); the job script travels on stdin."""
+    role = hpc_user_role(names)
     return (
-        f"kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} exec -i {pod} "
+        f"kubectl --kubeconfig {role.kubeconfig_file} -n {names.namespace} exec -i {names.controller_pod} "
         f"-c {SLURMCTLD_CONTAINER} -- sbatch < job.sbatch"
     )
 
