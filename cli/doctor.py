@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from cli import checklist, doctor_platform
+from cli import as_typed, checklist, doctor_platform, typed_command
 from cli.checklist import FAIL, OK, Check
 from components import readiness_gate
 from core import host_layout, names, user_files
@@ -369,7 +369,7 @@ def read_outputs(stack: str) -> dict | str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = checklist.OneLineParser(prog="python -m cli doctor", description=__doc__)
+    p = checklist.OneLineParser(prog=f"{typed_command()} doctor", description=as_typed(__doc__))
     offline.add_stack_arguments(p)
     p.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG, else the stack's kubeconfig output")
     return p

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cli import checklist
+from cli import as_typed, checklist, typed_command
 from core import user_files
 from stacks import offline
 
@@ -255,8 +255,8 @@ class Run:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = checklist.OneLineParser(prog="python -m cli e2e", description=__doc__)
-    offline.add_stack_arguments(p)
+    p = checklist.OneLineParser(prog=f"{typed_command()} e2e", description=as_typed(__doc__))
+    offline.add_stack_arguments(p, overrides=False)  # `pulumi up` reads only Pulumi.<stack>.yaml
     p.add_argument("--keep", action="store_true", help="leave the stack running at the end (and after a failure)")
     p.add_argument("--out", type=Path, help="report folder (default out/e2e-<time>)")
     return p

@@ -25,6 +25,7 @@ import math
 import sys
 from pathlib import Path
 
+from cli import as_typed, typed_command
 from components import slurmd_scaling
 from core import user_files
 from core.names import DEFAULT_PARTITION
@@ -49,7 +50,9 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m cli simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"{typed_command()} simulate",
+        description=as_typed(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
