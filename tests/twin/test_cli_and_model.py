@@ -200,3 +200,21 @@ def test_an_unknown_scenario_name_lists_the_shipped_ones(capsys):
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith('--scenario: "handof" is neither a file nor a shipped scenario; expected a path or one of ')
     assert ", handoff, " in line and "restapi-down" in line
+
+
+def test_the_picture_states_the_latencies_the_text_states(tmp_path, capsys, monkeypatch):
+    """One number each: the picture's headline takes the twin's latencies (exact to the second),
+    not a second reading from its 15 s samples, which gave 75 s for a 63 s scale-up. The exact
+    value lies within the sampled bounds: the samples only round it up to the next sample."""
+    from validation import checks, plot
+
+    drawn = {}
+    monkeypatch.setattr(plot, "draw", lambda timeline, path, title, modelled: drawn.update(t=timeline, m=modelled))
+    assert main(["simulate", "--scenario", "handoff", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out.splitlines()[-1]
+    headline, _ = plot.verdict(drawn["t"], None, drawn["m"])
+    up, back = drawn["m"]["scale_up_s"], drawn["m"]["gpu_return_s"]
+    assert f"scale-up {up:g} s, GPU return {back:g} s (modelled)" in text
+    assert f"scale-up {up:g} s (modelled); GPU return {back:g} s (modelled)" in headline
+    sampled = checks.scale_up_bounds(drawn["t"])
+    assert sampled.low <= up <= sampled.high and sampled.value != up  # what the picture said before
