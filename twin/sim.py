@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from components.ai_run_limit import Limits
@@ -222,9 +222,13 @@ class Run:
 
     # ------------------------------------------------------------ the loop
 
-    def run(self) -> dict:
-        for tick in range(int(self.scenario.duration) + 1):
+    def run(self, on_tick: Callable[[int, int], None] | None = None) -> dict:
+        """The whole scenario, second by second; `on_tick(second, last second)` after each."""
+        last = int(self.scenario.duration)
+        for tick in range(last + 1):
             self.tick(tick)
+            if on_tick is not None:
+                on_tick(tick, last)
         return self.result()
 
     def submit(self, spec: JobSpec, now: float) -> None:
@@ -598,12 +602,17 @@ def _spread(values: list[float | None]) -> dict | None:
     }
 
 
-def sweep(setup: Setup, scenario: Scenario, phase_sets: Iterable[int]) -> dict:
+def sweep(
+    setup: Setup,
+    scenario: Scenario,
+    phase_sets: Iterable[int],
+    on_tick: Callable[[int], Callable[[int, int], None] | None] = lambda phase_set: None,
+) -> dict:
     """The scenario once per phase set, each with its own Phases: the latencies of `Run.result` as
     p50/p95 over the phases, each side's waits for its lent share over every wait of every set,
     and the phase sets under which a job was killed, a GPU double-held, or the run was otherwise
-    not ok."""
-    return summary({n: Run(setup, scenario, n).run() for n in phase_sets})
+    not ok. `on_tick(phase set)` gives that run's per-second callback, if any."""
+    return summary({n: Run(setup, scenario, n).run(on_tick(n)) for n in phase_sets})
 
 
 def summary(results: dict[int, dict]) -> dict:

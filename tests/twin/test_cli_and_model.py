@@ -1,6 +1,7 @@
 """`python -m cli simulate` and the twin's building blocks against the
 upstream behaviour they cite."""
 
+import io
 import json
 from pathlib import Path
 
@@ -218,3 +219,47 @@ def test_the_picture_states_the_latencies_the_text_states(tmp_path, capsys, monk
     assert f"scale-up {up:g} s (modelled); GPU return {back:g} s (modelled)" in headline
     sampled = checks.scale_up_bounds(drawn["t"])
     assert sampled.low <= up <= sampled.high and sampled.value != up  # what the picture said before
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture
+def slow_clock(monkeypatch):
+    """Each reading of the clock a second later: a run of the twin lasts long enough to show."""
+    from cli import progress
+
+    seconds = iter(range(10**6))
+    monkeypatch.setattr(progress, "clock", lambda: float(next(seconds)))
+
+
+@pytest.mark.parametrize(
+    ("stream", "argv", "shown"),
+    [
+        (Terminal, [], True),
+        (Terminal, ["--json"], False),  # what a script reads, on stdout; and nothing on stderr
+        (io.StringIO, [], False),  # not a terminal: a pipe, a file, a CI log
+    ],
+)
+def test_simulate_shows_progress_on_a_terminal_only(stream, argv, shown, slow_clock, monkeypatch, capsys):
+    err = stream()
+    monkeypatch.setattr("sys.stderr", err)
+    assert main(["simulate", "--scenario", "handoff", *argv]) == 0
+    text = err.getvalue()
+    assert ("simulate: handoff: 1800 of 1800 modelled s" in text) is shown
+    if shown:
+        assert text.startswith("\r\x1b[K") and text.endswith("\r\x1b[K"), "rewritten in place, cleared at the end"
+        assert "simulate: handoff: 1 of 1800" not in text, "nothing in the first seconds"
+    else:
+        assert text == ""
+    out = capsys.readouterr().out
+    assert "\r" not in out and (json.loads(out) if "--json" in argv else out.startswith("smoke "))
+
+
+def test_a_phase_sweep_names_the_set_it_runs(slow_clock, monkeypatch, capsys):
+    err = Terminal()
+    monkeypatch.setattr("sys.stderr", err)
+    assert main(["simulate", "--scenario", "handoff", "--phases", "2", "--phase-set", "5"]) == 0
+    assert "simulate: handoff, phase set 6 (2 of 2): 1800 of 1800 modelled s" in err.getvalue()
