@@ -16,6 +16,8 @@ from components.webhook_gate import webhook_gate
 from core import host_layout
 from core.names import (
     DEFAULT_PARTITION,
+    GPU_RESOURCE,
+    GPUS_PER_WORKER,
     SLINKY_OPERATOR_NAMESPACE,
     SLURM_CHART,
     SLURM_METRICS_INTERVAL_SECONDS,
@@ -141,7 +143,7 @@ def slurm_values(
             "metadata": {"labels": slurmd_queue_labels()},
             "slurmd": {
                 "image": _image("slurmd", image_tag),
-                "resources": {"limits": {"nvidia.com/gpu": 1}},
+                "resources": {"limits": {GPU_RESOURCE: GPUS_PER_WORKER}},
                 "volumeMounts": [mount],
             },
             "extraConfMap": {"Gres": [GPU_GRES]},

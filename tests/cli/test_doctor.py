@@ -609,7 +609,7 @@ def test_the_doctor_expects_the_policies_the_program_creates(default_run):
 
 
 def test_the_real_adapter_execs_through_validations_exec_stream():
-    """doctor's exec is validation's (KubeCluster._exec), against a fake API server speaking the
+    """doctor's exec is validation's (KubeCluster.exec_in_pod), against a fake API server speaking the
     exec websocket: output and exit code come back, and a stream without an exit status is exit 1
     with why, not a crash."""
     from kubernetes import client
