@@ -38,12 +38,12 @@ def _why(obj: dict, kind: str) -> str:
     return f"{kind}={c.get('status')} {c.get('reason', '')}: {' '.join(str(c.get('message', '')).split())[:200]}"
 
 
-def _read(read: Callable[[], dict]) -> dict | None:
-    """The object, or None when the API server has no such object."""
+def _read(read: Callable[..., dict], *args: str) -> dict | None:
+    """read(*args), or None when the API server has no such object."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        return read()
+        return read(*args)
     except ApiException as error:
         if error.status == 404:
             return None
@@ -98,7 +98,7 @@ def kueue_checks(n: names.Names, kube: Any, stack: str) -> list[Check]:
 
     for expected in kueue.cluster_queues(n.shares):
         name = expected["metadata"]["name"]
-        live = _read(lambda name=name: kube.get_cluster(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", name))
+        live = _read(kube.get_cluster, KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", name)
         quota = _quota(expected)
         if live is None:
             checks.append(Check("kueue", FAIL, f"ClusterQueue {name} is missing", remedy=_redeploy(stack)))
@@ -122,9 +122,7 @@ def kueue_checks(n: names.Names, kube: Any, stack: str) -> list[Check]:
             continue
         namespace, name = expected["metadata"]["namespace"], expected["metadata"]["name"]
         queue = expected["spec"]["clusterQueue"]
-        live = _read(
-            lambda namespace=namespace, name=name: kube.get(KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", name)
-        )
+        live = _read(kube.get, KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", name)
         where = f"LocalQueue {namespace}/{name}"
         if live is None:
             checks.append(Check("kueue", FAIL, f"{where} is missing", remedy=_redeploy(stack)))
@@ -160,6 +158,10 @@ def _shown(quota: dict[tuple[str, str], tuple[str, str]]) -> str:
 # ---------------------------------------------------------------------- KEDA
 
 
+def _app_label(app: str) -> Callable[[dict], bool]:
+    return lambda pod: (pod["metadata"].get("labels") or {}).get("app") == app
+
+
 def keda_checks(n: names.Names, kube: Any, stack: str) -> list[Check]:
     """The operator and metrics server Ready; the ScaledObject Ready, its Active condition
     reported and no trigger failing; its HPA reading the formula's one composite metric."""
@@ -169,14 +171,14 @@ def keda_checks(n: names.Names, kube: Any, stack: str) -> list[Check]:
             kube,
             names.KEDA_NAMESPACE,
             f"KEDA {app}",
-            lambda p, app=app: (p["metadata"].get("labels") or {}).get("app") == app,
+            _app_label(app),
             f"kubectl -n {names.KEDA_NAMESPACE} rollout restart deployment/{app}",
         )
         for app in (names.KEDA_OPERATOR_APP, names.KEDA_METRICS_SERVER_APP)
     ]
     slurm, name = n.slurm, n.scaled_object
     describe = f"kubectl -n {slurm.namespace} describe scaledobject {name}"
-    obj = _read(lambda: kube.get("keda.sh", "v1alpha1", slurm.namespace, "scaledobjects", name))
+    obj = _read(kube.get, "keda.sh", "v1alpha1", slurm.namespace, "scaledobjects", name)
     if obj is None:
         return [*checks, Check("scaledobject", FAIL, f"{name} is missing", remedy=_redeploy(stack))]
     failing = {
@@ -208,7 +210,7 @@ def _hpa_check(n: names.Names, kube: Any, obj: dict, stack: str) -> Check:
     live = ((obj.get("spec") or {}).get("advanced") or {}).get("scalingModifiers") or {}
     if live.get("formula") != expected["formula"]:
         return Check("hpa", FAIL, f"{n.scaled_object}'s formula is not this stack's", remedy=_redeploy(stack))
-    hpa = _read(lambda: kube.hpa(n.slurm.namespace, n.keda_hpa))
+    hpa = _read(kube.hpa, n.slurm.namespace, n.keda_hpa)
     if hpa is None:
         fix = f"kubectl -n {n.slurm.namespace} describe scaledobject {n.scaled_object}  (KEDA creates the HPA)"
         return Check("hpa", FAIL, f"{n.keda_hpa} is missing", remedy=fix)
@@ -248,7 +250,7 @@ def admission_checks(n: names.Names, kube: Any, stack: str) -> list[Check]:
     for expected in ai_run_limit.stack_objects(n):
         kind, name = expected["kind"], expected["metadata"]["name"]
         plural = POLICY_PLURALS[kind]
-        live = _read(lambda plural=plural, name=name: kube.get_cluster(POLICY_GROUP, POLICY_VERSION, plural, name))
+        live = _read(kube.get_cluster, POLICY_GROUP, POLICY_VERSION, plural, name)
         if live is None:
             checks.append(Check("admission", FAIL, f"{kind} {name} is missing", remedy=_redeploy(stack)))
             continue
