@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.instance_types import GPUS_PER_WORKER as GPUS_PER_WORKER  # read here with the other names
-from core.settings import GpuShares, Settings
+from core.settings import SETTINGS_BY_KEY, GpuShares, Settings
 
 # Slinky: the release name is built into every object name, so it is pinned.
 SLURM_RELEASE = "slurm"
@@ -32,7 +32,7 @@ SLURMD_CONTAINER = "slurmd"
 STATESAVE_VOLUME = "statesave"
 SLURMCTLD_PORT = 6817
 SLURMRESTD_PORT = 6820
-SLURM_METRICS_INTERVAL_SECONDS = 30  # slurmMetricsIntervalSeconds' default
+SLURM_METRICS_INTERVAL_SECONDS: int = SETTINGS_BY_KEY["slurmMetricsIntervalSeconds"].default
 NODESET_GROUP = "slinky.slurm.net"
 NODESET_VERSION = "v1beta1"
 NODESET_PLURAL = "nodesets"
@@ -200,8 +200,9 @@ class Names:
     polling_seconds: int
     shares: GpuShares
     metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # slurmctld's scrape interval
-    slurm_job_max_minutes: int = 60  # slurmJobMaxMinutes: the partitions' MaxTime
-    ai_job_max_minutes: int = 60  # aiJobMaxMinutes: every queued AI job's max-exec-time
+    # the partitions' MaxTime; every queued AI job's max-exec-time (the settings' defaults)
+    slurm_job_max_minutes: int = SETTINGS_BY_KEY["slurmJobMaxMinutes"].default
+    ai_job_max_minutes: int = SETTINGS_BY_KEY["aiJobMaxMinutes"].default
 
     @classmethod
     def from_settings(cls, s: Settings) -> Names:
