@@ -236,7 +236,7 @@ def waiting(ws, timeout=None):
 WSClient.run_forever = waiting
 configuration = client.Configuration(host=f"http://127.0.0.1:{sys.argv[1]}")
 cluster = KubeCluster(client.ApiClient(configuration), slurm_names("slinky"), exec_timeout=float(sys.argv[2]))
-cluster._exec("default", "ddp-master-0", "pytorch", ["nvidia-smi", "-L"])
+cluster.exec_in_pod("default", "ddp-master-0", "pytorch", ["nvidia-smi", "-L"])
 """
 
 
