@@ -212,6 +212,7 @@ class Names:
     metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # slurmctld's scrape interval
     slurm_job_max_minutes: int = 60  # slurmJobMaxMinutes: the partitions' MaxTime
     ai_job_max_minutes: int = 60  # aiJobMaxMinutes: every queued AI job's max-exec-time
+    worker_instance_type: str = "g4dn.xlarge"  # workerInstanceType: the shape of every slurmd node
 
     @classmethod
     def from_settings(cls, s: Settings) -> Names:
@@ -231,6 +232,7 @@ class Names:
             metrics_interval_seconds=s.slurm_metrics_interval_seconds,
             slurm_job_max_minutes=s.slurm_job_max_minutes,
             ai_job_max_minutes=s.ai_job_max_minutes,
+            worker_instance_type=s.worker_instance_type,
         )
 
     @property

@@ -108,6 +108,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         names.slurmd_max_replicas if guarded else None,
         names.metrics_interval_seconds,
         names.slurm_job_max_minutes if guarded else None,
+        names.worker_instance_type,
     )
     conf = slurm_config.slurm_files(values, names.slurm)
     slurm_conf = conf["slurm.conf"]
