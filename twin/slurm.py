@@ -18,7 +18,10 @@ Followed: SchedMD/slurm@slurm-25-11-0-1
   slurmctld 26.05.5, tests/engines). The program sets NO; the twin keeps the other value expressible.
 * src/slurmctld/job_mgr.c validate_job_create_req: the job_submit plugins run first, on what the client
   sent; the program's components/job_submit.lua (`time_refusal`, `job_submit` below) refuses a --time
-  over MaxTime and sizes a GPU-only job.
+  over MaxTime and sizes a GPU-only job. Its other refusals (node ranges, CPUs, memory and GPU types
+  beyond the worker type, the same on updates) concern what a scenario cannot ask: a JobSpec has no
+  range, CPUs, memory or GPU type and no update; tests/engines/test_job_shapes.py compares the rows
+  it can express (-N, --gpus, --time) with the real slurmctld.
 * Time limits (at slurm-25-11-6-1): a job without --time gets the partition's MaxTime when it starts,
   DefaultTime being unset (src/slurmctld/node_scheduler.c select_nodes); job_mgr.c job_time_limit ends
   a running job whose end time has passed (OverTimeLimit 0) as TIMEOUT. It runs every PERIODIC_TIMEOUT
