@@ -17,6 +17,7 @@ from components.webhook_gate import webhook_gate
 from core import host_layout, instance_types
 from core.names import (
     DEFAULT_PARTITION,
+    GPU_RESOURCE,
     GPUS_PER_WORKER,
     SLINKY_OPERATOR_NAMESPACE,
     SLURM_CHART,
@@ -177,7 +178,7 @@ def slurm_values(
             "metadata": {"labels": slurmd_queue_labels()},
             "slurmd": {
                 "image": _image("slurmd", image_tag),
-                "resources": {"limits": {"nvidia.com/gpu": 1}},
+                "resources": {"limits": {GPU_RESOURCE: GPUS_PER_WORKER}},
                 "volumeMounts": [mount],
             },
             "extraConfMap": {"Gres": [GPU_GRES]},

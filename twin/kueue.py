@@ -37,7 +37,7 @@ Followed (kubernetes-sigs/kueue@v0.19.2; FACTS section 14):
 
 While Kueue is down (fault `kueue-down`) nothing is admitted, evicted or released: running pods
 keep running, gated pods stay gated, and an ended slurmd pod stays counted (its finalizer). The
-webhooks refusing creation while it is down is `Kueue.up`'s caller's business (twin/sim.py).
+webhooks refusing creation while it is down is `Kueue.up`'s caller's business (twin/world.py).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from components import (
 from core.names import DEFAULT_PARTITION, GPU_RESOURCE, Names
 from core.settings import Settings
 from twin import kube
-from twin.sim import Setup
 from twin.slurm import SlurmConfig
+from twin.world import Setup
 
 TRIES_FLAG = "--pytorch-init-container-max-tries="
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from core.names import GPUS_PER_WORKER as GPUS_PER_NODE  # job_submit.lua's GPUS_PER_NODE (a test keeps them in step)
 from twin.scenario import JobSpec
 
 PENDING, RUNNING, COMPLETED, REFUSED = "PENDING", "RUNNING", "COMPLETED", "REFUSED"
@@ -107,9 +108,6 @@ class SlurmConfig:
     job_submit_lua: bool = False  # JobSubmitPlugins=lua with components/job_submit.lua
     max_minutes: int | None = None  # partition MaxTime (both partitions), None = UNLIMITED
     kill_invalid_depend: bool = False  # DependencyParameters=kill_invalid_depend
-
-
-GPUS_PER_NODE = 1  # components/job_submit.lua GPUS_PER_NODE (names.GPUS_PER_WORKER)
 
 
 LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"

@@ -414,6 +414,13 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"workerCount": {"secure": "v1:abcdef"}}, "workerCount", "value hidden: encrypted with secure:"),
     ({"sshPublicKey": {"secure": "v1:abcdef"}}, "sshPublicKey", "not encrypted"),
     ({"workerCount": ["1", "2"]}, "workerCount", "a plain value"),
+    # --- run limits, evidence and budget
+    ({"slurmJobMaxMinutes": "0"}, "slurmJobMaxMinutes", "an integer from 1 to 10080"),
+    ({"aiJobMaxMinutes": "10081"}, "aiJobMaxMinutes", "an integer from 1 to 10080"),
+    ({"managedPrometheus": "yes"}, "managedPrometheus", "true or false"),
+    ({"managedPrometheusKeep": "1"}, "managedPrometheusKeep", "true or false"),
+    ({"budgetMonthlyUsd": "100001"}, "budgetMonthlyUsd", "an integer from 0 to 100000"),
+    ({"budgetMonthlyUsd": "50", "budgetEmail": "me at example.com"}, "budgetEmail", "one e-mail address"),
 ]
 
 

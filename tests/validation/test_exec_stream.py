@@ -1,4 +1,4 @@
-"""The real exec path (`KubeCluster._exec`) through the kubernetes 34.1.0 client and
+"""The real exec path (`KubeCluster.exec_in_pod`) through the kubernetes 34.1.0 client and
 websocket-client, against a local fake of the API server's exec endpoint on 127.0.0.1.
 
 The fake speaks just enough RFC 6455 and the v4.channel.k8s.io protocol: one binary frame
@@ -153,7 +153,7 @@ def status(body: dict) -> tuple:
 
 
 def run_exec(server: FakeExecServer, exec_timeout: float = 5.0):
-    return server.cluster(exec_timeout)._exec("default", "ddp-master-0", "pytorch", ["nvidia-smi", "-L"])
+    return server.cluster(exec_timeout).exec_in_pod("default", "ddp-master-0", "pytorch", ["nvidia-smi", "-L"])
 
 
 def test_a_normal_exit_returns_code_0_and_the_output(serve):
@@ -206,7 +206,7 @@ def test_an_unreachable_api_server_is_a_cluster_error():
         client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")), slurm_names("slinky")
     )
     with pytest.raises(ClusterError, match="exec sh in slurm/slurm-controller-0"):
-        cluster._exec("slurm", "slurm-controller-0", "slurmctld", ["sh", "-c", "true"])
+        cluster.exec_in_pod("slurm", "slurm-controller-0", "slurmctld", ["sh", "-c", "true"])
 
 
 # Generous, for a loaded machine: the Ctrl-C must come before the exec's own timeout or the fake
