@@ -73,7 +73,7 @@ class SlurmJob:
 
     @property
     def max_nodes(self) -> int:
-        return self.sized or self.spec.nodes or 0  # no -N: max_nodes 0
+        return self.sized or self.spec.max_nodes or self.spec.nodes or 0  # no -N: max_nodes 0
 
     @property
     def nodes_needed(self) -> int:
@@ -129,11 +129,14 @@ def time_refusal(time: int | None, partition: str, max_minutes: int | None) -> s
     )
 
 
-def job_submit(nodes: int | None, gpus: int | None, partition: str, max_nodes: int | None) -> tuple[int | None, str]:
-    """components/job_submit.lua slurm_job_submit for the scenario's -N, --gpus (or --gpus-per-task times
-    the tasks) and -p (one partition, MaxNodes `max_nodes`, None for UNLIMITED): (the node count it sets,
-    or None; the message it refuses with, or ""). A test runs the Lua file itself on the same cases,
-    and the real-Slurm tests run it inside slurmctld."""
+def job_submit(
+    nodes: int | None, gpus: int | None, partition: str, max_nodes: int | None, most: int | None = None
+) -> tuple[int | None, str]:
+    """components/job_submit.lua slurm_job_submit for the scenario's -N (`nodes`, and `most` for the top
+    of a range -N nodes-most), --gpus (or --gpus-per-task times the tasks) and -p (one partition,
+    MaxNodes `max_nodes`, None for UNLIMITED): (the node count it sets, or None; the message it refuses
+    with, or ""). A test runs the Lua file itself on the same cases, and the real-Slurm tests run it
+    inside slurmctld."""
 
     def over(need: int, what: str) -> str:
         if max_nodes is not None and need > max_nodes:
@@ -146,10 +149,11 @@ def job_submit(nodes: int | None, gpus: int | None, partition: str, max_nodes: i
     gpus = gpus or None
     need = -(-gpus // GPUS_PER_NODE) if gpus else 0
     if nodes is not None:
-        refusal = over(nodes, f"-N {nodes}")
-        if not refusal and gpus and nodes * GPUS_PER_NODE < gpus:
+        top = max(nodes, most or nodes)
+        refusal = over(top, f"-N {nodes}" if top == nodes else f"-N {nodes}-{top}")
+        if not refusal and gpus and top * GPUS_PER_NODE < gpus:
             refusal = (
-                f"testbed: {gpus} GPUs on at most {nodes} node(s) can never run: each node (slurmd pod) has "
+                f"testbed: {gpus} GPUs on at most {top} node(s) can never run: each node (slurmd pod) has "
                 f"{GPUS_PER_NODE} GPU; drop -N or ask -N {need}"
             )
         return None, refusal
@@ -184,7 +188,9 @@ class Slurmctld:
         limit, minutes = self.config.max_nodes, self.config.max_minutes
         lua = self.config.job_submit_lua
         over_time = time_refusal(spec.time, partition, minutes) if lua else ""
-        sized, refusal = job_submit(spec.nodes, spec.gpus, partition, limit) if lua and not over_time else (None, "")
+        sized, refusal = (
+            job_submit(spec.nodes, spec.gpus, partition, limit, spec.max_nodes) if lua and not over_time else (None, "")
+        )
         # The limit it runs under: its --time, else MaxTime (given when it starts; the same here).
         run_minutes = spec.time if spec.time is not None else minutes
         jobs = [

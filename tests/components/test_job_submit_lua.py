@@ -191,22 +191,28 @@ def test_a_time_limit_over_maxtime_is_refused_naming_the_limit_and_the_setting(t
 
 def test_the_twin_models_the_lua_file(tmp_path):
     """Same cases through twin/slurm.py job_submit and the Lua: same node count, same refusal text."""
-    grid = list(itertools.product((None, 1, 2, 4), (None, 1, 2, 4, 5), ("all", "wide"), (None, 30, 60, 61)))
+    grid = [
+        (nodes, most, gpus, part, time)
+        for nodes, most, gpus, part, time in itertools.product(
+            (None, 1, 2, 4), (None, 4, 8), (None, 1, 2, 4, 5), ("all", "wide"), (None, 30, 60, 61)
+        )
+        if most is None or (nodes is not None and most > nodes)
+    ]
     cases = []
-    for nodes, gpus, part, time in grid:
+    for nodes, most, gpus, part, time in grid:
         job = {"partition": part}
         if gpus is not None:
             job["tres_per_job"] = f"gres/gpu:{gpus}"
         if nodes is not None:
-            job["min_nodes"] = job["max_nodes"] = nodes
+            job["min_nodes"], job["max_nodes"] = nodes, most or nodes
         if time is not None:
             job["time_limit"] = time
         cases.append(job)
-    for (nodes, gpus, part, time), (rc, lo, _, msg) in zip(grid, run_lua(cases, tmp_path), strict=True):
+    for case, (rc, lo, _, msg) in zip(grid, run_lua(cases, tmp_path), strict=True):
+        nodes, most, gpus, part, time = case
         _, max_nodes, max_time = (None if v == INFINITE else v for v in PARTITIONS[part])
         over_time = slurm.time_refusal(time, part, max_time)
-        sized, refusal = (None, over_time) if over_time else slurm.job_submit(nodes, gpus, part, max_nodes)
-        case = (nodes, gpus, part, time)
+        sized, refusal = (None, over_time) if over_time else slurm.job_submit(nodes, gpus, part, max_nodes, most)
         assert refusal == msg and (rc == SUCCESS) == (not refusal), case
         assert (rc == ESLURM_INVALID_TIME_LIMIT) == bool(over_time), case
         assert lo == (sized or nodes or NO_VAL), case

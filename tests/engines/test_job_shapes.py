@@ -45,13 +45,23 @@ def shapes(cpus: int, memory_mb: int, max_nodes: int, max_minutes: int) -> list[
         Shape("--gres=gpu:1", ("--gres=gpu:1",), RUNS),
         Shape("--gpus=2 (sized to 2 nodes)", ("--gpus=2",), RUNS, JobSpec("a", "slurm", 0.0, 1.0, gpus=2)),
         Shape("-N 2", ("-N", "2"), RUNS, JobSpec("a", "slurm", 0.0, 1.0, nodes=2)),
-        Shape(f"-N 1-{max_nodes} (range within MaxNodes)", ("-N", f"1-{max_nodes}"), RUNS),
+        Shape(
+            f"-N 1-{max_nodes} (range within MaxNodes)",
+            ("-N", f"1-{max_nodes}"),
+            RUNS,
+            JobSpec("a", "slurm", 0.0, 1.0, nodes=1, max_nodes=max_nodes),
+        ),
         Shape(f"-c {cpus} (the node's CPUs)", ("-c", str(cpus)), RUNS),
         Shape(f"-n {2 * cpus} (sized to 2 nodes)", ("-n", str(2 * cpus)), RUNS),
         Shape(f"--mem={memory_mb}M (the node's memory)", (f"--mem={memory_mb}M",), RUNS),
         Shape("--array=0-3%2", ("--array=0-3%2",), RUNS),
         Shape(f"--time={max_minutes}", (f"--time={max_minutes}",), RUNS, JobSpec("a", "slurm", 0.0, 1.0, time=60)),
-        Shape("-N 1-8", ("-N", "1-8"), f"-N 1-8 need 8 nodes (one GPU per slurmd pod); partition all has {over_nodes}"),
+        Shape(
+            "-N 1-8",
+            ("-N", "1-8"),
+            f"-N 1-8 need 8 nodes (one GPU per slurmd pod); partition all has {over_nodes}",
+            JobSpec("a", "slurm", 0.0, 1.0, nodes=1, max_nodes=8),
+        ),
         Shape("-N 8", ("-N", "8"), over_nodes, JobSpec("a", "slurm", 0.0, 1.0, nodes=8)),
         Shape("--gpus=8", ("--gpus=8",), over_nodes, JobSpec("a", "slurm", 0.0, 1.0, gpus=8)),
         Shape(f"-c {2 * cpus}", ("-c", str(2 * cpus)), f"the job asks {2 * cpus} CPUs {on_one_node} {cpus}"),
@@ -94,10 +104,11 @@ def _show(slurm: harness.Engines, job: str) -> dict[str, str]:
     return dict(re.findall(r"\b(JobState|Reason|TimeLimit|NumNodes|TresPerJob|MinMemoryNode)=(\S+)", out))
 
 
-def _twin_refuses(spec: JobSpec) -> bool:
+def _twin_answer(spec: JobSpec) -> tuple[bool, str]:
+    """(refused, the refusal's text) from the twin's Slurm."""
     ctld = Slurmctld(_config())
     (job, *_) = ctld.submit(spec, 0.0)
-    return job.state == REFUSED
+    return job.state == REFUSED, job.reason
 
 
 def test_every_shape_is_accepted_and_runs_or_is_refused_at_submit(slurm):
@@ -115,7 +126,10 @@ def test_every_shape_is_accepted_and_runs_or_is_refused_at_submit(slurm):
             assert done.returncode != 0, (shape.label, "accepted")
             assert "sbatch: error: testbed: " in done.stderr and shape.want in done.stderr, (shape.label, done.stderr)
         if shape.twin is not None:
-            assert _twin_refuses(shape.twin) == (shape.want != RUNS), shape.label
+            refused, reason = _twin_answer(shape.twin)
+            assert refused == (shape.want != RUNS), shape.label
+            # The client prints the plugin's line, then the error of its return code; so does the twin.
+            assert all(part.removeprefix("sbatch: error: ") in done.stderr for part in reason.split("; ") if part)
 
     def ran(job: str) -> bool:
         return slurm.client("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == ""
