@@ -121,7 +121,7 @@ def plan_header(rec: Recording) -> list[str]:
     )
     lines.append(f"deploy: `pulumi up` takes about {DEPLOY_MINUTES} minutes, `pulumi destroy` about {DESTROY_MINUTES}")
     lines.append(f"admin range: {', '.join(admin)} may reach ports {', '.join(map(str, ports))} (SSH, API server)")
-    example = [c for c in admin if any(ipaddress.ip_network(c).subnet_of(d) for d in DOCUMENTATION_NETWORKS)]
+    example = [c for c in admin if any(ipaddress.IPv4Network(c).subnet_of(d) for d in DOCUMENTATION_NETWORKS)]
     if example:
         lines.append(
             f"WARNING: adminCidr {', '.join(example)} is the example address: `pulumi up` refuses it; set yours with "
@@ -318,7 +318,7 @@ def install_order(rec: Recording) -> list[str]:
             step = steps[urn]
             if len(pending[urn]) > 5 and closure[urn] == done:  # a long list that says "all of them"
                 after = f"every step above ({len(done)})"
-                why = _WAITS_FOR_ALL_BECAUSE.get(step.inputs.get("name")) if step.type == HELM_RELEASE else None
+                why = _WAITS_FOR_ALL_BECAUSE.get(step.inputs.get("name", "")) if step.type == HELM_RELEASE else None
                 after += f": {why}" if why else ""
             else:
                 after = ", ".join(sorted(steps[d].name for d in pending[urn])) or "nothing"

@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pulumi
 import pulumi_command as command
@@ -189,7 +190,7 @@ def slurm_values(
     nodesets = {n.nodeset: gpu_nodeset}
     if n.nodeset != CHART_DEFAULT_NODESET:
         nodesets[CHART_DEFAULT_NODESET] = {"enabled": False}  # the chart's default entry is merged in otherwise
-    computed = {
+    computed: dict[str, Any] = {
         "controller": {
             "slurmctld": {"image": _image("slurmctld", image_tag), "volumeMounts": [mount]},
             "reconfigure": {"image": _image("slurmctld", image_tag)},

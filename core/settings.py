@@ -91,10 +91,10 @@ REGION_ZONE_LETTERS = {
 # Elsewhere which zones exist is not known offline: any letter, and preflight checks the zone.
 OTHER_REGION_ZONE_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
-RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+RFC1918 = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 # RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
 # plan runs as shipped, but nobody can connect from one, so a deployment refuses them.
-DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+DOCUMENTATION_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
 # Slurm reads PartitionName=DEFAULT as defaults for the partitions after it (SchedMD/slurm
 # slurm.conf.5), and the Slinky chart already defines the partition `all` (names.DEFAULT_PARTITION;
@@ -210,7 +210,8 @@ def escaped(text: str, limit: int = SHOWN_CHARS) -> str:
     """Text as a problem line shows it (a value, a config key, a command-line token): control
     and non-ASCII characters escaped, so no newline or terminal escape reaches a log raw, and
     cut at `limit` characters."""
-    out, length = [], 0
+    out: list[str] = []
+    length = 0
     for ch in text:
         # ascii() leaves printable ASCII as it is and escapes the rest, the backslash included,
         # as Python writes them (\n, \x1b, \u0661); the quote the value is shown in, too
@@ -327,7 +328,7 @@ def _vpc_cidr(v: str) -> str | tuple[str, str] | None:
     )
     if _ipv4_cidr(v):
         return allowed + _not_canonical(v)
-    net = ipaddress.ip_network(v)
+    net = ipaddress.IPv4Network(v)
     if not any(net.subnet_of(r) for r in RFC1918) or not 16 <= net.prefixlen <= SUBNET_PREFIX:
         return allowed
     for other, what in (
@@ -1072,7 +1073,7 @@ def _warmth_checks(cooldown: int, polling: int, step: int, raw: Callable[[str], 
 
 
 def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline: bool) -> list[str]:
-    network = ipaddress.ip_network(cidr)
+    network = ipaddress.IPv4Network(cidr)  # adminCidr's own rule accepts IPv4 only
     if network.prefixlen < ADMIN_MIN_PREFIX:
         if allow_open_ingress:
             return []

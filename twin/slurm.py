@@ -282,6 +282,7 @@ class Slurmctld:
         slurmcontrol/slurmcontrol.go GetNodeDeadlines, infiniteDuration)."""
         out: dict[str, float] = {}
         for job in self.running:
+            assert job.started is not None  # a running job has started
             limit = math.inf if job.time_limit is None else job.time_limit
             for node in job.nodes:
                 out[node] = max(out.get(node, 0.0), job.started + limit)
@@ -309,7 +310,7 @@ class Slurmctld:
     def step(self, now: float) -> None:
         if now != self._stepped_at:
             self.completed_now, self._stepped_at = [], now
-        ended = [j for j in self.running if now >= j.started + j.run_for]
+        ended = [j for j in self.running if j.started is not None and now >= j.started + j.run_for]
         for job in ended:
             job.state, job.finished = TIMEOUT if job.times_out else COMPLETED, now
         if ended:
