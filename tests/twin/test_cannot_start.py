@@ -9,11 +9,14 @@ from __future__ import annotations
 import functools
 import math
 
+import pytest
+
 from components import slurmd_scaling as scaling
 from stacks import offline
 from tests.twin import runs
 from twin import program, scenario
 
+pytestmark = pytest.mark.slow  # five hour-long twin runs: outside the fast set, in CI and a plain run
 DURATION = 3600
 
 
