@@ -69,6 +69,14 @@ def shapes(cpus: int, memory_mb: int, max_nodes: int, max_minutes: int) -> list[
         Shape(f"--ntasks-per-node={cpus + 1}", (f"--ntasks-per-node={cpus + 1}",), f"asks {cpus + 1} CPUs"),
         Shape(f"--mem={memory_mb + 1}M", (f"--mem={memory_mb + 1}M",), f"--mem asks {memory_mb + 1} MB {on_one_node}"),
         Shape("--mem=64G", ("--mem=64G",), "--mem asks 65536 MB" if memory_mb < 65536 else RUNS),
+        # The issue's own rows, refused on a g4dn.xlarge (4 CPUs): refused here unless this host has 8.
+        Shape("-c 8", ("-c", "8"), f"the job asks 8 CPUs {on_one_node}" if cpus < 8 else RUNS),
+        Shape("-n 8 -N 1", ("-n", "8", "-N", "1"), f"asks 8 CPUs {on_one_node}" if cpus < 8 else RUNS),
+        Shape(
+            "--mem-per-gpu=40G --gpus=1",
+            ("--mem-per-gpu=40G", "--gpus=1"),
+            "--mem-per-gpu asks 40960 MB" if memory_mb < 40960 else RUNS,
+        ),
         Shape(
             f"--mem-per-gpu={memory_mb + 1}M --gpus=1",
             (f"--mem-per-gpu={memory_mb + 1}M", "--gpus=1"),
