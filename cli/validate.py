@@ -63,7 +63,14 @@ def seconds_problem(flag: str, text: str | None, bounds: tuple[float, float]) ->
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m cli validate", description=__doc__)
+    from validation import cluster
+
+    p = _Parser(
+        prog="python -m cli validate",
+        description=__doc__,
+        epilog=f"Longest wait: {cluster.describe_bound()}; a cluster that does not answer the first call ends "
+        "the command, exit 2; the run itself lasts at most --timeout.",
+    )
     p.add_argument("--scenario", help="one of: " + ", ".join(SCENARIOS))
     offline.add_stack_arguments(p)
     p.add_argument(
@@ -211,21 +218,20 @@ def load_timeline(path: Path) -> Timeline:
 
 
 def client_for(kubeconfig: dict, names: Names):
-    """The live cluster, or UsageError for a kubeconfig the kubernetes client refuses."""
-    from kubernetes.config.config_exception import ConfigException
-
-    from validation.cluster import KubeCluster
+    """The live cluster, or UsageError for a kubeconfig the kubernetes client refuses; an exec:
+    plugin in it is named on stderr before it runs."""
+    from validation.cluster import KubeCluster, KubeconfigError
 
     prometheus = (MONITORING_NAMESPACE, names.prometheus_service, PROMETHEUS_PORT)
     try:
         return KubeCluster.from_kubeconfig(kubeconfig, names.slurm, prometheus=prometheus)
-    except (ConfigException, ValueError, TypeError, KeyError, OSError) as error:
-        raise UsageError(f"--kubeconfig: the kubernetes client refuses it ({str(error)[:200]})") from None
+    except KubeconfigError as error:
+        raise UsageError(str(error)) from None
 
 
 def connect(kubeconfig: dict, names: Names):
-    """The live cluster, or UsageError: a bad kubeconfig, an API server that does not answer,
-    or no NodeSet where the testbed puts it."""
+    """The live cluster, or UsageError: a bad kubeconfig, an API server that does not answer (each
+    call bounded: validation.cluster.describe_bound), or no NodeSet where the testbed puts it."""
     from validation.cluster import ClusterError
 
     cluster = client_for(kubeconfig, names)
