@@ -221,10 +221,22 @@ def escaped(text: str, limit: int = SHOWN_CHARS) -> str:
     return "".join(out)
 
 
+# A URL's user name and password (scheme://user:password@host) and its query (?token=...)
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@\"']*@")
+_URL_QUERY = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s\"'?#]*)\?[^\s\"'#]*")
+
+
+def without_url_credentials(text: str) -> str:
+    """`text` with every URL's user information and query hidden: a password in AWS_ENDPOINT_URL
+    or a token in a kubeconfig's server URL, echoed by an error message."""
+    return _URL_QUERY.sub(r"\1?(hidden)", _URL_USERINFO.sub(r"\1(hidden)@", text))
+
+
 def redacted(text: str, limit: int = 300) -> str:
-    """A free-form message (argparse's, naming what was typed) as a problem line shows it: each
-    word that looks like a secret hidden, the rest escaped and cut at `limit` characters."""
-    words = re.split(r"(\s+)", text)
+    """A free-form message (argparse's, an error's, naming what was typed) as a problem line shows
+    it: URL credentials and each word that looks like a secret hidden, the rest escaped and cut at
+    `limit` characters."""
+    words = re.split(r"(\s+)", without_url_credentials(text))
     return escaped("".join(f"(hidden: {kind})" if (kind := secret_kind(w)) else w for w in words), limit)
 
 

@@ -218,3 +218,79 @@ def test_an_exec_plugin_is_named_before_it_runs(tmp_path, monkeypatch, capsys):
     ((line, ran_before),) = said
     assert not ran_before
     assert line.startswith("kubeconfig: user u gets its credentials by running `sh -c touch ") and "exec:" in line
+
+
+# ---------------------------------------------------------------------- preflight: AWS endpoints
+
+AWS_PASSWORD = "hunter2Secret"
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path, default_run):
+    """No AWS settings but those a row gives; preflight's program run recorded once."""
+    from cli import preflight
+
+    for key in [k for k in __import__("os").environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setattr(preflight.offline, "run", lambda config, stack: default_run)
+    return tmp_path
+
+
+KEYS = {
+    "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+}
+# (environment, what the one line says); before issue 31 each was a traceback
+AWS_CONFIG_ROWS = [
+    ({"AWS_PROFILE": "nope"}, "aws configuration: The config profile (nope) could not be found"),
+    ({"AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE"}, "missing: AWS_SECRET_ACCESS_KEY"),
+    ({**KEYS, "AWS_ENDPOINT_URL": "not a url"}, "aws configuration: Invalid endpoint: not a url"),
+    ({**KEYS, "AWS_CONFIG_FILE": "{tmp}/bad-config"}, "aws configuration: Unable to parse config file"),
+]
+
+
+@pytest.mark.parametrize("env, fragment", AWS_CONFIG_ROWS, ids=["profile", "key-id-alone", "endpoint", "config-file"])
+def test_a_configuration_botocore_refuses_is_one_line(env, fragment, aws_env, monkeypatch, capsys):
+    from cli import preflight
+
+    (aws_env / "bad-config").write_text("[default\nregion = us-east-1\n")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value.format(tmp=aws_env))
+    assert preflight.main(["--config", "adminCidr=81.2.69.0/28"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and fragment in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("reply", [SILENT, HTML], ids=["silent", "html"])
+def test_an_aws_endpoint_that_does_not_answer_is_one_line_within_the_stated_wait(reply, aws_env, monkeypatch, capsys):
+    """The endpoint's password is never echoed; the wait is counted: the attempts that reached the
+    server and the timeouts every client is made with."""
+    from cli import preflight
+
+    monkeypatch.setattr(preflight, "CONNECT_SECONDS", 0.5)
+    monkeypatch.setattr(preflight, "READ_SECONDS", 0.3)
+    made = []
+    real = preflight.client_config
+    monkeypatch.setattr(preflight, "client_config", lambda: made.append(real()) or made[-1])
+    server, _ = _server(reply)
+    for key, value in KEYS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://admin:{AWS_PASSWORD}@127.0.0.1:{server.port}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "9")  # the explicit Config wins
+    try:
+        code = preflight.main(["--config", "adminCidr=81.2.69.0/28"])
+    finally:
+        server.stop()
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert AWS_PASSWORD not in err and "(hidden)@127.0.0.1" in err
+    assert all(
+        (c.connect_timeout, c.read_timeout, c.retries) == (0.5, 0.3, {"total_max_attempts": 2, "mode": "standard"})
+        for c in made
+    )
+    if reply is SILENT:
+        assert err.startswith("network: cannot reach AWS") and len(server.requests) == preflight.ATTEMPTS
+    assert preflight.call_bound() == 41 or preflight.CONNECT_SECONDS != 5

@@ -104,7 +104,7 @@ def test_a_saved_run_gets_its_gpu_owners_back_from_the_workspace(tmp_path, monke
 
 def test_a_refused_or_unreachable_workspace_is_one_line():
     denied = urllib.error.HTTPError(ENDPOINT, 403, "Forbidden", {}, None)  # type: ignore[arg-type]
-    with pytest.raises(ClusterError, match=r"^query the workspace: HTTP 403 Forbidden$"):
+    with pytest.raises(ClusterError, match=r"^query the workspace https://aps-workspaces\.[^ ]*: HTTP 403 Forbidden$"):
         workspace.dcgm_holdings(ENDPOINT, "eu-west-1", "dev", (0.0, 1.0), 5.0, CREDENTIALS, Answering(denied))
     with pytest.raises(ClusterError, match="no query_range answer"):
         workspace.dcgm_holdings(ENDPOINT, "eu-west-1", "dev", (0.0, 1.0), 5.0, CREDENTIALS, Answering({"x": 1}))
