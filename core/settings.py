@@ -94,6 +94,25 @@ RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12",
 # RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
 # plan runs as shipped, but nobody can connect from one, so a deployment refuses them.
 DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+# IANA's IPv4 special-purpose ranges that no internet client connects from (RFC 6890 and its
+# updates): written out, because `ipaddress.is_global` differs between Python releases (3.11
+# counts 192.0.0.0/24 as global, 3.13 does not) and counts multicast as global.
+NOT_INTERNET_NETWORKS = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8",  # "this network"
+        "10.0.0.0/8",  # private
+        "100.64.0.0/10",  # shared (carrier-grade NAT)
+        "127.0.0.0/8",  # loopback
+        "169.254.0.0/16",  # link-local
+        "172.16.0.0/12",  # private
+        "192.0.0.0/24",  # IETF protocol assignments
+        "192.168.0.0/16",  # private
+        "198.18.0.0/15",  # benchmarking
+        "224.0.0.0/4",  # multicast
+        "240.0.0.0/4",  # reserved, and the broadcast address
+    )
+)
 
 # Slurm reads PartitionName=DEFAULT as defaults for the partitions after it (SchedMD/slurm
 # slurm.conf.5), and the Slinky chart already defines the partition `all` (names.DEFAULT_PARTITION;
@@ -1049,15 +1068,9 @@ def _warmth_checks(cooldown: int, polling: int, step: int, raw: Callable[[str], 
 
 
 def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline: bool) -> list[str]:
+    """allowOpenIngress widens what is allowed (wider than /16, up to 0.0.0.0/0); it never skips
+    the test that the range is one the internet connects from."""
     network = ipaddress.ip_network(cidr)
-    if network.prefixlen < ADMIN_MIN_PREFIX:
-        if allow_open_ingress:
-            return []
-        return [
-            f"adminCidr: {shown} opens SSH and the API server to {network.num_addresses:,} addresses "
-            f"(wider than /{ADMIN_MIN_PREFIX}); expected your own address range, or set allowOpenIngress true "
-            "to accept that"
-        ]
     if any(network.subnet_of(d) for d in DOCUMENTATION_NETWORKS):
         if offline:
             return []
@@ -1065,10 +1078,17 @@ def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline:
             f"adminCidr: {shown} is a documentation example address nobody connects from; expected your "
             'own, e.g. pulumi config set adminCidr "$(curl -s https://checkip.amazonaws.com)/32"'
         ]
-    if not network.is_global or network.is_multicast:  # ipaddress counts 224.0.0.0/4 as global
+    if any(network.subnet_of(n) for n in NOT_INTERNET_NETWORKS):
         return [
             f"adminCidr: {shown} is not an internet address range (private, shared, loopback, multicast or reserved), "
             "and SSH and the API server are reached at the control node's public address; expected the "
             "address you connect from, e.g. the output of curl -s https://checkip.amazonaws.com, as a.b.c.d/32"
+            + (" (allowOpenIngress widens the range allowed, not the kind)" if allow_open_ingress else "")
+        ]
+    if network.prefixlen < ADMIN_MIN_PREFIX and not allow_open_ingress:
+        return [
+            f"adminCidr: {shown} opens SSH and the API server to {network.num_addresses:,} addresses "
+            f"(wider than /{ADMIN_MIN_PREFIX}); expected your own address range, or set allowOpenIngress true "
+            "to accept that"
         ]
     return []
