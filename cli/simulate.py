@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -36,6 +37,9 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 REGENERATE = "venv/bin/python -m cli simulate --readme-tables docs/handoff.md"
 TABLES = ("policies", "kueue")  # the README's generated tables, by marker name
 MAX_PHASES = 100  # a sweep of the largest scenario (about a minute each) stays within hours
+# Phase sets: any number draws phases as good as any other, so a short range that is typed and
+# read back without doubt; a sweep's last set stays inside it too.
+MAX_PHASE_SET = 999_999
 
 
 class UsageError(Exception):
@@ -71,14 +75,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--phase-set",
-        type=int,
-        default=sim.DEFAULT_PHASE_SET,
+        default=str(sim.DEFAULT_PHASE_SET),
         metavar="S",
-        help="which draw of the scrape, poll and sync phases (default %(default)s)",
+        help=f"which draw of the scrape, poll and sync phases, 0 to {MAX_PHASE_SET} (default %(default)s)",
     )
     p.add_argument(
         "--phases",
-        type=int,
         metavar="N",
         help=f"run under N phase sets from --phase-set (1 to {MAX_PHASES}): p50/p95 over them",
     )
@@ -186,12 +188,24 @@ def main(argv: list[str]) -> int:
         problems.append(
             f"--policy: {show(args.policy)} is not allowed; expected one of {', '.join(slurmd_scaling.POLICIES)}"
         )
-    if args.phases is not None and not 1 <= args.phases <= MAX_PHASES:
+    phases = whole_number(args.phases, 1, MAX_PHASES)
+    if args.phases is not None and phases is None:
         problems.append(
-            f"--phases: {args.phases} is not allowed; expected a number of phase sets from 1 to {MAX_PHASES}"
+            f"--phases: {show(args.phases)} is not allowed; expected a number of phase sets from 1 to {MAX_PHASES} "
+            "in ASCII digits"
         )
-    if not 0 <= args.phase_set < 2**32:
-        problems.append(f"--phase-set: {args.phase_set} is not allowed; expected a whole number from 0 to {2**32 - 1}")
+    phase_set = whole_number(args.phase_set, 0, MAX_PHASE_SET)
+    if phase_set is None:
+        problems.append(
+            f"--phase-set: {show(args.phase_set)} is not allowed; expected a whole number from 0 to {MAX_PHASE_SET} "
+            "in ASCII digits"
+        )
+    elif phases is not None and phase_set + phases - 1 > MAX_PHASE_SET:
+        problems.append(
+            f"--phases: {phases} from --phase-set {phase_set} would reach phase set {phase_set + phases - 1}; "
+            f"expected the last at most {MAX_PHASE_SET}"
+        )
+    args.phases, args.phase_set = phases, phase_set if phase_set is not None else sim.DEFAULT_PHASE_SET
     if args.phases is not None and args.out:
         problems.append("--out: not allowed with --phases, which runs the scenario once per phase set")
     if args.readme_tables is not None:
@@ -248,6 +262,14 @@ def main(argv: list[str]) -> int:
             return 2
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else summary(result))
     return 0 if sim.ok(result) else 1
+
+
+def whole_number(text: str | None, lo: int, hi: int) -> int | None:
+    """`text` as a whole number from lo to hi in ASCII digits without leading zeros, else None:
+    int() would take Arabic-Indic digits (١٠) and underscores (1_0)."""
+    if text is None or not re.fullmatch(r"0|[1-9][0-9]{0,8}", text) or not lo <= int(text) <= hi:
+        return None
+    return int(text)
 
 
 def write_out(run: sim.Run, result: dict, out: Path, name: str, policy: str) -> None:

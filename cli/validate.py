@@ -298,12 +298,19 @@ def _main(argv: list[str]) -> int:
         problems.append(f"--scenario is required: one of {', '.join(SCENARIOS)}")
     elif args.scenario not in SCENARIOS:
         problems.append(f"--scenario: {settings.show(args.scenario)} is not one of {', '.join(SCENARIOS)}")
+    bad_seconds = False
     for flag, text, bounds in (
         ("--timeout", args.timeout, TIMEOUT_SECONDS),
         ("--interval", args.interval, INTERVAL_SECONDS),
     ):
         if problem := seconds_problem(flag, text, bounds):
             problems.append(problem)
+            bad_seconds = True
+    if not bad_seconds and args.timeout and args.interval and float(args.interval) >= float(args.timeout):
+        problems.append(
+            f"--interval: {float(args.interval):g} s is not shorter than --timeout {float(args.timeout):g} s; expected an "
+            "interval shorter than the run"
+        )
     if args.out is not None and (problem := user_files.out_dir_problem("--out", args.out)):
         problems.append(problem)
     if problems:
