@@ -18,7 +18,7 @@ from typing import Any
 
 from cli import checklist
 from cli.checklist import FAIL, OK, UNKNOWN, WARN, Check
-from core.settings import PROJECT, Settings, SettingsError, load, redacted
+from core.settings import PROJECT, Settings, SettingsError, redacted
 from stacks import offline
 from stacks.infrastructure import ZoneError, choose_zone
 
@@ -455,8 +455,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str], session: Any = None) -> int:
     args = parser().parse_args(argv)
     try:
-        config = offline.stack_config(args.stack, args.config)
-        s = load(config, stack=args.stack)  # as a deployment: refuses the example adminCidr
+        config, s = offline.load_stack(args.stack, args.config, deployment=True)  # refuses the example adminCidr
     except SettingsError as error:
         for problem in error.problems:
             print(problem, file=sys.stderr)

@@ -914,7 +914,19 @@ def _foreign_key(key: str, raw: Any) -> str | None:
     """A key outside the project's namespace that the user probably meant for the program."""
     namespace, sep, name = key.partition(":")
     shown_key = key_shown(key)
+    if not key.strip():
+        return f"(an empty key{', ' + show(key) if key else ''}) with the value {show(raw)}: not read; expected {PROJECT}:SETTING"
     if not sep:
+        # gpu-testbed.workerCount, gpu_testbed/workerCount: the project and a setting, joined wrongly
+        joined = re.fullmatch(r"(.+?)[./ _-]?([A-Za-z0-9]+)", key)
+        setting = {k.lower(): k for k in SETTINGS_BY_KEY}.get(joined[2].lower()) if joined else None
+        if (
+            setting
+            and joined
+            and joined[1]
+            and difflib.SequenceMatcher(None, joined[1].lower(), PROJECT).ratio() >= 0.8
+        ):
+            return f"{shown_key}: not read: a key's namespace ends at a colon; did you mean {PROJECT}:{setting}?"
         return f"{shown_key}: a key without a namespace is not read; write {PROJECT}:{shown_key}"
     if namespace in EXPLICIT_PROVIDER_NAMESPACES:
         if key == "aws:region":
@@ -941,10 +953,13 @@ def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -
     prefix = PROJECT + ":"
     given = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
 
+    meant: set[str] = set()  # settings a key outside the namespace names: not "missing" too
     for key in sorted(k for k in config if not k.startswith(prefix)):
         problem = _foreign_key(key, config[key])
         if problem:
             problems.append(problem)
+            if problem.endswith(tuple(f"{PROJECT}:{k}?" for k in SETTINGS_BY_KEY)):
+                meant.add(problem.rsplit(":", 1)[1].rstrip("?"))
     for key in sorted(set(given) - set(SETTINGS_BY_KEY)):
         close = difflib.get_close_matches(key, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""
@@ -953,7 +968,7 @@ def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -
     values: dict[str, Any] = {}
     for s in SETTINGS:
         if s.key not in given:
-            if s.default is None:
+            if s.default is None and s.key not in meant:
                 problems.append(f"{s.key}: missing; required: {s.description}")
             values[s.attribute] = s.default
             continue
