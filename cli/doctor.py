@@ -10,6 +10,7 @@ cluster.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -92,13 +93,22 @@ def redact(text: str) -> str:
     return "\n".join(out)
 
 
+def write_key(workdir: Path, private_key: str) -> Path:
+    """The stack's private key as a file only this user can read from its first byte (ssh refuses
+    a key others can read), inside `workdir`, a TemporaryDirectory that main() removes on every
+    way out: a return, an error, Ctrl-C, and SIGTERM, which cli/guard.py raises as KeyboardInterrupt."""
+    key = workdir / "id_testbed"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(private_key if private_key.endswith("\n") else private_key + "\n")
+    return key
+
+
 class Ssh:
     """`ssh` with the stack's key: the control node directly, workers through it (-J)."""
 
     def __init__(self, control_public_ip: str, private_key: str, workdir: Path):
-        key = workdir / "id_testbed"
-        key.write_text(private_key if private_key.endswith("\n") else private_key + "\n")
-        key.chmod(0o600)
+        key = write_key(workdir, private_key)
         # A config file, not -i: the -J hop reads the same file, and so the same key.
         self.config = workdir / "ssh_config"
         self.config.write_text(

@@ -243,7 +243,9 @@ def connect(kubeconfig: dict, names: Names):
 
 
 def _terminate(signum, frame) -> None:
-    raise KeyboardInterrupt  # SIGTERM ends the run like Ctrl-C: clean up, write what was seen
+    from cli.guard import Terminated
+
+    raise Terminated  # SIGTERM ends the run like Ctrl-C: clean up, write what was seen
 
 
 def main(argv: list[str]) -> int:
