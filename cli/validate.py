@@ -206,15 +206,40 @@ def write_results(timeline: Timeline, exp: Expectations, out: Path) -> bool:
     return all(c.passed for c in checks)
 
 
-def load_timeline(path: Path) -> Timeline:
-    if not path.is_file():
-        raise UsageError(f"--from-timeline: {settings.show(str(path))} is not a file")
+def load_timeline(path: Path, scenario: Scenario, names: Names) -> Timeline:
+    """A saved timeline, checked against its schema, --scenario and the stack's settings before
+    any check runs: a malformed file is bad input, not a failed experiment."""
+    from validation.timeline import TimelineError, read_timeline
+
+    shown = settings.show(str(path))
     try:
-        return Timeline.load(path)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as error:
-        # RecursionError: JSON nested deeper than Python's decoder recurses (100,000 brackets)
-        detail = settings.redacted(f"{type(error).__name__}: {error}", limit=200)
-        raise UsageError(f"--from-timeline: {settings.show(str(path))} is not a timeline.json ({detail})") from None
+        timeline = read_timeline(path)
+    except TimelineError as error:
+        raise UsageError(
+            *(
+                f"--from-timeline: {shown}{' ' if problem.startswith(('is ', 'cannot ')) else ': '}{problem}"
+                for problem in error.problems
+            )
+        ) from None
+    problems = []
+    if timeline.scenario != scenario.name:
+        problems.append(
+            f"--from-timeline: {shown}: recorded under scenario {settings.show(timeline.scenario)}, not "
+            f"--scenario {scenario.name}; expected the same scenario"
+        )
+    if timeline.gpus_total != names.gpus_total:
+        problems.append(
+            f"--from-timeline: {shown}: recorded with {timeline.gpus_total} GPUs, but the stack's settings give "
+            f"{names.gpus_total}; pass the --stack/--config it was recorded with"
+        )
+    lo, hi = INTERVAL_SECONDS
+    if not lo <= timeline.interval <= hi:
+        problems.append(
+            f"--from-timeline: {shown}: interval {timeline.interval:g} s; expected {lo:g} to {hi:g} s, as --interval"
+        )
+    if problems:
+        raise UsageError(*problems)
+    return timeline
 
 
 def client_for(kubeconfig: dict, names: Names):
@@ -348,7 +373,7 @@ def _main(argv: list[str]) -> int:
         return 0
 
     if args.from_timeline is not None:
-        timeline = load_timeline(args.from_timeline)
+        timeline = load_timeline(args.from_timeline, scenario, names)
         if args.dcgm_from_workspace:
             timeline.dcgm = dcgm_from_workspace(args.dcgm_from_workspace, timeline, facts.region, args.stack)
         return 0 if write_results(timeline, exp, out) else 1
