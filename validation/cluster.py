@@ -586,8 +586,8 @@ def exec_plugin_notice(kubeconfig: dict) -> str | None:
     plugin = found[1].get("exec") if found else None
     if not isinstance(plugin, dict):
         return None
-    args = plugin.get("args") if isinstance(plugin.get("args"), list) else []
-    command = " ".join(str(part) for part in [plugin.get("command", ""), *args])
+    args = plugin.get("args")
+    command = " ".join(str(part) for part in [plugin.get("command", ""), *(args if isinstance(args, list) else [])])
     return (
         f"kubeconfig: user {escaped(found[0], 60) if found else ''} gets its credentials by running "
         f"`{redacted(command, 160)}` (an exec: plugin); running it now"
