@@ -24,6 +24,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from components import slurmd_scaling
 from core import user_files
@@ -44,7 +45,7 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
 
@@ -231,7 +232,7 @@ def main(argv: list[str]) -> int:
         sc = scenario.load(path, partitions)
     except scenario.ScenarioError as error:
         problems += error.problems
-    if not problems:
+    if not problems and settings is not None:  # None only after a SettingsError, which is a problem
         try:
             settings = scenario_settings(args.stack, args.config, sc, settings)
         except SettingsError as error:
@@ -240,7 +241,7 @@ def main(argv: list[str]) -> int:
         problems.append(problem)
     if not problems and args.out is not None and (problem := user_files.make_out_dir("--out", args.out)):
         problems.append(problem)  # checked before the run, which may take half a minute
-    if problems:
+    if problems or settings is None or isinstance(path, str):  # the last two come with a problem
         for problem in problems:
             print(problem, file=sys.stderr)
         return 2
@@ -298,7 +299,7 @@ def _readme_tables(args: argparse.Namespace, settings: Settings | None, problems
         else:
             problems += [f"--readme-tables: {shown} {problem}" for problem in tables.splice_problems(text)]
     runs: dict[str, dict[str, sim.Run]] = {}
-    if not problems:
+    if not problems and settings is not None:  # None only after a SettingsError, which is a problem
         try:
             runs = run_shipped(args.stack, args.config, settings)
         except (scenario.ScenarioError, SettingsError) as error:

@@ -66,7 +66,9 @@ def releases(run: sim.Run) -> dict[str, list[float | None]]:
         waiting = {k.name for k in run.kube.jobs if k.submitted <= end and (k.started is None or k.started > end)}
         given_back = set()
         for p in pods:
-            if p.holder != kube.SLURMD or p.owner not in job.nodes or p.gpu is None or p.bound_at > end:
+            if p.holder != kube.SLURMD or p.owner not in job.nodes or p.gpu is None:
+                continue
+            if p.bound_at is None or p.bound_at > end:
                 continue
             gone = math.inf if p.gone_at is None else p.gone_at  # a pod that never goes never gives it back
             if gone < end:
@@ -93,7 +95,8 @@ def releases(run: sim.Run) -> dict[str, list[float | None]]:
 def _worst(values: list[float | None]) -> str:
     if not values:
         return "–"
-    return "never" if None in values else f"{max(values):g} s"
+    known = [v for v in values if v is not None]
+    return "never" if len(known) < len(values) else f"{max(known):g} s"
 
 
 def _share(result: dict) -> str:
