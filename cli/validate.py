@@ -295,19 +295,24 @@ def run_window(timeline: Timeline) -> tuple[float, float]:
 
 def dcgm_from_workspace(url: str, timeline: Timeline, region: str, stack: str, session=None) -> list[DcgmHolding]:
     """The GPU owners of the saved run, from the workspace; UsageError, one line, for what fails."""
+    from botocore.exceptions import BotoCoreError
+
     from validation import workspace
     from validation.cluster import ClusterError
 
     if not url.startswith("https://"):
         raise UsageError(
-            f"--dcgm-from-workspace: {settings.show(url)} is not allowed; expected the workspace's "
-            "prometheus_endpoint, https://aps-workspaces.REGION.amazonaws.com/workspaces/ws-.../"
+            f"--dcgm-from-workspace: {settings.show(settings.without_url_credentials(url))} is not allowed; "
+            "expected the workspace's prometheus_endpoint, https://aps-workspaces.REGION.amazonaws.com/workspaces/ws-.../"
         )
-    if session is None:
-        import boto3
+    try:  # a profile that does not exist, a key id without its secret, a config file that does not parse
+        if session is None:
+            import boto3
 
-        session = boto3.Session()
-    credentials = session.get_credentials()
+            session = boto3.Session()
+        credentials = session.get_credentials()
+    except BotoCoreError as error:
+        raise UsageError(f"--dcgm-from-workspace: aws configuration: {settings.redacted(str(error))}") from None
     if credentials is None:
         raise UsageError("--dcgm-from-workspace: no AWS credentials; set AWS_PROFILE or AWS_ACCESS_KEY_ID")
     try:
