@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
+from cli import as_typed, typed_command
 from core import settings, user_files
 from core.names import MONITORING_NAMESPACE, PROMETHEUS_PORT, Names
 from stacks import offline
@@ -66,8 +67,8 @@ def parser() -> argparse.ArgumentParser:
     from validation import cluster
 
     p = _Parser(
-        prog="python -m cli validate",
-        description=__doc__,
+        prog=f"{typed_command()} validate",
+        description=as_typed(__doc__),
         epilog=f"Longest wait: {cluster.describe_bound()}; a cluster that does not answer the first call ends "
         "the command, exit 2; the run itself lasts at most --timeout.",
     )
