@@ -42,6 +42,13 @@ SLURMD_HOSTNAME_LABEL = "nodeset.slinky.slurm.net/pod-hostname"
 
 KEDA_NAMESPACE = "keda"
 SCALED_OBJECT = "slurmd"
+# The pods' `app` labels (kedacore/charts@v2.16.1: keda/templates/manager/deployment.yaml and
+# metrics-server/deployment.yaml, `<operator.name>` and `<operator.name>-metrics-apiserver`).
+KEDA_OPERATOR_APP = "keda-operator"
+KEDA_METRICS_SERVER_APP = "keda-operator-metrics-apiserver"
+# The one External metric of the HPA of a ScaledObject with a formula (kedacore/keda@v2.16.1:
+# apis/keda/v1alpha1/scaledobject_types.go CompositeMetricName).
+KEDA_COMPOSITE_METRIC = "composite-metric"
 
 MONITORING_NAMESPACE = "monitoring"
 MONITORING_RELEASE = "monitoring"  # also kube-prometheus-stack's fullnameOverride
@@ -93,6 +100,12 @@ def helm_fullname(release: str, chart: str = SLURM_CHART) -> str:
 def kueue_webhook_configuration(kind: str) -> str:
     """`kind` is `mutating` or `validating`; `kueue.fullname` is the release (it contains `kueue`)."""
     return f"{helm_fullname(KUEUE_RELEASE, 'kueue')}-{kind}-webhook-configuration"
+
+
+def kueue_controller_manager() -> str:
+    """The Deployment `<kueue.fullname>-controller-manager`: its pods run the controllers and serve
+    every webhook (charts/kueue/templates/manager/manager.yaml; webhook/service.yaml selects them)."""
+    return f"{helm_fullname(KUEUE_RELEASE, 'kueue')}-controller-manager"
 
 
 def slurmd_queue_labels() -> dict[str, str]:
@@ -215,6 +228,8 @@ class Names:
     # the partitions' MaxTime; every queued AI job's max-exec-time (the settings' defaults)
     slurm_job_max_minutes: int = SETTINGS_BY_KEY["slurmJobMaxMinutes"].default
     ai_job_max_minutes: int = SETTINGS_BY_KEY["aiJobMaxMinutes"].default
+    # workerInstanceType: the shape of every slurmd node
+    worker_instance_type: str = SETTINGS_BY_KEY["workerInstanceType"].default
 
     @classmethod
     def from_settings(cls, s: Settings) -> Names:
@@ -228,6 +243,7 @@ class Names:
             metrics_interval_seconds=s.slurm_metrics_interval_seconds,
             slurm_job_max_minutes=s.slurm_job_max_minutes,
             ai_job_max_minutes=s.ai_job_max_minutes,
+            worker_instance_type=s.worker_instance_type,
         )
 
     @property
