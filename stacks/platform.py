@@ -102,6 +102,10 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             worker_type=names.worker_instance_type,
         ),
     )
+    # what the hpcKubeconfig and aiKubeconfig outputs may do
+    user_roles = UserRoles(
+        "testbed-user-roles", UserRolesArgs(slurm=names.slurm, provider=provider, after=[kueue.slurm_namespace])
+    )
     keda = Keda(
         "testbed-keda",
         KedaArgs(
@@ -111,12 +115,17 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             provider=provider,
             control_connection=ssh,
             scaled_object_after=[slinky.cluster],
-            release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator, kueue, ai_run_limit],
+            release_after=[
+                device_plugin,
+                cert_manager,
+                monitoring,
+                slinky,
+                training_operator,
+                kueue,
+                ai_run_limit,
+                user_roles,
+            ],
         ),
-    )
-    # what the hpcKubeconfig and aiKubeconfig outputs may do
-    user_roles = UserRoles(
-        "testbed-user-roles", UserRolesArgs(slurm=names.slurm, provider=provider, after=[kueue.slurm_namespace])
     )
     return Platform(
         names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator, kueue, ai_run_limit, user_roles

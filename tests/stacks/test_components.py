@@ -20,6 +20,7 @@ COMPONENTS = {
     "testbed-keda": "testbed:platform:Keda",
     "testbed-kueue": "testbed:platform:Kueue",
     "testbed-ai-run-limit": tokens.AI_RUN_LIMIT,
+    "testbed-user-roles": "testbed:platform:UserRoles",
     "testbed-training-operator": "testbed:platform:TrainingOperator",
 }
 
@@ -39,6 +40,7 @@ WORKERS = [f"testbed-worker-{i}" for i in range(4)]
 FOR_A_NODE = {
     "testbed-identity": {f"{w}-token-{part}" for w in WORKERS for part in ("id", "secret")},
     "testbed-node-credentials": {"testbed-ca-key", *(f"{w}-join-token" for w in WORKERS)},
+    "testbed-ssh": {"testbed-control-host-key"},  # the control node's published host key, read
 }
 
 

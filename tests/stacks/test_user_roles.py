@@ -241,3 +241,10 @@ def test_the_readme_saves_each_kubeconfig_from_its_output():
     saved = dict(re.findall(r"pulumi stack output --show-secrets (\w+) > ([\w.-]+)", readme))
     for role in (hpc_user_role(slurm_names("slinky")), AI_USER_ROLE):
         assert saved[role.output] == role.kubeconfig_file
+
+
+def test_no_service_account_an_ai_user_could_run_a_pod_as_is_granted_anything(run):
+    """AI users create Pods in `default`, as any service account there: the program binds none."""
+    for o in rbac_objects(run):
+        for subject in o.get("subjects", []):
+            assert not (subject["kind"] == "ServiceAccount" and subject.get("namespace") == AI_USER_ROLE.namespace), o
