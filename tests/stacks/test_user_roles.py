@@ -96,9 +96,13 @@ def kubectl_requests(line: str, namespace: str) -> list[Request]:
 
 
 def readme_lines(kubeconfig_file: str) -> list[str]:
+    """The role's commands in the README's first-job block and in docs/using.md."""
     block = Path(ROOT / "README.md").read_text().split("## First Slurm job")[1].split("```")[1]
-    lines = [line for line in block.splitlines() if f"--kubeconfig {kubeconfig_file} " in line]
-    assert lines, kubeconfig_file
+    using = (ROOT / "docs" / "using.md").read_text()
+    lines = [
+        line for line in (block + using).splitlines() if line.startswith(f"kubectl --kubeconfig {kubeconfig_file} ")
+    ]
+    assert len(lines) >= 3, kubeconfig_file
     return lines
 
 
