@@ -39,9 +39,9 @@ def test_every_release_is_pinned_and_named(default_run):
     for name, inputs in releases.items():
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", inputs["version"]), name
     s = default_run.settings
-    assert releases["cert-manager"]["version"] == s.cert_manager_version == "v1.19.2"
-    assert releases["keda"]["version"] == "2.16.1" and releases["nvidia-device-plugin"]["version"] == "0.17.0"
-    assert {releases[n]["version"] for n in ("slurm-operator-crds", "slurm-operator", "slurm")} == {"1.0.0"}
+    assert releases["cert-manager"]["version"] == s.cert_manager_version == "v1.19.6"
+    assert releases["keda"]["version"] == "2.20.2" and releases["nvidia-device-plugin"]["version"] == "0.17.4"
+    assert {releases[n]["version"] for n in ("slurm-operator-crds", "slurm-operator", "slurm")} == {"1.0.5"}
     assert releases["slurm"]["chart"].startswith("oci://ghcr.io/slinkyproject/charts/")
 
 
@@ -235,7 +235,7 @@ def test_training_operator_is_applied_server_side_at_the_pinned_tag_and_removed_
     step = command(default_run, "testbed-training-operator-install")
     create = step_args(default_run, step.name)
     delete = step_args(default_run, step.name, "delete")
-    overlay = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1"
+    overlay = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.4"
     assert (create["ACTION"], create["OVERLAY"]) == ("apply", overlay)
     assert (delete["ACTION"], delete["OVERLAY"]) == ("delete", overlay)
     assert (create["NAMESPACE"], create["DEPLOYMENT"]) == (names.TRAINING_NAMESPACE, training_operator.DEPLOYMENT)
@@ -274,7 +274,7 @@ def test_no_loadbalancer_or_nodeport_services_by_default(default_run):
 def test_gates_are_proven_again_when_their_release_is_upgraded(gate, release_name):
     default, upgraded = (
         run_program(),
-        run_program(certManagerVersion="v1.19.3", slinkyVersion="1.0.1", kedaVersion="2.16.2"),
+        run_program(certManagerVersion="v1.19.2", slinkyVersion="1.0.0", kedaVersion="2.16.1"),  # the article's
     )
     for rec in (default, upgraded):
         triggers = reveal(rec.named(gate).inputs["triggers"])
