@@ -115,7 +115,7 @@ def test_the_queries_select_the_objects_the_releases_create(default_run):
 
 
 def test_the_demand_aware_modifiers_are_the_fields_kedas_crd_defines(default_run):
-    """ScalingModifiers (kedacore/keda@v2.16.1:apis/keda/v1alpha1/scaledobject_types.go): formula,
+    """ScalingModifiers (kedacore/keda@v2.20.2:apis/keda/v1alpha1/scaledobject_types.go): formula,
     target, activationTarget, metricType; unknown keys would be pruned by the API server."""
     (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     modifiers = so.inputs["spec"]["advanced"]["scalingModifiers"]
@@ -328,7 +328,7 @@ def test_slurmctld_state_gets_its_pvc_and_the_pv_binds_to_exactly_that_claim(def
 
 def test_each_keda_trigger_is_a_prometheus_query_keda_can_use(default_run):
     """The queries themselves are the scaling rule's (tests/components/test_slurmd_scaling.py);
-    here: what KEDA's prometheus scaler needs of each trigger (kedacore/keda@v2.16.1
+    here: what KEDA's prometheus scaler needs of each trigger (kedacore/keda@v2.20.2
     pkg/scalers/prometheus_scaler.go: serverAddress, query, threshold as strings)."""
     (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     assert (so.inputs["apiVersion"], so.inputs["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
