@@ -140,7 +140,8 @@ RESERVE_AFTER_SECONDS = 120
 
 # kube-controller-manager's --horizontal-pod-autoscaler-sync-period default (kubernetes/kubernetes@
 # v1.34.0: pkg/controller/podautoscaler/config/v1alpha1/defaults.go) and a pod's default
-# terminationGracePeriodSeconds (the slurm chart 1.0.0 sets none for slurmd).
+# terminationGracePeriodSeconds (the slurm chart 1.0 sets none for slurmd): the most a slurmd pod's
+# termination takes, all of it before 1.0.5, whose logfile sidecar ignored SIGTERM (twin/kube.py).
 HPA_SYNC_SECONDS = 15
 POD_TERMINATION_SECONDS = 30
 # slurmctld ends a job past its limit in job_time_limit, run every PERIODIC_TIMEOUT (30 s), then

@@ -187,7 +187,9 @@ def test_keda_bounds_follow_the_worker_count(workers):
     (so,) = by_type(rec, tokens.SCALED_OBJECT)
     spec = so.inputs["spec"]
     assert spec["maxReplicaCount"] == workers  # every GPU: slurmd borrows AI's idle half
-    assert f"({float(workers)} - " in spec["advanced"]["scalingModifiers"]["formula"], "the reclaim cap counts the workers"
+    assert f"({float(workers)} - " in spec["advanced"]["scalingModifiers"]["formula"], (
+        "the reclaim cap counts the workers"
+    )
     assert (spec["idleReplicaCount"], spec["minReplicaCount"]) == (0, 1)
     assert spec["cooldownPeriod"] == 0  # the formula policy keeps slurmd warm in its query
     assert "[330s:30s]" in _trigger(spec, "recently_busy")["metadata"]["query"]
