@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli import checklist
+from cli import as_typed, checklist, typed_command
 from cli.checklist import FAIL, OK, UNKNOWN, WARN, Check
 from core.names import AMP_WORKSPACE_TYPE_TOKEN, INSTANCE_TYPE_TOKEN
 from core.settings import PROJECT, Settings, SettingsError, load
@@ -370,7 +370,7 @@ def verdict(checks: list[Check]) -> tuple[int, str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = checklist.OneLineParser(prog="python -m cli preflight", description=__doc__)
+    p = checklist.OneLineParser(prog=f"{typed_command()} preflight", description=as_typed(__doc__))
     offline.add_stack_arguments(p)
     return p
 

@@ -328,15 +328,17 @@ def read_stack_outputs(stack: str, show_secrets: bool = False) -> dict | str:
         return "pulumi stack output printed no JSON"
 
 
-def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--stack` and `--config`, the same for every command that reads a stack's settings."""
+def add_stack_arguments(parser: argparse.ArgumentParser, overrides: bool = True) -> None:
+    """`--stack` and `--config`, the same for every command that reads a stack's settings; a
+    command that cannot honour overrides (`overrides=False`) still parses `--config`, to refuse
+    it in one line, but does not list it in its help."""
     parser.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
     parser.add_argument(
         "--config",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a setting (with or without the project prefix); repeatable",
+        help="override a setting (with or without the project prefix); repeatable" if overrides else argparse.SUPPRESS,
     )
 
 
