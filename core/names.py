@@ -11,7 +11,7 @@ api/v1beta1/controller_keys.go and restapi_keys.go (Services `<fullname>-control
 volumeClaimTemplate `statesave`, port 6817, mount /var/spool/slurmctld/<ClusterName>),
 restapi_app.go (port 6820), internal/controller/nodeset/utils/utils.go (pods
 `<nodeset>-<ordinal>`), api/v1beta1/well_known.go and internal/builder/labels/labels.go (labels).
-KEDA's HPA is `keda-hpa-<ScaledObject>` (kedacore/keda@v2.16.1:controllers/keda/hpa.go).
+KEDA's HPA is `keda-hpa-<ScaledObject>` (kedacore/keda@v2.20.2:controllers/keda/hpa.go).
 """
 
 from __future__ import annotations
