@@ -366,10 +366,11 @@ def objects(max_minutes: int, gpus: int) -> list[dict]:
 
 
 def limits(objs: Sequence[dict]) -> Limits:
-    """What the rendered policies allow, read from their variables; they must all agree."""
+    """What the rendered run-limit policies allow (other policies ignored), read from their
+    variables; they must all agree."""
     found = set()
     for obj in objs:
-        if obj["kind"] == "ValidatingAdmissionPolicy":
+        if obj["kind"] == "ValidatingAdmissionPolicy" and obj["metadata"]["name"].startswith(POLICY_PREFIX):
             by_name = {v["name"]: v["expression"] for v in obj["spec"]["variables"]}
             found.add(Limits(int(by_name[MAX_SECONDS_VARIABLE]), int(by_name[WORKER_GPUS_VARIABLE])))
     (only,) = found

@@ -8,6 +8,8 @@ Supplied (celpy has none of them; kubernetes@v1.34.0 staging/src/k8s.io/apiserve
 * `quantity(string)` and a quantity's `isInteger()` and `asApproximateFloat()` (quantity.go), over
   resource.Quantity's grammar (staging/src/k8s.io/apimachinery/pkg/api/resource/quantity.go);
 * a list's `sum()` and `max()` (lists.go);
+* a list of strings' `join(separator)` (cel-go's strings extension, ext/strings.go, which
+  staging/src/k8s.io/apiserver/pkg/cel/environment/base.go adds);
 * `string(double)` as cel-go writes it (strconv.FormatFloat 'g' -1: "6", not celpy's "6.0").
 What celpy does not do that the API server does: type-check an expression against the schema
 (cel-go's checker, e.g. for `+` across Container and EphemeralContainer lists); cost limits.
@@ -74,6 +76,12 @@ def list_max(items: celtypes.ListType) -> Any:
     return max(items)
 
 
+def join(items: celtypes.ListType, separator: str = "") -> celtypes.StringType:
+    if not all(isinstance(item, str) for item in items):
+        raise TypeError("no such overload: join() over a list that is not all strings")
+    return celtypes.StringType(separator.join(items))
+
+
 def cel_string(value: Any) -> celtypes.StringType:
     if isinstance(value, float):  # a DoubleType, or the float celpy's arithmetic returns
         text = repr(float(value))
@@ -87,6 +95,7 @@ FUNCTIONS = {
     "asApproximateFloat": as_approximate_float,
     "sum": list_sum,
     "max": list_max,
+    "join": join,
     "string": cel_string,
 }
 ENV = celpy.Environment()

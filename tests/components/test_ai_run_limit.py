@@ -261,8 +261,8 @@ def test_the_limits_are_read_back_from_the_rendered_policies():
 def test_the_program_creates_the_policies_after_kueue_from_the_settings():
     rec = run_program(aiJobMaxMinutes=90, workerCount=2)
     (component,) = by_type(rec, tokens.AI_RUN_LIMIT)
-    created = by_type(rec, tokens.VALIDATING_ADMISSION_POLICY)
-    bindings = by_type(rec, tokens.VALIDATING_ADMISSION_POLICY_BINDING)
+    created = [r for r in by_type(rec, tokens.VALIDATING_ADMISSION_POLICY) if r.parent == component.urn]
+    bindings = [r for r in by_type(rec, tokens.VALIDATING_ADMISSION_POLICY_BINDING) if r.parent == component.urn]
     assert len(created) == len(bindings) == len(ai_run_limit.KINDS)
     assert ai_run_limit.limits([r.inputs for r in created]) == ai_run_limit.Limits(5400, 2)
     gate = rec.named("testbed-kueue-webhook-gate")
