@@ -18,14 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from cli import checklist
+from cli import as_typed, checklist, doctor_platform, typed_command
 from cli.checklist import FAIL, OK, Check
 from components import readiness_gate
 from core import host_layout, names, user_files
+from core.names import GPU_RESOURCE
 from core.settings import Settings, SettingsError
 from stacks import offline
 
-GPU_RESOURCE = "nvidia.com/gpu"
 LOG_LINES = 40
 SSH_CONNECT_TIMEOUT = 10
 EXEC_TIMEOUT_SECONDS = 30  # a command in a pod, e.g. sinfo in slurmctld
@@ -58,6 +58,8 @@ class Kube(Protocol):
     def exec(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str]: ...
 
     def get(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict: ...
+
+    def get_cluster(self, group: str, version: str, plural: str, name: str) -> dict: ...
 
     def hpa(self, namespace: str, name: str) -> dict: ...
 
@@ -157,8 +159,13 @@ class Doctor:
             ("pods", self.pods),
             ("webhook", self.webhooks),
             ("sinfo", self.sinfo),
-            ("scaledobject", self.scaled_object),
+            ("kueue", lambda: self.checks.extend(doctor_platform.kueue_checks(self.n, self.kube, self.s.stack))),
+            ("scaledobject", lambda: self.checks.extend(doctor_platform.keda_checks(self.n, self.kube, self.s.stack))),
             ("prometheus", self.prometheus),
+            (
+                "admission",
+                lambda: self.checks.extend(doctor_platform.admission_checks(self.n, self.kube, self.s.stack)),
+            ),
         ):
             self._guarded(name, step)
         return self.checks
@@ -251,32 +258,6 @@ class Doctor:
         else:
             self.checks.append(Check("sinfo", OK, f"slurmctld answers; partitions {', '.join(slurm.partitions)}"))
 
-    def scaled_object(self) -> None:
-        slurm = self.n.slurm
-        obj = self.kube.get("keda.sh", "v1alpha1", slurm.namespace, "scaledobjects", self.n.scaled_object)
-        if not _ready(obj):
-            message = next(
-                (
-                    c.get("message", "")
-                    for c in obj.get("status", {}).get("conditions") or []
-                    if c.get("type") == "Ready"
-                ),
-                "no Ready condition",
-            )
-            self.checks.append(Check("scaledobject", FAIL, f"{self.n.scaled_object} not Ready: {message}"))
-            return
-        hpa = self.kube.hpa(slurm.namespace, self.n.keda_hpa)
-        values = [
-            f"{m['external']['metric']['name']}={m['external']['current'].get('averageValue', '?')}"
-            for m in hpa.get("status", {}).get("currentMetrics") or []
-            if m.get("type") == "External"
-        ]
-        replicas = hpa.get("status", {}).get("desiredReplicas", "?")
-        shown = ", ".join(values) if values else "no trigger values yet"
-        self.checks.append(
-            Check("scaledobject", OK, f"{self.n.scaled_object} Ready; triggers {shown}; HPA wants {replicas}")
-        )
-
     def prometheus(self) -> None:
         # The queries the deployed ScaledObject runs (components/keda.py: the default policy, the
         # stack's cooldown as the warmth window). slurmctld
@@ -348,13 +329,16 @@ class KubeApi:
         from validation.cluster import ClusterError
 
         try:
-            code, out, err = self.cluster._exec(namespace, pod, container, command)
+            code, out, err = self.cluster.exec_in_pod(namespace, pod, container, command)
         except ClusterError as error:
             return 1, str(error)
         return code, out + err
 
     def get(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+
+    def get_cluster(self, group: str, version: str, plural: str, name: str) -> dict:
+        return self.custom.get_cluster_custom_object(group, version, plural, name)
 
     def hpa(self, namespace: str, name: str) -> dict:
         return self._plain(self.autoscaling.read_namespaced_horizontal_pod_autoscaler(name, namespace))
@@ -385,7 +369,7 @@ def read_outputs(stack: str) -> dict | str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = checklist.OneLineParser(prog="python -m cli doctor", description=__doc__)
+    p = checklist.OneLineParser(prog=f"{typed_command()} doctor", description=as_typed(__doc__))
     offline.add_stack_arguments(p)
     p.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG, else the stack's kubeconfig output")
     return p

@@ -10,6 +10,9 @@ The scrape of each target, KEDA's poll and the HPA's sync fire at their own phas
 the phase sets S to S+N-1 and reports its latencies as p50/p95 over them, and the sets under
 which a job was killed, a GPU double-held or a job left unfinished.
 
+On a terminal, a run longer than a few seconds shows how far it got on stderr, one line
+rewritten in place and cleared at the end; never with --json or when stderr is not a terminal.
+
 Exit status: 0 when nothing was killed or double-held and every job that was not refused
 completed (under every phase set with --phases); 1 otherwise; 2 for bad input (one line per
 problem, no traceback). --readme-tables prints the tables as Markdown, each between its marker
@@ -24,7 +27,10 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import NoReturn
 
+from cli import as_typed, typed_command
+from cli.progress import Progress
 from components import slurmd_scaling
 from core import user_files
 from core.names import DEFAULT_PARTITION
@@ -43,13 +49,15 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m cli simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"{typed_command()} simulate",
+        description=as_typed(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
@@ -220,7 +228,7 @@ def main(argv: list[str]) -> int:
         sc = scenario.load(path, partitions)
     except scenario.ScenarioError as error:
         problems += error.problems
-    if not problems:
+    if not problems and settings is not None:  # None only after a SettingsError, which is a problem
         try:
             settings = scenario_settings(args.stack, args.config, sc, settings)
         except SettingsError as error:
@@ -229,17 +237,23 @@ def main(argv: list[str]) -> int:
         problems.append(problem)
     if not problems and args.out is not None and (problem := user_files.make_out_dir("--out", args.out)):
         problems.append(problem)  # checked before the run, which may take half a minute
-    if problems:
+    if problems or settings is None or isinstance(path, str):  # the last two come with a problem
         for problem in problems:
             print(problem, file=sys.stderr)
         return 2
     setup = program.setup(settings, args.policy)
+    shown = Progress(sys.stderr, enabled=not args.json)
     if args.phases is not None:
-        swept = sim.sweep(setup, sc, range(args.phase_set, args.phase_set + args.phases))
+        sets = range(args.phase_set, args.phase_set + args.phases)
+        swept = sim.sweep(
+            setup, sc, sets, lambda n: shown.ticker(f"{path.stem}, phase set {n} ({n - sets[0] + 1} of {len(sets)})")
+        )
+        shown.close()
         print(json.dumps(swept, indent=1, sort_keys=True) if args.json else sweep_summary(swept))
         return 0 if not swept["not_ok"] else 1
     run = sim.Run(setup, sc, args.phase_set)
-    result = run.run()
+    result = run.run(shown.ticker(path.stem))
+    shown.close()
     if args.out:
         try:
             write_out(run, result, args.out, path.stem, args.policy)
@@ -258,6 +272,7 @@ def write_out(run: sim.Run, result: dict, out: Path, name: str, policy: str) -> 
         timeline(run, name),
         out / "timeline.png",
         f"{escaped(name)}, policy {policy}, phase set {run.phase_set} (modelled)",
+        modelled=result["latency"],  # the summary's numbers: the twin knows them to the second
     )
 
 
@@ -279,9 +294,13 @@ def _readme_tables(args: argparse.Namespace, settings: Settings | None, problems
                 if text.count(begin(name)) != 1 or text.count(end(name)) != 1
             ]
     runs: dict[str, dict[str, sim.Run]] = {}
-    if not problems:
+    if not problems and settings is not None:  # None only after a SettingsError, which is a problem
         try:
-            runs = run_shipped(args.stack, args.config, settings)
+            shown = Progress(sys.stderr, enabled=True)
+            try:
+                runs = run_shipped(args.stack, args.config, settings, shown)
+            finally:
+                shown.close()
         except (scenario.ScenarioError, SettingsError) as error:
             problems += error.problems
     if problems:
@@ -332,17 +351,21 @@ def policy_setups(
     return sc, {policy: program.setup(s, policy) for policy in slurmd_scaling.POLICIES}
 
 
-def run_scenario(path: Path, stack: str, config: list[str], settings: Settings) -> dict[str, sim.Run]:
+def run_scenario(
+    path: Path, stack: str, config: list[str], settings: Settings, shown: Progress | None = None
+) -> dict[str, sim.Run]:
     """One shipped scenario under every policy of components.slurmd_scaling, Kueue as it says."""
     sc, setups = policy_setups(path, stack, config, settings)
     runs = {policy: sim.Run(setup, sc) for policy, setup in setups.items()}
-    for run in runs.values():
-        run.run()
+    for policy, run in runs.items():
+        run.run(shown.ticker(f"{path.stem} under {policy}") if shown else None)
     return runs
 
 
-def run_shipped(stack: str, config: list[str], settings: Settings) -> dict[str, dict[str, sim.Run]]:
-    return {path.stem: run_scenario(path, stack, config, settings) for path in shipped()}
+def run_shipped(
+    stack: str, config: list[str], settings: Settings, shown: Progress | None = None
+) -> dict[str, dict[str, sim.Run]]:
+    return {path.stem: run_scenario(path, stack, config, settings, shown) for path in shipped()}
 
 
 def _policy_header(policy: str) -> str:
@@ -388,7 +411,9 @@ def releases(run: sim.Run) -> dict[str, list[float | None]]:
         waiting = {k.name for k in run.kube.jobs if k.submitted <= end and (k.started is None or k.started > end)}
         given_back = set()
         for p in pods:
-            if p.holder != kube.SLURMD or p.owner not in job.nodes or p.gpu is None or p.bound_at > end:
+            if p.holder != kube.SLURMD or p.owner not in job.nodes or p.gpu is None:
+                continue
+            if p.bound_at is None or p.bound_at > end:
                 continue
             gone = math.inf if p.gone_at is None else p.gone_at  # a pod that never goes never gives it back
             if gone < end:
@@ -415,7 +440,8 @@ def releases(run: sim.Run) -> dict[str, list[float | None]]:
 def _worst(values: list[float | None]) -> str:
     if not values:
         return "–"
-    return "never" if None in values else f"{max(values):g} s"
+    known = [v for v in values if v is not None]
+    return "never" if len(known) < len(values) else f"{max(known):g} s"
 
 
 def _share(result: dict) -> str:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
+from cli import as_typed, typed_command
 from core import settings, user_files
 from core.names import MONITORING_NAMESPACE, PROMETHEUS_PORT, Names
 from stacks import offline
@@ -63,7 +64,7 @@ def seconds_problem(flag: str, text: str | None, bounds: tuple[float, float]) ->
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m cli validate", description=__doc__)
+    p = _Parser(prog=f"{typed_command()} validate", description=as_typed(__doc__))
     p.add_argument("--scenario", help="one of: " + ", ".join(SCENARIOS))
     offline.add_stack_arguments(p)
     p.add_argument(

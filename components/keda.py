@@ -48,6 +48,17 @@ def triggers(n: Names, policy: str = slurmd_scaling.DEFAULT_POLICY) -> list[dict
     return slurmd_scaling.keda_triggers(n.prometheus_url, target, policy, n.cooldown_seconds)
 
 
+def scaling_modifiers(n: Names, policy: str = slurmd_scaling.DEFAULT_POLICY) -> dict:
+    """The formula over the triggers and the composite metric's target: what the doctor expects
+    the deployed ScaledObject and its HPA to read."""
+    return {
+        "formula": slurmd_scaling.formula(slurmd_scaling.scaling_target(n), policy),
+        "target": "1",
+        "activationTarget": "0",
+        "metricType": "AverageValue",
+    }
+
+
 def _formula_policy(n: Names, policy: str) -> dict:
     """What the formula policies change: the triggers are combined by a formula, and the
     cooldown (kedaCooldownSeconds) lives in its `recently_busy` query, so KEDA's cooldownPeriod and
@@ -60,19 +71,13 @@ def _formula_policy(n: Names, policy: str) -> dict:
     return {
         "cooldownPeriod": 0,
         "advanced": {
-            "scalingModifiers": {
-                "formula": slurmd_scaling.formula(slurmd_scaling.scaling_target(n), policy),
-                "target": "1",
-                "activationTarget": "0",
-                "metricType": "AverageValue",
-            },
+            "scalingModifiers": scaling_modifiers(n, policy),
             "horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}},
         },
     }
 
 
-def scaled_object(a: KedaArgs) -> dict:
-    n = a.names
+def scaled_object(n: Names, min_replicas: int, policy: str = slurmd_scaling.DEFAULT_POLICY) -> dict:
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -85,12 +90,12 @@ def scaled_object(a: KedaArgs) -> dict:
                 "name": n.slurm.nodeset_resource,
             },
             "idleReplicaCount": 0,  # GPUs go back to Kubernetes when Slurm is idle
-            "minReplicaCount": a.min_replicas,  # must exceed idle, or KEDA rejects the object
+            "minReplicaCount": min_replicas,  # must exceed idle, or KEDA rejects the object
             "maxReplicaCount": n.slurmd_max_replicas,
             "cooldownPeriod": n.cooldown_seconds,
             "pollingInterval": n.polling_seconds,
-            "triggers": triggers(n, a.policy),
-            **(_formula_policy(n, a.policy) if a.policy in slurmd_scaling.FORMULA_POLICIES else {}),
+            "triggers": triggers(n, policy),
+            **(_formula_policy(n, policy) if policy in slurmd_scaling.FORMULA_POLICIES else {}),
         },
     }
 
@@ -123,7 +128,7 @@ class Keda(pulumi.ComponentResource):
             parent=self,
             depends_on=[self.release],
         )
-        manifest = scaled_object(args)
+        manifest = scaled_object(args.names, args.min_replicas, args.policy)
         self.scaled_object = k8s.apiextensions.CustomResource(
             f"{name}-scaled-object",
             api_version=manifest["apiVersion"],

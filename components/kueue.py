@@ -46,6 +46,7 @@ from core.names import (
     KUEUE_POD_WEBHOOKS,
     KUEUE_RELEASE,
     MAX_EXEC_TIME_LABEL,
+    NAMESPACE_NAME_LABEL,
     QUEUE_NAME_LABEL,
     SLURM_NAMESPACE,
     GpuShares,
@@ -54,7 +55,6 @@ from core.names import (
 from core.settings import SettingsError
 
 CHART = "oci://registry.k8s.io/kueue/charts/kueue"
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 # `pod` manages the slurmd pods. Not `deployment` or `statefulset` (the chart's default list has
 # them): their webhooks would then fail closed for slurmrestd's Deployment and slurmctld's
 # StatefulSet in namespace slurm (manifests.yaml: failurePolicy Fail only when enabled).
@@ -317,6 +317,21 @@ def webhook_probe() -> dict:
     probe["metadata"]["name"] = "testbed-kueue-probe"
     probe["metadata"]["labels"] = {QUEUE_NAME_LABEL: AI_LOCAL_QUEUE, MAX_EXEC_TIME_LABEL: "1"}
     return probe
+
+
+def workload_probe() -> dict:
+    """The smallest Workload in AI's LocalQueue: Kueue's workload webhooks default and validate
+    it (pkg/webhooks/workload_webhook.go); the doctor only ever dry-runs it."""
+    container = {"name": "probe", "image": training_operator.PROBE_IMAGE}
+    return _object(
+        "Workload",
+        "testbed-doctor-probe",
+        {
+            "queueName": AI_LOCAL_QUEUE,
+            "podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": [container]}}}],
+        },
+        namespace=JOBS_NAMESPACE,
+    )
 
 
 def policy_lines(shares: GpuShares) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pulumi
 import pulumi_command as command
@@ -16,6 +17,8 @@ from components.webhook_gate import webhook_gate
 from core import host_layout
 from core.names import (
     DEFAULT_PARTITION,
+    GPU_RESOURCE,
+    GPUS_PER_WORKER,
     SLINKY_OPERATOR_NAMESPACE,
     SLURM_CHART,
     SLURM_METRICS_INTERVAL_SECONDS,
@@ -121,7 +124,8 @@ def slurm_values(
     version: str,
     image_tag: str,
     n: SlurmNames,
-    service_monitor_labels: dict[str, str],
+    *,
+    service_monitor_labels: dict[str, str] | None = None,
     max_nodes: int | None = None,
     metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS,
     max_minutes: int | None = None,
@@ -141,7 +145,7 @@ def slurm_values(
             "metadata": {"labels": slurmd_queue_labels()},
             "slurmd": {
                 "image": _image("slurmd", image_tag),
-                "resources": {"limits": {"nvidia.com/gpu": 1}},
+                "resources": {"limits": {GPU_RESOURCE: GPUS_PER_WORKER}},
                 "volumeMounts": [mount],
             },
             "extraConfMap": {"Gres": [GPU_GRES]},
@@ -152,7 +156,7 @@ def slurm_values(
     nodesets = {n.nodeset: gpu_nodeset}
     if n.nodeset != CHART_DEFAULT_NODESET:
         nodesets[CHART_DEFAULT_NODESET] = {"enabled": False}  # the chart's default entry is merged in otherwise
-    computed = {
+    computed: dict[str, Any] = {
         "controller": {
             "slurmctld": {"image": _image("slurmctld", image_tag), "volumeMounts": [mount]},
             "reconfigure": {"image": _image("slurmctld", image_tag)},
@@ -174,7 +178,7 @@ def slurm_values(
                 "enabled": True,
                 "serviceMonitor": {
                     "enabled": True,
-                    "labels": dict(service_monitor_labels),
+                    "labels": dict(service_monitor_labels or {}),
                     "interval": f"{metrics_interval_seconds}s",
                 },
             },
@@ -281,10 +285,10 @@ class Slinky(pulumi.ComponentResource):
                 args.version,
                 args.image_tag,
                 self.names,
-                args.service_monitor_labels,
-                args.max_nodes,
-                args.metrics_interval_seconds,
-                args.max_minutes,
+                service_monitor_labels=args.service_monitor_labels,
+                max_nodes=args.max_nodes,
+                metrics_interval_seconds=args.metrics_interval_seconds,
+                max_minutes=args.max_minutes,
             ),
             args.provider,
             parent=self,

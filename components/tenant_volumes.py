@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from core.names import JOBS_NAMESPACE
+from core.names import JOBS_NAMESPACE, NAMESPACE_NAME_LABEL
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 POLICY_NAME = "testbed-tenant-volumes"
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+
 TENANT_NAMESPACES = (JOBS_NAMESPACE,)
 ALLOWED_VOLUMES = (
     "configMap",

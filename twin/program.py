@@ -22,8 +22,8 @@ from components import (
 from core.names import DEFAULT_PARTITION, GPU_RESOURCE, Names
 from core.settings import Settings
 from twin import kube
-from twin.sim import Setup
 from twin.slurm import SlurmConfig
+from twin.world import Setup
 
 TRIES_FLAG = "--pytorch-init-container-max-tries="
 
@@ -89,25 +89,15 @@ def pod_images(slurm_values: dict) -> dict[str, str]:
 
 def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     names = Names.from_settings(s)
-    args = keda.KedaArgs(
-        version=s.keda_version,
-        names=names,
-        min_replicas=s.keda_min_replicas,
-        provider=None,
-        control_connection=None,
-        scaled_object_after=(),
-        policy=policy,
-    )
     # The older policies ran with the chart's unlimited partitions (MaxTime too) and no job_submit plugin.
     guarded = policy in slurmd_scaling.GUARDED_POLICIES
     values = slinky.slurm_values(
         s.slinky_version,
         s.slurm_image_tag,
         names.slurm,
-        {},
-        names.slurmd_max_replicas if guarded else None,
-        names.metrics_interval_seconds,
-        names.slurm_job_max_minutes if guarded else None,
+        max_nodes=names.slurmd_max_replicas if guarded else None,
+        metrics_interval_seconds=names.metrics_interval_seconds,
+        max_minutes=names.slurm_job_max_minutes if guarded else None,
     )
     conf = slurm_config.slurm_files(values, names.slurm)
     slurm_conf = conf["slurm.conf"]
@@ -121,7 +111,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     kill_invalid_depend = "kill_invalid_depend" in slurm_config.global_setting(slurm_conf, "DependencyParameters", "")
     target = slurmd_scaling.scaling_target(names)
     return Setup(
-        scaled_object=keda.scaled_object(args),
+        scaled_object=keda.scaled_object(names, s.keda_min_replicas, policy),
         slurm=SlurmConfig(
             DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua, minutes, kill_invalid_depend
         ),

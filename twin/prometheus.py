@@ -13,7 +13,7 @@ default and the slurm chart's ServiceMonitor, SlinkyProject/slurm-operator@v1.0.
 Phases: each target is scraped at its own offset within the interval, fixed for the target and
 pinned to absolute time: `(hash(target) ^ offsetSeed) % interval`, offsetSeed from the server's
 hostname and external labels (scrape/target.go Target.offset, v2.42.0 and 3.x alike). The twin
-draws each target's offset from the run's phase set (twin/sim.py Phases).
+draws each target's offset from the run's phase set (twin/world.py Phases).
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ def test_one_gpu_per_node_everywhere():
 
 def test_the_slurm_chart_gets_the_script_and_the_plugin():
     n = names.slurm_names("slinky")
-    v = slinky.slurm_values("1.0.0", "25.11.6-ubuntu24.04", n, {}, max_nodes=4)
+    v = slinky.slurm_values("1.0.0", "25.11.6-ubuntu24.04", n, max_nodes=4)
     assert v["configFiles"]["job_submit.lua"] == slinky.JOB_SUBMIT_LUA.read_text()
     assert "gres.conf" in v["configFiles"], "the base values' gres.conf stays"
     # NO: any other value checks each job against the nodes registered now, none at slurmd 0.

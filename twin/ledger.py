@@ -1,0 +1,103 @@
+"""What the twin counts while it runs, second by second: the GPUs slurmd holds and uses, each
+side's GPU time while both have work (contention), the Slurm jobs that end while Kubernetes work
+waits, and each side's waits for its lent share. twin/report.py turns it into the result."""
+
+from __future__ import annotations
+
+from core.names import AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE
+from twin import kube as k8s
+from twin.slurm import SlurmJob
+from twin.world import World
+
+
+class Ledger:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.idle_gpu_s = 0.0  # GPU-seconds held by slurmd pods whose Slurm node runs no job
+        self.held_now = 0
+        # GPU-seconds each side holds while both have work waiting or running (contention)
+        self.contended = {"slurm": 0.0, "kubernetes": 0.0, "seconds": 0.0}
+        self.zero_spans: list[list[float]] = []  # [start, end] of times slurmd held no GPU
+        self.held: list[int] = []  # GPUs slurmd held, per second
+        self.gpu_holder: dict[int, str] = {}
+        self.owner_changes = 0  # a GPU going from slurmd to a Kubernetes job or back
+        self.waiting_at_end: list[tuple[SlurmJob, list[k8s.KubeJob]]] = []  # Slurm job ends while AI waits
+        # Each side's guaranteed GPUs (its ClusterQueue's nominalQuota), and the stretches it waited
+        # below them while the other side held more than its own: a lent share not yet back.
+        self.shares = (
+            {
+                side: world.kueue.queues[cq].nominal
+                for side, cq in (("slurm", HPC_CLUSTER_QUEUE), ("kubernetes", AI_CLUSTER_QUEUE))
+            }
+            if world.kueue is not None
+            else None
+        )
+        self.reclaim_waits: dict[str, list[float]] = {"slurm": [], "kubernetes": []}
+        self.lent_since: dict[str, float | None] = {"slurm": None, "kubernetes": None}
+        self._noted: set[int] = set()  # the Slurm jobs in waiting_at_end
+
+    def note_ends(self, now: float) -> None:
+        """Each Slurm job that ends while a Kubernetes job waits (queued in Kueue or Pending)."""
+        if not self.world.slurm.completed_now:
+            return
+        waiting = [j for j in self.world.kube.open_jobs if j.started is None and j.finished is None]
+        if waiting:
+            ended = [j for j in self.world.slurm.completed_now if id(j) not in self._noted]
+            self._noted.update(id(j) for j in ended)
+            self.waiting_at_end += [(j, waiting) for j in ended]
+
+    def account(self, now: float) -> None:
+        """One second's GPUs: who holds them, who uses them, and each side's wait for its lent share."""
+        busy = self.world.slurm.busy_nodes()
+        held = idle = used = 0  # GPUs slurmd pods hold; of them, on nodes running nothing / a job
+        ai_held = 0  # GPUs Kubernetes jobs' pods hold
+        for p in self.world.kube.live_pods():
+            if p.gpu is None:
+                continue
+            if p.running(now):
+                if self.gpu_holder.get(p.gpu, p.holder) != p.holder:
+                    self.owner_changes += 1
+                self.gpu_holder[p.gpu] = p.holder
+            if p.holder != k8s.SLURMD:
+                ai_held += 1
+            else:
+                held += 1
+                if p.owner in busy:
+                    used += 1
+                else:
+                    idle += 1
+        self.idle_gpu_s += idle
+        self.held_now = held
+        self.held.append(self.held_now)
+        slurm_waits = any(j.finished is None for j in self.world.slurm.open_jobs)
+        kube_open = [j for j in self.world.kube.open_jobs if j.finished is None]
+        if slurm_waits and kube_open:
+            self.contended["seconds"] += 1
+            self.contended["slurm"] += used
+            self.contended["kubernetes"] += sum(len(j.pods) for j in kube_open if j.started is not None)
+        if self.held_now == 0:
+            if self.zero_spans and self.zero_spans[-1][1] == now - 1:
+                self.zero_spans[-1][1] = now
+            else:
+                self.zero_spans.append([now, now])
+        if self.shares is not None:
+            self._reclaim_wait("slurm", held, ai_held, self.shares, now)
+            self._reclaim_wait("kubernetes", ai_held, held, self.shares, now)
+
+    def _reclaim_wait(self, side: str, mine: int, theirs: int, shares: dict[str, int], now: float) -> None:
+        """A side waits for its lent share while it has work waiting, holds less than its share
+        and the other side more than its own."""
+        other = "kubernetes" if side == "slurm" else "slurm"
+        lent = mine < shares[side] and theirs > shares[other] and self._waits(side, now)
+        since = self.lent_since[side]
+        if lent and since is None:
+            self.lent_since[side] = now
+        elif not lent and since is not None:
+            self.reclaim_waits[side].append(now - since)
+            self.lent_since[side] = None
+
+    def _waits(self, side: str, now: float) -> bool:
+        """Work of the side that could start now: an eligible Slurm job, a workload Kueue has not admitted."""
+        if side == "slurm":
+            return any(self.world.slurm.eligible(j, now) for j in self.world.slurm.open_jobs)
+        return self.world.kueue is not None and self.world.kueue.pending_gpus(AI_CLUSTER_QUEUE) > 0

@@ -1,0 +1,211 @@
+"""The twin's result: each job's outcome, the latencies, the GPU returns, the contention and the
+waits for a lent share, from the world and its ledger; and the report of a sweep over phase sets."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from twin.ledger import Ledger
+from twin.slurm import COMPLETED, NEVER_SATISFIED, REFUSED, TIMEOUT, SlurmJob
+from twin.world import World, gpu_uuid
+
+
+def result(world: World, ledger: Ledger) -> dict:
+    jobs = []
+    for spec in world.scenario.jobs:
+        if spec.kind == "slurm":
+            tasks = world.slurm_jobs.get(spec.name, [])
+            states = {t.state for t in tasks}
+            outcome = "unfinished"
+            if tasks and states == {COMPLETED}:
+                outcome = "completed"
+            if REFUSED in states:
+                outcome = "refused"
+            if tasks and states <= {COMPLETED, TIMEOUT} and TIMEOUT in states:
+                outcome = "timed_out"  # its own time limit (--time or MaxTime), not the hand-off
+            if tasks and all(t.reason == NEVER_SATISFIED for t in tasks):
+                outcome = "cancelled"  # by slurmctld: what it depends on did not complete
+            if any(t.restarts for t in tasks):  # requeued: the work it had done was lost
+                outcome = "killed"
+            starts = [t.started for t in tasks if t.started is not None]
+            ends = [t.finished for t in tasks if t.finished is not None]
+            row: dict[str, Any] = {
+                "started": min(starts) if starts else None,
+                "finished": max(ends) if tasks and len(ends) == len(tasks) else None,
+            }
+            if outcome == "refused":
+                row["reason"] = tasks[0].reason
+            if outcome == "cancelled":
+                row["reason"] = f"{spec.after} did not complete: {NEVER_SATISFIED}, cancelled (kill_invalid_depend)"
+            if outcome == "timed_out":
+                limit = next(t.time_limit for t in tasks if t.state == TIMEOUT and t.time_limit is not None)
+                row["reason"] = f"slurmctld ended it at its time limit, {limit / 60:g} min (TIMEOUT)"
+        else:
+            kj = world.kube_jobs.get(spec.name)
+            outcome = "unfinished" if not kj or kj.finished is None else "failed" if kj.failed else "completed"
+            row = {"started": kj.started if kj else None, "finished": kj.finished if kj else None}
+            if spec.name in world.denied:
+                outcome, row["reason"] = "refused", world.denied[spec.name]
+            if world.kueue is not None and kj is not None:
+                w = next(w for w in world.kueue.workloads if w.job is kj)
+                row |= {"admitted": w.first_admitted, "evictions": w.evictions}
+                if w.deactivated_at is not None:  # stopped at its own limit, not by the hand-off
+                    outcome = "timed_out"
+                    row["reason"] = f"Kueue stopped it after {w.limit:g} s admitted (its run limit)"
+        jobs.append({"name": spec.name, "kind": spec.kind, "outcome": outcome, "submitted": spec.submit, **row})
+    slurm_done = [j.finished for j in world.slurm.jobs if j.state in (COMPLETED, TIMEOUT) and j.finished is not None]
+    gpu_return = None
+    if slurm_done:
+        last = max(slurm_done)
+        back = next((max(start, last) for start, end in ledger.zero_spans if end >= last), None)
+        if back is not None:
+            gpu_return = max(0.0, back - last)
+    waits = [j.started - _eligible_since(world, j) for j in world.slurm.jobs if j.started is not None]
+    return {
+        "jobs": jobs,
+        "killed": sorted(set(world.killed)),
+        "double_held": sorted(gpu_uuid(g) for g in world.kube.double_held),
+        "unfinished": [j["name"] for j in jobs if j["outcome"] == "unfinished"],
+        "timed_out": [j["name"] for j in jobs if j["outcome"] == "timed_out"],  # Slurm's and Kueue's
+        "end": {
+            "slurmd_replicas": world.nodeset.replicas,
+            "gpus_held_by_slurmd": ledger.held_now,
+        },
+        "latency": {"scale_up_s": max(waits) if waits else None, "gpu_return_s": gpu_return},
+        "returns": _returns(world, ledger),
+        "slurmd_starts": world.nodeset.starts,
+        "gpu_owner_changes": ledger.owner_changes,
+        "slurmd_idle_gpu_s": ledger.idle_gpu_s,
+        "trigger_errors": world.keda.errors,
+        "kueue": world.kueue is not None,
+        "slurmd_in_kueue": world.slurmd_queued,
+        "kueue_pod_evictions": world.kueue.pod_evictions if world.kueue is not None else 0,
+        "contention": _contention(ledger),
+        # seconds each side waited for its lent share, per wait; one still open at the end counts
+        # until then
+        "reclaim_waits": {
+            side: waits + ([world.now - since] if (since := ledger.lent_since[side]) is not None else [])
+            for side, waits in ledger.reclaim_waits.items()
+        },
+    }
+
+
+def _returns(world: World, ledger: Ledger) -> list[dict]:
+    """For each Slurm job that ended while a Kubernetes job waited: `last` (no other Slurm job
+    ran) or `partial` (others kept running), the seconds until slurmd held one GPU fewer
+    (`gpu_freed_s`) and until a waiting Kubernetes job ran (`kube_running_s`). Ends after
+    which Slurm still had work pending (not held), or started another job before a GPU was freed,
+    are left out: the rule keeps GPUs for that work."""
+    out = []
+    for job, waiting in ledger.waiting_at_end:
+        end = job.finished
+        assert end is not None  # noted when it ended
+        if any(_pending_at(o, end) for o in world.slurm.jobs if o is not job):
+            continue
+        others = [(o.started, o.finished) for o in world.slurm.jobs if o is not job and o.started is not None]
+        running = any(started <= end and (finished is None or finished > end) for started, finished in others)
+        before = ledger.held[int(end) - 1] if end >= 1 else 0
+        freed = next((t - end for t in range(int(end), len(ledger.held)) if ledger.held[t] < before), None)
+        if any(end <= started <= end + (freed if freed is not None else float("inf")) for started, _ in others):
+            continue
+        starts = [j.started for j in waiting if j.started is not None and j.started >= end]
+        out.append(
+            {
+                "slurm_job": job.spec.name,
+                "ended": end,
+                "kind": "partial" if running else "last",
+                "gpu_freed_s": freed,
+                "kube_running_s": min(starts) - end if starts else None,
+            }
+        )
+    return out
+
+
+def _pending_at(j: SlurmJob, t: float) -> bool:
+    if j.state == REFUSED or j.spec.submit > t or (j.started is not None and j.started <= t):
+        return False
+    return not (j.spec.hold and (j.spec.release is None or j.spec.release > t))
+
+
+def _contention(ledger: Ledger) -> dict:
+    """Each side's share of the GPU time used while both had work waiting or running: a slurmd
+    pod counts while its Slurm node runs a job, a Kubernetes job's pods while the job runs
+    (a gang holding GPUs while it waits for its last pod counts for neither)."""
+    c = ledger.contended
+    used = c["slurm"] + c["kubernetes"]
+    share = {side: round(c[side] / used, 3) if used else None for side in ("slurm", "kubernetes")}
+    return {"seconds": c["seconds"], "gpu_s": {s: c[s] for s in ("slurm", "kubernetes")}, "share": share}
+
+
+def _eligible_since(world: World, j: SlurmJob) -> float:
+    since = j.spec.submit
+    if j.spec.begin is not None:
+        since = max(since, j.spec.begin)
+    if j.spec.release is not None:
+        since = max(since, j.spec.release)
+    if j.spec.after is not None:
+        parents = world.slurm_jobs.get(j.spec.after, [])
+        ends = [p.finished for p in parents if p.finished is not None]
+        if parents and len(ends) == len(parents):
+            since = max(since, *ends)
+    if j.spec.throttle is not None:
+        # a throttled task is eligible once an earlier task of its array has ended
+        array_ends = sorted(t.finished for t in world.slurm_jobs[j.spec.name] if t.finished is not None)
+        earlier = [e for e in array_ends if e <= (j.started or 0)]
+        if earlier:
+            since = max(since, earlier[-1])
+    return since
+
+
+def ok(result: dict) -> bool:
+    """Exit 0: nothing killed or double-held, and every job that was not refused completed."""
+    return (
+        not result["killed"]
+        and not result["double_held"]
+        and all(j["outcome"] in ("completed", "refused") for j in result["jobs"])
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q % of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _spread(values: list[float | None]) -> dict | None:
+    """p50, p95 and max of the values known, and how many runs had none (never happened)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    return {
+        "p50": percentile(known, 50),
+        "p95": percentile(known, 95),
+        "max": max(known),
+        "none": len(values) - len(known),
+    }
+
+
+def summary(results: dict[int, dict]) -> dict:
+    """`sweep`'s report from the results of its runs, by phase set."""
+    returns = [r for result in results.values() for r in result["returns"]]
+    return {
+        "phase_sets": list(results),
+        "latency": {
+            name: _spread([r["latency"][name] for r in results.values()]) for name in ("scale_up_s", "gpu_return_s")
+        },
+        "returns": {
+            kind: {
+                name: _spread([r[name] for r in returns if r["kind"] == kind])
+                for name in ("gpu_freed_s", "kube_running_s")
+            }
+            for kind in ("last", "partial")
+        },
+        "reclaim_waits": {
+            side: _spread([w for r in results.values() for w in r["reclaim_waits"][side]])
+            for side in ("slurm", "kubernetes")
+        },
+        "killed": {n: r["killed"] for n, r in results.items() if r["killed"]},
+        "double_held": {n: r["double_held"] for n, r in results.items() if r["double_held"]},
+        "not_ok": [n for n, r in results.items() if not ok(r)],
+    }

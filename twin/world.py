@@ -1,0 +1,260 @@
+"""The twin's world: Slurm, Kubernetes, the NodeSet controller, KEDA + the HPA, Kueue and Prometheus
+with its scrape targets, built from what the program renders (Setup), and one second of all of
+them (World.advance). The clock that drives it and what is counted live in twin/sim.py,
+twin/ledger.py and twin/report.py."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from components.ai_run_limit import Limits
+from components.slurmd_scaling import KUEUE_PENDING, KUEUE_USAGE
+from core.names import (
+    AI_CLUSTER_QUEUE,
+    GPU_RESOURCE,
+    GPUS_PER_WORKER,
+    HPC_CLUSTER_QUEUE,
+    JOBS_NAMESPACE,
+    QUEUE_NAME_LABEL,
+)
+from twin import kube as k8s
+from twin.autoscale import HPA_SYNC, TOLERANCE, Hpa, Keda
+from twin.kueue import Kueue
+from twin.nodeset import NodeSetController
+from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
+from twin.promql import Evaluator
+from twin.scenario import JobSpec, Scenario
+from twin.slurm import SlurmConfig, Slurmctld, SlurmJob
+
+DEFAULT_PHASE_SET = 0  # the phases of `simulate` and the README's tables; --phases N sweeps sets 0..N-1
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the twin takes from the program: its ScaledObject, Slurm config and names."""
+
+    scaled_object: dict
+    slurm: SlurmConfig
+    namespace: str
+    nodeset: str  # NodeSet object name, also the slurmd pod name prefix
+    host_prefix: str  # Slurm node names <host_prefix>-<ordinal>
+    restapi_deployment: str
+    workers: int
+    kueue_objects: tuple[dict, ...] = ()
+    kueue_config: dict = field(default_factory=dict)
+    images: dict[str, str] = field(default_factory=lambda: {role: role for role in k8s.IMAGE_PULL})
+    prepulled: tuple[str, ...] = ()  # on every GPU worker before the stack is ready
+    init_tries: int = k8s.INIT_TRIES_DEFAULT
+    # The NodeSet's pod labels (components/slinky.py): with the queue label, each slurmd pod is a
+    # 1-GPU Kueue workload; without it, slurmd is outside Kueue.
+    slurmd_labels: dict = field(default_factory=dict)
+    scrape_interval: int = SCRAPE_INTERVAL  # slurmMetricsIntervalSeconds (the ServiceMonitor's interval)
+    # What the program's run-limit policies allow a queued job (components/ai_run_limit.py); None: no policy
+    run_limit: Limits | None = None
+    gpu_replicas: int = 1  # the device plugin's devices per GPU (twin/program.py gpu_replicas)
+    hpa_tolerance: float = TOLERANCE  # kube-controller-manager's, as the kubeadm config sets it
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Where each periodic loop fires within its period, in seconds from the run's start. On a
+    cluster they are independent: each scrape target at its own offset (prometheus/prometheus
+    scrape/target.go Target.offset: a hash of the target), the KEDA poll from when its scale loop
+    started (kedacore/keda@v2.16.1:pkg/scaling/scale_handler.go startScaleLoop: a check, then one
+    every pollingInterval) and the HPA sync from when the HPA was first queued (kubernetes/
+    kubernetes@v1.34.0:pkg/controller/podautoscaler/horizontal.go: each HPA is requeued one
+    resync period after it was processed). A phase set (a number) draws them: random.Random(it),
+    so a run stays reproducible."""
+
+    scrape: tuple[int, ...]  # per scrape target, in Run's target order
+    poll: int
+    sync: int
+
+    @classmethod
+    def drawn(cls, phase_set: int, targets: int, scrape_interval: int, polling: int) -> Phases:
+        rng = random.Random(phase_set)
+        scrape = tuple(rng.randrange(scrape_interval) for _ in range(targets))
+        return cls(scrape, rng.randrange(polling), rng.randrange(HPA_SYNC))
+
+
+def gpu_uuid(i: int) -> str:
+    return f"GPU-{i:08x}-0000-4000-8000-twin{i:08x}"
+
+
+@dataclass
+class World:
+    setup: Setup
+    scenario: Scenario
+    phase_set: int = DEFAULT_PHASE_SET  # draws the Phases
+    slurm: Slurmctld = field(init=False)
+    kube: k8s.Kubernetes = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.setup
+        self.slurm = Slurmctld(s.slurm)
+        self.kube = k8s.Kubernetes(
+            gpus=self.scenario.workers or s.workers,
+            cold=self.scenario.images == "cold",
+            images=dict(s.images),
+            prepulled=frozenset(s.prepulled),
+            init_tries=s.init_tries,
+            gpu_replicas=s.gpu_replicas,
+        )
+        self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm)
+        self.keda = Keda.from_scaled_object(s.scaled_object)
+        self.hpa = Hpa(self.keda, s.hpa_tolerance)
+        self.kueue = (
+            Kueue.from_program(list(s.kueue_objects), s.kueue_config)
+            if self.scenario.kueue and s.kueue_objects
+            else None
+        )
+        self.slurmd_queued = self.kueue is not None and QUEUE_NAME_LABEL in s.slurmd_labels
+        self._pods_seen_by_kueue = 0  # kube.pods is append-only: the pods before this index are seen
+        self._refused: list[JobSpec] = []  # Kubernetes jobs whose create was refused (Kueue down)
+        self.denied: dict[str, str] = {}  # Kubernetes jobs the run-limit policies refused, with why
+        self.prom = Prometheus(interval=s.scrape_interval)
+        self.prom.targets = [
+            Target("slurm-controller", "slurm-controller:6817", self._slurm_metrics),
+            Target("slurm-controller", "slurm-controller-dup:6817", self._slurm_metrics),
+            Target("kube-state-metrics", "kube-state-metrics:8080", self._kube_state),
+            Target("kueue", "kueue-controller-manager-metrics-service:8443", self._kueue_metrics),
+        ]
+        self.phases = Phases.drawn(self.phase_set, len(self.prom.targets), s.scrape_interval, int(self.keda.polling))
+        for target, offset in zip(self.prom.targets, self.phases.scrape, strict=True):
+            target.offset = offset
+        self.ev = Evaluator(self.prom.db)
+        self.killed: list[str] = []
+        self.kube_jobs: dict[str, k8s.KubeJob] = {}
+        self.slurm_jobs: dict[str, list[SlurmJob]] = {}  # by scenario name: one record, or one per array task
+        self._events = sorted(self.scenario.jobs, key=lambda j: j.submit)
+        self._releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
+        self.now = 0.0
+        # The stack was up before the run: each target's last scrape before 0 saw the idle cluster.
+        for target in self.prom.targets:
+            self.prom.scrape(float(target.offset - self.prom.interval), [target], self._target_down)
+
+    # ------------------------------------------------------------ scrape targets
+
+    def _slurm_metrics(self, now: float) -> list[tuple[dict, float]]:
+        return [
+            ({"__name__": name, "partition": p}, value)
+            for p, metrics in self.slurm.partition_metrics(now).items()
+            for name, value in metrics.items()
+        ]
+
+    def _kube_state(self, now: float) -> list[tuple[dict, float]]:
+        s = self.setup
+        restapi = 0.0 if self.scenario.fault_active("restapi-down", now) else 1.0
+        out = [
+            (
+                {"__name__": "kube_deployment_status_replicas_available", "namespace": s.namespace}
+                | {"deployment": s.restapi_deployment},
+                restapi,
+            )
+        ]
+        for pod in self.kube.live_pods():
+            if pod.holder == k8s.SLURMD:
+                labels = {"__name__": "kube_pod_info", "namespace": s.namespace, "pod": pod.name}
+                out.append(({**labels, "created_by_kind": "NodeSet", "created_by_name": s.nodeset}, 1.0))
+            elif pod.gpu is None and pod.terminating_at is None:
+                # PodScheduled False: kube-scheduler found no free GPU (kube-state-metrics pod.go)
+                labels = {"__name__": "kube_pod_status_unschedulable", "namespace": JOBS_NAMESPACE}
+                out.append(({**labels, "pod": pod.name}, 1.0))
+        return out
+
+    def _kueue_metrics(self, now: float) -> list[tuple[dict, float]]:
+        if self.kueue is None:
+            return []
+        out = []
+        for cq in (AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE):
+            labels = {"cluster_queue": cq, "resource": GPU_RESOURCE}
+            out.append(({"__name__": KUEUE_PENDING} | labels, float(self.kueue.pending_gpus(cq))))
+            out.append(({"__name__": KUEUE_USAGE} | labels, float(self.kueue.usage(cq))))
+        return out
+
+    def _target_down(self, target: Target, now: float) -> bool:
+        if target.job == "kueue":  # its metrics endpoint is down too while Kueue is
+            return self.scenario.fault_active("kueue-metrics-outage", now) or self._kueue_down(now)
+        if target.job != "slurm-controller":
+            return False
+        if self.scenario.fault_active("metrics-outage", now):
+            return True
+        return target.instance.startswith("slurm-controller-dup") and not self.scenario.fault_active(
+            "duplicate-scrape", now
+        )
+
+    # ------------------------------------------------------------ submissions and one second
+
+    def submit(self, spec: JobSpec, now: float) -> None:
+        if spec.kind == "slurm":
+            self.slurm_jobs[spec.name] = self.slurm.submit(spec, now)
+        elif self.kueue is not None and self._kueue_down(now):
+            self._refused.append(spec)  # the job webhook fails closed; the user submits it again
+        else:
+            queued = self.kueue is not None
+            limit = self._declared_limit(spec)
+            if queued and (reason := self._denial(spec, limit)):
+                self.denied[spec.name] = reason  # for good: the same job is refused again
+                return
+            job = self.kube.submit(
+                spec.name, spec.kind, spec.gpus_wanted, spec.runtime, now, suspended=queued, image=spec.image
+            )
+            self.kube_jobs[spec.name] = job
+            if self.kueue is not None:
+                self.kueue.add(job, spec.gpus_wanted, now, limit=limit)
+
+    def _declared_limit(self, spec: JobSpec) -> float | None:
+        """The job's kueue.x-k8s.io/max-exec-time-seconds: its own, or the most the policies allow."""
+        rl = self.setup.run_limit
+        return spec.limit if spec.limit is not None else rl.max_seconds if rl is not None else None
+
+    def _denial(self, spec: JobSpec, limit: float | None) -> str | None:
+        """Why the run-limit policies refuse the job at submit, if they do. The twin's pods ask for
+        one GPU each, so only the label and the total can be wrong."""
+        rl = self.setup.run_limit
+        if rl is None:
+            return None
+        if limit is not None and limit > rl.max_seconds:
+            return f"run limit {limit:g} s is above the stack's {rl.max_seconds} s (aiJobMaxMinutes {rl.max_minutes})"
+        if spec.gpus_wanted > rl.gpus:
+            return f"asks for {spec.gpus_wanted} GPUs; the workers have {rl.gpus} (workerCount)"
+        return None
+
+    def advance(self, tick: int) -> float:
+        """One second of submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
+        now = self.now = float(tick)
+        retry, self._refused = self._refused, []
+        for spec in retry:
+            self.submit(spec, now)
+        while self._events and self._events[0].submit <= now:
+            self.submit(self._events.pop(0), now)
+        while self._releases and self._releases[0][0] <= now:
+            self.slurm.release(self._releases.pop(0)[1])
+        self.slurm.step(now)
+        self.prom.scrape(now, self.prom.due(tick), self._target_down)
+        self.ev.final_before = now
+        if (tick - self.phases.poll) % int(self.keda.polling) == 0:
+            self.nodeset.replicas = self.keda.poll(self.ev, now, self.nodeset.replicas)
+        if (tick - self.phases.sync) % HPA_SYNC == 0:
+            self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
+        client = not self.scenario.fault_active("restapi-down", now)
+        down = self._kueue_down(now)
+        self.killed += self.nodeset.reconcile(now, client, refused=self.slurmd_queued and down)
+        if self.kueue is not None:
+            if self.slurmd_queued:
+                self._queue_new_slurmd_pods(self.kueue, now)
+            self.kueue.step(self.kube, now, up=not down)
+        self.kube.step(now)
+        self.slurm.step(now)
+        return now
+
+    def _kueue_down(self, now: float) -> bool:
+        return self.scenario.fault_active("kueue-down", now)
+
+    def _queue_new_slurmd_pods(self, kueue: Kueue, now: float) -> None:
+        """Kueue's pod webhook gates each new labelled slurmd pod and makes it a workload."""
+        new, self._pods_seen_by_kueue = self.kube.pods[self._pods_seen_by_kueue :], len(self.kube.pods)
+        for pod in new:
+            if pod.holder == k8s.SLURMD:
+                kueue.add_pod(pod, self.setup.slurmd_labels, GPUS_PER_WORKER, now)
