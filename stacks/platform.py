@@ -21,6 +21,7 @@ from components.kueue import Kueue, KueueArgs
 from components.managed_prometheus import ManagedPrometheus
 from components.monitoring import Monitoring, MonitoringArgs, RemoteWrite, service_monitor_labels
 from components.slinky import Slinky, SlinkyArgs
+from components.tenant_roles import TenantRoles, TenantRolesArgs
 from components.tenant_volumes import TenantVolumes, TenantVolumesArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from core.names import Names
@@ -40,6 +41,7 @@ class Platform:
     kueue: Kueue
     ai_run_limit: AiRunLimit
     tenant_volumes: TenantVolumes
+    tenant_roles: TenantRoles
 
 
 def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None) -> Platform:
@@ -87,6 +89,9 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
     )
     # Tenants' pods keep off the share and the nodes' files from the first pod on (components/tenant_volumes.py)
     tenant_volumes = TenantVolumes("testbed-tenant-volumes", TenantVolumesArgs(provider=provider, after=[access.gate]))
+    tenant_roles = TenantRoles(
+        "testbed-tenant-roles", TenantRolesArgs(slurm=names.slurm, provider=provider, after=[access.gate])
+    )
     slinky = Slinky(
         "testbed-slinky",
         SlinkyArgs(
@@ -121,6 +126,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
                 kueue,
                 ai_run_limit,
                 tenant_volumes,
+                tenant_roles,
             ],
         ),
     )
@@ -135,4 +141,5 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
         kueue,
         ai_run_limit,
         tenant_volumes,
+        tenant_roles,
     )

@@ -34,6 +34,8 @@ def outputs(
 ) -> dict[str, pulumi.Input]:
     return {
         "kubeconfig": access.kubeconfig,
+        # Short-lived (12 h), reissued by every `pulumi up`: components/tenant_roles.py
+        **{f"{role}Kubeconfig": config for role, config in access.role_kubeconfigs.items()},
         "controlPlanePublicIp": infra.control.public_ip,
         WORKER_IPS_OUTPUT: [w.private_ip for w in infra.workers],  # the next run reads it back
         "sshPrivateKey": infra.ssh.private_key,
