@@ -21,7 +21,7 @@ import pulumi_kubernetes as k8s
 from core.names import JOBS_NAMESPACE, SlurmNames
 
 RBAC_API = "rbac.authorization.k8s.io/v1"
-WORK_VERBS = ["create", "get", "list", "watch", "delete"]
+WORK_VERBS = ["create", "get", "list", "watch", "patch", "delete"]  # patch: kubectl apply again
 READ_VERBS = ["get", "list", "watch"]
 
 

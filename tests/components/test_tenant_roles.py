@@ -55,6 +55,8 @@ README_CALLS = {
         ("get", "", "pods/log", names.JOBS_NAMESPACE, "nccl-allreduce-master-0"),
         ("list", "kueue.x-k8s.io", "workloads", names.JOBS_NAMESPACE, ""),
         ("delete", "batch", "jobs", names.JOBS_NAMESPACE, "gpu-inference"),
+        ("get", "kubeflow.org", "pytorchjobs", names.JOBS_NAMESPACE, "pytorch-ddp"),  # kubectl apply reads first
+        ("patch", "kubeflow.org", "pytorchjobs", names.JOBS_NAMESPACE, "pytorch-ddp"),  # and patches on re-apply
     ],
 }
 FORBIDDEN = {
