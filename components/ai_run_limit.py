@@ -38,6 +38,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from core.names import (
+    ADMISSION_API_VERSION,
     AI_LOCAL_QUEUE,
     GPU_RESOURCE,
     JOBS_NAMESPACE,
@@ -47,7 +48,7 @@ from core.names import (
     Names,
 )
 
-API_VERSION = "admissionregistration.k8s.io/v1"
+API_VERSION = ADMISSION_API_VERSION
 POLICY_PREFIX = "testbed-ai-run-limit"
 MAX_SECONDS_VARIABLE = "maxSeconds"
 WORKER_GPUS_VARIABLE = "workerGpus"

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from core.names import JOBS_NAMESPACE, NAMESPACE_NAME_LABEL
+from core.names import ADMISSION_API_VERSION, JOBS_NAMESPACE, NAMESPACE_NAME_LABEL
 
-API_VERSION = "admissionregistration.k8s.io/v1"
+API_VERSION = ADMISSION_API_VERSION
 POLICY_NAME = "testbed-tenant-volumes"
 
 TENANT_NAMESPACES = (JOBS_NAMESPACE,)
