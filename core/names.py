@@ -205,6 +205,8 @@ class Names:
     # the partitions' MaxTime; every queued AI job's max-exec-time (the settings' defaults)
     slurm_job_max_minutes: int = SETTINGS_BY_KEY["slurmJobMaxMinutes"].default
     ai_job_max_minutes: int = SETTINGS_BY_KEY["aiJobMaxMinutes"].default
+    # workerInstanceType: the shape of every slurmd node
+    worker_instance_type: str = SETTINGS_BY_KEY["workerInstanceType"].default
 
     @classmethod
     def from_settings(cls, s: Settings) -> Names:
@@ -218,6 +220,7 @@ class Names:
             metrics_interval_seconds=s.slurm_metrics_interval_seconds,
             slurm_job_max_minutes=s.slurm_job_max_minutes,
             ai_job_max_minutes=s.ai_job_max_minutes,
+            worker_instance_type=s.worker_instance_type,
         )
 
     @property
