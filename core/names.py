@@ -83,6 +83,8 @@ AI_PRIORITY_CLASSES = ("ai-normal", "ai-high")  # lowest first; the example jobs
 # The chart's webhook configurations, `<kueue.fullname>-{mutating,validating}-webhook-configuration`,
 # and its two pod webhooks (charts/kueue/templates/webhook/manifests.yaml).
 KUEUE_POD_WEBHOOKS = {"mutating": "mpod.kb.io", "validating": "vpod.kb.io"}
+# ValidatingAdmissionPolicy and its binding (components/ai_run_limit.py, components/tenant_volumes.py)
+ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 
 # Pulumi resource types the program creates and the tools find again in a plan or a stack's state.
