@@ -21,6 +21,7 @@ from components.kueue import Kueue, KueueArgs
 from components.managed_prometheus import ManagedPrometheus
 from components.monitoring import Monitoring, MonitoringArgs, RemoteWrite, service_monitor_labels
 from components.slinky import Slinky, SlinkyArgs
+from components.tenant_volumes import TenantVolumes, TenantVolumesArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from components.user_roles import UserRoles, UserRolesArgs
 from core.names import Names
@@ -39,6 +40,7 @@ class Platform:
     training_operator: TrainingOperator
     kueue: Kueue
     ai_run_limit: AiRunLimit
+    tenant_volumes: TenantVolumes
     user_roles: UserRoles
 
 
@@ -85,6 +87,12 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             max_minutes=names.ai_job_max_minutes, gpus=names.shares.ai_max_gpus, provider=provider, after=kueue.ready
         ),
     )
+    # Tenants' pods keep off the share and the nodes' files from the first pod on (components/tenant_volumes.py)
+    tenant_volumes = TenantVolumes("testbed-tenant-volumes", TenantVolumesArgs(provider=provider, after=[access.gate]))
+    # what the hpcKubeconfig and aiKubeconfig outputs may do (components/user_roles.py)
+    user_roles = UserRoles(
+        "testbed-user-roles", UserRolesArgs(slurm=names.slurm, provider=provider, after=[kueue.slurm_namespace])
+    )
     slinky = Slinky(
         "testbed-slinky",
         SlinkyArgs(
@@ -101,10 +109,6 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             max_minutes=names.slurm_job_max_minutes,
             worker_type=names.worker_instance_type,
         ),
-    )
-    # what the hpcKubeconfig and aiKubeconfig outputs may do
-    user_roles = UserRoles(
-        "testbed-user-roles", UserRolesArgs(slurm=names.slurm, provider=provider, after=[kueue.slurm_namespace])
     )
     keda = Keda(
         "testbed-keda",
@@ -123,10 +127,21 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
                 training_operator,
                 kueue,
                 ai_run_limit,
+                tenant_volumes,
                 user_roles,
             ],
         ),
     )
     return Platform(
-        names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator, kueue, ai_run_limit, user_roles
+        names,
+        device_plugin,
+        cert_manager,
+        monitoring,
+        slinky,
+        keda,
+        training_operator,
+        kueue,
+        ai_run_limit,
+        tenant_volumes,
+        user_roles,
     )
