@@ -76,7 +76,7 @@ def _one_recording_per_settings(tmp_path_factory: pytest.TempPathFactory) -> Ite
     the other commands in-process) is made once per session for each stack and config, and
     shared by every xdist worker through a folder of the session's (as tests/twin/runs.py shares
     the twin's runs): the program is deterministic for them, which tests/cli/test_cli.py's two
-    renders in fresh processes check. Each call unpickles a copy of its own, so no test sees
+    renders under different hash seeds check. Each call unpickles a copy of its own, so no test sees
     another's changes; bad settings raise as before and are not kept. Runs with other mocks,
     and mutmut's stats pass (see _default_run_scope), run afresh."""
     if os.environ.get("MUTANT_UNDER_TEST") == "stats":
