@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render" and (problem := artifacts.out_dir_problem(args.out)):
         problems.append(problem)
     try:
-        rec = offline.run(offline.stack_config(args.stack, args.config), stack=args.stack)
+        config, _ = offline.load_stack(args.stack, args.config)
+        rec = offline.run(config, stack=args.stack)
     except SettingsError as error:
         problems += error.problems
     except pulumi.RunError as error:  # the program's own refusals at run time (zone offerings)

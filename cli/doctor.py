@@ -10,6 +10,7 @@ cluster.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -94,13 +95,22 @@ def redact(text: str) -> str:
     return "\n".join(out)
 
 
+def write_key(workdir: Path, private_key: str) -> Path:
+    """The stack's private key as a file only this user can read from its first byte (ssh refuses
+    a key others can read), inside `workdir`, a TemporaryDirectory that main() removes on every
+    way out: a return, an error, Ctrl-C, and SIGTERM, which cli/guard.py raises as KeyboardInterrupt."""
+    key = workdir / "id_testbed"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(private_key if private_key.endswith("\n") else private_key + "\n")
+    return key
+
+
 class Ssh:
     """`ssh` with the stack's key: the control node directly, workers through it (-J)."""
 
     def __init__(self, control_public_ip: str, private_key: str, workdir: Path):
-        key = workdir / "id_testbed"
-        key.write_text(private_key if private_key.endswith("\n") else private_key + "\n")
-        key.chmod(0o600)
+        key = write_key(workdir, private_key)
         # A config file, not -i: the -J hop reads the same file, and so the same key.
         self.config = workdir / "ssh_config"
         self.config.write_text(
@@ -369,10 +379,20 @@ def read_outputs(stack: str) -> dict | str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = checklist.OneLineParser(prog=f"{typed_command()} doctor", description=as_typed(__doc__))
+    p = checklist.OneLineParser(prog=f"{typed_command()} doctor", description=as_typed(__doc__), epilog=_longest_wait())
     offline.add_stack_arguments(p)
     p.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG, else the stack's kubeconfig output")
     return p
+
+
+def _longest_wait() -> str:
+    from validation import cluster
+
+    return (
+        f"Longest wait: {cluster.describe_bound()}; a cluster that does not answer ends the doctor at its "
+        f"first call, exit 2. An exec in a pod: {EXEC_TIMEOUT_SECONDS} s; ssh to a node: "
+        f"{3 * SSH_CONNECT_TIMEOUT} s."
+    )
 
 
 def _kubeconfig(given: Path | None, outputs: dict | str) -> dict:
@@ -408,10 +428,7 @@ def main(argv: list[str], kube: Kube | None = None) -> int:
     outputs = read_outputs(args.stack)
     try:
         if kube is None:
-            from kubernetes import config
-
-            api = config.new_client_from_config_dict(_kubeconfig(args.kubeconfig, outputs))
-            kube = KubeApi(api, names.Names.from_settings(s))
+            kube = _client(_kubeconfig(args.kubeconfig, outputs), names.Names.from_settings(s))
         with tempfile.TemporaryDirectory(prefix="testbed-doctor-") as workdir:
             logs = None
             if isinstance(outputs, dict) and outputs.get("controlPlanePublicIp") and outputs.get("sshPrivateKey"):
@@ -427,11 +444,27 @@ def main(argv: list[str], kube: Kube | None = None) -> int:
     return code
 
 
+def _client(kubeconfig: dict, n: names.Names) -> KubeApi:
+    """The cluster through validation's bounded client (each call: validation.cluster.describe_bound);
+    a kubeconfig it cannot use is bad input, an exec: plugin in it named on stderr before it runs."""
+    from validation.cluster import KubeconfigError, api_client
+
+    try:
+        return KubeApi(api_client(kubeconfig), n)
+    except KubeconfigError as error:
+        raise BadInput(str(error)) from None
+
+
 def _run(doctor: Doctor) -> list[Check]:
-    """Run the checks; an API server that cannot be reached at all is bad input, not a finding."""
+    """Run the checks; an API server that cannot be reached at all, or that answers what the API
+    does not (an HTML page), is bad input, not a finding: one line naming it."""
     from urllib3.exceptions import HTTPError
+
+    from validation.cluster import shown_server, unanswered
 
     try:
         return doctor.run()
     except (HTTPError, OSError) as error:
-        raise BadInput(f"cluster: cannot reach the API server ({error.__class__.__name__})") from None
+        api = getattr(doctor.kube, "api", None)
+        where = shown_server(api.configuration.host) if api is not None else "the API server"
+        raise BadInput(f"cluster: {where}: {unanswered(error)}") from None

@@ -73,6 +73,20 @@ def gpu_replicas(values: dict) -> int:
     return max([r["replicas"] for r in replicated.get("resources", []) if r["name"] == GPU_RESOURCE] or [1])
 
 
+# The first 1.0 patch whose logfile sidecar exits on SIGTERM and whose draining scale-in victim
+# requeues its NodeSet (SlinkyProject/slurm-operator@v1.0.5:CHANGELOG/CHANGELOG-1.0.md,
+# internal/builder/scripts/logfile.sh, internal/controller/nodeset/nodeset_sync.go:720-721;
+# neither is in v1.0.4).
+SLINKY_FIXED = (1, 0, 5)
+
+
+def slinky_behaviour(slinky_version: str) -> dict:
+    """The Setup fields that follow the Slinky release: a deleted slurmd pod holds its GPU for the
+    grace period before 1.0.5 (twin/kube.py GRACE_PERIOD), and the 30 s drain requeue fires from 1.0.5."""
+    fixed = tuple(int(p) for p in slinky_version.split(".")) >= SLINKY_FIXED
+    return {"slurmd_termination": kube.TERMINATION if fixed else kube.GRACE_PERIOD, "drain_requeue": fixed}
+
+
 def pod_images(slurm_values: dict) -> dict[str, str]:
     """The reference each of the twin's image roles (kube.IMAGE_PULL) runs: the slurmd pod's two
     from the rendered chart values, the example jobs' GPU containers, the operator's init container."""
@@ -131,4 +145,5 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         run_limit=ai_run_limit.limits(ai_run_limit.objects(names.ai_job_max_minutes, names.shares.ai_max_gpus)),
         gpu_replicas=gpu_replicas(device_plugin.device_plugin_values(s.device_plugin_version, s.gpu_feature_discovery)),
         hpa_tolerance=float(bootstrap.HPA_TOLERANCE),
+        **slinky_behaviour(s.slinky_version),
     )

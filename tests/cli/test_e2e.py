@@ -160,7 +160,7 @@ def test_a_scenario_the_stack_cannot_run_is_skipped_with_the_reason_and_the_rest
     stacks.mkdir()
     dev = (offline.ROOT / "Pulumi.dev.yaml").read_text() + "  gpu-testbed:hpcBorrowsAiGpus: false\n"
     (stacks / "Pulumi.dev.yaml").write_text(dev)
-    monkeypatch.setattr(offline.stack_config, "__defaults__", ("dev", None, stacks))
+    monkeypatch.setattr(offline, "STACKS_DIR", stacks)
     out = tmp_path / "report"
     assert e2e.Run("dev", False, out, tools).execute() == 0
     assert fakes.calls == ["preflight", "doctor", "validate mixed"]

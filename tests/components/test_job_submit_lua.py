@@ -233,7 +233,7 @@ def test_the_slurm_chart_gets_the_script_and_the_plugin():
     assert (conf["EnforcePartLimits"], conf["JobSubmitPlugins"]) == ("NO", "lua")
 
 
-WORKER = slinky.job_submit_parameters(slinky.DEFAULT_WORKER_TYPE)  # the script's own defaults (a test below)
+WORKER = slinky.job_submit_parameters(names.Names.worker_instance_type)  # the script's own defaults (a test below)
 SHAPE = "each node (slurmd pod on a g4dn.xlarge) has"
 NODE_CONFIG = ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE
 

@@ -109,13 +109,13 @@ VERSION_SETTINGS = {
     "kubernetesVersion": ("1.34.7", "1.35.0", "v1.34.7"),
     "flannelVersion": ("v0.27.4", "v0.28.0", "0.27.4"),
     "nvidiaContainerToolkitVersion": ("1.18.1", "1.17.8", "1.18"),
-    "devicePluginVersion": ("0.17.0", "0.18.0", "v0.17.0"),
-    "certManagerVersion": ("v1.19.2", "v1.18.2", "1.19.2"),
-    "slinkyVersion": ("1.0.0", "0.4.1", "1.0"),
-    "kubePrometheusStackVersion": ("80.9.2", "79.0.0", "80.9"),
+    "devicePluginVersion": ("0.17.4", "0.18.0", "v0.17.4"),
+    "certManagerVersion": ("v1.19.6", "v1.18.2", "1.19.6"),
+    "slinkyVersion": ("1.0.5", "1.1.0", "1.0"),
+    "kubePrometheusStackVersion": ("80.14.4", "79.0.0", "80.14"),
     "dcgmExporterVersion": ("4.7.1", "4.6.0", "4.7.1-rc1"),
-    "kedaVersion": ("2.16.1", "2.17.0", "2.16.1.0"),
-    "trainingOperatorVersion": ("v1.8.1", "v1.7.0", "1.8.1"),
+    "kedaVersion": ("2.20.2", "2.19.0", "2.20.2.0"),
+    "trainingOperatorVersion": ("v1.9.4", "v1.8.2", "1.9.4"),
     "kueueVersion": ("0.19.2", "0.18.0", "v0.19.2"),
 }
 
@@ -184,6 +184,17 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"adminCidr": "100.64.1.0/24"}, "adminCidr", "not an internet address range"),
     ({"adminCidr": "169.254.169.254/32"}, "adminCidr", "not an internet address range"),
     ({"adminCidr": "224.0.0.0/24"}, "adminCidr", "not an internet address range"),
+    # issue 31: allowOpenIngress widened the kind too; 192.0.0.0/24 passed as global on Python 3.11
+    ({"adminCidr": "192.0.0.0/24"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "198.18.0.0/16"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "240.0.0.0/16"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "10.0.0.0/8", "allowOpenIngress": "true"}, "adminCidr", "widens the range allowed, not the kind"),
+    ({"adminCidr": "192.168.0.0/16", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "127.0.0.0/8", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "224.0.0.0/4", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "240.0.0.0/4", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "0.0.0.0/8", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "192.0.0.0/24", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
     ({"adminCidr": "\u0668\u0661.2.69.0/28"}, "adminCidr", "CIDR"),
     ({"adminCidr": "81.2.69.0/28\n0.0.0.0/0"}, "adminCidr", "\\n"),
     ({"adminCidr": "81.2.69.0/ 28"}, "adminCidr", "CIDR"),
@@ -556,7 +567,8 @@ ACCEPTED = [
     {"sshPublicKey": ED25519 + " me@host"},
     {"sshPublicKey": ECDSA},
     {"sshPublicKey": ED25519 + "\n"},  # the newline a pasted key ends with
-    {"kubernetesVersion": "1.34.0", "flannelVersion": "v0.27.0", "kedaVersion": "2.16.2"},
+    {"kubernetesVersion": "1.34.0", "flannelVersion": "v0.27.0", "kedaVersion": "2.20.0"},
+    {"kedaVersion": "2.16.1", "trainingOperatorVersion": "v1.8.1", "slinkyVersion": "1.0.0"},  # the article's
     {"kubePrometheusStackVersion": "80.0.0"},
     {"workerCount": "7", "kedaMaxReplicas": "0"},
     {"kedaCooldownSeconds": "30"},  # the shortest window: one scrape interval, at the default poll
@@ -690,6 +702,33 @@ CLI_CLASSES: list[tuple[str, list[str], list[tuple[str, str]]]] = [
     ),
     (STACK_HEAD, ["kedaCooldownSeconds=1", "kedaPollingSeconds=3600"], [("kedaCooldownSeconds", "at least 3600")]),
     (STACK_HEAD, ["workerCount=8", "workerCount=2"], [("--config", "workerCount is given more than once")]),
+    # issue 31: a broken stack file hid the --config problems; each value says where it came from
+    (
+        STACK_HEAD + "  x: [\n",
+        ["workerCount=0", "bad"],
+        [
+            ("Pulumi.odd.yaml", "is not readable YAML"),
+            ("--config", '"bad" is not allowed; expected KEY=VALUE'),
+            ("workerCount", "expected an integer from 1 to 235 (the /24 node subnet's capacity) (from --config)"),
+        ],
+    ),
+    (
+        STACK_HEAD + f"  {PROJECT}:workerCount: 0\n",
+        ["kedaMaxReplicas=x"],
+        [("kedaMaxReplicas", "(from --config)"), ("workerCount", "(from Pulumi.odd.yaml)")],
+    ),
+    # the left-overs: a dotted near-miss, an empty key, a config under another project's name
+    (
+        STACK_HEAD + f"  {PROJECT}.workerCount: 2\n",
+        [],
+        [(f"{PROJECT}.workerCount", f"did you mean {PROJECT}:workerCount?")],
+    ),
+    (STACK_HEAD + '  "": x\n', [], [('(an empty key) with the value "x"', f"not read; expected {PROJECT}:SETTING")]),
+    (
+        f"config:\n  wrong-project:adminCidr: {ADMIN}\n",
+        [],
+        [("wrong-project:adminCidr", f"the project is {PROJECT}, so its keys start with {PROJECT}:")],
+    ),
 ]
 
 
@@ -705,7 +744,7 @@ def test_each_class_of_bad_input_exits_2_through_the_cli(text, overrides, expect
         raise AssertionError("the mock engine started: a resource could have been created")
 
     monkeypatch.setattr(pulumi.runtime, "set_mocks", no_engine)
-    monkeypatch.setattr(offline.stack_config, "__defaults__", ("dev", None, tmp_path))  # stack files from tmp_path
+    monkeypatch.setattr(offline, "STACKS_DIR", tmp_path)  # stack files from tmp_path
     (tmp_path / "Pulumi.odd.yaml").write_text(text)
     code = cli.main(["plan", "--stack", "odd", *(a for item in overrides for a in ("--config", item))])
     out, err = capsys.readouterr()
@@ -716,6 +755,32 @@ def test_each_class_of_bad_input_exits_2_through_the_cli(text, overrides, expect
         assert line.startswith(f"{thing}: ") and fragment in line, (line, thing, fragment)
         assert all(" " <= ch <= "~" or ch == "…" for ch in line) and len(line) < 600, line
         assert not any(secret in line for secret in SECRETS), line
+
+
+@pytest.mark.parametrize("value", ['{"gpu-testbed:workerCount": "8"}', "{junk", ""], ids=["json", "junk", "empty"])
+def test_pulumi_config_in_the_environment_is_refused_naming_it(value, tmp_path, capsys, monkeypatch):
+    """Before issue 31 the program under the mock engine read it (plan listed 8 workers and priced
+    4) and junk JSON was a traceback; `pulumi up` replaces it with the stack's config, so it is
+    refused, with every other problem, and never parsed or echoed."""
+    from cli import __main__ as cli
+
+    monkeypatch.setenv("PULUMI_CONFIG", value)
+    assert cli.main(["plan", "--config", "workerCount=0"]) == 2
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 2, lines
+    assert lines[0].startswith(f"$PULUMI_CONFIG: set in the environment ({len(value)} characters, not read)")
+    assert lines[1].startswith('workerCount: "0" is not allowed') and lines[1].endswith("(from --config)")
+    assert "junk" not in err and "gpu-testbed:workerCount" not in err
+
+
+def test_the_mock_engine_gives_the_program_its_config_as_pulumi_does(monkeypatch):
+    """The program reads PULUMI_CONFIG (stacks/testbed.py settings_from_pulumi); the offline engine
+    sets it to the stack's config for the run, and puts back what was there."""
+    monkeypatch.setenv("PULUMI_CONFIG", '{"gpu-testbed:workerCount": "8"}')
+    rec = offline.run({f"{PROJECT}:adminCidr": ADMIN})  # the default workerCount, 4: not the environment's 8
+    assert len(rec.outputs["workerPrivateIps"]) == rec.settings.worker_count == 4
+    assert __import__("os").environ["PULUMI_CONFIG"] == '{"gpu-testbed:workerCount": "8"}'
 
 
 def test_the_cli_prints_the_lines_and_no_traceback_for_a_pasted_private_key(tmp_path):
@@ -901,14 +966,15 @@ WHOLE_LINES = [
         "worker's GPU",
     ),
     (
-        {"kedaVersion": "2.17.0"},
-        'kedaVersion: "2.17.0" is not allowed; expected a release 2.16.N (MAJOR.MINOR.PATCH in ASCII digits): '
-        "the tested chart minor; e.g. 2.16.1",
+        {"kedaVersion": "2.16.2"},
+        'kedaVersion: "2.16.2" is not allowed; expected a release 2.20.N (MAJOR.MINOR.PATCH in ASCII digits), '
+        "or the reference article's 2.16.1: the tested chart minor, smoke-tested upstream on Kubernetes 1.34; "
+        "e.g. 2.20.2",
     ),
     (
         {"certManagerVersion": "1.19.2"},
         'certManagerVersion: "1.19.2" is not allowed; expected a release v1.19.N (vMAJOR.MINOR.PATCH in ASCII '
-        "digits, with its leading v): the tested chart minor; e.g. v1.19.2",
+        "digits, with its leading v): the tested chart minor; e.g. v1.19.6",
     ),
     (
         {"nvidiaContainerToolkitVersion": "1.18.0"},
@@ -918,7 +984,7 @@ WHOLE_LINES = [
     (
         {"kubePrometheusStackVersion": "79.0.0"},
         'kubePrometheusStackVersion: "79.0.0" is not allowed; expected a release 80.N.N (MAJOR.MINOR.PATCH in ASCII '
-        "digits): the tested chart major (a new major changes CRDs and values); e.g. 80.9.2",
+        "digits): the tested chart major (a new major changes CRDs and values); e.g. 80.14.4",
     ),
     ({"zzzz": "1"}, 'zzzz: "1" is not a setting of gpu-testbed'),
     (
