@@ -31,7 +31,8 @@ def test_components_have_their_types_and_sit_at_the_top(default_run):
     assert {name: r.type for name, r in components.items()} == COMPONENTS
     assert {r.parent.split("::")[2] for r in components.values()} == {tokens.STACK}
     # the budget alarm, when asked for, is a component at the top too
-    budget = run_program(budgetMonthlyUsd=100, budgetEmail="ops@example.com").named("testbed-budget")
+    # test_evidence's budget settings: one recording for both
+    budget = run_program(budgetMonthlyUsd=250, budgetEmail="ops@example.com").named("testbed-budget")
     assert budget.type == "testbed:aws:BudgetAlarm" and budget.parent.split("::")[2] == tokens.STACK
 
 

@@ -155,7 +155,7 @@ def test_partitions_refuse_a_job_larger_than_the_nodeset_at_submit(default_run):
     assert limits == {so.inputs["spec"]["maxReplicaCount"]}
 
 
-@pytest.mark.parametrize("minutes", [None, 7])
+@pytest.mark.parametrize("minutes", [None, 90])  # 90: test_plan's, one recording for both
 def test_both_partitions_end_a_job_at_slurm_job_max_minutes(default_run, minutes):
     """MaxTime on `all` (the chart's UNLIMITED replaced) and on the NodeSet's own partition, in the
     slurm.conf the operator assembles: the bound on how long AI waits for a GPU slurmd borrowed."""
@@ -189,7 +189,7 @@ def test_service_monitors_carry_the_label_prometheus_selects(default_run):
     assert dcgm["serviceMonitor"]["additionalLabels"] == wanted
 
 
-@pytest.mark.parametrize("workers", [2, 6])
+@pytest.mark.parametrize("workers", [2, 7])  # 7: test_infrastructure's, one recording for both
 def test_keda_bounds_follow_the_worker_count(workers):
     rec = run_program(workerCount=workers)
     (so,) = by_type(rec, tokens.SCALED_OBJECT)
@@ -223,7 +223,7 @@ def test_keda_settings_flow_into_the_scaled_object():
 
 
 def test_nodeset_name_changes_every_place_it_must():
-    rec = run_program(nodesetName="gpu")
+    rec = run_program(nodesetName="gpu", workerCount=2)  # test_names_contract's: one recording for both
     (so,) = by_type(rec, tokens.SCALED_OBJECT)
     assert so.inputs["spec"]["scaleTargetRef"]["name"] == "slurm-worker-gpu"
     nodesets = release(rec, "slurm").inputs["values"]["nodesets"]
