@@ -21,7 +21,7 @@ COMPONENTS = {
     "testbed-kueue": "testbed:platform:Kueue",
     "testbed-ai-run-limit": tokens.AI_RUN_LIMIT,
     "testbed-tenant-volumes": tokens.TENANT_VOLUMES,
-    "testbed-tenant-roles": "testbed:platform:TenantRoles",
+    "testbed-user-roles": "testbed:platform:UserRoles",
     "testbed-training-operator": "testbed:platform:TrainingOperator",
 }
 
@@ -41,6 +41,7 @@ WORKERS = [f"testbed-worker-{i}" for i in range(4)]
 FOR_A_NODE = {
     "testbed-identity": {f"{w}-token-{part}" for w in WORKERS for part in ("id", "secret")},
     "testbed-node-credentials": {"testbed-ca-key", *(f"{w}-join-token" for w in WORKERS)},
+    "testbed-ssh": {"testbed-control-host-key"},  # the control node's published host key, read
 }
 
 

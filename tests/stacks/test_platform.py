@@ -9,7 +9,7 @@ import yaml
 from cli import artifacts
 from components import helm, images, monitoring, slinky, slurm_config, training_operator
 from core import names
-from stacks.offline import reveal
+from stacks.offline import ROOT, reveal
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
 
@@ -230,15 +230,18 @@ def test_nodeset_name_changes_every_place_it_must():
     assert nodesets["gpu"]["enabled"] is True and nodesets["slinky"]["enabled"] is False
 
 
-def test_sbatch_command_selects_the_slurmctld_pod_by_its_labels(default_run):
-    command_line = default_run.outputs["sbatchCommand"]
+def test_sbatch_command_reaches_the_slurmctld_pod_with_the_hpc_kubeconfig(default_run):
+    words = shlex.split(default_run.outputs["sbatchCommand"].split(" < ")[0])
     slurm = release(default_run, "slurm")
-    selector = command_line.split(" -l ")[1].split()[0]
-    labels = dict(pair.split("=") for pair in shlex.split(selector)[0].split(","))
-    # the operator's labels for slurmctld (internal/builder/labels: name=slurmctld, instance=<controller>)
-    assert labels == {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": slurm.inputs["name"]}
-    assert f"-n {slurm.inputs['namespace']} exec -i" in command_line
-    assert "-c slurmctld -- sbatch" in command_line
+    (controller,) = [r for r in default_run.resources if r.type == tokens.ROLE and r.name.endswith("testbed-hpc-role")]
+    # the pod the HPC Role names, in the release's namespace, with the kubeconfig the README saves
+    role = reveal(controller.inputs)
+    (pod,) = [rule["resourceNames"] for rule in role["rules"] if rule["resources"] == ["pods/exec"]]
+    assert words[words.index("exec") + 2] in pod
+    assert words[words.index("-n") + 1] == slurm.inputs["namespace"] == role["metadata"]["namespace"]
+    saved = re.findall(r"--show-secrets hpcKubeconfig > ([\w.-]+)", (ROOT / "README.md").read_text())
+    assert [words[words.index("--kubeconfig") + 1]] == saved
+    assert words[-3:] == ["slurmctld", "--", "sbatch"]
 
 
 def test_training_operator_is_applied_server_side_at_the_pinned_tag_and_removed_on_destroy(default_run):
