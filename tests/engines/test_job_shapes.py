@@ -144,7 +144,8 @@ def test_every_shape_is_accepted_and_runs_or_is_refused_at_submit(slurm):
 
     # Every accepted job runs and leaves the queue (`true`); one that can never start would pend.
     try:
-        slurm.wait_for(lambda: all(ran(j) for j in accepted.values()), 120, "every accepted job to run")
+        # 14 short jobs on 2 nodes, one at a time where they need a whole node: minutes on a loaded machine
+        slurm.wait_for(lambda: all(ran(j) for j in accepted.values()), 600, "every accepted job to run")
     except TimeoutError:
         left = {label: _show(slurm, job) for label, job in accepted.items() if not ran(job)}
         raise AssertionError(f"accepted and never ran: {left}") from None
