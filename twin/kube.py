@@ -42,12 +42,20 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from components.slurmd_scaling import POD_TERMINATION_SECONDS
+
 # Assumptions of the twin (seconds), not upstream facts.
 CONTAINER_START = 5.0
 # One node's pull of each image a pod runs, by its role: the slurmd pod's `logfile` sidecar and
 # slurmd, the Worker's init container, and the several-GB image the example PyTorchJob and Job run.
 IMAGE_PULL = {"logfile": 5.0, "slurmd": 90.0, "init": 5.0, "pytorch": 240.0, "job": 240.0}
-TERMINATION = 5.0  # slurmd preStop + container stop
+TERMINATION = 5.0  # a Kubernetes job's pod: its container stop
+# A slurmd pod takes its whole grace period to go: slurmd's preStop and stop take seconds, but the
+# `logfile` sidecar's script (a `while read` loop, PID 1, no trap) ignores SIGTERM until SIGKILL at
+# the grace's end (SlinkyProject/slurm-operator@v1.0.0:internal/builder/scripts/logfile.sh; fixed in
+# v1.0.5, 6b402ed3 "fix: make logfile respond to signals"). The chart sets no
+# terminationGracePeriodSeconds, so it is the pod default, 30 s (components/slurmd_scaling.py).
+SLURMD_TERMINATION = float(POD_TERMINATION_SECONDS)
 # Upstream: the init container's default tries and its sleep (config.go, initcontainer.go).
 INIT_TRIES_DEFAULT, INIT_INTERVAL = 100, 2.0
 
@@ -190,7 +198,8 @@ class Kubernetes:
         pods = self.live_pods()
         for pod in pods:
             # an unbound pod goes at once; a bound one after its termination
-            gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + TERMINATION)
+            grace = SLURMD_TERMINATION if pod.holder == SLURMD else TERMINATION
+            gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + grace)
             if gone and pod.gone_at is None:
                 pod.gone_at = now
         held = Counter(p.gpu for p in pods if p.live and p.gpu is not None)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from stacks import offline
 from twin import program, scenario, sim
-from twin.kube import SLURMD, Kubernetes
+from twin.kube import SLURMD, SLURMD_TERMINATION, Kubernetes
 from twin.nodeset import INFORMER_PERIOD, NodeSetController
 from twin.scenario import JobSpec
 from twin.slurm import RUNNING, SlurmConfig, Slurmctld
@@ -116,7 +116,8 @@ def test_a_stale_deadline_condemns_the_node_whose_job_just_started_and_the_idle_
         freed[phase] = w_end["gpu_freed_s"]
     late = {phase for phase, s in freed.items() if s > 1400}
     assert late and late != freed.keys(), freed  # some phases only
-    assert max(s for phase, s in freed.items() if phase not in late) <= INFORMER_PERIOD, freed
+    # the others within an informer period and the slurmd pod's 30 s grace
+    assert max(s for phase, s in freed.items() if phase not in late) <= INFORMER_PERIOD + SLURMD_TERMINATION, freed
 
 
 def _tick_by_tick(run: sim.Run) -> list[tuple[float, int, frozenset, frozenset]]:

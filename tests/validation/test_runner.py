@@ -48,9 +48,10 @@ def test_latencies_follow_the_simulated_cluster():
     assert scale_up_latency(timeline) == 65
     # The job ends at 188 (seen at 190); the last subquery step that saw its nodes busy is 180 (the
     # scrape at 177), so the demand-aware warmth (busy within the last 330 s) ends at 510: the HPA's
-    # sync at 510 scales to 1, KEDA's poll at 523 to 0, and the pod is gone 5 s later, seen at 530:
-    # the cooldown plus up to a scrape and a poll.
-    assert gpu_return_latency(timeline) == 340
+    # sync at 510 scales to 1, KEDA's poll at 523 to 0, and the pod is gone after its 30 s grace
+    # (the logfile sidecar ignores SIGTERM, twin/kube.py), seen at 555: the cooldown plus up to a
+    # scrape, a poll and the grace.
+    assert gpu_return_latency(timeline) == 365
 
 
 def test_uuids_are_read_once_per_pod():
