@@ -42,7 +42,7 @@ webhooks refusing creation while it is down is `Kueue.up`'s caller's business (t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from core.names import (
     AI_LOCAL_QUEUE,
@@ -198,6 +198,18 @@ class Kueue:
 
     def borrows(self, w: Workload) -> bool:
         return self.usage(w.cluster_queue) + w.gpus > self.queues[w.cluster_queue].nominal
+
+    def set_nominal(self, cluster_queue: str, nominal: int) -> None:
+        """A patch of the queue's nominalQuota (the fair-share controller's); a lendingLimit that
+        lent all of the old quota lends all of the new one (Kueue requires lendingLimit <= nominalQuota)."""
+        cq = self.queues[cluster_queue]
+        if cq.nominal == nominal:
+            return
+        lending = cq.lending_limit
+        if lending is not None:
+            lending = nominal if lending == cq.nominal else min(lending, nominal)
+        self.queues[cluster_queue] = replace(cq, nominal=nominal, lending_limit=lending)
+        self._idle_state = None  # the quotas changed: the next cycle decides again
 
     def pending_gpus(self, cluster_queue: str) -> int:
         """What `kueue_cluster_queue_resource_pending{cluster_queue, resource="nvidia.com/gpu"}` reads:

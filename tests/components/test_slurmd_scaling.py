@@ -464,7 +464,9 @@ def test_only_the_formula_policies_move_the_cooldown_into_their_query(policy):
         assert spec["cooldownPeriod"] == 0 and "[270s:30s]" in recently_busy["metadata"]["query"], "240 s and one step"
         formula = scaling.formula(scaling.scaling_target(n), policy)
         assert spec["advanced"]["scalingModifiers"]["formula"] == formula
-        assert (f"({n.gpus_total} - " in formula) == (policy == scaling.LEND_RECLAIM), "the cap reads the stack's GPUs"
+        capped = policy in (scaling.LEND_RECLAIM, scaling.FAIR_SHARE)
+        assert (f"({n.gpus_total} - " in formula) == capped, "the cap reads the stack's GPUs"
+        assert ("ai_quota" in formula) == (policy == scaling.FAIR_SHARE), "fair-share's cap follows AI's quota"
     else:
         assert spec["cooldownPeriod"] == 240 and "advanced" not in spec
 
