@@ -14,7 +14,15 @@ import yaml
 
 from components import ai_run_limit, keda, kueue, remote_script, slurm_config, slurmd_scaling
 from core import user_files
-from core.names import DEFAULT_PARTITION, SLURM_CHART, Names, SlurmNames
+from core.names import (
+    AMP_WORKSPACE_TYPE_TOKEN,
+    DEFAULT_PARTITION,
+    INSTANCE_TYPE_TOKEN,
+    REMOTE_COMMAND_TYPE_TOKEN,
+    SLURM_CHART,
+    Names,
+    SlurmNames,
+)
 from core.settings import DOCUMENTATION_NETWORKS, show
 from stacks import pricing
 from stacks.offline import RecordedResource, Recording, redact, reveal
@@ -23,10 +31,7 @@ from stacks.pricing import CostEstimate
 # README "Cost and time": estimates from the readiness gate's expectation, the Helm limits and
 # EC2 launch times, not a measured run.
 DEPLOY_MINUTES, DESTROY_MINUTES = "20-30", "5-10"
-INSTANCE = "aws:ec2/instance:Instance"
-REMOTE_COMMAND = "command:remote:Command"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
-AMP_WORKSPACE = "aws:amp/workspace:Workspace"
 IAM_ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 BUDGET = "aws:budgets/budget:Budget"
 RUN_LIMIT_POLICY = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
@@ -65,7 +70,7 @@ def _component_of(r: RecordedResource, by_urn: dict[str, RecordedResource]) -> s
 
 def _detail(r: RecordedResource) -> str | None:
     """What the plan says about one resource beyond its type: instance size, chart version."""
-    if r.type == INSTANCE:
+    if r.type == INSTANCE_TYPE_TOKEN:
         return r.inputs.get("instanceType")
     if r.type == HELM_RELEASE:
         return f"{r.inputs.get('name')} {r.inputs.get('version')}"
@@ -74,7 +79,7 @@ def _detail(r: RecordedResource) -> str | None:
 
 def _nodes(rec: Recording) -> dict[str, list[RecordedResource]]:
     by_role: dict[str, list[RecordedResource]] = {}
-    for r in rec.of_type(INSTANCE):
+    for r in rec.of_type(INSTANCE_TYPE_TOKEN):
         by_role.setdefault(r.inputs["tags"]["testbed:role"], []).append(r)
     return by_role
 
@@ -116,7 +121,7 @@ def plan_header(rec: Recording) -> list[str]:
     )
     lines.append(f"deploy: `pulumi up` takes about {DEPLOY_MINUTES} minutes, `pulumi destroy` about {DESTROY_MINUTES}")
     lines.append(f"admin range: {', '.join(admin)} may reach ports {', '.join(map(str, ports))} (SSH, API server)")
-    example = [c for c in admin if any(ipaddress.ip_network(c).subnet_of(d) for d in DOCUMENTATION_NETWORKS)]
+    example = [c for c in admin if any(ipaddress.IPv4Network(c).subnet_of(d) for d in DOCUMENTATION_NETWORKS)]
     if example:
         lines.append(
             f"WARNING: adminCidr {', '.join(example)} is the example address: `pulumi up` refuses it; set yours with "
@@ -133,12 +138,12 @@ def cost_lines(rec: Recording, cost: CostEstimate) -> list[str]:
     def usd(v: float | None) -> str:
         return "unknown" if v is None else f"${v:.4f}/hour"
 
-    nodes = Counter(r.inputs["instanceType"] for r in rec.of_type(INSTANCE))
+    nodes = Counter(r.inputs["instanceType"] for r in rec.of_type(INSTANCE_TYPE_TOKEN))
     each = ", ".join(
         f"{n} x {typ} at ${prices[typ]}" if typ in prices else f"{n} x {typ} at unknown"
         for typ, n in sorted(nodes.items())
     )
-    disk_gb = sum(r.inputs["rootBlockDevice"]["volumeSize"] for r in rec.of_type(INSTANCE))
+    disk_gb = sum(r.inputs["rootBlockDevice"]["volumeSize"] for r in rec.of_type(INSTANCE_TYPE_TOKEN))
     gp3 = pricing.GP3_GB_MONTH.get(s.region)
     public_ips = sum(nodes.values())  # the subnet gives every node one; the control's is the Elastic IP
     lines = [
@@ -163,7 +168,7 @@ def cost_lines(rec: Recording, cost: CostEstimate) -> list[str]:
 def guard_lines(rec: Recording, cost: CostEstimate) -> list[str]:
     """Where the evidence lives and what watches the bill, as registered."""
     lines = []
-    workspaces, grants = rec.of_type(AMP_WORKSPACE), rec.of_type(IAM_ROLE_POLICY)
+    workspaces, grants = rec.of_type(AMP_WORKSPACE_TYPE_TOKEN), rec.of_type(IAM_ROLE_POLICY)
     for workspace in workspaces:
         kept = "kept after `pulumi destroy`" if workspace.options.get("retainOnDelete") else "deleted with the stack"
         actions = sorted({s["Action"] for g in grants for s in json.loads(g.inputs["policy"])["Statement"]})
@@ -264,7 +269,7 @@ def _manifest_path(out: Path, obj: dict) -> Path:
 def _step_label(r: RecordedResource) -> str:
     if r.type == HELM_RELEASE:
         return f"helm {r.inputs.get('name')} {r.inputs.get('version')} (ns {r.inputs.get('namespace')})"
-    if r.type == REMOTE_COMMAND:
+    if r.type == REMOTE_COMMAND_TYPE_TOKEN:
         return f"remote step {step_arguments(r)[remote_script.STEP_NAME]}"
     return f"{r.type.split(':')[-1]} {r.inputs.get('metadata', {}).get('name', r.name)}"
 
@@ -278,7 +283,11 @@ _WAITS_FOR_ALL_BECAUSE = {
 
 def install_order(rec: Recording) -> list[str]:
     """Cluster-side steps in dependency order, each named as the steps that wait for it say."""
-    steps = {r.urn: r for r in rec.resources if r.type in (HELM_RELEASE, REMOTE_COMMAND) or _is_kubernetes_object(r)}
+    steps = {
+        r.urn: r
+        for r in rec.resources
+        if r.type in (HELM_RELEASE, REMOTE_COMMAND_TYPE_TOKEN) or _is_kubernetes_object(r)
+    }
     providers = {r.urn: r for r in rec.of_type("pulumi:providers:kubernetes")}
 
     def waits_for(r: RecordedResource) -> set[str]:
@@ -309,7 +318,7 @@ def install_order(rec: Recording) -> list[str]:
             step = steps[urn]
             if len(pending[urn]) > 5 and closure[urn] == done:  # a long list that says "all of them"
                 after = f"every step above ({len(done)})"
-                why = _WAITS_FOR_ALL_BECAUSE.get(step.inputs.get("name")) if step.type == HELM_RELEASE else None
+                why = _WAITS_FOR_ALL_BECAUSE.get(step.inputs.get("name", "")) if step.type == HELM_RELEASE else None
                 after += f": {why}" if why else ""
             else:
                 after = ", ".join(sorted(steps[d].name for d in pending[urn])) or "nothing"
@@ -347,7 +356,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
             raise ValueError(f"two different scripts would be rendered as scripts/{name}")
         scripts[name] = text
 
-    for instance in rec.of_type(INSTANCE):
+    for instance in rec.of_type(INSTANCE_TYPE_TOKEN):
         user_data = reveal(instance.inputs["userData"])
         path = out / "cloud-init" / f"{_node_name(instance)}.yaml"
         _write(path, user_data)
@@ -364,7 +373,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
             path = out / "patches" / f"{patch['kind']}-{patch['metadata']['name']}.yaml"
             _write(path, yaml.safe_dump(patch, sort_keys=True))
             written.append(path)
-    for cmd in rec.of_type(REMOTE_COMMAND):
+    for cmd in rec.of_type(REMOTE_COMMAND_TYPE_TOKEN):
         add_script(step_arguments(cmd)[remote_script.STEP_NAME], remote_script.script_of(reveal(cmd.inputs["stdin"])))
         manifests += embedded_manifests(cmd)
 

@@ -22,10 +22,10 @@ from cli import checklist
 from cli.checklist import FAIL, OK, Check
 from components import readiness_gate
 from core import host_layout, names, user_files
+from core.names import GPU_RESOURCE
 from core.settings import Settings, SettingsError
 from stacks import offline
 
-GPU_RESOURCE = "nvidia.com/gpu"
 LOG_LINES = 40
 SSH_CONNECT_TIMEOUT = 10
 EXEC_TIMEOUT_SECONDS = 30  # a command in a pod, e.g. sinfo in slurmctld
@@ -348,7 +348,7 @@ class KubeApi:
         from validation.cluster import ClusterError
 
         try:
-            code, out, err = self.cluster._exec(namespace, pod, container, command)
+            code, out, err = self.cluster.exec_in_pod(namespace, pod, container, command)
         except ClusterError as error:
             return 1, str(error)
         return code, out + err

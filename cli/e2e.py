@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -221,7 +222,7 @@ class Run:
                 if blocker:
                     self.report.phases.append(Phase(f"validate {scenario}", "skipped", detail=blocker))
                     continue
-                ok = self._phase(f"validate {scenario}", lambda s=scenario: self._validate(s)) and ok
+                ok = self._phase(f"validate {scenario}", functools.partial(self._validate, scenario)) and ok
         except KeyboardInterrupt:
             interrupted, ok = True, False
         finally:

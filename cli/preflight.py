@@ -18,14 +18,13 @@ from typing import Any
 
 from cli import checklist
 from cli.checklist import FAIL, OK, UNKNOWN, WARN, Check
+from core.names import AMP_WORKSPACE_TYPE_TOKEN, INSTANCE_TYPE_TOKEN
 from core.settings import PROJECT, Settings, SettingsError, load
 from stacks import offline
 from stacks.infrastructure import ZoneError, choose_zone
 
 EXIT_BAD_INPUT = checklist.EXIT_BAD_INPUT
 
-INSTANCE = "aws:ec2/instance:Instance"
-AMP_WORKSPACE = "aws:amp/workspace:Workspace"
 GET_AMI = "aws:ec2/getAmi:getAmi"
 
 
@@ -81,14 +80,14 @@ def needs(rec: offline.Recording) -> Needs:
     return Needs(
         instances=tuple(
             (r.inputs["instanceType"], (r.inputs.get("instanceMarketOptions") or {}).get("marketType") == "spot")
-            for r in rec.of_type(INSTANCE)
+            for r in rec.of_type(INSTANCE_TYPE_TOKEN)
         ),
         elastic_ips=len(rec.of_type("aws:ec2/eip:Eip")),
         vpcs=len(rec.of_type("aws:ec2/vpc:Vpc")),
         key_pairs=tuple(r.name for r in rec.of_type("aws:ec2/keyPair:KeyPair")),
         ami_lookup=None if rec.settings.ami_id else rec.invoke_args.get(GET_AMI),
         stack=rec.settings.stack,
-        workspaces=tuple(r.inputs["alias"] for r in rec.of_type(AMP_WORKSPACE)),
+        workspaces=tuple(r.inputs["alias"] for r in rec.of_type(AMP_WORKSPACE_TYPE_TOKEN)),
     )
 
 

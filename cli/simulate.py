@@ -24,6 +24,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from components import slurmd_scaling
 from core import user_files
@@ -43,7 +44,7 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
 
@@ -259,7 +260,7 @@ def main(argv: list[str]) -> int:
         sc = scenario.load(path, partitions)
     except scenario.ScenarioError as error:
         problems += error.problems
-    if not problems:
+    if not problems and settings is not None:  # None only after a SettingsError, which is a problem
         try:
             settings = scenario_settings(args.stack, args.config, sc, settings)
         except SettingsError as error:
@@ -268,7 +269,7 @@ def main(argv: list[str]) -> int:
         problems.append(problem)
     if not problems and args.out is not None and (problem := user_files.make_out_dir("--out", args.out)):
         problems.append(problem)  # checked before the run, which may take half a minute
-    if problems:
+    if problems or settings is None or isinstance(path, str):  # the last two come with a problem
         for problem in problems:
             print(problem, file=sys.stderr)
         return 2
@@ -318,7 +319,7 @@ def _readme_tables(args: argparse.Namespace, settings: Settings | None, problems
                 if text.count(begin(name)) != 1 or text.count(end(name)) != 1
             ]
     runs: dict[str, dict[str, sim.Run]] = {}
-    if not problems:
+    if not problems and settings is not None:  # None only after a SettingsError, which is a problem
         try:
             runs = run_shipped(args.stack, args.config, settings)
         except (scenario.ScenarioError, SettingsError) as error:
@@ -427,7 +428,9 @@ def releases(run: sim.Run) -> dict[str, list[float | None]]:
         waiting = {k.name for k in run.kube.jobs if k.submitted <= end and (k.started is None or k.started > end)}
         given_back = set()
         for p in pods:
-            if p.holder != kube.SLURMD or p.owner not in job.nodes or p.gpu is None or p.bound_at > end:
+            if p.holder != kube.SLURMD or p.owner not in job.nodes or p.gpu is None:
+                continue
+            if p.bound_at is None or p.bound_at > end:
                 continue
             gone = math.inf if p.gone_at is None else p.gone_at  # a pod that never goes never gives it back
             if gone < end:
@@ -454,7 +457,8 @@ def releases(run: sim.Run) -> dict[str, list[float | None]]:
 def _worst(values: list[float | None]) -> str:
     if not values:
         return "–"
-    return "never" if None in values else f"{max(values):g} s"
+    known = [v for v in values if v is not None]
+    return "never" if len(known) < len(values) else f"{max(known):g} s"
 
 
 def _share(result: dict) -> str:

@@ -32,11 +32,10 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from core.names import GPU_RESOURCE, JOBS_NAMESPACE, MAX_EXEC_TIME_LABEL, QUEUE_NAME_LABEL
+from core.names import GPU_RESOURCE, JOBS_NAMESPACE, MAX_EXEC_TIME_LABEL, NAMESPACE_NAME_LABEL, QUEUE_NAME_LABEL
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 POLICY_PREFIX = "testbed-ai-run-limit"
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 MAX_SECONDS_VARIABLE = "maxSeconds"
 WORKER_GPUS_VARIABLE = "workerGpus"
 # Kueue reads the label as a 32-bit integer and ignores it above (utils.go strconv.ParseInt(v, 10,

@@ -21,7 +21,7 @@ class BudgetAlarmArgs:
     email: str
 
 
-def notifications(email: str) -> list[dict]:
+def notifications(email: str) -> list[aws.budgets.BudgetNotificationArgsDict]:
     return [
         {
             "notification_type": kind,

@@ -81,18 +81,26 @@ class ClusterIdentity(pulumi.ComponentResource):
         """A bootstrap token in kubeadm's format [a-z0-9]{6}.[a-z0-9]{16}: kubeadm init's own, or
         one worker's (each worker joins with its own, so replacing one re-registers only that)."""
         child = pulumi.ResourceOptions(parent=self)
-        charset = {"upper": False, "special": False, "lower": True, "numeric": True}
-        token_id = random.RandomString(f"{name}-id", length=6, **charset, opts=child)
-        token_secret = random.RandomPassword(f"{name}-secret", length=16, **charset, opts=child)
+        # kubeadm's charset: lower-case letters and digits only
+        token_id = random.RandomString(
+            f"{name}-id", length=6, upper=False, special=False, lower=True, numeric=True, opts=child
+        )
+        token_secret = random.RandomPassword(
+            f"{name}-secret", length=16, upper=False, special=False, lower=True, numeric=True, opts=child
+        )
         return pulumi.Output.secret(pulumi.Output.concat(token_id.result, ".", token_secret.result))
 
     def _create_admin_credentials(self, ca_key: tls.PrivateKey, ca_cert: tls.SelfSignedCert):
         child = pulumi.ResourceOptions(parent=self)
         key = tls.PrivateKey(f"{self._name}-admin-key", algorithm="RSA", rsa_bits=2048, opts=child)
+        # The provider's subject has one `organization` (O=), a string (pulumi_tls 5.6.2 _inputs.py
+        # CertRequestSubjectArgsDict; hashicorp/terraform-provider-tls subject block): the key
+        # `organizations` was no field of it, so the certificate carried no group.
+        subject: tls.CertRequestSubjectArgsDict = {"common_name": ADMIN_USER, "organization": ADMIN_GROUP}
         request = tls.CertRequest(
             f"{self._name}-admin-csr",
             private_key_pem=key.private_key_pem,
-            subject={"common_name": ADMIN_USER, "organizations": [ADMIN_GROUP]},
+            subject=subject,
             opts=child,
         )
         cert = tls.LocallySignedCert(

@@ -48,7 +48,7 @@ def ubuntu_ami(parent: pulumi.Resource) -> pulumi.Output[str]:
 
 
 def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instance:
-    spot = None
+    spot: aws.ec2.InstanceInstanceMarketOptionsArgsDict | None = None
     if spec.spot:
         # One-time + terminate: deleting the instance ends the request. A persistent request
         # outlives the instance on `pulumi destroy`, relaunches into the subnet and blocks
@@ -57,6 +57,18 @@ def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instan
             "market_type": "spot",
             "spot_options": {"spot_instance_type": "one-time", "instance_interruption_behavior": "terminate"},
         }
+    # Pods must not read user-data (it holds a join token): one hop, tokens only.
+    metadata: aws.ec2.InstanceMetadataOptionsArgsDict = {
+        "http_endpoint": "enabled",
+        "http_tokens": "required",
+        "http_put_response_hop_limit": 1,
+    }
+    root: aws.ec2.InstanceRootBlockDeviceArgsDict = {
+        "volume_type": "gp3",
+        "volume_size": spec.root_volume_gb,
+        "encrypted": True,
+        "delete_on_termination": True,
+    }
     return aws.ec2.Instance(
         name,
         ami=spec.ami_id,
@@ -69,14 +81,8 @@ def launch(name: str, spec: NodeSpec, parent: pulumi.Resource) -> aws.ec2.Instan
         user_data=spec.user_data,
         # cloud-init runs once per instance: a changed bootstrap needs a new instance.
         user_data_replace_on_change=True,
-        # Pods must not read user-data (it holds a join token): one hop, tokens only.
-        metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
-        root_block_device={
-            "volume_type": "gp3",
-            "volume_size": spec.root_volume_gb,
-            "encrypted": True,
-            "delete_on_termination": True,
-        },
+        metadata_options=metadata,
+        root_block_device=root,
         instance_market_options=spot,
         tags={"Name": name, "testbed:role": spec.role, "testbed:stack": pulumi.get_stack()},
         opts=pulumi.ResourceOptions(

@@ -58,7 +58,10 @@ def reading(values: dict[str, float | None]) -> Reading:
     HPC waits for at least one node per runnable job and for its widest pending job's nodes."""
     widest = [v for k, v in values.items() if k.startswith("hpc_widest_")]
     runnable = values["hpc_runnable"]
-    hpc_waiting = None if runnable is None or None in widest else max(runnable, max(widest) if runnable else 0.0)
+    known = [v for v in widest if v is not None]
+    hpc_waiting = None
+    if runnable is not None and len(known) == len(widest):
+        hpc_waiting = max(runnable, max(known, default=0.0) if runnable else 0.0)
     return Reading(
         used={HPC: values["hpc_used"], AI: values["ai_used"]},
         waiting={HPC: hpc_waiting, AI: values["ai_waiting"]},

@@ -71,8 +71,7 @@ def _formula_policy(n: Names, policy: str) -> dict:
     }
 
 
-def scaled_object(a: KedaArgs) -> dict:
-    n = a.names
+def scaled_object(n: Names, min_replicas: int, policy: str = slurmd_scaling.DEFAULT_POLICY) -> dict:
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -85,12 +84,12 @@ def scaled_object(a: KedaArgs) -> dict:
                 "name": n.slurm.nodeset_resource,
             },
             "idleReplicaCount": 0,  # GPUs go back to Kubernetes when Slurm is idle
-            "minReplicaCount": a.min_replicas,  # must exceed idle, or KEDA rejects the object
+            "minReplicaCount": min_replicas,  # must exceed idle, or KEDA rejects the object
             "maxReplicaCount": n.slurmd_max_replicas,
             "cooldownPeriod": n.cooldown_seconds,
             "pollingInterval": n.polling_seconds,
-            "triggers": triggers(n, a.policy),
-            **(_formula_policy(n, a.policy) if a.policy in slurmd_scaling.FORMULA_POLICIES else {}),
+            "triggers": triggers(n, policy),
+            **(_formula_policy(n, policy) if policy in slurmd_scaling.FORMULA_POLICIES else {}),
         },
     }
 
@@ -123,7 +122,7 @@ class Keda(pulumi.ComponentResource):
             parent=self,
             depends_on=[self.release],
         )
-        manifest = scaled_object(args)
+        manifest = scaled_object(args.names, args.min_replicas, args.policy)
         self.scaled_object = k8s.apiextensions.CustomResource(
             f"{name}-scaled-object",
             api_version=manifest["apiVersion"],

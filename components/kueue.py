@@ -46,6 +46,7 @@ from core.names import (
     KUEUE_POD_WEBHOOKS,
     KUEUE_RELEASE,
     MAX_EXEC_TIME_LABEL,
+    NAMESPACE_NAME_LABEL,
     QUEUE_NAME_LABEL,
     SLURM_NAMESPACE,
     GpuShares,
@@ -54,7 +55,6 @@ from core.names import (
 from core.settings import SettingsError
 
 CHART = "oci://registry.k8s.io/kueue/charts/kueue"
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 # `pod` manages the slurmd pods. Not `deployment` or `statefulset` (the chart's default list has
 # them): their webhooks would then fail closed for slurmrestd's Deployment and slurmctld's
 # StatefulSet in namespace slurm (manifests.yaml: failurePolicy Fail only when enabled).

@@ -250,7 +250,7 @@ class Monitoring(pulumi.ComponentResource):
         password = random.RandomPassword(
             f"{name}-grafana-password", length=24, special=False, opts=pulumi.ResourceOptions(parent=self)
         )
-        self.grafana_password = pulumi.Output.secret(password.result)
+        self.grafana_password: pulumi.Output[str] = pulumi.Output.secret(password.result)
         write = args.remote_write
         values = pulumi.Output.all(self.grafana_password, write.url if write else None).apply(
             lambda v: helm.deep_merge(

@@ -18,7 +18,7 @@ class NetworkArgs:
     admin_cidr: str
 
 
-def admin_ingress_rules(admin_cidr: str) -> list[dict]:
+def admin_ingress_rules(admin_cidr: str) -> list[aws.ec2.SecurityGroupIngressArgsDict]:
     """SSH (for the readiness gate and you) and the API server, from the admin range only."""
     return [
         {"description": description, "protocol": "tcp", "from_port": port, "to_port": port, "cidr_blocks": [admin_cidr]}

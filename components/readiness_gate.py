@@ -44,8 +44,11 @@ class BootstrapWatch:
 
     @classmethod
     def over(cls, connection: command.remote.ConnectionArgs, control_private_ip: str) -> BootstrapWatch:
-        """From the connection the steps dial the control node with."""
-        return cls(connection.host, control_private_ip, connection.private_key)
+        """From the connection the steps dial the control node with (by the stack's key)."""
+        key = connection.private_key
+        if key is None:
+            raise ValueError("the control node's connection has no private key to reach the workers with")
+        return cls(connection.host, control_private_ip, key)
 
     def reach(self, private_ip: str | None = None) -> pulumi.Input[str]:
         """`ssh_command` as one line, for a failure message; the control node without `private_ip`."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pulumi
 import pulumi_command as command
@@ -16,6 +17,8 @@ from components.webhook_gate import webhook_gate
 from core import host_layout
 from core.names import (
     DEFAULT_PARTITION,
+    GPU_RESOURCE,
+    GPUS_PER_WORKER,
     SLINKY_OPERATOR_NAMESPACE,
     SLURM_CHART,
     SLURM_METRICS_INTERVAL_SECONDS,
@@ -141,7 +144,7 @@ def slurm_values(
             "metadata": {"labels": slurmd_queue_labels()},
             "slurmd": {
                 "image": _image("slurmd", image_tag),
-                "resources": {"limits": {"nvidia.com/gpu": 1}},
+                "resources": {"limits": {GPU_RESOURCE: GPUS_PER_WORKER}},
                 "volumeMounts": [mount],
             },
             "extraConfMap": {"Gres": [GPU_GRES]},
@@ -152,7 +155,7 @@ def slurm_values(
     nodesets = {n.nodeset: gpu_nodeset}
     if n.nodeset != CHART_DEFAULT_NODESET:
         nodesets[CHART_DEFAULT_NODESET] = {"enabled": False}  # the chart's default entry is merged in otherwise
-    computed = {
+    computed: dict[str, Any] = {
         "controller": {
             "slurmctld": {"image": _image("slurmctld", image_tag), "volumeMounts": [mount]},
             "reconfigure": {"image": _image("slurmctld", image_tag)},

@@ -21,6 +21,7 @@ OPEN_MODULE_FIRST_GENERATION = "Turing"
 
 # The node AMI is Canonical Ubuntu 24.04 amd64 (components/ec2.py), so every node is x86_64.
 NODE_ARCHITECTURE = "x86_64"
+GPUS_PER_WORKER = 1  # one slurmd pod and one GRES gpu per worker: KEDA and Kueue count workers as GPUs
 
 # kubeadm's preflight minimum for a control-plane node is 2 CPUs and 1700 MiB
 # (kubernetes/kubernetes@v1.34.0:cmd/kubeadm/app/constants/constants.go ControlPlaneNumCPU,
@@ -153,7 +154,7 @@ def worker_problem(name: str) -> str | None:
             f"has a {spec.gpu_model} ({spec.gpu_generation}); the open NVIDIA kernel modules the workers "
             f"install support {OPEN_MODULE_FIRST_GENERATION} and later only"
         )
-    if spec.gpu_count != 1:  # names.GPUS_PER_WORKER (a test keeps the two in step)
+    if spec.gpu_count != GPUS_PER_WORKER:
         return (
             f"has {spec.gpu_count} GPUs; each worker must have exactly one (one slurmd pod and one GRES "
             "gpu per worker, KEDA counts workers as GPUs)"

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.settings import Settings
+from core.instance_types import GPUS_PER_WORKER as GPUS_PER_WORKER  # read here with the other names
+from core.settings import GpuShares, Settings
 
 # Slinky: the release name is built into every object name, so it is pinned.
 SLURM_RELEASE = "slurm"
@@ -53,8 +54,6 @@ DEVICE_PLUGIN_NAMESPACE = "nvidia-device-plugin"  # the chart refuses `default`
 TRAINING_NAMESPACE = "kubeflow"  # the Training Operator's standalone overlay
 JOBS_NAMESPACE = "default"  # where the example Kubernetes jobs run
 
-GPUS_PER_WORKER = 1  # settings accept only single-GPU worker types
-
 # Kueue (kubernetes-sigs/kueue@v0.19.2): the chart's documented release and namespace; the webhook
 # Service and Deployment are `<fullname>-webhook-service` and `<fullname>-controller-manager`.
 KUEUE_RELEASE = "kueue"
@@ -65,7 +64,7 @@ PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"  # constants.go WorkloadP
 # A job's longest run once admitted, in seconds (constants.go MaxExecTimeSecondsLabel): Kueue
 # deactivates its workload when admitted that long (components/ai_run_limit.py).
 MAX_EXEC_TIME_LABEL = "kueue.x-k8s.io/max-exec-time-seconds"
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 GPU_COHORT = "gpus"  # the cohort both sides' ClusterQueues share
 HPC_CLUSTER_QUEUE = "hpc"  # HPC's share of the GPUs: admits the slurmd pods
 HPC_LOCAL_QUEUE = "hpc"  # in SLURM_NAMESPACE, named on the NodeSet's pod labels
@@ -77,6 +76,12 @@ AI_PRIORITY_CLASSES = ("ai-normal", "ai-high")  # lowest first; the example jobs
 # The chart's webhook configurations, `<kueue.fullname>-{mutating,validating}-webhook-configuration`,
 # and its two pod webhooks (charts/kueue/templates/webhook/manifests.yaml).
 KUEUE_POD_WEBHOOKS = {"mutating": "mpod.kb.io", "validating": "vpod.kb.io"}
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+
+# Pulumi resource types the program creates and the tools find again in a plan or a stack's state.
+INSTANCE_TYPE_TOKEN = "aws:ec2/instance:Instance"
+AMP_WORKSPACE_TYPE_TOKEN = "aws:amp/workspace:Workspace"
+REMOTE_COMMAND_TYPE_TOKEN = "command:remote:Command"
 
 
 def helm_fullname(release: str, chart: str = SLURM_CHART) -> str:
@@ -172,34 +177,6 @@ def slurm_names(nodeset: str) -> SlurmNames:
 
 
 @dataclass(frozen=True)
-class GpuShares:
-    """How the workers' GPUs are split between HPC (slurmd pods) and AI (queued jobs). Both are
-    Kueue workloads in one cohort: each side's nominalQuota is its share, and each lends its idle
-    share to the other only if the policy says so (lendingLimit 0 otherwise)."""
-
-    gpus_total: int
-    ai_guaranteed_gpus: int
-    ai_borrows_hpc_gpus: bool
-    ai_preempts_lower_priority: bool
-    hpc_borrows_ai_gpus: bool = True
-
-    @property
-    def hpc_gpus(self) -> int:
-        """HPC's share: everything AI's is not."""
-        return self.gpus_total - self.ai_guaranteed_gpus
-
-    @property
-    def ai_max_gpus(self) -> int:
-        """The most GPUs Kueue admits AI work onto at once."""
-        return self.gpus_total if self.ai_borrows_hpc_gpus else self.ai_guaranteed_gpus
-
-    @property
-    def hpc_max_gpus(self) -> int:
-        """The most slurmd pods Kueue admits at once."""
-        return self.gpus_total if self.hpc_borrows_ai_gpus else self.hpc_gpus
-
-
-@dataclass(frozen=True)
 class Names:
     """Every cross-component name and count of one stack."""
 
@@ -217,17 +194,11 @@ class Names:
     def from_settings(cls, s: Settings) -> Names:
         return cls(
             slurm=slurm_names(s.nodeset_name),
-            gpus_total=s.worker_count * GPUS_PER_WORKER,
+            gpus_total=s.gpu_shares.gpus_total,
             slurmd_max_replicas=s.slurmd_max_replicas,
             cooldown_seconds=s.keda_cooldown_seconds,
             polling_seconds=s.keda_polling_seconds,
-            shares=GpuShares(
-                gpus_total=s.worker_count * GPUS_PER_WORKER,
-                ai_guaranteed_gpus=s.ai_gpus,
-                ai_borrows_hpc_gpus=s.ai_borrows_hpc_gpus,
-                ai_preempts_lower_priority=s.ai_preempts_lower_priority,
-                hpc_borrows_ai_gpus=s.hpc_borrows_ai_gpus,
-            ),
+            shares=s.gpu_shares,
             metrics_interval_seconds=s.slurm_metrics_interval_seconds,
             slurm_job_max_minutes=s.slurm_job_max_minutes,
             ai_job_max_minutes=s.ai_job_max_minutes,

@@ -1,7 +1,8 @@
 """The one reader of Pulumi config: a typed, validated `Settings` object.
 
-Every setting is declared once in `SETTINGS` (key, type, default, description, what is
-accepted, rule) and again in `Pulumi.yaml` (a test keeps the two in step). Every problem is
+Every setting is declared once, as a field of the `Settings` dataclass (name, type, default,
+description, what is accepted, rule); the table `SETTINGS` is derived from the fields, and
+Pulumi.yaml, docs/settings.md and the refusal tests are checked against it. Every problem is
 collected and reported at once, one line each, before any resource exists. A value echoed in
 a problem is escaped and truncated, and one that looks like a secret is not echoed at all.
 """
@@ -14,9 +15,9 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import yaml
 
@@ -90,10 +91,10 @@ REGION_ZONE_LETTERS = {
 # Elsewhere which zones exist is not known offline: any letter, and preflight checks the zone.
 OTHER_REGION_ZONE_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
-RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+RFC1918 = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 # RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
 # plan runs as shipped, but nobody can connect from one, so a deployment refuses them.
-DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+DOCUMENTATION_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
 # Slurm reads PartitionName=DEFAULT as defaults for the partitions after it (SchedMD/slurm
 # slurm.conf.5), and the Slinky chart already defines the partition `all` (names.DEFAULT_PARTITION;
@@ -209,7 +210,8 @@ def escaped(text: str, limit: int = SHOWN_CHARS) -> str:
     """Text as a problem line shows it (a value, a config key, a command-line token): control
     and non-ASCII characters escaped, so no newline or terminal escape reaches a log raw, and
     cut at `limit` characters."""
-    out, length = [], 0
+    out: list[str] = []
+    length = 0
     for ch in text:
         # ascii() leaves printable ASCII as it is and escapes the rest, the backslash included,
         # as Python writes them (\n, \x1b, \u0661); the quote the value is shown in, too
@@ -326,7 +328,7 @@ def _vpc_cidr(v: str) -> str | tuple[str, str] | None:
     )
     if _ipv4_cidr(v):
         return allowed + _not_canonical(v)
-    net = ipaddress.ip_network(v)
+    net = ipaddress.IPv4Network(v)
     if not any(net.subnet_of(r) for r in RFC1918) or not 16 <= net.prefixlen <= SUBNET_PREFIX:
         return allowed
     for other, what in (
@@ -399,415 +401,370 @@ def _nodeset_name(v: str) -> str | tuple[str, str] | None:
     return None
 
 
-# --------------------------------------------------------------------------- table
+# --------------------------------------------------------------------------- the declaration
+# Each setting is declared once, as a field of `Settings`: its attribute name (the config key is
+# its camelCase), its type (how the config string is parsed), and in the field's metadata its
+# default, description, what is accepted and its rule. `SETTINGS`, the table `load` reads, is
+# derived from the fields; Pulumi.yaml's config block, docs/settings.md's table and the refusal
+# table are checked against it (tests/core/test_settings_declaration.py).
+
+_DECLARATION = "setting"
 
 
 @dataclass(frozen=True)
-class Setting:
-    key: str
-    kind: type  # str, int or bool: how the config string is parsed
+class _Declared:
     default: Any  # None: the setting is required
     description: str
     accepted: str  # what docs/settings.md's table says is accepted
     rule: Rule | None = None
 
-    @property
-    def attribute(self) -> str:
-        return re.sub(r"(?<!^)(?=[A-Z])", "_", self.key).lower()
+
+def _declared(default: Any, description: str, accepted: str, rule: Rule | None = None) -> dict[str, _Declared]:
+    """The metadata of a setting's field."""
+    return {_DECLARATION: _Declared(default, description, accepted, rule)}
 
 
 def _version(
-    key: str, default: str, description: str, series: str, why: str, *, first_patch: int = 0, leading_v: bool = False
-) -> Setting:
+    default: str, description: str, series: str, why: str, *, first_patch: int = 0, leading_v: bool = False
+) -> dict[str, _Declared]:
+    """The metadata of a release setting: accepted within the tested `series`."""
     v = "v" if leading_v else ""
     free = ".N" * (3 - len(series.split(".")))
     accepted = f"{v}{series}{free}" + (f", N from {first_patch}" if first_patch else "")
-    rule = _release(series, default, why, first_patch=first_patch, leading_v=leading_v)
-    return Setting(key, str, default, description, accepted, rule)
-
-
-SETTINGS: tuple[Setting, ...] = (
-    # AWS
-    Setting("region", str, "us-east-1", "AWS region to build in.", "a commercial AWS region", _region),
-    Setting(
-        "availabilityZone",
-        str,
-        "",
-        "Availability zone for the subnet; empty picks the first zone that offers the worker type.",
-        "empty, or a zone name of the region",
-    ),
-    Setting(
-        "adminCidr",
-        str,
-        None,
-        "Who may reach SSH (22) and the API server (6443), e.g. your address as a.b.c.d/32. Required.",
-        f"a public IPv4 CIDR, /{ADMIN_MIN_PREFIX} or narrower unless allowOpenIngress",
-        _ipv4_cidr,
-    ),
-    Setting(
-        "allowOpenIngress",
-        bool,
-        False,
-        "Opt in to adminCidr 0.0.0.0/0 (SSH and the API server open to the internet).",
-        "true or false",
-    ),
-    Setting(
-        "vpcCidr",
-        str,
-        "10.0.0.0/16",
-        "The testbed VPC's address range; the node subnet is its first /24.",
-        f"RFC 1918, /16 to /24, outside {host_layout.POD_CIDR} and {host_layout.SERVICE_CIDR}",
-        _vpc_cidr,
-    ),
-    Setting(
-        "amiId",
-        str,
-        "",
-        "Pin an AMI; empty looks up the newest Canonical Ubuntu 24.04 amd64 image at first create.",
-        "empty, or ami- and 8 or 17 hex digits",
-        _optional(_matches(r"ami-([0-9a-f]{8}|[0-9a-f]{17})", "an AMI id, e.g. ami-0123456789abcdef0")),
-    ),
-    Setting(
-        "controlInstanceType",
-        str,
-        "t3.medium",
-        "Control-plane instance type (2 vCPU, 4 GiB at least).",
-        "an x86_64 type of the catalogue with 2 vCPU and 4 GiB or more",
-        _catalogue_type("control-plane", instance_types.control_problem, instance_types.accepted_controls),
-    ),
-    Setting(
-        "workerInstanceType",
-        str,
-        "g4dn.xlarge",
-        "GPU worker instance type (one NVIDIA GPU each).",
-        "a catalogue type with exactly one NVIDIA GPU, Turing or later",
-        _catalogue_type("GPU worker", instance_types.worker_problem, instance_types.accepted_workers),
-    ),
-    Setting(
-        "workerCount",
-        int,
-        4,
-        "Number of GPU workers (and the most slurmd pods KEDA may run).",
-        f"1 to {2 ** (32 - SUBNET_PREFIX) - 1 - FIRST_WORKER_HOST_INDEX}",
-    ),
-    Setting(
-        "spotWorkers",
-        bool,
-        False,
-        "Request the GPU workers as one-time spot instances; an interrupted worker is terminated "
-        "and the next `pulumi up` replaces it.",
-        "true or false",
-    ),
-    Setting(
-        "controlRootVolumeGb",
-        int,
-        40,
-        "Control node root volume (gp3, encrypted), GiB.",
-        f"{MIN_CONTROL_ROOT_GB} to 16384",
-        _int_range(MIN_CONTROL_ROOT_GB, 16384),
-    ),
-    Setting(
-        "workerRootVolumeGb",
-        int,
-        100,
-        "GPU worker root volume (gp3, encrypted), GiB.",
-        f"{MIN_WORKER_ROOT_GB} to 16384",
-        _int_range(MIN_WORKER_ROOT_GB, 16384),
-    ),
-    Setting(
-        "sshPublicKey",
-        str,
-        "",
-        "OpenSSH public key for user ubuntu; empty generates a key pair (output sshPrivateKey).",
-        "empty, or one ed25519, ECDSA or RSA (2048 bits or more) public key line",
-        _optional(_ssh_public_key),
-    ),
-    Setting(
-        "controlPlaneGeneration",
-        int,
-        1,
-        "Raise it by one to rebuild the control node on purpose (a new, empty cluster; every release is "
-        "installed again); a change that would replace the control node is refused without it.",
-        "1 to 1000",
-        _int_range(1, 1000),
-    ),
-    # Kubernetes and node software
-    _version(
-        "kubernetesVersion",
-        "1.34.7",
-        "kubelet/kubeadm/kubectl release (apt packages held).",
-        "1.34",
-        "the tested minor: the kubeadm v1beta4 config, the charts and the offline schemas are pinned for it",
-    ),
-    _version(
-        "flannelVersion",
-        "v0.27.4",
-        "Flannel CNI release applied by kubeadm init.",
-        "0.27",
-        "the tested minor",
-        leading_v=True,
-    ),
-    Setting(
-        "nvidiaDriverBranch",
-        str,
-        "580",
-        "NVIDIA server driver branch on the GPU workers.",
-        "580",
-        _matches("580", "the tested branch 580 (its -server-open packages on Ubuntu 24.04)"),
-    ),
-    _version(
-        "nvidiaContainerToolkitVersion",
-        "1.18.1",
-        "nvidia-container-toolkit release.",
-        "1.18",
-        "1.18.0 wrote its containerd drop-in to the wrong directory",
-        first_patch=1,
-    ),
-    # Platform
-    _version(
-        "devicePluginVersion", "0.17.0", "NVIDIA device plugin Helm chart version.", "0.17", "the tested chart minor"
-    ),
-    Setting(
-        "gpuFeatureDiscovery",
-        bool,
-        False,
-        "Also deploy GPU feature discovery (with NFD) from the device plugin chart.",
-        "true or false",
-    ),
-    _version(
-        "certManagerVersion",
-        "v1.19.2",
-        "cert-manager Helm chart version (keeps its leading v).",
-        "1.19",
-        "the tested chart minor",
-        leading_v=True,
-    ),
-    _version(
-        "slinkyVersion",
-        "1.0.0",
-        "Slinky slurm-operator, CRD and slurm chart version.",
-        "1.0",
-        "the chart values and CRDs the program writes are those of 1.0",
-    ),
-    Setting(
-        "slurmImageTag",
-        str,
-        "25.11.6-ubuntu24.04",
-        "Tag of the Slinky slurmctld/slurmd/slurmrestd images.",
-        "25.11.N-ubuntu24.04",
-        _matches(
-            r"25\.11\.(0|[1-9][0-9]{0,3})-ubuntu24\.04",
-            "a Slinky image tag 25.11.N-ubuntu24.04 (the Slurm release Slinky 1.0 runs, on the tested image), "
-            "e.g. 25.11.6-ubuntu24.04",
-        ),
-    ),
-    Setting(
-        "nodesetName",
-        str,
-        "slinky",
-        "Name of the GPU NodeSet (and its Slurm partition).",
-        "a DNS label of 1-32 characters, not all or default",
-        _nodeset_name,
-    ),
-    _version(
-        "kubePrometheusStackVersion",
-        "80.9.2",
-        "kube-prometheus-stack Helm chart version.",
-        "80",
-        "the tested chart major (a new major changes CRDs and values)",
-    ),
-    _version(
-        "dcgmExporterVersion", "4.7.1", "NVIDIA dcgm-exporter Helm chart version.", "4.7", "the tested chart minor"
-    ),
-    _version("kedaVersion", "2.16.1", "KEDA Helm chart version.", "2.16", "the tested chart minor"),
-    Setting(
-        "kedaMinReplicas",
-        int,
-        1,
-        "slurmd replicas while Slurm has work (KEDA minReplicaCount).",
-        "1 to the most slurmd replicas",
-    ),
-    Setting(
-        "kedaMaxReplicas",
-        int,
-        0,
-        "Most slurmd replicas (KEDA maxReplicaCount); 0 means every GPU slurmd may hold (workerCount, or HPC's share).",
-        "0 to workerCount (to HPC's share when hpcBorrowsAiGpus is false)",
-    ),
-    Setting(
-        "kedaCooldownSeconds",
-        int,
-        300,
-        "Idle seconds slurmd stays warm while no Kubernetes GPU work waits (the demand-aware query's window).",
-        "1 to 86400",
-        _int_range(1, 86400),
-    ),
-    Setting(
-        "kedaPollingSeconds",
-        int,
-        30,
-        "How often KEDA reads the Slurm metrics (pollingInterval).",
-        "1 to 3600",
-        _int_range(1, 3600),
-    ),
-    Setting(
-        "slurmMetricsIntervalSeconds",
-        int,
-        30,
-        "How often Prometheus scrapes slurmctld's metrics (the ServiceMonitor's interval; the triggers' subquery step).",
-        "5 to 300",
-        _int_range(5, 300),
-    ),
-    _version(
-        "trainingOperatorVersion",
-        "v1.8.1",
-        "Kubeflow Training Operator release (standalone overlay).",
-        "1.8",
-        "the tested minor",
-        leading_v=True,
-    ),
-    _version(
-        "kueueVersion",
-        "0.19.2",
-        "Kueue Helm chart version (oci://registry.k8s.io/kueue/charts/kueue), the admission point for Kubernetes GPU work.",
-        "0.19",
-        "the tested minor: the v1beta2 queues and the manager configuration the program writes are those of 0.19",
-    ),
-    # GPU fairness between HPC (slurmd pods) and AI (queued jobs), both admitted by Kueue: components/kueue.py
-    Setting(
-        "aiGuaranteedGpus",
-        int,
-        -1,
-        "AI's share of the GPUs (Kueue nominalQuota of queue ai); HPC's is the rest. -1: half, rounded down.",
-        "-1 (half of workerCount, rounded down) or 0 to workerCount - 1",
-    ),
-    Setting(
-        "aiBorrowsHpcGpus",
-        bool,
-        True,
-        "Kueue may admit AI work onto HPC's idle share (false keeps that share for slurmd alone).",
-        "true or false",
-    ),
-    Setting(
-        "hpcBorrowsAiGpus",
-        bool,
-        True,
-        "slurmd pods may take AI's idle share, so a Slurm job may span every worker; AI takes it back by "
-        "draining (false caps slurmd at HPC's share).",
-        "true or false",
-    ),
-    # The lend-and-reclaim bounds (docs/handoff.md): a borrowed GPU comes back when the job on it
-    # ends, and these cap how long that can take.
-    Setting(
-        "slurmJobMaxMinutes",
-        int,
-        60,
-        "Longest a Slurm job may run (the partitions' MaxTime; sbatch --time above it is refused). Bounds how "
-        "long AI waits for a GPU slurmd borrowed.",
-        "1 to 10080 (a week)",
-        _int_range(1, 10080),
-    ),
-    Setting(
-        "aiJobMaxMinutes",
-        int,
-        60,
-        "Longest a queued AI job may run (its kueue.x-k8s.io/max-exec-time-seconds label, required and checked "
-        "at submit). Bounds how long HPC waits for a GPU AI borrowed.",
-        "1 to 10080 (a week)",
-        _int_range(1, 10080),
-    ),
-    Setting(
-        "aiPreemptsLowerPriority",
-        bool,
-        False,
-        "A waiting ai-high job may evict running ai-normal jobs (never a slurmd pod); false: Kueue never evicts running AI work.",
-        "true or false",
-    ),
-    # Evidence and cost guard: components/managed_prometheus.py, components/budget.py, docs/evidence-and-budget.md
-    Setting(
-        "managedPrometheus",
-        bool,
-        True,
-        "Create an Amazon Managed Service for Prometheus workspace and remote-write the evidence series to it "
-        "(SigV4, the control node's instance role); false keeps the metrics in the cluster only.",
-        "true or false",
-    ),
-    Setting(
-        "managedPrometheusKeep",
-        bool,
-        True,
-        "Keep the workspace and its samples after `pulumi destroy` (stored samples cost until you delete it); "
-        "false deletes it with the stack.",
-        "true or false",
-    ),
-    Setting(
-        "budgetMonthlyUsd",
-        int,
-        0,
-        "An AWS Budget for the account's monthly cost, in USD, that emails budgetEmail when the forecast "
-        "or the actual cost passes it; 0: no budget.",
-        f"0, or 1 to {MAX_BUDGET_USD}",
-        _int_range(0, MAX_BUDGET_USD),
-    ),
-    Setting(
-        "budgetEmail",
-        str,
-        "",
-        "Who the budget alarm emails; required with budgetMonthlyUsd.",
-        "empty, or one e-mail address (with budgetMonthlyUsd above 0)",
-        _optional(_matches(EMAIL, "one e-mail address, e.g. you@example.com")),
-    ),
-)
-
-SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+    return _declared(
+        default, description, accepted, _release(series, default, why, first_patch=first_patch, leading_v=leading_v)
+    )
 
 
 @dataclass(frozen=True)
 class Settings:
-    region: str
-    availability_zone: str
-    admin_cidr: str
-    allow_open_ingress: bool
-    vpc_cidr: str
-    ami_id: str
-    control_instance_type: str
-    worker_instance_type: str
-    worker_count: int
-    spot_workers: bool
-    control_root_volume_gb: int
-    worker_root_volume_gb: int
-    ssh_public_key: str
-    control_plane_generation: int
-    kubernetes_version: str
-    flannel_version: str
-    nvidia_driver_branch: str
-    nvidia_container_toolkit_version: str
-    device_plugin_version: str
-    gpu_feature_discovery: bool
-    cert_manager_version: str
-    slinky_version: str
-    slurm_image_tag: str
-    nodeset_name: str
-    kube_prometheus_stack_version: str
-    dcgm_exporter_version: str
-    keda_version: str
-    keda_min_replicas: int
-    keda_max_replicas: int
-    keda_cooldown_seconds: int
-    keda_polling_seconds: int
-    slurm_metrics_interval_seconds: int
-    training_operator_version: str
-    kueue_version: str
-    ai_guaranteed_gpus: int
-    ai_borrows_hpc_gpus: bool
-    hpc_borrows_ai_gpus: bool
-    slurm_job_max_minutes: int
-    ai_job_max_minutes: int
-    ai_preempts_lower_priority: bool
-    managed_prometheus: bool
-    managed_prometheus_keep: bool
-    budget_monthly_usd: int
-    budget_email: str
+    """A stack's validated settings: one field per setting, in Pulumi.yaml's order."""
+
+    # AWS
+    region: str = field(metadata=_declared("us-east-1", "AWS region to build in.", "a commercial AWS region", _region))
+    availability_zone: str = field(
+        metadata=_declared(
+            "",
+            "Availability zone for the subnet; empty picks the first zone that offers the worker type.",
+            "empty, or a zone name of the region",
+        )
+    )
+    admin_cidr: str = field(
+        metadata=_declared(
+            None,
+            "Who may reach SSH (22) and the API server (6443), e.g. your address as a.b.c.d/32. Required.",
+            f"a public IPv4 CIDR, /{ADMIN_MIN_PREFIX} or narrower unless allowOpenIngress",
+            _ipv4_cidr,
+        )
+    )
+    allow_open_ingress: bool = field(
+        metadata=_declared(
+            False, "Opt in to adminCidr 0.0.0.0/0 (SSH and the API server open to the internet).", "true or false"
+        )
+    )
+    vpc_cidr: str = field(
+        metadata=_declared(
+            "10.0.0.0/16",
+            "The testbed VPC's address range; the node subnet is its first /24.",
+            f"RFC 1918, /16 to /24, outside {host_layout.POD_CIDR} and {host_layout.SERVICE_CIDR}",
+            _vpc_cidr,
+        )
+    )
+    ami_id: str = field(
+        metadata=_declared(
+            "",
+            "Pin an AMI; empty looks up the newest Canonical Ubuntu 24.04 amd64 image at first create.",
+            "empty, or ami- and 8 or 17 hex digits",
+            _optional(_matches(r"ami-([0-9a-f]{8}|[0-9a-f]{17})", "an AMI id, e.g. ami-0123456789abcdef0")),
+        )
+    )
+    control_instance_type: str = field(
+        metadata=_declared(
+            "t3.medium",
+            "Control-plane instance type (2 vCPU, 4 GiB at least).",
+            "an x86_64 type of the catalogue with 2 vCPU and 4 GiB or more",
+            _catalogue_type("control-plane", instance_types.control_problem, instance_types.accepted_controls),
+        )
+    )
+    worker_instance_type: str = field(
+        metadata=_declared(
+            "g4dn.xlarge",
+            "GPU worker instance type (one NVIDIA GPU each).",
+            "a catalogue type with exactly one NVIDIA GPU, Turing or later",
+            _catalogue_type("GPU worker", instance_types.worker_problem, instance_types.accepted_workers),
+        )
+    )
+    worker_count: int = field(
+        metadata=_declared(
+            4,
+            "Number of GPU workers (and the most slurmd pods KEDA may run).",
+            f"1 to {2 ** (32 - SUBNET_PREFIX) - 1 - FIRST_WORKER_HOST_INDEX}",
+        )
+    )
+    spot_workers: bool = field(
+        metadata=_declared(
+            False,
+            "Request the GPU workers as one-time spot instances; an interrupted worker is terminated "
+            "and the next `pulumi up` replaces it.",
+            "true or false",
+        )
+    )
+    control_root_volume_gb: int = field(
+        metadata=_declared(
+            40,
+            "Control node root volume (gp3, encrypted), GiB.",
+            f"{MIN_CONTROL_ROOT_GB} to 16384",
+            _int_range(MIN_CONTROL_ROOT_GB, 16384),
+        )
+    )
+    worker_root_volume_gb: int = field(
+        metadata=_declared(
+            100,
+            "GPU worker root volume (gp3, encrypted), GiB.",
+            f"{MIN_WORKER_ROOT_GB} to 16384",
+            _int_range(MIN_WORKER_ROOT_GB, 16384),
+        )
+    )
+    ssh_public_key: str = field(
+        metadata=_declared(
+            "",
+            "OpenSSH public key for user ubuntu; empty generates a key pair (output sshPrivateKey).",
+            "empty, or one ed25519, ECDSA or RSA (2048 bits or more) public key line",
+            _optional(_ssh_public_key),
+        )
+    )
+    control_plane_generation: int = field(
+        metadata=_declared(
+            1,
+            "Raise it by one to rebuild the control node on purpose (a new, empty cluster; every release is "
+            "installed again); a change that would replace the control node is refused without it.",
+            "1 to 1000",
+            _int_range(1, 1000),
+        )
+    )
+    # Kubernetes and node software
+    kubernetes_version: str = field(
+        metadata=_version(
+            "1.34.7",
+            "kubelet/kubeadm/kubectl release (apt packages held).",
+            "1.34",
+            "the tested minor: the kubeadm v1beta4 config, the charts and the offline schemas are pinned for it",
+        )
+    )
+    flannel_version: str = field(
+        metadata=_version(
+            "v0.27.4", "Flannel CNI release applied by kubeadm init.", "0.27", "the tested minor", leading_v=True
+        )
+    )
+    nvidia_driver_branch: str = field(
+        metadata=_declared(
+            "580",
+            "NVIDIA server driver branch on the GPU workers.",
+            "580",
+            _matches("580", "the tested branch 580 (its -server-open packages on Ubuntu 24.04)"),
+        )
+    )
+    nvidia_container_toolkit_version: str = field(
+        metadata=_version(
+            "1.18.1",
+            "nvidia-container-toolkit release.",
+            "1.18",
+            "1.18.0 wrote its containerd drop-in to the wrong directory",
+            first_patch=1,
+        )
+    )
+    # Platform
+    device_plugin_version: str = field(
+        metadata=_version("0.17.0", "NVIDIA device plugin Helm chart version.", "0.17", "the tested chart minor")
+    )
+    gpu_feature_discovery: bool = field(
+        metadata=_declared(
+            False, "Also deploy GPU feature discovery (with NFD) from the device plugin chart.", "true or false"
+        )
+    )
+    cert_manager_version: str = field(
+        metadata=_version(
+            "v1.19.2",
+            "cert-manager Helm chart version (keeps its leading v).",
+            "1.19",
+            "the tested chart minor",
+            leading_v=True,
+        )
+    )
+    slinky_version: str = field(
+        metadata=_version(
+            "1.0.0",
+            "Slinky slurm-operator, CRD and slurm chart version.",
+            "1.0",
+            "the chart values and CRDs the program writes are those of 1.0",
+        )
+    )
+    slurm_image_tag: str = field(
+        metadata=_declared(
+            "25.11.6-ubuntu24.04",
+            "Tag of the Slinky slurmctld/slurmd/slurmrestd images.",
+            "25.11.N-ubuntu24.04",
+            _matches(
+                r"25\.11\.(0|[1-9][0-9]{0,3})-ubuntu24\.04",
+                "a Slinky image tag 25.11.N-ubuntu24.04 (the Slurm release Slinky 1.0 runs, on the tested image), "
+                "e.g. 25.11.6-ubuntu24.04",
+            ),
+        )
+    )
+    nodeset_name: str = field(
+        metadata=_declared(
+            "slinky",
+            "Name of the GPU NodeSet (and its Slurm partition).",
+            "a DNS label of 1-32 characters, not all or default",
+            _nodeset_name,
+        )
+    )
+    kube_prometheus_stack_version: str = field(
+        metadata=_version(
+            "80.9.2",
+            "kube-prometheus-stack Helm chart version.",
+            "80",
+            "the tested chart major (a new major changes CRDs and values)",
+        )
+    )
+    dcgm_exporter_version: str = field(
+        metadata=_version("4.7.1", "NVIDIA dcgm-exporter Helm chart version.", "4.7", "the tested chart minor")
+    )
+    keda_version: str = field(metadata=_version("2.16.1", "KEDA Helm chart version.", "2.16", "the tested chart minor"))
+    keda_min_replicas: int = field(
+        metadata=_declared(
+            1, "slurmd replicas while Slurm has work (KEDA minReplicaCount).", "1 to the most slurmd replicas"
+        )
+    )
+    keda_max_replicas: int = field(
+        metadata=_declared(
+            0,
+            "Most slurmd replicas (KEDA maxReplicaCount); 0 means every GPU slurmd may hold (workerCount, or HPC's share).",
+            "0 to workerCount (to HPC's share when hpcBorrowsAiGpus is false)",
+        )
+    )
+    keda_cooldown_seconds: int = field(
+        metadata=_declared(
+            300,
+            "Idle seconds slurmd stays warm while no Kubernetes GPU work waits (the demand-aware query's window).",
+            "1 to 86400",
+            _int_range(1, 86400),
+        )
+    )
+    keda_polling_seconds: int = field(
+        metadata=_declared(
+            30, "How often KEDA reads the Slurm metrics (pollingInterval).", "1 to 3600", _int_range(1, 3600)
+        )
+    )
+    slurm_metrics_interval_seconds: int = field(
+        metadata=_declared(
+            30,
+            "How often Prometheus scrapes slurmctld's metrics (the ServiceMonitor's interval; the triggers' subquery step).",
+            "5 to 300",
+            _int_range(5, 300),
+        )
+    )
+    training_operator_version: str = field(
+        metadata=_version(
+            "v1.8.1",
+            "Kubeflow Training Operator release (standalone overlay).",
+            "1.8",
+            "the tested minor",
+            leading_v=True,
+        )
+    )
+    kueue_version: str = field(
+        metadata=_version(
+            "0.19.2",
+            "Kueue Helm chart version (oci://registry.k8s.io/kueue/charts/kueue), the admission point for Kubernetes GPU work.",
+            "0.19",
+            "the tested minor: the v1beta2 queues and the manager configuration the program writes are those of 0.19",
+        )
+    )
+    # GPU fairness between HPC (slurmd pods) and AI (queued jobs), both admitted by Kueue: components/kueue.py
+    ai_guaranteed_gpus: int = field(
+        metadata=_declared(
+            -1,
+            "AI's share of the GPUs (Kueue nominalQuota of queue ai); HPC's is the rest. -1: half, rounded down.",
+            "-1 (half of workerCount, rounded down) or 0 to workerCount - 1",
+        )
+    )
+    ai_borrows_hpc_gpus: bool = field(
+        metadata=_declared(
+            True,
+            "Kueue may admit AI work onto HPC's idle share (false keeps that share for slurmd alone).",
+            "true or false",
+        )
+    )
+    hpc_borrows_ai_gpus: bool = field(
+        metadata=_declared(
+            True,
+            "slurmd pods may take AI's idle share, so a Slurm job may span every worker; AI takes it back by "
+            "draining (false caps slurmd at HPC's share).",
+            "true or false",
+        )
+    )
+    # The lend-and-reclaim bounds (docs/handoff.md): a borrowed GPU comes back when the job on it
+    # ends, and these cap how long that can take.
+    slurm_job_max_minutes: int = field(
+        metadata=_declared(
+            60,
+            "Longest a Slurm job may run (the partitions' MaxTime; sbatch --time above it is refused). Bounds how "
+            "long AI waits for a GPU slurmd borrowed.",
+            "1 to 10080 (a week)",
+            _int_range(1, 10080),
+        )
+    )
+    ai_job_max_minutes: int = field(
+        metadata=_declared(
+            60,
+            "Longest a queued AI job may run (its kueue.x-k8s.io/max-exec-time-seconds label, required and checked "
+            "at submit). Bounds how long HPC waits for a GPU AI borrowed.",
+            "1 to 10080 (a week)",
+            _int_range(1, 10080),
+        )
+    )
+    ai_preempts_lower_priority: bool = field(
+        metadata=_declared(
+            False,
+            "A waiting ai-high job may evict running ai-normal jobs (never a slurmd pod); false: Kueue never evicts running AI work.",
+            "true or false",
+        )
+    )
+    # Evidence and cost guard: components/managed_prometheus.py, components/budget.py, docs/evidence-and-budget.md
+    managed_prometheus: bool = field(
+        metadata=_declared(
+            True,
+            "Create an Amazon Managed Service for Prometheus workspace and remote-write the evidence series to it "
+            "(SigV4, the control node's instance role); false keeps the metrics in the cluster only.",
+            "true or false",
+        )
+    )
+    managed_prometheus_keep: bool = field(
+        metadata=_declared(
+            True,
+            "Keep the workspace and its samples after `pulumi destroy` (stored samples cost until you delete it); "
+            "false deletes it with the stack.",
+            "true or false",
+        )
+    )
+    budget_monthly_usd: int = field(
+        metadata=_declared(
+            0,
+            "An AWS Budget for the account's monthly cost, in USD, that emails budgetEmail when the forecast "
+            "or the actual cost passes it; 0: no budget.",
+            f"0, or 1 to {MAX_BUDGET_USD}",
+            _int_range(0, MAX_BUDGET_USD),
+        )
+    )
+    budget_email: str = field(
+        metadata=_declared(
+            "",
+            "Who the budget alarm emails; required with budgetMonthlyUsd.",
+            "empty, or one e-mail address (with budgetMonthlyUsd above 0)",
+            _optional(_matches(EMAIL, "one e-mail address, e.g. you@example.com")),
+        )
+    )
     stack: str = field(default="dev")
 
     # Derived values: one place computes each.
@@ -829,22 +786,92 @@ class Settings:
         return [str(subnet[FIRST_WORKER_HOST_INDEX + i]) for i in range(self.worker_count)]
 
     @property
+    def gpu_shares(self) -> GpuShares:
+        return GpuShares.split(
+            self.worker_count,
+            self.ai_guaranteed_gpus,
+            self.ai_borrows_hpc_gpus,
+            self.ai_preempts_lower_priority,
+            self.hpc_borrows_ai_gpus,
+        )
+
+    @property
     def ai_gpus(self) -> int:
         """AI's share of the GPUs (-1: half of them, rounded down)."""
-        return _ai_gpus(self.worker_count, self.ai_guaranteed_gpus)
+        return self.gpu_shares.ai_guaranteed_gpus
 
     @property
     def slurmd_max_replicas(self) -> int:
         """slurmd holds one GPU per pod: every GPU if it may borrow AI's idle share, else HPC's share."""
-        return self.keda_max_replicas or _hpc_max_gpus(self.worker_count, self.ai_gpus, self.hpc_borrows_ai_gpus)
+        return self.keda_max_replicas or self.gpu_shares.hpc_max_gpus
 
 
-def _ai_gpus(worker_count: int, ai_guaranteed_gpus: int) -> int:
-    return worker_count // 2 if ai_guaranteed_gpus == -1 else ai_guaranteed_gpus
+@dataclass(frozen=True)
+class GpuShares:
+    """How the workers' GPUs are split between HPC (slurmd pods) and AI (queued jobs). Both are
+    Kueue workloads in one cohort: each side's nominalQuota is its share, and each lends its idle
+    share to the other only if the policy says so (lendingLimit 0 otherwise)."""
+
+    gpus_total: int
+    ai_guaranteed_gpus: int
+    ai_borrows_hpc_gpus: bool
+    ai_preempts_lower_priority: bool
+    hpc_borrows_ai_gpus: bool = True
+
+    @classmethod
+    def split(
+        cls, workers: int, ai_guaranteed_gpus: int, ai_borrows: bool, ai_preempts: bool, hpc_borrows: bool
+    ) -> GpuShares:
+        """The split of `workers` workers' GPUs; an aiGuaranteedGpus of -1 is half of them, rounded down."""
+        total = workers * instance_types.GPUS_PER_WORKER
+        ai = total // 2 if ai_guaranteed_gpus == -1 else ai_guaranteed_gpus
+        return cls(total, ai, ai_borrows, ai_preempts, hpc_borrows)
+
+    @property
+    def hpc_gpus(self) -> int:
+        """HPC's share: everything AI's is not."""
+        return self.gpus_total - self.ai_guaranteed_gpus
+
+    @property
+    def ai_max_gpus(self) -> int:
+        """The most GPUs Kueue admits AI work onto at once."""
+        return self.gpus_total if self.ai_borrows_hpc_gpus else self.ai_guaranteed_gpus
+
+    @property
+    def hpc_max_gpus(self) -> int:
+        """The most slurmd pods Kueue admits at once."""
+        return self.gpus_total if self.hpc_borrows_ai_gpus else self.hpc_gpus
 
 
-def _hpc_max_gpus(worker_count: int, ai_gpus: int, hpc_borrows_ai_gpus: bool) -> int:
-    return worker_count if hpc_borrows_ai_gpus else worker_count - ai_gpus
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table `load` reads, derived from a field of `Settings`."""
+
+    attribute: str  # the field of Settings
+    kind: type  # str, int or bool: how the config string is parsed
+    default: Any  # None: the setting is required
+    description: str
+    accepted: str
+    rule: Rule | None = None
+
+    @property
+    def key(self) -> str:
+        """The config key: the attribute in camelCase (`worker_count` is `workerCount`)."""
+        head, *rest = self.attribute.split("_")
+        return head + "".join(word.capitalize() for word in rest)
+
+
+def _table() -> tuple[Setting, ...]:
+    kinds = get_type_hints(Settings)
+    return tuple(
+        Setting(f.name, kinds[f.name], d.default, d.description, d.accepted, d.rule)
+        for f in fields(Settings)
+        if (d := f.metadata.get(_DECLARATION))
+    )
+
+
+SETTINGS: tuple[Setting, ...] = _table()
+SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
 
 
 def max_workers_for_subnet() -> int:
@@ -978,15 +1005,24 @@ def _cross_checks(v: dict[str, Any], given: Mapping[str, Any], earlier: list[str
             f"aiGuaranteedGpus: {raw('aiGuaranteedGpus')} is not allowed; expected -1 (half) or an integer from 0 to "
             f"workerCount - 1 ({v['worker_count'] - 1}): one GPU per worker, and HPC's share needs at least one"
         )
-    fair = ok("aiGuaranteedGpus", "workerCount")
-    ai_gpus = _ai_gpus(v["worker_count"], v["ai_guaranteed_gpus"]) if fair else 0
-    if fair and ok("aiBorrowsHpcGpus") and ai_gpus == 0 and not v["ai_borrows_hpc_gpus"]:
+    shares = (
+        GpuShares.split(
+            v["worker_count"],
+            v["ai_guaranteed_gpus"],
+            v["ai_borrows_hpc_gpus"],
+            v["ai_preempts_lower_priority"],
+            v["hpc_borrows_ai_gpus"],
+        )
+        if ok("aiGuaranteedGpus", "workerCount")
+        else None
+    )
+    if shares and ok("aiBorrowsHpcGpus") and shares.ai_guaranteed_gpus == 0 and not v["ai_borrows_hpc_gpus"]:
         out.append(
             f"aiBorrowsHpcGpus: {raw('aiBorrowsHpcGpus')} is not allowed with an AI share of 0 GPUs: Kueue would "
             "admit no Kubernetes GPU work at all; expected true, or aiGuaranteedGpus of 1 or more"
         )
-    if fair and ok("kedaMinReplicas", "kedaMaxReplicas", "hpcBorrowsAiGpus"):
-        hpc_max = _hpc_max_gpus(v["worker_count"], ai_gpus, v["hpc_borrows_ai_gpus"])
+    if shares and ok("kedaMinReplicas", "kedaMaxReplicas", "hpcBorrowsAiGpus"):
+        hpc_max = shares.hpc_max_gpus
         max_replicas = v["keda_max_replicas"] or hpc_max
         if not 0 <= v["keda_max_replicas"] <= hpc_max:
             out.append(
@@ -1037,7 +1073,7 @@ def _warmth_checks(cooldown: int, polling: int, step: int, raw: Callable[[str], 
 
 
 def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline: bool) -> list[str]:
-    network = ipaddress.ip_network(cidr)
+    network = ipaddress.IPv4Network(cidr)  # adminCidr's own rule accepts IPv4 only
     if network.prefixlen < ADMIN_MIN_PREFIX:
         if allow_open_ingress:
             return []

@@ -12,6 +12,7 @@ from components import bootstrap, remote_script
 from components.cluster_identity import ClusterIdentity
 from components.readiness_gate import BootstrapWatch, ReadinessGate, ReadinessGateArgs
 from core import host_layout
+from core.names import REMOTE_COMMAND_TYPE_TOKEN
 from core.settings import Settings
 from stacks.infrastructure import Infrastructure
 
@@ -20,12 +21,11 @@ READINESS_TIMEOUT_SECONDS = 45 * 60
 # Steps after the readiness gate reach a node that answered SSH already; on delete the node may
 # be gone: 10 dials of 30 s bound that wait (the default limit, provider/pkg/provider/remote/connection.go).
 DIAL_ERROR_LIMIT = 10
-REMOTE_COMMAND = "command:remote:Command"
 
 
 def lives_in_cluster(type_: str) -> bool:
     """Kubernetes objects and Helm releases, and the steps run on the control node over SSH."""
-    return type_.startswith("kubernetes:") or type_ == REMOTE_COMMAND
+    return type_.startswith("kubernetes:") or type_ == REMOTE_COMMAND_TYPE_TOKEN
 
 
 def lives_and_dies_with(node: pulumi.Resource) -> pulumi.ResourceTransformation:

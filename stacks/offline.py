@@ -3,6 +3,13 @@
 `plan`, `render` and the test suite all go through `run()`, so what they inspect is what
 `pulumi up` would register. Every ID, IP, AMI and key the mock returns is a placeholder:
 IPs come from the documentation ranges (RFC 5737) and IDs end in `-placeholder`.
+
+Built on Pulumi's public mocks API (pulumi 3.272.0, sdk/python/lib/pulumi/runtime/mocks.py):
+`reset_options`, `set_all_config`, `set_mocks` and the `test` runner; `Mocks.new_resource` and
+`Mocks.call` answer every registration and invoke. `MockResourceArgs` carries a resource's type,
+name, inputs and provider only, so one seam is not public (see `RecordingMonitor`): where a
+resource sits and how it is managed (URN, parent, dependencies, custom timeouts, lifecycle
+options), which plan --json shows and the tests check, is read from the registration request.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import hashlib
 import json
 import re
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +28,7 @@ from typing import Any
 
 import pulumi
 from google.protobuf import json_format
-from pulumi.runtime import mocks as pulumi_mocks
-from pulumi.runtime import rpc
-from pulumi.runtime.settings import reset_options
-from pulumi.runtime.stack import run_pulumi_func
-from pulumi.runtime.sync_await import _sync_await
+from pulumi.runtime.mocks import MockMonitor
 
 from core import settings as settings_mod
 from core import user_files
@@ -33,8 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDER_PUBLIC_IP = "198.51.100.10"  # RFC 5737 documentation range: never a real host
 PLACEHOLDER_ACCOUNT = "123456789012"  # the account id AWS documentation uses
 SECRET_TEXT = "[secret]"
-_SECRET_SIG = rpc._special_sig_key
-_SECRET_VALUE = rpc._special_secret_sig
+# How a secret travels in every property map, mock inputs included: {_SECRET_SIG: _SECRET_VALUE,
+# "value": ...}. Wire constants every SDK shares (pulumi/pulumi sdk/go/common/resource/sig/sig.go,
+# Key and Secret); the Python SDK keeps its copies private (runtime/rpc.py, _special_sig_key).
+_SECRET_SIG = "4dabf18193072939515e22adb298388d"
+_SECRET_VALUE = "1b47061264138c4ac30d75fd1eb44270"
 
 
 @dataclass
@@ -154,8 +161,12 @@ class TestbedMocks(pulumi.runtime.Mocks):
         self.deployed_outputs = deployed_outputs or {}
         self.invoke_args: dict[str, dict[str, Any]] = {}  # what preflight repeats against AWS
         self.region = "us-east-1"  # the stack's region (run() sets it): the placeholder ARNs carry it
+        # the registration each thread is answering: the monitor registers from an executor's
+        # threads, several at once, and records what the mock saw with where the resource sits
+        self.answering = threading.local()
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        self.answering.args = args
         outputs = dict(args.inputs)
         typ, name = args.typ, args.name
         if typ == "tls:index/privateKey:PrivateKey":
@@ -222,41 +233,53 @@ class TestbedMocks(pulumi.runtime.Mocks):
         return {}
 
 
-class RecordingMonitor(pulumi_mocks.MockMonitor):
-    """Records every registration with its parent and the dependencies the engine receives."""
+class RecordingMonitor(MockMonitor):
+    """Records every registration: what it is, from the public `Mocks.new_resource` it answers
+    (type, name, inputs, provider; the outputs it returned), with where it sits and how it is
+    managed, from the request itself.
+
+    The one use of Pulumi beyond its public mocks API, kept here: `MockResourceArgs` (pulumi
+    3.272.0, runtime/mocks.py) carries no URN, parent, dependencies, custom timeouts or resource
+    options, and plan --json and the tests need each. They are read from the RegisterResource
+    and ReadResource requests (pulumi/proto resource.proto, the engine's own view of the
+    program, implicit dependencies from inputs included) by this monitor, which `set_mocks`
+    takes as its `monitor` argument; a resource transform cannot stand in: under mocks nothing
+    runs transforms (MockMonitor.RegisterStackTransform only records them), and a transform
+    sees only the explicit `depends_on`, not the engine's dependencies."""
+
+    mocks: TestbedMocks
 
     def __init__(self, mocks: TestbedMocks):
         super().__init__(mocks)
         self.recorded: list[RecordedResource] = []
 
-    def _record(self, request, urn: str, properties, **options) -> None:
+    def _record(self, request, urn: str, **placement) -> None:
+        answered = self.mocks.answering.args  # what `new_resource` just answered, on this thread
         self.recorded.append(
             RecordedResource(
                 urn=urn,
-                type=request.type,
-                name=request.name,
+                type=answered.typ,
+                name=answered.name,
                 parent=request.parent,
                 depends_on=sorted(set(request.dependencies)),
-                inputs=whole_numbers(rpc.deserialize_properties(properties, keep_unknowns=True)),
+                inputs=whole_numbers(answered.inputs),
                 outputs=self.resources[urn].state,
-                provider=request.provider,
-                **options,
+                provider=answered.provider or "",
+                **placement,
             )
         )
 
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
-        if request.type != "pulumi:pulumi:Stack":
+        if request.type != "pulumi:pulumi:Stack":  # the root: no mock answers it
             timeouts = {k: v for k in ("create", "update", "delete") if (v := getattr(request.customTimeouts, k))}
-            self._record(
-                request, response.urn, request.object, custom_timeouts=timeouts, options=lifecycle_options(request)
-            )
+            self._record(request, response.urn, custom_timeouts=timeouts, options=lifecycle_options(request))
         return response
 
     def ReadResource(self, request):
         """A read resource (the stack's reference to itself) is recorded too: others depend on it."""
         response = super().ReadResource(request)
-        self._record(request, response.urn, request.properties)
+        self._record(request, response.urn)
         return response
 
 
@@ -379,38 +402,63 @@ def stack_settings(stack: str = "dev", overrides: list[str] | None = None) -> se
     return settings_mod.load(stack_config(stack, overrides), stack=stack, offline=True)
 
 
+ORGANIZATION = "organization"  # what a local (or self-managed) backend calls every stack's organization
+
+
+def run_under_mocks(
+    program: Callable[[], Any], config: dict[str, str], stack: str = "dev", monitor: RecordingMonitor | None = None
+) -> RecordingMonitor:
+    """Run `program` as `pulumi up` runs one, under the monitor's mocks and `config`, from a fresh
+    runtime (no root stack, settings or config left from an earlier run); the monitor holds what
+    it registered. What the program raises is raised here, once every registration is done."""
+    monitor = monitor or RecordingMonitor(TestbedMocks())
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    pulumi.runtime.reset_options(project=settings_mod.PROJECT, stack=stack, preview=False, organization=ORGANIZATION)
+    pulumi.runtime.set_all_config(config)
+    pulumi.runtime.set_mocks(
+        monitor.mocks,
+        project=settings_mod.PROJECT,
+        stack=stack,
+        preview=False,
+        monitor=monitor,
+        organization=ORGANIZATION,
+    )
+    # `test` runs the program and awaits what it returns, then every registration it started
+    pulumi.runtime.test(program)()
+    return monitor
+
+
 def run(config: dict[str, str], stack: str = "dev", mocks: TestbedMocks | None = None) -> Recording:
     """Validate settings, then run the whole program under mocks and resolve its outputs."""
     from stacks import testbed
 
     settings = settings_mod.load(config, stack=stack, offline=True)  # raises SettingsError before any resource
-    asyncio.set_event_loop(asyncio.new_event_loop())
-    reset_options(project=settings_mod.PROJECT, stack=stack, preview=False)
-    pulumi.runtime.set_all_config(config)
     mocks = mocks or TestbedMocks()
     mocks.region = settings.region
-    monitor = RecordingMonitor(mocks)
-    # "organization": what a local (or self-managed) backend calls the organization of every stack.
-    pulumi.runtime.set_mocks(
-        mocks, project=settings_mod.PROJECT, stack=stack, preview=False, monitor=monitor, organization="organization"
-    )
-
-    resolved: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     secret_names: set[str] = set()
+    names: list[str] = []  # the outputs in the program's order
 
-    async def program() -> None:
+    def program() -> pulumi.Output:
         outputs = testbed.build(testbed.settings_from_pulumi(offline=True))
-        for name, output in outputs.items():
-            out = pulumi.Output.from_input(output)
-            resolved[name] = await out.future()
-            if await out.is_secret():
-                secret_names.add(name)
+        names.extend(outputs)
 
-    _sync_await(run_pulumi_func(program))
+        def resolve(name: str, value: pulumi.Input) -> pulumi.Output:
+            output = pulumi.Output.from_input(value)
+
+            async def note_secret() -> None:
+                if await output.is_secret():
+                    secret_names.add(name)
+
+            return pulumi.Output.all(output.apply(lambda v: values.__setitem__(name, v)), note_secret())
+
+        return pulumi.Output.all(*(resolve(name, value) for name, value in outputs.items()))
+
+    monitor = run_under_mocks(program, config, stack, RecordingMonitor(mocks))
     return Recording(
         settings=settings,
         resources=monitor.recorded,
-        outputs=resolved,
+        outputs={name: values[name] for name in names},
         secret_outputs=secret_names,
         invokes=mocks.invokes,
         invoke_args=mocks.invoke_args,

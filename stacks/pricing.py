@@ -50,7 +50,7 @@ def estimate(s: Settings) -> CostEstimate:
     saving = workers * SPOT_DISCOUNT_ASSUMED if s.spot_workers and workers is not None else 0.0
     instances = None if control is None or workers is None else round(control + workers - saving, 4)
     unpriced += () if gp3 is not None else ("gp3",)
-    if instances is None or storage is None:
+    if instances is None or storage is None or workers is None:  # workers None makes instances None
         return CostEstimate(
             None,
             None,

@@ -5,7 +5,11 @@ resets Pulumi's runtime before each run, so tests share nothing but what they as
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import pickle
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,12 +20,34 @@ from stacks import offline
 ADMIN_CIDR = "203.0.113.7/32"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """`-n auto --dist loadgroup` unless `-n` is given, where xdist is loaded: here, not in
+    pytest.ini's addopts, so `-p no:xdist` runs the suite in one process instead of refusing `-n`.
+    Not in a worker, which xdist starts with no `-n` and runs this hook in (xdist 3 remote.py)."""
+    xdist_controller = config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput")
+    if xdist_controller and config.option.numprocesses is None:
+        config.option.numprocesses = "auto"
+        if config.option.dist == "no":
+            config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown, and no error, under `-p no:xdist`
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker per core, and two more when the engine tests run: they mostly wait on
     Slurm's and Prometheus' clocks (a 60 s MaxTime, 5 s scrapes), and a worker waiting in one would
     otherwise leave its core idle while the CPU-bound tests queue behind it."""
     cores = len(os.sched_getaffinity(0))
     return cores if "not engine" in (config.option.markexpr or "") else cores + 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A `-m` expression that does not name `slow` leaves the slow twin sweeps out, so the fast
+    set `-m "not engine"` is fast; a plain run, `-m "... slow ..."` and every run under CI=true
+    (.ci/run) keep them."""
+    expression = config.option.markexpr
+    if expression and "slow" not in expression and os.environ.get("CI") != "true":
+        config.option.markexpr = f"({expression}) and not slow"
 
 
 def config(**settings: Any) -> dict[str, str]:
@@ -42,6 +68,40 @@ def _default_run_scope(fixture_name: str, config: pytest.Config) -> str:
     (its stats pass credits a call to the test it happens in: a session-wide run would credit
     every function to the first test only, and mutants would run no other test)."""
     return "function" if os.environ.get("MUTANT_UNDER_TEST") == "stats" else "session"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_recording_per_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every run of the program under the default mocks (`run_program`, `plan`, `render` and
+    the other commands in-process) is made once per session for each stack and config, and
+    shared by every xdist worker through a folder of the session's (as tests/twin/runs.py shares
+    the twin's runs): the program is deterministic for them, which tests/cli/test_cli.py's two
+    renders in fresh processes check. Each call unpickles a copy of its own, so no test sees
+    another's changes; bad settings raise as before and are not kept. Runs with other mocks,
+    and mutmut's stats pass (see _default_run_scope), run afresh."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    # An xdist worker's base is <session's base>/gwN: the session's own is shared by every worker.
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "offline-runs"
+    folder.mkdir(exist_ok=True)
+    fresh = offline.run
+
+    def shared_run(config: dict[str, str], stack: str = "dev", mocks: offline.TestbedMocks | None = None):
+        if mocks is not None:
+            return fresh(config, stack, mocks)
+        key = hashlib.sha256(repr((sorted(config.items()), stack)).encode()).hexdigest()
+        path = folder / f"{key}.pickle"
+        with open(folder / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the first asks, the others wait and read; released on close
+            if not path.exists():
+                path.write_bytes(pickle.dumps(fresh(config, stack)))
+            return pickle.loads(path.read_bytes())
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(offline, "run", shared_run)
+        yield
 
 
 @pytest.fixture(scope=_default_run_scope)

@@ -30,10 +30,23 @@ def test_mutmut_mutates_existing_modules_inside_its_source_paths():
 
 
 def test_mutmut_runs_the_tests_in_its_own_process():
-    # pytest.ini runs xdist workers; mutmut's stats pass sees only calls made in its own process
-    # ("could not find any test case for any mutant" otherwise).
-    assert "-n auto" in (ROOT / "pytest.ini").read_text()
+    # The suite runs xdist workers unless -n is given; mutmut's stats pass sees only calls made
+    # in its own process ("could not find any test case for any mutant" otherwise).
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    def workers(numprocesses):
+        config = SimpleNamespace(
+            pluginmanager=SimpleNamespace(hasplugin=lambda name: name == "xdist"),
+            option=SimpleNamespace(numprocesses=numprocesses, dist="no"),
+        )
+        conftest.pytest_cmdline_main(config)
+        return config.option.numprocesses, config.option.dist
+
+    assert workers(None) == ("auto", "loadgroup")
     assert "--numprocesses=0" in mutmut_config()["pytest_add_cli_args"]
+    assert workers(0) == (0, "no")
 
 
 def test_mutmut_copies_every_top_level_entry_the_tests_read():

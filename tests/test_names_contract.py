@@ -1,7 +1,9 @@
 """One names contract: a renamed NodeSet and a smaller cluster reach every artifact, the printed
 commands and the runner alike, and the contract itself loads without Pulumi."""
 
+import ast
 import json
+import re
 import subprocess
 import sys
 
@@ -95,3 +97,29 @@ def test_the_contract_loads_without_pulumi():
     probe = "import sys, core.names; print(sorted(m for m in sys.modules if m.startswith('pulumi')))"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+PRODUCT = ("components", "stacks", "core", "cli", "twin", "validation", "tools")
+
+
+def _name_constants() -> dict[str, list[str]]:
+    """Module-level string constants that look like names (a label, a resource, a type token:
+    they hold '.', '/' or ':'), by value: where each is defined."""
+    where: dict[str, list[str]] = {}
+    for package in PRODUCT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if (
+                    isinstance(node, ast.Assign)
+                    and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets)
+                    and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str)
+                    and re.fullmatch(r"[\w.-]+[./:][\w./:-]+", node.value.value)
+                ):
+                    where.setdefault(node.value.value, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return where
+
+
+def test_each_name_is_defined_by_one_module():
+    twice = {v: places for v, places in _name_constants().items() if len({p.split(":")[0] for p in places}) > 1}
+    assert not twice, f"defined in several modules (keep one, in core/names.py): {twice}"

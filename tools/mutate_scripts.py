@@ -26,7 +26,7 @@ TESTS = (
     "tests/components/test_bootstrap.py",
     "tests/components/test_gpu_enforcement.py",  # the toolkit settings, the package holds
 )
-COPY = ("core", "components", "stacks", "cli", "tests", "validation", "values", "jobs", "docs")
+COPY: tuple[str, ...] = ("core", "components", "stacks", "cli", "tests", "validation", "values", "jobs", "docs")
 COPY += ("pytest.ini", "README.md", "Pulumi.yaml", "Pulumi.dev.yaml", "__main__.py")
 NOT_COMMANDS = re.compile(
     r"^\s*(#.*|log .*|set -[A-Za-z]+.*|\. .*testbed-lib\.sh.*|then|else|fi|do|done|\}|\{|esac|;;)?\s*$"

@@ -54,7 +54,7 @@ RELEVANT = {
         "tests/core/test_settings.py",
         "tests/core/test_settings_refusals.py",
         "tests/cli/test_cli.py",
-        "tests/test_readme.py",  # docs/settings.md's table is the table's defaults and accepted values
+        "tests/core/test_settings_declaration.py",  # Pulumi.yaml, docs/settings.md and the refusal table
     ),
     "validation.checks": (
         "tests/validation/test_checks.py",

@@ -75,7 +75,7 @@ class Trigger:
 _EXPR_TOKEN = re.compile(
     r"\s*(?:(?P<num>\d+(?:\.\d+)?)|(?P<op>>=|<=|==|!=|&&|\|\||[-+*/(),?:<>])|(?P<id>[A-Za-z_]\w*))"
 )
-_EXPR_FUNCS = {"max": max, "min": min, "float": float}
+_EXPR_FUNCS: dict[str, Callable[..., Any]] = {"max": max, "min": min, "float": float}
 
 
 class Formula:
@@ -89,7 +89,7 @@ class Formula:
         self.tokens, pos = [], 0
         while pos < len(text.rstrip()):
             m = _EXPR_TOKEN.match(text, pos)
-            if m is None or m.end() == pos:
+            if m is None or m.end() == pos or m.lastgroup is None:
                 raise ValueError(f"formula: cannot read {text[pos : pos + 20]!r}")
             self.tokens.append(m.group(m.lastgroup))
             pos = m.end()
@@ -161,7 +161,8 @@ class Formula:
             self._take(")")
             return inner
         if tok[0].isdigit():
-            return lambda env, value=float(tok): value
+            constant = float(tok)
+            return lambda env: constant
         if tok in _EXPR_FUNCS and self._peek() == "(":
             self._take("(")
             args = [self._ternary()]

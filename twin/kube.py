@@ -117,7 +117,7 @@ class Kubernetes:
     init_tries: int = INIT_TRIES_DEFAULT
     pods: list[Pod] = field(default_factory=list)
     jobs: list[KubeJob] = field(default_factory=list)
-    pulled: set[tuple[int, str]] = field(default_factory=set)
+    pulled: set[tuple[int | None, str]] = field(default_factory=set)
     double_held: set[int] = field(default_factory=set)
     container_start: float = CONTAINER_START
     gpu_replicas: int = 1  # the `nvidia.com/gpu` devices the device plugin advertises per GPU

@@ -256,6 +256,7 @@ class Kueue:
             kube.delete(w.pod, now)
             self.pod_evictions += 1
             return
+        assert w.job is not None and w.admitted_at is not None  # not a pod, so a job; evicted once admitted
         kube.suspend(w.job, now)
         w.past += now - w.admitted_at
         w.admitted_at = None
@@ -307,7 +308,7 @@ class Kueue:
         w.first_admitted = now if w.first_admitted is None else w.first_admitted
         if w.pod is not None:
             w.pod.gated = False
-        else:
+        elif w.job is not None:
             kube.unsuspend(w.job, now)
 
     def _head(self, cluster_queue: str, now: float, passed: set[int]) -> Workload | None:
@@ -328,6 +329,7 @@ def _pods_ready(w: Workload, now: float) -> bool:
     if w.pod is not None:
         return w.pod.running(now)
     job = w.job
+    assert job is not None  # not a pod, so a job
     if job.kind == "PyTorchJob":
         return any(p.running(now) for p in job.pods if p.wait_for is None)  # JobRunning: the Master runs
     return all(p.running(now) for p in job.pods)

@@ -117,7 +117,8 @@ class NodeSetController:
         `client`: slurmrestd has a ready replica; `refused`: Kueue's pod webhooks, failing closed,
         refuse every create and update of a slurmd pod."""
         for pod in self.pods():
-            if pod.terminating_at is None and pod.running(now) and now >= pod.running_at + self.register_delay:
+            running_at = pod.running_at if pod.running(now) else None
+            if pod.terminating_at is None and running_at is not None and now >= running_at + self.register_delay:
                 self.slurm.register(pod.owner, now)
         self._informers(now, client)
         pods = self.pods()

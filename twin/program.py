@@ -90,15 +90,6 @@ def pod_images(slurm_values: dict) -> dict[str, str]:
 
 def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     names = Names.from_settings(s)
-    args = keda.KedaArgs(
-        version=s.keda_version,
-        names=names,
-        min_replicas=s.keda_min_replicas,
-        provider=None,
-        control_connection=None,
-        scaled_object_after=(),
-        policy=policy,
-    )
     # The older policies ran with the chart's unlimited partitions (MaxTime too) and no job_submit plugin.
     guarded = policy in slurmd_scaling.GUARDED_POLICIES
     values = slinky.slurm_values(
@@ -122,7 +113,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
     kill_invalid_depend = "kill_invalid_depend" in slurm_config.global_setting(slurm_conf, "DependencyParameters", "")
     target = slurmd_scaling.scaling_target(names)
     return Setup(
-        scaled_object=keda.scaled_object(args),
+        scaled_object=keda.scaled_object(names, s.keda_min_replicas, policy),
         slurm=SlurmConfig(
             DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua, minutes, kill_invalid_depend
         ),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 LOOKBACK = 300.0  # promql/engine.go defaultLookbackDelta (5m)
@@ -111,7 +111,7 @@ def _tokens(text: str) -> list[str]:
     text = text.strip()
     while pos < len(text):
         m = _TOKEN.match(text, pos)
-        if not m or m.end() == pos:
+        if not m or m.end() == pos or m.lastgroup is None:
             raise PromQLError(f"unsupported PromQL near {text[pos : pos + 20]!r}")
         out.append(m.group(m.lastgroup))
         pos = m.end()
@@ -164,7 +164,7 @@ class _Parser:
 
     def unary(self) -> tuple:
         node = self.primary()
-        if self.peek() and self.peek().startswith("["):
+        if (token := self.peek()) and token.startswith("["):
             d = self.take().strip("[] ").split(":")
             node = ("subquery", node, _seconds(d[0].strip()), _seconds(d[1].strip()))
         return node
@@ -338,7 +338,8 @@ class Evaluator:
         groups: dict[frozenset, list[float]] = {}
         for labels, value in v.items():
             groups.setdefault(frozenset((k, x) for k, x in labels if k in by), []).append(value)
-        fn = {"sum": sum, "max": max, "min": min, "count": len}[op]
+        fns: dict[str, Callable[[list[float]], float]] = {"sum": sum, "max": max, "min": min, "count": len}
+        fn = fns[op]
         return {k: float(fn(vals)) for k, vals in groups.items()}
 
     def _func(self, name: str, args: list, t: float):

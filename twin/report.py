@@ -4,6 +4,7 @@ waits for a lent share, from the world and its ledger; and the report of a sweep
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from twin.ledger import Ledger
 from twin.slurm import CANCELLED, COMPLETED, NEVER_SATISFIED, REFUSED, TIMEOUT, SlurmJob
@@ -28,17 +29,17 @@ def result(world: World, ledger: Ledger) -> dict:
             if any(t.restarts for t in tasks):  # requeued: the work it had done was lost
                 outcome = "killed"
             starts = [t.started for t in tasks if t.started is not None]
-            ends = [t.finished for t in tasks]
-            row = {
+            ends = [t.finished for t in tasks if t.finished is not None]
+            row: dict[str, Any] = {
                 "started": min(starts) if starts else None,
-                "finished": max(ends) if tasks and None not in ends else None,
+                "finished": max(ends) if tasks and len(ends) == len(tasks) else None,
             }
             if outcome == "refused":
                 row["reason"] = tasks[0].reason
             if outcome == "cancelled":
                 row["reason"] = f"{spec.after} did not complete: {NEVER_SATISFIED}, cancelled (kill_invalid_depend)"
             if outcome == "timed_out":
-                limit = next(t.time_limit for t in tasks if t.state == TIMEOUT)
+                limit = next(t.time_limit for t in tasks if t.state == TIMEOUT and t.time_limit is not None)
                 row["reason"] = f"slurmctld ended it at its time limit, {limit / 60:g} min (TIMEOUT)"
         else:
             kj = world.kube_jobs.get(spec.name)
@@ -53,7 +54,7 @@ def result(world: World, ledger: Ledger) -> dict:
                     outcome = "timed_out"
                     row["reason"] = f"Kueue stopped it after {w.limit:g} s admitted (its run limit)"
         jobs.append({"name": spec.name, "kind": spec.kind, "outcome": outcome, "submitted": spec.submit, **row})
-    slurm_done = [j.finished for j in world.slurm.jobs if j.state in (COMPLETED, TIMEOUT)]
+    slurm_done = [j.finished for j in world.slurm.jobs if j.state in (COMPLETED, TIMEOUT) and j.finished is not None]
     gpu_return = None
     if slurm_done:
         last = max(slurm_done)
@@ -167,13 +168,14 @@ def _returns(world: World, ledger: Ledger) -> list[dict]:
     out = []
     for job, waiting in ledger.waiting_at_end:
         end = job.finished
+        assert end is not None  # noted when it ended
         if any(_pending_at(o, end) for o in world.slurm.jobs if o is not job):
             continue
-        others = [o for o in world.slurm.jobs if o is not job and o.started is not None]
-        running = any(o.started <= end and (o.finished is None or o.finished > end) for o in others)
+        others = [(o.started, o.finished) for o in world.slurm.jobs if o is not job and o.started is not None]
+        running = any(started <= end and (finished is None or finished > end) for started, finished in others)
         before = ledger.held[int(end) - 1] if end >= 1 else 0
         freed = next((t - end for t in range(int(end), len(ledger.held)) if ledger.held[t] < before), None)
-        if any(end <= o.started <= end + (freed if freed is not None else float("inf")) for o in others):
+        if any(end <= started <= end + (freed if freed is not None else float("inf")) for started, _ in others):
             continue
         starts = [j.started for j in waiting if j.started is not None and j.started >= end]
         out.append(
@@ -211,13 +213,14 @@ def _eligible_since(world: World, j: SlurmJob) -> float:
     if j.spec.release is not None:
         since = max(since, j.spec.release)
     if j.spec.after is not None:
-        ends = [p.finished for p in world.slurm_jobs.get(j.spec.after, [])]
-        if ends and None not in ends:
+        parents = world.slurm_jobs.get(j.spec.after, [])
+        ends = [p.finished for p in parents if p.finished is not None]
+        if parents and len(ends) == len(parents):
             since = max(since, *ends)
     if j.spec.throttle is not None:
         # a throttled task is eligible once an earlier task of its array has ended
-        ends = sorted(t.finished for t in world.slurm_jobs[j.spec.name] if t.finished is not None)
-        earlier = [e for e in ends if e <= (j.started or 0)]
+        array_ends = sorted(t.finished for t in world.slurm_jobs[j.spec.name] if t.finished is not None)
+        earlier = [e for e in array_ends if e <= (j.started or 0)]
         if earlier:
             since = max(since, earlier[-1])
     return since

@@ -108,15 +108,20 @@ class _Checker:
     def bad(self, where: str, value: Any, allowed: str) -> None:
         self.problems.append(f"{where}: {_show(value)} is not allowed; expected {allowed}")
 
-    def number(self, where: str, value: Any, lo: float, hi: float, integer: bool = False) -> float | None:
+    def number(self, where: str, value: Any, lo: float, hi: float) -> float | None:
+        return float(value) if self._in_range(where, value, lo, hi, integer=False) else None
+
+    def integer(self, where: str, value: Any, lo: float, hi: float) -> int | None:
+        return int(value) if self._in_range(where, value, lo, hi, integer=True) else None
+
+    def _in_range(self, where: str, value: Any, lo: float, hi: float, integer: bool) -> bool:
         ok = isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi
         if ok and integer and value != int(value):
             ok = False
         if not ok:
             kind = "an integer" if integer else "a number"
             self.bad(where, value, f"{kind} from {lo:g} to {hi:g}")
-            return None
-        return int(value) if integer else float(value)
+        return ok
 
 
 _JOB_KEYS = {
@@ -152,7 +157,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     for key in _extra(data, {"workers", "duration", "images", "kueue", "jobs", "faults"}):
         c.bad(f"scenario.{_label(key)}", data[key], "one of workers, duration, images, kueue, jobs, faults")
     duration = c.number("duration", data.get("duration"), 1, MAX_DURATION)
-    workers = None if "workers" not in data else c.number("workers", data["workers"], 1, 64, integer=True)
+    workers = None if "workers" not in data else c.integer("workers", data["workers"], 1, 64)
     images = data.get("images", "warm")
     if images not in IMAGES:
         c.bad("images", images, " or ".join(IMAGES))
@@ -189,14 +194,14 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
             c.bad(f"{where}.kind", kind, " | ".join(KINDS))
         submit = c.number(f"{where}.submit", raw.get("submit"), 0, MAX_DURATION)
         runtime = c.number(f"{where}.runtime", raw.get("runtime"), 1, MAX_DURATION)
-        nodes = None if "nodes" not in raw else c.number(f"{where}.nodes", raw["nodes"], 1, 1024, integer=True)
-        gpus = None if "gpus" not in raw else c.number(f"{where}.gpus", raw["gpus"], 1, 1024, integer=True)
-        replicas = c.number(f"{where}.replicas", raw.get("replicas", 1), 1, 1024, integer=True)
-        array = None if "array" not in raw else c.number(f"{where}.array", raw["array"], 1, 1000, integer=True)
-        time = None if "time" not in raw else c.number(f"{where}.time", raw["time"], 1, MAX_TIME_MINUTES, integer=True)
+        nodes = None if "nodes" not in raw else c.integer(f"{where}.nodes", raw["nodes"], 1, 1024)
+        gpus = None if "gpus" not in raw else c.integer(f"{where}.gpus", raw["gpus"], 1, 1024)
+        replicas = c.integer(f"{where}.replicas", raw.get("replicas", 1), 1, 1024)
+        array = None if "array" not in raw else c.integer(f"{where}.array", raw["array"], 1, 1000)
+        time = None if "time" not in raw else c.integer(f"{where}.time", raw["time"], 1, MAX_TIME_MINUTES)
         throttle = None
         if "throttle" in raw:
-            throttle = c.number(f"{where}.throttle", raw["throttle"], 1, array or 1000, integer=True)
+            throttle = c.integer(f"{where}.throttle", raw["throttle"], 1, array or 1000)
             if array is None:
                 c.bad(f"{where}.throttle", raw["throttle"], "throttle only with array")
         hold = raw.get("hold", False)
@@ -214,7 +219,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
             c.bad(f"{where}.image", image, "an image reference such as registry.example/team/train:1.0")
         if kind == "slurm" and "image" in raw:
             c.bad(f"{where}.image", image, "no image on a slurm job (pytorchjob and job only)")
-        limit = None if "limit" not in raw else c.number(f"{where}.limit", raw["limit"], 1, MAX_LIMIT, integer=True)
+        limit = None if "limit" not in raw else c.integer(f"{where}.limit", raw["limit"], 1, MAX_LIMIT)
         if kind == "slurm" and "limit" in raw:
             c.bad(f"{where}.limit", raw["limit"], "no limit on a slurm job (pytorchjob and job only)")
         if kind != "slurm":
@@ -283,7 +288,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     if duration is not None:
         c.problems += _outside(duration, jobs, faults)
         c.problems += _too_big(duration, jobs)
-    if c.problems:
+    if c.problems or duration is None:  # a missing duration is one of the problems
         raise ScenarioError(c.problems)
     return Scenario(
         duration=duration,

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 
 from components.slurmd_scaling import SLURM_KILL_WAIT_SECONDS, SLURM_LIMIT_CHECK_SECONDS
+from core.names import GPUS_PER_WORKER as GPUS_PER_NODE  # job_submit.lua's GPUS_PER_NODE (a test keeps them in step)
 from twin.scenario import JobSpec
 
 PENDING, RUNNING, COMPLETED, REFUSED = "PENDING", "RUNNING", "COMPLETED", "REFUSED"
@@ -112,9 +113,6 @@ class SlurmConfig:
     job_submit_lua: bool = False  # JobSubmitPlugins=lua with components/job_submit.lua
     max_minutes: int | None = None  # partition MaxTime (both partitions), None = UNLIMITED
     kill_invalid_depend: bool = False  # DependencyParameters=kill_invalid_depend
-
-
-GPUS_PER_NODE = 1  # components/job_submit.lua GPUS_PER_NODE (names.GPUS_PER_WORKER)
 
 
 LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"
@@ -283,6 +281,7 @@ class Slurmctld:
         slurmcontrol/slurmcontrol.go GetNodeDeadlines, infiniteDuration)."""
         out: dict[str, float] = {}
         for job in self.running:
+            assert job.started is not None  # a running job has started
             limit = math.inf if job.time_limit is None else job.time_limit
             for node in job.nodes:
                 out[node] = max(out.get(node, 0.0), job.started + limit)
@@ -310,7 +309,7 @@ class Slurmctld:
     def step(self, now: float) -> None:
         if now != self._stepped_at:
             self.completed_now, self._stepped_at = [], now
-        ended = [j for j in self.running if now >= j.ends_at]
+        ended = [j for j in self.running if j.started is not None and now >= j.ends_at]
         for job in ended:
             job.state, job.finished = TIMEOUT if job.times_out else COMPLETED, now
         if ended:

@@ -257,7 +257,7 @@ class World:
         self.killed += self.nodeset.reconcile(now, client, refused=self.slurmd_queued and down)
         if self.kueue is not None:
             if self.slurmd_queued:
-                self._queue_new_slurmd_pods(now)
+                self._queue_new_slurmd_pods(self.kueue, now)
             self.kueue.step(self.kube, now, up=not down)
         self.kube.step(now)
         self.slurm.step(now)
@@ -283,9 +283,9 @@ class World:
     def _kueue_down(self, now: float) -> bool:
         return self.scenario.fault_active("kueue-down", now)
 
-    def _queue_new_slurmd_pods(self, now: float) -> None:
+    def _queue_new_slurmd_pods(self, kueue: Kueue, now: float) -> None:
         """Kueue's pod webhook gates each new labelled slurmd pod and makes it a workload."""
         new, self._pods_seen_by_kueue = self.kube.pods[self._pods_seen_by_kueue :], len(self.kube.pods)
         for pod in new:
             if pod.holder == k8s.SLURMD:
-                self.kueue.add_pod(pod, self.setup.slurmd_labels, GPUS_PER_WORKER, now)
+                kueue.add_pod(pod, self.setup.slurmd_labels, GPUS_PER_WORKER, now)

@@ -7,6 +7,7 @@ exactly that property and see the check fail.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -58,34 +59,6 @@ def expectations(scenario: Scenario, planned: list[Planned], gpus_total: int) ->
         leak_jobs=tuple(p.name for p in planned if scenario.leak_probe and p.kind != SLURM and p.gpus == 0),
         collectives=tuple((p.name, p.kind) for p in planned if p.collective),
     )
-
-
-def describe_checks(exp: Expectations) -> list[str]:
-    lines = [
-        "run ends before the timeout and was not interrupted",
-        "every submitted job finished successfully",
-        "every pod that held a GPU had its GPU UUID read from inside it",
-        "no GPU UUID held by two pods at overlapping times",
-        "every process on a GPU runs in a pod allocated that GPU, one pod per GPU at a time (the probe)",
-        "dcgm-exporter's pod per GPU: one at a time, and the GPU the pod read (a second record)",
-    ]
-    if exp.slurm:
-        lines += [
-            "slurmd scaled up after work pended (scale-up latency: first pending -> slurmd Ready)",
-            "slurmd scaled to 0 after the last Slurm job (GPU return latency: last Slurm job done -> slurmd gone)",
-        ]
-    if exp.queueing:
-        lines.append("work beyond the GPUs waited while every GPU was held, then ran")
-    if exp.handoff:
-        lines.append("a GPU held by slurmd was later held by a Kubernetes job")
-    if exp.leak_jobs:
-        lines.append("while Slurm held every GPU, a pod without a GPU request could not reach one")
-    if exp.collectives:
-        lines.append(
-            "each all-reduce reported 0 wrong values and an average bus bandwidth above 0 (a functional check: "
-            "g4dn.xlarge has one GPU and no EFA, NCCL runs over TCP on the pod network)"
-        )
-    return lines
 
 
 # ------------------------------------------------------------------ latencies
@@ -434,23 +407,75 @@ def check_collectives(timeline: Timeline, jobs: tuple[tuple[str, str], ...]) -> 
     return Check("NCCL all-reduce across nodes", not problems, detail)
 
 
+# ------------------------------------------------------------------ the table
+# One row per check: what the plan promises (`describe_checks`), when it applies and how it runs
+# (`evaluate`); both read this table, so what is promised is what is checked.
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    promise: str
+    applies: Callable[[Expectations], bool]
+    run: Callable[[Timeline, Expectations], Check]
+
+
+def _always(exp: Expectations) -> bool:
+    return True
+
+
+CHECKS: tuple[CheckSpec, ...] = (
+    CheckSpec("run ends before the timeout and was not interrupted", _always, lambda t, e: check_outcome(t)),
+    CheckSpec("every submitted job finished successfully", _always, lambda t, e: check_jobs_succeeded(t)),
+    CheckSpec(
+        "every pod that held a GPU had its GPU UUID read from inside it", _always, lambda t, e: check_uuids_read(t)
+    ),
+    CheckSpec("no GPU UUID held by two pods at overlapping times", _always, lambda t, e: check_gpu_exclusive(t)),
+    CheckSpec(
+        "every process on a GPU runs in a pod allocated that GPU, one pod per GPU at a time (the probe)",
+        _always,
+        lambda t, e: check_processes(t),
+    ),
+    CheckSpec(
+        "dcgm-exporter's pod per GPU: one at a time, and the GPU the pod read (a second record)",
+        _always,
+        lambda t, e: check_dcgm(t),
+    ),
+    CheckSpec(
+        "slurmd scaled up after work pended (scale-up latency: first pending -> slurmd Ready)",
+        lambda e: e.slurm,
+        lambda t, e: check_scale_up(t),
+    ),
+    CheckSpec(
+        "slurmd scaled to 0 after the last Slurm job (GPU return latency: last Slurm job done -> slurmd gone)",
+        lambda e: e.slurm,
+        lambda t, e: check_gpu_return(t),
+    ),
+    CheckSpec(
+        "work beyond the GPUs waited while every GPU was held, then ran",
+        lambda e: e.queueing,
+        lambda t, e: check_queued_work(t),
+    ),
+    CheckSpec(
+        "a GPU held by slurmd was later held by a Kubernetes job", lambda e: e.handoff, lambda t, e: check_handoff(t)
+    ),
+    CheckSpec(
+        "while Slurm held every GPU, a pod without a GPU request could not reach one",
+        lambda e: bool(e.leak_jobs),
+        lambda t, e: check_leak_probe(t, e.leak_jobs),
+    ),
+    CheckSpec(
+        "each all-reduce reported 0 wrong values and an average bus bandwidth above 0 (a functional check: "
+        "g4dn.xlarge has one GPU and no EFA, NCCL runs over TCP on the pod network)",
+        lambda e: bool(e.collectives),
+        lambda t, e: check_collectives(t, e.collectives),
+    ),
+)
+
+
+def describe_checks(exp: Expectations) -> list[str]:
+    """What `evaluate` will check for these expectations, one line each, in its order."""
+    return [c.promise for c in CHECKS if c.applies(exp)]
+
+
 def evaluate(timeline: Timeline, exp: Expectations) -> list[Check]:
-    checks = [
-        check_outcome(timeline),
-        check_jobs_succeeded(timeline),
-        check_uuids_read(timeline),
-        check_gpu_exclusive(timeline),
-        check_processes(timeline),
-        check_dcgm(timeline),
-    ]
-    if exp.slurm:
-        checks += [check_scale_up(timeline), check_gpu_return(timeline)]
-    if exp.queueing:
-        checks.append(check_queued_work(timeline))
-    if exp.handoff:
-        checks.append(check_handoff(timeline))
-    if exp.leak_jobs:
-        checks.append(check_leak_probe(timeline, exp.leak_jobs))
-    if exp.collectives:
-        checks.append(check_collectives(timeline, exp.collectives))
-    return checks
+    return [c.run(timeline, exp) for c in CHECKS if c.applies(exp)]

@@ -16,6 +16,7 @@ from typing import Protocol
 from components import device_plugin
 from core import host_layout
 from core.names import (
+    GPU_RESOURCE,
     JOBS_NAMESPACE,
     NODESET_GROUP,
     NODESET_PLURAL,
@@ -27,7 +28,7 @@ from core.names import (
 )
 from validation import probe
 from validation.probe import parse_processes
-from validation.scenarios import GPU, SLURM, SLURM_OUTPUT_DIR, sbatch_command
+from validation.scenarios import SLURM, SLURM_OUTPUT_DIR, sbatch_command
 from validation.timeline import (
     KUBERNETES,
     SLURMD,
@@ -210,7 +211,7 @@ def parse_uuids(text: str) -> tuple[str, ...]:
 
 def _gpus(container: dict) -> int:
     limits = (container.get("resources") or {}).get("limits") or {}
-    return int(limits.get(GPU, 0) or 0)
+    return int(limits.get(GPU_RESOURCE, 0) or 0)
 
 
 def pod_gpu_count(pod_spec: dict) -> int:
@@ -304,7 +305,7 @@ class KubeCluster:
 
         return cls(config.new_client_from_config_dict(kubeconfig), names, prometheus=prometheus)
 
-    def _exec(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str, str]:
+    def exec_in_pod(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str, str]:
         """Run `command` in a container: (exit code, stdout, stderr) once it ended, or ClusterError.
 
         kubernetes 34.1.0 (stream/ws_client.py): `websocket_call` turns any failure to connect,
@@ -351,7 +352,7 @@ class KubeCluster:
 
     def _slurmctld(self, command: list[str]) -> str:
         n = self.names
-        code, out, err = self._exec(n.namespace, n.controller_pod, SLURMCTLD_CONTAINER, command)
+        code, out, err = self.exec_in_pod(n.namespace, n.controller_pod, SLURMCTLD_CONTAINER, command)
         if code != 0:
             raise ClusterError(f"{' '.join(command[:2])} in {n.controller_pod} exited {code}: {err.strip()[:300]}")
         return out
@@ -424,7 +425,7 @@ class KubeCluster:
 
     def read_gpu_uuids(self, pod: GpuPod) -> tuple[str, ...]:
         try:
-            code, out, _ = self._exec(pod.namespace, pod.name, pod.container, UUID_QUERY)
+            code, out, _ = self.exec_in_pod(pod.namespace, pod.name, pod.container, UUID_QUERY)
         except ClusterError:
             return ()  # not exec-able yet, or already gone: try again next sample
         return parse_uuids(out) if code == 0 else ()
@@ -449,7 +450,7 @@ class KubeCluster:
         complete = bool(nodes)
         for node in nodes:
             try:
-                code, out, _ = self._exec(probe.NAMESPACE, running[node], probe.CONTAINER, probe.QUERY)
+                code, out, _ = self.exec_in_pod(probe.NAMESPACE, running[node], probe.CONTAINER, probe.QUERY)
             except (KeyError, ClusterError):  # no probe running there yet, or it did not answer
                 complete = False
                 continue

@@ -17,10 +17,9 @@ from pathlib import Path
 import yaml
 
 from core import host_layout
-from core.names import JOBS_NAMESPACE, MAX_EXEC_TIME_LABEL, Names, SlurmNames
+from core.names import GPU_RESOURCE, JOBS_NAMESPACE, MAX_EXEC_TIME_LABEL, Names, SlurmNames
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
-GPU = "nvidia.com/gpu"
 
 # When a workload is submitted.
 AT_START = "start"
@@ -183,7 +182,9 @@ def slurm_gpus(script: str) -> int:
 
 
 def pod_gpus(pod_spec: dict) -> int:
-    return sum(int(c.get("resources", {}).get("limits", {}).get(GPU, 0)) for c in pod_spec.get("containers", []))
+    return sum(
+        int(c.get("resources", {}).get("limits", {}).get(GPU_RESOURCE, 0)) for c in pod_spec.get("containers", [])
+    )
 
 
 def kube_gpus(obj: dict) -> int:

@@ -362,7 +362,7 @@ def test_a_missing_object_is_a_failed_check_not_a_crash():
 
 
 def test_the_real_adapter_execs_through_validations_exec_stream():
-    """doctor's exec is validation's (KubeCluster._exec), against a fake API server speaking the
+    """doctor's exec is validation's (KubeCluster.exec_in_pod), against a fake API server speaking the
     exec websocket: output and exit code come back, and a stream without an exit status is exit 1
     with why, not a crash."""
     from kubernetes import client

@@ -1,3 +1,5 @@
+import re
+
 from components import network
 from tests import tokens
 from tests.conftest import ADMIN_CIDR, by_type, depends, run_program
@@ -126,8 +128,19 @@ def test_nodes_reach_package_mirrors_and_registries_on_every_protocol(default_ru
             "ipv6CidrBlocks": ["::/0"],
         }
     ]
-    assert group.inputs["description"] == "testbed nodes: admin SSH/API, everything between nodes"
     assert group.inputs["vpcId"] == f"{by_type(default_run, tokens.VPC)[0].name}-placeholder"
+
+
+# What EC2 accepts in a VPC security group's and its rules' descriptions (EC2 API reference,
+# CreateSecurityGroup GroupDescription and IpRange Description): the mock engine takes anything.
+AWS_DESCRIPTION = re.compile(r"[a-zA-Z0-9 ._\-:/()#,@\[\]+=&;{}!$*]{1,255}")
+
+
+def test_the_group_and_every_rule_have_a_description_ec2_accepts(default_run):
+    (group,) = by_type(default_run, tokens.SECURITY_GROUP)
+    rules = group.inputs["ingress"] + group.inputs["egress"]
+    descriptions = [group.inputs["description"]] + [rule["description"] for rule in rules]
+    assert [d for d in descriptions if not AWS_DESCRIPTION.fullmatch(d)] == []
 
 
 def test_admin_rules_name_their_purpose_and_only_the_admin_range():

@@ -457,8 +457,7 @@ def test_only_the_formula_policies_move_the_cooldown_into_their_query(policy):
 
     s = offline.stack_settings("dev", ["kedaCooldownSeconds=240"])
     n = Names.from_settings(s)
-    args = keda.KedaArgs(s.keda_version, n, 1, None, None, (), policy=policy)
-    spec = keda.scaled_object(args)["spec"]
+    spec = keda.scaled_object(n, 1, policy)["spec"]
     if policy in scaling.FORMULA_POLICIES:
         (recently_busy,) = [t for t in spec["triggers"] if t["name"] == scaling.RECENTLY_BUSY]
         assert spec["cooldownPeriod"] == 0 and "[270s:30s]" in recently_busy["metadata"]["query"], "240 s and one step"

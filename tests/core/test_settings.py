@@ -1,36 +1,16 @@
 import contextvars
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
 from core import settings
 from tests.conftest import config
-
-ROOT = Path(__file__).resolve().parents[2]
-KINDS = {str: "string", int: "integer", bool: "boolean"}
 
 
 def problems(**values) -> list[str]:
     with pytest.raises(settings.SettingsError) as error:
         settings.load(config(**values), offline=True)
     return error.value.problems
-
-
-def test_pulumi_yaml_declares_exactly_the_settings_with_the_same_types_and_defaults():
-    declared = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["config"]
-    assert list(declared) == [s.key for s in settings.SETTINGS]
-    for s in settings.SETTINGS:
-        entry = declared[s.key]
-        assert entry["type"] == KINDS[s.kind], s.key
-        assert entry.get("default") == s.default, s.key
-        assert entry["description"] == s.description, s.key
-
-
-def test_settings_attributes_match_the_table():
-    fields = {f for f in settings.Settings.__dataclass_fields__ if f != "stack"}
-    assert fields == {s.attribute for s in settings.SETTINGS}
 
 
 def test_example_stack_file_loads():

@@ -19,6 +19,8 @@ from tests.twin import runs
 from twin import program, scenario, sim
 
 PHASE_SETS = range(2)
+# Each shape is 6 or 24 simulated hours, under two policies and two phase sets: a sweep.
+SWEEP = pytest.mark.slow
 BAND = 0.05  # 5 points either side of the guaranteed half
 
 
@@ -92,11 +94,13 @@ def no_harm(r: dict) -> bool:
     return not r["killed"] and not r["double_held"]
 
 
+@SWEEP
 def test_gangs_first_in_line_take_most_of_the_time_under_the_default():
     r = result(gangs_against_a_stream, scaling.DEFAULT_POLICY)
     assert r["sides"]["slurm"]["share"] < 0.5 - BAND and no_harm(r), r["sides"]["slurm"]["share"]  # 0.32
 
 
+@SWEEP
 @pytest.mark.parametrize("phase_set", PHASE_SETS)
 def test_gangs_and_a_stream_share_the_time_within_the_band_over_every_window(phase_set):
     r = result(gangs_against_a_stream, scaling.FAIR_SHARE, phase_set)
@@ -107,6 +111,7 @@ def test_gangs_and_a_stream_share_the_time_within_the_band_over_every_window(pha
     assert r["sides"]["kubernetes"]["waits_by_width"]["4"]["jobs"] >= 10, "the gangs kept running"
 
 
+@SWEEP
 def test_wide_slurm_jobs_hardly_run_against_a_stream_of_small_ai_jobs_under_the_default():
     sc = wide_slurm_against_a_stream()
     r = runs.result(setup(scaling.DEFAULT_POLICY), sc)
@@ -114,6 +119,7 @@ def test_wide_slurm_jobs_hardly_run_against_a_stream_of_small_ai_jobs_under_the_
     assert r["sides"]["slurm"]["held_for_reservation_gpu_s"] > 5 * 3600, "a slurmd pod held a GPU for hours"
 
 
+@SWEEP
 @pytest.mark.parametrize("phase_set", PHASE_SETS)
 def test_wide_slurm_jobs_get_their_turn_against_a_stream_of_small_ai_jobs(phase_set):
     sc = wide_slurm_against_a_stream()
@@ -125,6 +131,7 @@ def test_wide_slurm_jobs_get_their_turn_against_a_stream_of_small_ai_jobs(phase_
     assert r["sides"]["slurm"]["share"] >= 0.4 and no_harm(r), r["sides"]["slurm"]["share"]
 
 
+@SWEEP
 def test_under_overload_width_decides_who_runs_under_the_default():
     sc = busy_day()
     r = runs.result(setup(scaling.DEFAULT_POLICY), sc)
@@ -133,6 +140,7 @@ def test_under_overload_width_decides_who_runs_under_the_default():
     assert not [j for j in r["jobs"] if j["name"] in four_node_slurm and j["started"] is not None]
 
 
+@SWEEP
 @pytest.mark.parametrize("phase_set", PHASE_SETS)
 def test_under_overload_each_side_gets_its_share_of_the_day(phase_set):
     sc = busy_day()

@@ -111,6 +111,7 @@ def test_a_gap_in_hpcs_work_costs_it_its_share_at_most_for_the_stated_bound():
     assert now["b"]["started"] - now["b"]["submitted"] <= bounds().handoff_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_under_every_phase_set_nothing_is_killed_or_double_held_and_each_lender_waits_within_its_bound(name):
     """Each shipped scenario under a few draws of the scrape, poll and sync phases, each with the

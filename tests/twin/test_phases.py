@@ -53,18 +53,21 @@ def test_each_loop_fires_at_its_own_phase_drawn_from_the_phase_set():
     assert len({run.phases.poll, run.phases.sync, *run.phases.scrape}) > 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RESTAPI_DOWN)
 def test_a_restapi_outage_kills_nothing_under_any_phase_with_the_default_policy(name):
     s = swept(name, scaling.DEFAULT_POLICY)
     assert s["killed"] == {} and s["double_held"] == {} and s["not_ok"] == [], s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RESTAPI_DOWN)
 def test_the_previous_policy_kills_the_busy_pod_under_every_phase(name):
     s = swept(name, scaling.PREVIOUS, range(6))
     assert s["killed"] == {n: ["b"] for n in range(6)}
 
 
+@pytest.mark.slow
 def test_the_outage_just_before_safes_scale_in_kills_under_some_phases_only():
     """The window the README names (an outage after kube-state-metrics' last scrape and before the
     HPA's scale-in): with the loops aligned it killed every time; with real phases only where the
@@ -75,6 +78,7 @@ def test_the_outage_just_before_safes_scale_in_kills_under_some_phases_only():
     assert swept("restapi-down", scaling.SAFE)["killed"] == {}
 
 
+@pytest.mark.slow
 def test_gpus_go_back_within_the_bound_under_every_phase():
     """ai-waits: the last Slurm job ends while AI waits; p95 over phases, and the worst phase."""
     s = swept("ai-waits", scaling.DEMAND_AWARE, range(12))
@@ -91,6 +95,7 @@ def test_percentiles_are_nearest_rank():
     assert sim.percentile([7.0], 95) == 7.0
 
 
+@pytest.mark.slow
 def test_simulate_sweeps_phases_and_names_the_sets_that_kill(capsys):
     sweep = ["--phases", "3", "--phase-set", "3"]
     code = main(["simulate", "--scenario", "restapi-down-race", "--policy", "safe", *sweep])

@@ -40,6 +40,7 @@ def with_kubernetes() -> list[str]:
     return [p.stem for p in cli.shipped() if cli.has_kubernetes_jobs(scenario.load(p))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", cli.shipped(), ids=lambda p: p.stem)
 def test_each_scenarios_rows_are_the_twins(path):
     sc, setups = cli.policy_setups(path, "dev", [], dev())  # as cli.run_scenario runs them

@@ -45,6 +45,7 @@ def returns(policy: str, kind: str) -> list[dict]:
     return [r for name in SHIPPED for r in result(name, policy)["returns"] if r["kind"] == kind]
 
 
+@pytest.mark.slow
 def test_gpus_go_back_within_90_s_when_kubernetes_waits():
     """Last Slurm job done -> slurmd holds one GPU fewer, and -> the waiting Kubernetes job runs."""
     last, partial = returns(DA, "last"), returns(DA, "partial")
@@ -61,6 +62,7 @@ def test_gpus_go_back_within_90_s_when_kubernetes_waits():
     assert p95([r["gpu_freed_s"] for r in returns(SAFE, "last")]) > 250
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_no_more_starts_when_nobody_waits_and_nothing_worse_than_safe(name):
     da, safe = result(name, DA), result(name, SAFE)

@@ -1,6 +1,7 @@
 """Each check on a clean timeline, and on one broken in exactly the way that check must catch."""
 
 from dataclasses import replace
+from itertools import product
 
 from validation_builders import GPU_A, GPU_B, handoff_samples, handoff_timeline, kube_pod, sample, slurmd_pod, smoke
 
@@ -232,6 +233,16 @@ def test_the_plan_describes_each_check_it_will_run():
         "a GPU held by slurmd was later held by a Kubernetes job",
     ]
     assert len(describe_checks(Expectations(slurm=False, queueing=False, handoff=False))) == 6
+
+
+def test_the_plan_promises_exactly_the_checks_evaluate_runs():
+    """Every combination of expectations: one promise per check run, in the same order, and each
+    promise a different check (describe_checks and evaluate read one table)."""
+    for slurm, queueing, handoff, leak, nccl in product((False, True), repeat=5):
+        exp = Expectations(slurm, queueing, handoff, ("probe",) if leak else (), (("nccl", "slurm"),) if nccl else ())
+        promises, checks = describe_checks(exp), evaluate(handoff_timeline(), exp)
+        assert len(promises) == len(checks) == len({c.name for c in checks}) == len(set(promises)), exp
+        assert len(checks) == 6 + 2 * slurm + queueing + handoff + leak + nccl, exp
 
 
 def test_handoff_names_the_gpus_handed_over_and_says_why_not():

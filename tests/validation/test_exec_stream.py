@@ -1,4 +1,4 @@
-"""The real exec path (`KubeCluster._exec`) through the kubernetes 34.1.0 client and
+"""The real exec path (`KubeCluster.exec_in_pod`) through the kubernetes 34.1.0 client and
 websocket-client, against a local fake of the API server's exec endpoint on 127.0.0.1.
 
 The fake speaks just enough RFC 6455 and the v4.channel.k8s.io protocol: one binary frame
@@ -13,12 +13,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -153,7 +156,7 @@ def status(body: dict) -> tuple:
 
 
 def run_exec(server: FakeExecServer, exec_timeout: float = 5.0):
-    return server.cluster(exec_timeout)._exec("default", "ddp-master-0", "pytorch", ["nvidia-smi", "-L"])
+    return server.cluster(exec_timeout).exec_in_pod("default", "ddp-master-0", "pytorch", ["nvidia-smi", "-L"])
 
 
 def test_a_normal_exit_returns_code_0_and_the_output(serve):
@@ -206,52 +209,69 @@ def test_an_unreachable_api_server_is_a_cluster_error():
         client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")), slurm_names("slinky")
     )
     with pytest.raises(ClusterError, match="exec sh in slurm/slurm-controller-0"):
-        cluster._exec("slurm", "slurm-controller-0", "slurmctld", ["sh", "-c", "true"])
+        cluster.exec_in_pod("slurm", "slurm-controller-0", "slurmctld", ["sh", "-c", "true"])
 
 
 # Generous, for a loaded machine: the Ctrl-C must come before the exec's own timeout or the fake
 # server's end of its handshake delay or of a hang; a broken interrupt path still fails, only later.
 CTRL_C_BUDGET = 60.0
 
+# `python -m cli validate` as a user runs it, in a child process the test Ctrl-Cs (never pytest
+# itself): Python's own SIGINT handler (a child of a background job inherits SIGINT ignored, and
+# Python then installs none), and a line on stdout once the client waits in the exec's read loop.
+CTRL_C_CHILD = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from kubernetes import client
+from kubernetes.stream.ws_client import WSClient
+from core.names import slurm_names
+from validation.cluster import KubeCluster
 
-@pytest.fixture
-def ctrl_c_raises():
-    """Python's own Ctrl-C handler, as an interactive `python -m cli validate` has it.
+run_forever = WSClient.run_forever
 
-    A process started as a background job of a non-interactive shell (`.ci/run &`), or by
-    mutmut's fork server, inherits SIGINT ignored, and Python then installs no handler (docs:
-    signal, "SIGINT is translated into a KeyboardInterrupt exception if the parent process has
-    not changed it"): the Ctrl-C below would be ignored and both tests fail after a minute."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+def waiting(ws, timeout=None):
+    print("reading", flush=True)
+    run_forever(ws, timeout=timeout)
 
-
-def interrupt_when(event: threading.Event) -> threading.Thread:
-    """Ctrl-C this process once the client is blocked waiting on the server."""
-
-    def fire() -> None:
-        if event.wait(CTRL_C_BUDGET):
-            time.sleep(0.2)
-            os.kill(os.getpid(), signal.SIGINT)
-
-    thread = threading.Thread(target=fire, daemon=True)
-    thread.start()
-    return thread
+WSClient.run_forever = waiting
+configuration = client.Configuration(host=f"http://127.0.0.1:{sys.argv[1]}")
+cluster = KubeCluster(client.ApiClient(configuration), slurm_names("slinky"), exec_timeout=float(sys.argv[2]))
+cluster.exec_in_pod("default", "ddp-master-0", "pytorch", ["nvidia-smi", "-L"])
+"""
 
 
-def test_ctrl_c_while_the_command_runs_stops_the_exec(serve, ctrl_c_raises):
+def ctrl_c_exec(server: FakeExecServer, when: Callable[[subprocess.Popen], object]) -> subprocess.CompletedProcess:
+    """Run the exec in a child against `server`, Ctrl-C it once `when(child)` returns, and wait."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_CHILD, str(server.port), str(CTRL_C_BUDGET)],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        when(child)
+        child.send_signal(signal.SIGINT)
+        stdout, stderr = child.communicate(timeout=CTRL_C_BUDGET)
+    finally:
+        child.kill()
+    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+
+
+def died_of_ctrl_c(done: subprocess.CompletedProcess) -> bool:
+    """KeyboardInterrupt reached the top: Python ends by SIGINT itself (docs: signal, 3.8+)."""
+    last = done.stderr.strip().splitlines()[-1:]
+    return done.returncode == -signal.SIGINT and last == ["KeyboardInterrupt"]
+
+
+def test_ctrl_c_while_the_command_runs_stops_the_exec(serve):
     server = serve([("hang",)])
-    thread = interrupt_when(server.connected)
-    with pytest.raises(KeyboardInterrupt):
-        run_exec(server, exec_timeout=CTRL_C_BUDGET)
-    thread.join(CTRL_C_BUDGET)
+    done = ctrl_c_exec(server, when=lambda child: child.stdout.readline())  # in the read loop
+    assert died_of_ctrl_c(done), done.stderr[-2000:]
 
 
-def test_ctrl_c_while_connecting_is_not_swallowed_as_an_api_error(serve, ctrl_c_raises):
+def test_ctrl_c_while_connecting_is_not_swallowed_as_an_api_error(serve):
     """websocket_call catches KeyboardInterrupt and raises ApiException(status=0) instead."""
     server = serve([], handshake_delay_until=threading.Event())
-    thread = interrupt_when(server.connected)
-    with pytest.raises(KeyboardInterrupt):
-        run_exec(server, exec_timeout=CTRL_C_BUDGET)
-    thread.join(CTRL_C_BUDGET)
+    done = ctrl_c_exec(server, when=lambda child: server.connected.wait(CTRL_C_BUDGET))  # sent its upgrade
+    assert died_of_ctrl_c(done), done.stderr[-2000:]

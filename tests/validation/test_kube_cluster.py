@@ -21,7 +21,7 @@ def cluster_with(exec_results=None):
         calls.append((namespace, pod, container, command))
         return (exec_results or {}).get(command[0], (0, "", ""))
 
-    cluster._exec = fake_exec
+    cluster.exec_in_pod = fake_exec
     return cluster, calls
 
 
@@ -66,7 +66,7 @@ def test_a_uuid_read_that_fails_is_tried_again_later():
     def broken(*_):
         raise ClusterError("exec ls in default/p: the stream closed without an exit status")
 
-    cluster._exec = broken
+    cluster.exec_in_pod = broken
     assert cluster.read_gpu_uuids(pod) == ()
 
 

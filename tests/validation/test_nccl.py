@@ -145,7 +145,9 @@ def test_a_nan_bandwidth_fails():
 def test_the_live_cluster_reads_the_slurm_output_on_the_share_and_the_masters_log():
     cluster = KubeCluster(client.ApiClient(), slurm_names("slinky"))
     calls = []
-    cluster._exec = lambda ns, pod, container, command: calls.append((ns, pod, container, command)) or (0, "out", "")
+    cluster.exec_in_pod = lambda ns, pod, container, command: (
+        calls.append((ns, pod, container, command)) or (0, "out", "")
+    )
     assert cluster.job_output("slurm", "nccl-allreduce-r1-2", "4242") == "out"
     assert calls == [("slurm", "slurm-controller-0", "slurmctld", ["cat", "/mnt/share/nccl-allreduce-r1-2-4242.out"])]
     logs = []

@@ -82,7 +82,7 @@ def test_kube_cluster_asks_every_gpu_node_and_says_when_one_did_not_answer():
         list_node=lambda label_selector: asked.append(label_selector) or SimpleNamespace(items=nodes),
         list_namespaced_pod=lambda ns, label_selector: SimpleNamespace(items=pods),
     )
-    cluster._exec = lambda ns, pod, container, command: (0, f"{GPU_A},77,pod{UID}\n", "")
+    cluster.exec_in_pod = lambda ns, pod, container, command: (0, f"{GPU_A},77,pod{UID}\n", "")
     found, complete = cluster.gpu_processes()
     assert asked == ["nvidia.com/gpu.present=true"]
     assert [(p.uuid, p.pid, p.node, p.pod_uid) for p in found] == [(GPU_A, 77, "gpu-worker-0", UID)]
