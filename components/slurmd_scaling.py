@@ -508,6 +508,60 @@ def metrics_alert_rules(t: Target) -> dict:
     }
 
 
+INPUT_LOST_FOR = "2m"  # as METRICS_MISSING_FOR: a restart's gap is not an outage
+KUEUE_METRICS_MISSING_ALERT = "KueueMetricsMissing"
+KUBE_STATE_METRICS_MISSING_ALERT = "KubeStateMetricsMissing"
+RESTAPI_DOWN_ALERT = "SlurmrestdDown"
+
+
+def input_alert_rules(t: Target) -> dict:
+    """A Prometheus rule group: one alert per lost input of the scaling rule and the fair-share
+    controller besides slurmctld's (metrics_alert_rules), each naming the outage and what the
+    scaler does meanwhile."""
+    kueue = f'{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}'
+    restapi = f'{RESTAPI_AVAILABLE}{{namespace="{t.namespace}", deployment="{t.restapi_deployment}"}}'
+
+    def rule(alert: str, expr: str, summary: str, description: str) -> dict:
+        return {
+            "alert": alert,
+            "expr": expr,
+            "for": INPUT_LOST_FOR,
+            "labels": {"severity": "critical"},
+            "annotations": {"summary": summary, "description": description},
+        }
+
+    return {
+        "name": "testbed-handoff-inputs",
+        "rules": [
+            rule(
+                KUEUE_METRICS_MISSING_ALERT,
+                f"absent({KUEUE_USAGE}{kueue})",
+                "Kueue's ClusterQueue metrics are missing: the scaler reads AI as holding and wanting nothing",
+                "No kueue_cluster_queue_resource_usage for the AI queue: Kueue's metrics endpoint is not "
+                "scraped, or metrics.enableClusterQueueResources is off. slurmd's cap then lets Slurm keep "
+                "AI's idle GPUs (Kueue's quota still admits AI within its share first); the fair-share "
+                "controller holds the guaranteed split.",
+            ),
+            rule(
+                KUBE_STATE_METRICS_MISSING_ALERT,
+                f"absent({restapi})",
+                "kube-state-metrics is missing: slurmd's scale is frozen",
+                "No kube_deployment_status_replicas_available for slurmrestd: kube-state-metrics is not "
+                "scraped. The restapi-down trigger errs, so KEDA leaves the NodeSet's size as it is until "
+                "it is back; nothing is scaled in.",
+            ),
+            rule(
+                RESTAPI_DOWN_ALERT,
+                f"max({restapi}) < 1",
+                "slurmrestd has no available replica: slurmd keeps every pod it has",
+                "The NodeSet controller has no Slurm client without slurmrestd, so a scale-in would pick "
+                "busy pods; the scaler asks for every slurmd pod that exists until it is back, and GPUs "
+                "lent to Slurm come back only after.",
+            ),
+        ],
+    }
+
+
 def keda_triggers(server_address: str, t: Target, policy: str, warm_seconds: int) -> list[dict]:
     # ignoreNullValues defaults to true (kedacore/keda@v2.16.1:pkg/scalers/prometheus_scaler.go):
     # the older policies keep the default, the guarded ones turn an empty result into an error.
