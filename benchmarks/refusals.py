@@ -4,10 +4,11 @@
 
 Feeds the tools' readers the inputs the refusal tests use to break them (numbers of 5,000
 digits, long secret-looking values, 50,000 brackets, nested aliases, a 2 MiB or endless file,
-too many jobs or tasks) and prints the median seconds each takes to be refused. The targets are
-the bounds those tests asserted before they moved here, on this project's 2-core machine: a
-setting within 1 s, a stack file within 2 s, a scenario file within 3 s, a kubeconfig within
-5 s. Exits 1 if one misses its target, or is not refused at all."""
+too many jobs or tasks, a timeline of 100,000 samples out of order) and prints the median seconds
+each takes to be refused. The targets are the bounds those tests asserted before they moved here,
+on this project's 2-core machine: a setting within 1 s, a stack file within 2 s, a scenario file
+within 3 s, a kubeconfig and a timeline within 5 s. Exits 1 if one misses its target, or is not
+refused at all."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from core import settings, user_files
 from core.settings import PROJECT
 from stacks import offline
 from twin import scenario
+from validation import timeline
 
 ADMIN = "81.2.69.0/28"
 # ~400 bytes of nested aliases that would expand to 9^9 strings
@@ -69,7 +71,24 @@ def jobs(count: int, extra: str = "") -> str:
     return f"duration: 600\njobs:\n{lines}"
 
 
-REFUSED = (settings.SettingsError, scenario.ScenarioError, user_files.UserFileError)
+def timeline_file(samples: int) -> Callable[[Path], object]:
+    """A timeline of `samples` samples, each with a GPU pod, in reverse time order: every sample is read
+    and found out of order (the schema check's worst case short of the size limit)."""
+
+    def refuse(tmp: Path) -> object:
+        pod = {"namespace": "slurm", "name": "p", "uid": "u", "node": "n", "phase": "Running", "holder": "slurmd"}
+        rows = [
+            {"t": float(samples - i), "nodeset_replicas": 1, "slurmd_ready": 1, "gpu_pods": [pod]}
+            for i in range(samples)
+        ]
+        data = {"scenario": "handoff", "gpus_total": 4, "interval": 5.0, "started_at": "2026-01-01T00:00:00+00:00"}
+        (tmp / "t.json").write_text(__import__("json").dumps({**data, "samples": rows, "submissions": []}))
+        return timeline.read_timeline(tmp / "t.json")
+
+    return refuse
+
+
+REFUSED = (settings.SettingsError, scenario.ScenarioError, user_files.UserFileError, timeline.TimelineError)
 # (what, the seconds its refusal may take, the call)
 CASES: list[tuple[str, float, Callable[[Path], object]]] = [
     ("setting: a number of 5,000 digits", 1, setting("workerCount", "9" * 5000)),
@@ -85,6 +104,8 @@ CASES: list[tuple[str, float, Callable[[Path], object]]] = [
     ("scenario: three 1,000-task arrays", 3, scenario_file(jobs(3, ", array: 1000"))),
     ("scenario: /dev/zero", 3, lambda tmp: scenario.load(Path("/dev/zero"))),
     ("kubeconfig: 50,000 brackets", 5, kubeconfig("clusters: " + "[" * 50_000 + "]" * 50_000 + "\n")),
+    ("timeline: 100,000 samples in reverse order", 5, timeline_file(100_000)),
+    ("timeline: /dev/zero", 5, lambda tmp: timeline.read_timeline(Path("/dev/zero"))),
 ]
 
 

@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
+from cli import as_typed, typed_command
 from cli.guard import run_guarded
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -43,6 +45,18 @@ except ModuleNotFoundError as missing:  # `python -m cli` outside the venv: one 
     sys.exit(EXIT_BAD_INPUT)
 
 EXIT_BAD_SETTINGS = 2  # any bad input: settings, stack file, --out, usage
+PLAN_COLUMNS = 100  # `plan`'s width when not on a terminal
+MIN_COLUMNS = 40  # narrower than this, a wrapped line holds too few words to read
+DESCRIPTIONS = {
+    "plan": "What `pulumi up` would build for a stack, without building anything: the program runs under "
+    "Pulumi's mocks (no cloud account, credentials or Pulumi CLI) and prints every resource by type, the order "
+    "the cluster installs its parts in, how Kueue shares the GPUs between Slurm and AI jobs, the AI run limit, "
+    "Slurm's limits and the hourly cost. Settings that cannot work are refused, one line each.",
+    "render": "Every file the stack would deploy, written under --out so you can read, diff or lint it before "
+    "`pulumi up`: each node's cloud-init and scripts, the Helm releases and their values, the Kubernetes "
+    "objects, the patches to objects others own, and slurm.conf. The program runs under Pulumi's mocks: nothing is created, "
+    "no cloud account is needed. A later render replaces the directory whole.",
+}
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -54,14 +68,14 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
-        prog="python -m cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=typed_command(), description=as_typed(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("plan", "list the resources, install order and hourly cost"),
         ("render", "write every deployed artifact to a directory"),
     ):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=DESCRIPTIONS[name])
         offline.add_stack_arguments(p)
         if name == "plan":
             p.add_argument("--json", action="store_true", help="one JSON array of resources")
@@ -104,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render" and (problem := artifacts.out_dir_problem(args.out)):
         problems.append(problem)
     try:
-        rec = offline.run(offline.stack_config(args.stack, args.config), stack=args.stack)
+        config, _ = offline.load_stack(args.stack, args.config)
+        rec = offline.run(config, stack=args.stack)
     except SettingsError as error:
         problems += error.problems
     except pulumi.RunError as error:  # the program's own refusals at run time (zone offerings)
@@ -117,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(artifacts.plan_elements(rec), indent=2, sort_keys=True))
         else:
-            print(artifacts.plan_text(rec))
+            # the terminal's width, $COLUMNS, else 100 columns (a pipe or a file)
+            width = shutil.get_terminal_size((PLAN_COLUMNS, 24)).columns
+            print(artifacts.wrap_lines(artifacts.plan_text(rec), max(width, MIN_COLUMNS)))
         return 0
     try:
         written = artifacts.render_replacing(rec, args.out)

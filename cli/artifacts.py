@@ -6,6 +6,7 @@ import ipaddress
 import json
 import shutil
 import tempfile
+import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,22 @@ def slurm_limit_lines(rec: Recording) -> list[str]:
         "after it started (slurmJobMaxMinutes)"
     )
     return lines
+
+
+def wrap_lines(text: str, width: int) -> str:
+    """Each line cut at spaces to `width` columns, continued under its own indent and four more
+    spaces; a word longer than the width (a URL) stays whole."""
+    out = []
+    for line in text.splitlines():
+        indent = line[: len(line) - len(line.lstrip())]
+        out += textwrap.wrap(
+            line,
+            width,
+            subsequent_indent=indent + "    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [""]
+    return "\n".join(out)
 
 
 def plan_text(rec: Recording) -> str:

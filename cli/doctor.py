@@ -10,6 +10,7 @@ cluster.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from cli import checklist
+from cli import as_typed, checklist, doctor_platform, typed_command
 from cli.checklist import FAIL, OK, Check
 from components import readiness_gate
 from core import host_layout, names, user_files
@@ -59,6 +60,8 @@ class Kube(Protocol):
 
     def get(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict: ...
 
+    def get_cluster(self, group: str, version: str, plural: str, name: str) -> dict: ...
+
     def hpa(self, namespace: str, name: str) -> dict: ...
 
     def prometheus(self, query: str) -> list[dict]: ...
@@ -92,13 +95,22 @@ def redact(text: str) -> str:
     return "\n".join(out)
 
 
+def write_key(workdir: Path, private_key: str) -> Path:
+    """The stack's private key as a file only this user can read from its first byte (ssh refuses
+    a key others can read), inside `workdir`, a TemporaryDirectory that main() removes on every
+    way out: a return, an error, Ctrl-C, and SIGTERM, which cli/guard.py raises as KeyboardInterrupt."""
+    key = workdir / "id_testbed"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(private_key if private_key.endswith("\n") else private_key + "\n")
+    return key
+
+
 class Ssh:
     """`ssh` with the stack's key: the control node directly, workers through it (-J)."""
 
     def __init__(self, control_public_ip: str, private_key: str, workdir: Path):
-        key = workdir / "id_testbed"
-        key.write_text(private_key if private_key.endswith("\n") else private_key + "\n")
-        key.chmod(0o600)
+        key = write_key(workdir, private_key)
         # A config file, not -i: the -J hop reads the same file, and so the same key.
         self.config = workdir / "ssh_config"
         self.config.write_text(
@@ -157,8 +169,13 @@ class Doctor:
             ("pods", self.pods),
             ("webhook", self.webhooks),
             ("sinfo", self.sinfo),
-            ("scaledobject", self.scaled_object),
+            ("kueue", lambda: self.checks.extend(doctor_platform.kueue_checks(self.n, self.kube, self.s.stack))),
+            ("scaledobject", lambda: self.checks.extend(doctor_platform.keda_checks(self.n, self.kube, self.s.stack))),
             ("prometheus", self.prometheus),
+            (
+                "admission",
+                lambda: self.checks.extend(doctor_platform.admission_checks(self.n, self.kube, self.s.stack)),
+            ),
         ):
             self._guarded(name, step)
         return self.checks
@@ -251,32 +268,6 @@ class Doctor:
         else:
             self.checks.append(Check("sinfo", OK, f"slurmctld answers; partitions {', '.join(slurm.partitions)}"))
 
-    def scaled_object(self) -> None:
-        slurm = self.n.slurm
-        obj = self.kube.get("keda.sh", "v1alpha1", slurm.namespace, "scaledobjects", self.n.scaled_object)
-        if not _ready(obj):
-            message = next(
-                (
-                    c.get("message", "")
-                    for c in obj.get("status", {}).get("conditions") or []
-                    if c.get("type") == "Ready"
-                ),
-                "no Ready condition",
-            )
-            self.checks.append(Check("scaledobject", FAIL, f"{self.n.scaled_object} not Ready: {message}"))
-            return
-        hpa = self.kube.hpa(slurm.namespace, self.n.keda_hpa)
-        values = [
-            f"{m['external']['metric']['name']}={m['external']['current'].get('averageValue', '?')}"
-            for m in hpa.get("status", {}).get("currentMetrics") or []
-            if m.get("type") == "External"
-        ]
-        replicas = hpa.get("status", {}).get("desiredReplicas", "?")
-        shown = ", ".join(values) if values else "no trigger values yet"
-        self.checks.append(
-            Check("scaledobject", OK, f"{self.n.scaled_object} Ready; triggers {shown}; HPA wants {replicas}")
-        )
-
     def prometheus(self) -> None:
         # The queries the deployed ScaledObject runs (components/keda.py: the default policy, the
         # stack's cooldown as the warmth window). slurmctld
@@ -356,6 +347,9 @@ class KubeApi:
     def get(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
 
+    def get_cluster(self, group: str, version: str, plural: str, name: str) -> dict:
+        return self.custom.get_cluster_custom_object(group, version, plural, name)
+
     def hpa(self, namespace: str, name: str) -> dict:
         return self._plain(self.autoscaling.read_namespaced_horizontal_pod_autoscaler(name, namespace))
 
@@ -385,10 +379,20 @@ def read_outputs(stack: str) -> dict | str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = checklist.OneLineParser(prog="python -m cli doctor", description=__doc__)
+    p = checklist.OneLineParser(prog=f"{typed_command()} doctor", description=as_typed(__doc__), epilog=_longest_wait())
     offline.add_stack_arguments(p)
     p.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG, else the stack's kubeconfig output")
     return p
+
+
+def _longest_wait() -> str:
+    from validation import cluster
+
+    return (
+        f"Longest wait: {cluster.describe_bound()}; a cluster that does not answer ends the doctor at its "
+        f"first call, exit 2. An exec in a pod: {EXEC_TIMEOUT_SECONDS} s; ssh to a node: "
+        f"{3 * SSH_CONNECT_TIMEOUT} s."
+    )
 
 
 def _kubeconfig(given: Path | None, outputs: dict | str) -> dict:
@@ -424,10 +428,7 @@ def main(argv: list[str], kube: Kube | None = None) -> int:
     outputs = read_outputs(args.stack)
     try:
         if kube is None:
-            from kubernetes import config
-
-            api = config.new_client_from_config_dict(_kubeconfig(args.kubeconfig, outputs))
-            kube = KubeApi(api, names.Names.from_settings(s))
+            kube = _client(_kubeconfig(args.kubeconfig, outputs), names.Names.from_settings(s))
         with tempfile.TemporaryDirectory(prefix="testbed-doctor-") as workdir:
             logs = None
             if isinstance(outputs, dict) and outputs.get("controlPlanePublicIp") and outputs.get("sshPrivateKey"):
@@ -443,11 +444,27 @@ def main(argv: list[str], kube: Kube | None = None) -> int:
     return code
 
 
+def _client(kubeconfig: dict, n: names.Names) -> KubeApi:
+    """The cluster through validation's bounded client (each call: validation.cluster.describe_bound);
+    a kubeconfig it cannot use is bad input, an exec: plugin in it named on stderr before it runs."""
+    from validation.cluster import KubeconfigError, api_client
+
+    try:
+        return KubeApi(api_client(kubeconfig), n)
+    except KubeconfigError as error:
+        raise BadInput(str(error)) from None
+
+
 def _run(doctor: Doctor) -> list[Check]:
-    """Run the checks; an API server that cannot be reached at all is bad input, not a finding."""
+    """Run the checks; an API server that cannot be reached at all, or that answers what the API
+    does not (an HTML page), is bad input, not a finding: one line naming it."""
     from urllib3.exceptions import HTTPError
+
+    from validation.cluster import shown_server, unanswered
 
     try:
         return doctor.run()
     except (HTTPError, OSError) as error:
-        raise BadInput(f"cluster: cannot reach the API server ({error.__class__.__name__})") from None
+        api = getattr(doctor.kube, "api", None)
+        where = shown_server(api.configuration.host) if api is not None else "the API server"
+        raise BadInput(f"cluster: {where}: {unanswered(error)}") from None

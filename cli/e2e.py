@@ -4,7 +4,8 @@ preflight -> `pulumi up` -> doctor -> every validation scenario -> `pulumi destr
 Pulumi's Automation API (it drives the `pulumi` CLI). Destroy runs after a failed phase and
 after Ctrl-C too, unless --keep. One report (report.json and report.txt) records each phase's
 duration, when each provider's resources finished during `up`, and every file the validation
-runner wrote. Exit status: 0 every phase passed, 1 one failed, 2 bad settings or preflight
+runner wrote. On screen, `pulumi up` and `pulumi destroy` print a line per resource done (done of
+the plan's total, time since the command began); their whole output goes to pulumi.log. Exit status: 0 every phase passed, 1 one failed, 2 bad settings or preflight
 input, 130 interrupted.
 """
 
@@ -24,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cli import checklist
+from cli import as_typed, checklist, typed_command
 from core import user_files
 from stacks import offline
 
@@ -83,6 +84,46 @@ class ProgressClock:
         return {p: {"first": min(t), "last": max(t), "count": float(len(t))} for p, t in self.done.items()}
 
 
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+def counted(resource_type: str) -> bool:
+    """What the progress counts: resources, not the stack itself or a provider (`pulumi up` adds
+    default providers the program never names)."""
+    return resource_type != "pulumi:pulumi:Stack" and not resource_type.startswith("pulumi:providers:")
+
+
+class ResourceProgress:
+    """`pulumi up` / `pulumi destroy` on screen: one line per resource done, with done/total and
+    the time since the command began, from the Automation API's engine events (a ResOutputsEvent
+    when a resource's step is done, a ResOpFailedEvent when it failed: pulumi/pulumi@v3.272.0
+    sdk/python/lib/pulumi/automation/events.py). The total is the plan's count; a destroy after a
+    partial `up` ends below it."""
+
+    def __init__(self, command: str, total: int | None, now: Callable[[], float], write: Callable[[str], None]):
+        self.command, self.total, self.now, self.write = command, total, now, write
+        self.start, self.done = now(), 0
+
+    def on_event(self, event: Any) -> None:
+        if event.res_outputs_event is not None:
+            step, verb = event.res_outputs_event.metadata, None
+        elif event.res_op_failed_event is not None:
+            step, verb = event.res_op_failed_event.metadata, "FAILED"
+        else:
+            return
+        if not counted(step.type):
+            return
+        if verb is None:
+            self.done += 1
+            verb = {"same": "unchanged"}.get(step.op.value, step.op.value)
+        width = len(str(self.total)) if self.total else 1
+        count = f"{self.done:>{width}}/{max(self.total, self.done)}" if self.total else str(self.done)
+        name = step.urn.rsplit("::", 1)[-1]
+        self.write(f"{self.command} [{count}] {_clock(self.now() - self.start):>7}  {verb} {step.type} {name}")
+
+
 @dataclass
 class Tools:
     """The phases' entry points: the real tools, or fakes in tests."""
@@ -94,6 +135,20 @@ class Tools:
     select_stack: Callable[[str], Any]  # -> an Automation API Stack (up, destroy)
     # (scenario, stack) -> why the stack's settings cannot run it (cli.validate.scenario_blocker)
     scenario_blocker: Callable[[str, str], str | None] = lambda scenario, stack: None
+    planned_resources: Callable[[str], int | None] = lambda stack: None  # the total the progress shows
+
+
+def plan_count(stack: str) -> int | None:
+    """How many resources `pulumi up` will report done for the stack: the offline plan's."""
+    import pulumi
+
+    from core.settings import SettingsError
+
+    try:
+        rec = offline.run(offline.stack_config(stack), stack=stack)
+    except (SettingsError, pulumi.RunError):  # preflight reports those; without a total it still counts
+        return None
+    return sum(1 for r in rec.resources if counted(r.type))
 
 
 def real_tools() -> Tools:
@@ -111,6 +166,7 @@ def real_tools() -> Tools:
         scenarios=list(SCENARIOS),
         select_stack=lambda name: auto.select_stack(stack_name=name, work_dir=str(offline.ROOT)),
         scenario_blocker=scenario_blocker,
+        planned_resources=plan_count,
     )
 
 
@@ -132,6 +188,7 @@ class Run:
         self.report = Report(stack=stack, started=datetime.now(UTC).isoformat(timespec="seconds"))
         self.log = out / "pulumi.log"
         self.stack_ref: Any = None
+        self.planned: int | None = None
 
     def _phase(self, name: str, action: Callable[[], str | None]) -> bool:
         phase = Phase(name, started=datetime.now(UTC).isoformat(timespec="seconds"))
@@ -172,10 +229,15 @@ class Run:
         self.stack_ref = self.tools.select_stack(self.stack)
         return f"stack {self.stack} in {offline.ROOT}"
 
+    def _progress(self, command: str) -> Callable[[Any], None]:
+        if self.planned is None:
+            self.planned = self.tools.planned_resources(self.stack)
+        return ResourceProgress(command, self.planned, self.now, lambda line: print(line, flush=True)).on_event
+
     def _up(self) -> str:
         clock = ProgressClock(self.now)
         try:
-            result = self.stack_ref.up(on_output=self._pulumi_output(clock))
+            result = self.stack_ref.up(on_output=self._pulumi_output(clock), on_event=self._progress("pulumi up"))
         finally:
             self.report.up_by_provider = clock.summary()
         changes = getattr(result.summary, "resource_changes", None) or {}
@@ -193,7 +255,7 @@ class Run:
                 self.report.summaries[scenario] = summary.read_text()
 
     def _destroy(self) -> str:
-        self.stack_ref.destroy(on_output=self._pulumi_output(None))
+        self.stack_ref.destroy(on_output=self._pulumi_output(None), on_event=self._progress("pulumi destroy"))
         return "stack resources deleted"
 
     def execute(self) -> int:
@@ -256,8 +318,8 @@ class Run:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = checklist.OneLineParser(prog="python -m cli e2e", description=__doc__)
-    offline.add_stack_arguments(p)
+    p = checklist.OneLineParser(prog=f"{typed_command()} e2e", description=as_typed(__doc__))
+    offline.add_stack_arguments(p, overrides=False)  # `pulumi up` reads only Pulumi.<stack>.yaml
     p.add_argument("--keep", action="store_true", help="leave the stack running at the end (and after a failure)")
     p.add_argument("--out", type=Path, help="report folder (default out/e2e-<time>)")
     return p

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli import checklist
+from cli import as_typed, checklist, typed_command
 from cli.checklist import FAIL, OK, UNKNOWN, WARN, Check
 from core.names import AMP_WORKSPACE_TYPE_TOKEN, INSTANCE_TYPE_TOKEN
-from core.settings import PROJECT, Settings, SettingsError, load
+from core.settings import PROJECT, Settings, SettingsError, redacted
 from stacks import offline
 from stacks.infrastructure import ZoneError, choose_zone
 
@@ -95,7 +95,55 @@ def needs(rec: offline.Recording) -> Needs:
 
 
 class Unreachable(Exception):
-    """No credentials, rejected credentials or no connection: one line, exit 2."""
+    """No credentials, rejected credentials, a configuration botocore cannot use, or no connection:
+    one line, exit 2 (URL credentials and secret-looking words hidden)."""
+
+    def __init__(self, line: str):
+        super().__init__(redacted(line))
+
+
+# Every AWS call waits at most CONNECT_SECONDS to connect and READ_SECONDS for the answer, and is
+# made at most ATTEMPTS times, whatever AWS_MAX_ATTEMPTS or the config file say (botocore 1.44:
+# an explicit Config wins over both; its defaults are 60 s each and 3 to 5 attempts). botocore's
+# standard retry mode waits rand(0, 1) x 2^(attempt - 1) s between attempts
+# (botocore/retries/standard.py ExponentialBackoff): under 1 s for the one retry.
+CONNECT_SECONDS = 5
+READ_SECONDS = 15
+ATTEMPTS = 2
+
+
+def call_bound() -> float:
+    """The longest one AWS call waits on an endpoint that never answers."""
+    return ATTEMPTS * (CONNECT_SECONDS + READ_SECONDS) + (ATTEMPTS - 1) * 1
+
+
+def client_config() -> Any:
+    from botocore.config import Config
+
+    return Config(
+        connect_timeout=CONNECT_SECONDS,
+        read_timeout=READ_SECONDS,
+        # total_max_attempts counts the first try; botocore reads max_attempts as retries after it
+        retries={"total_max_attempts": ATTEMPTS, "mode": "standard"},
+    )
+
+
+LONGEST_WAIT = (
+    f"Longest wait: {call_bound():g} s per AWS call (connect {CONNECT_SECONDS} s + read {READ_SECONDS} s, "
+    f"{ATTEMPTS} attempts, under 1 s between); an endpoint that does not answer ends preflight at its "
+    "first call, exit 2."
+)
+
+
+def aws_session() -> Any:
+    """boto3's session as the environment configures it, or Unreachable naming what is wrong."""
+    import boto3
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        return boto3.Session()
+    except BotoCoreError as error:  # a profile that does not exist, a config file it cannot parse
+        raise Unreachable(f"aws configuration: {error}") from None
 
 
 def _error_code(error: Exception) -> str:
@@ -144,8 +192,18 @@ class Preflight:
 
     def __init__(self, s: Settings, need: Needs, session: Any):
         self.s, self.need, self.session = s, need, session
-        self.ec2 = session.client("ec2", region_name=s.region)
         self.checks: list[Check] = []
+        self.ec2 = self._client("ec2")
+
+    def _client(self, service: str) -> Any:
+        """A client with the bounded waits, or Unreachable for a configuration botocore refuses
+        (a key id without its secret, an endpoint URL that is not a URL, an unknown profile)."""
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            return self.session.client(service, region_name=self.s.region, config=client_config())
+        except (BotoCoreError, ValueError) as error:
+            raise Unreachable(f"aws configuration: {error}") from None
 
     def run(self) -> list[Check]:
         self._identity()
@@ -170,20 +228,38 @@ class Preflight:
                 self.checks.append(Check(name, FAIL, f"{op} failed: {_error_code(error)}"))
         except BotoCoreError as error:
             raise Unreachable(f"aws: {error}") from None
+        except (KeyError, TypeError) as error:  # an answer botocore cannot parse: not AWS's API
+            raise Unreachable(
+                f"network: AWS answered {step.__name__.strip('_')} with what is not its API ({error})"
+            ) from None
 
     def _identity(self) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectionError,
+            HTTPClientError,
+            NoCredentialsError,
+        )
 
+        sts = self._client("sts")
         try:
-            who = self.session.client("sts", region_name=self.s.region).get_caller_identity()
+            who = sts.get_caller_identity()
         except NoCredentialsError:
             raise Unreachable(
                 "credentials: none found; set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
             ) from None
         except ClientError as error:
             raise Unreachable(f"credentials: refused by AWS ({_error_code(error)})") from None
-        except BotoCoreError as error:
-            raise Unreachable(f"network: cannot reach AWS ({error})") from None
+        except (ConnectionError, HTTPClientError) as error:  # refused, timed out, dropped
+            raise Unreachable(f"network: cannot reach AWS ({error}); waited at most {call_bound():g} s") from None
+        except (KeyError, ValueError, TypeError) as error:  # an answer botocore cannot parse: not AWS's API
+            raise Unreachable(
+                f"network: {sts.meta.endpoint_url} answered what is not AWS's API (no {error} in it): a proxy, a "
+                "login page, or another service at that address?"
+            ) from None
+        except BotoCoreError as error:  # credentials botocore cannot use: a key id without its secret
+            raise Unreachable(f"aws configuration: {error}") from None
         self.checks.append(Check("credentials", OK, f"account {who['Account']} as {who['Arn']}"))
 
     def _region(self) -> None:
@@ -275,7 +351,7 @@ class Preflight:
             q = self._quota_of(i["InstanceType"], i.get("InstanceLifecycle") == "spot", report=False)
             if q is not None:
                 usage[q] = usage.get(q, 0) + vcpus.get(i["InstanceType"], 0)
-        quotas = self.session.client("service-quotas", region_name=self.s.region)
+        quotas = self._client("service-quotas")
         for q, need in demand.items():
             name = "spot vCPUs" if q in SPOT_VCPUS.values() else "on-demand vCPUs"
             used = usage.get(q, 0)
@@ -293,13 +369,13 @@ class Preflight:
 
     def _addresses(self) -> None:
         used = len(self.ec2.describe_addresses()["Addresses"])
-        quotas = self.session.client("service-quotas", region_name=self.s.region)
+        quotas = self._client("service-quotas")
         value = _quota_value(quotas, ELASTIC_IPS)
         self.checks.append(_headroom("elastic IPs", ELASTIC_IPS, self.need.elastic_ips, used, value, self.s.region))
 
     def _vpcs(self) -> None:
         used = len(_pages(self.ec2, "describe_vpcs", "Vpcs"))
-        quotas = self.session.client("service-quotas", region_name=self.s.region)
+        quotas = self._client("service-quotas")
         self.checks.append(_headroom("VPCs", VPCS, self.need.vpcs, used, _quota_value(quotas, VPCS), self.s.region))
 
     def _key_pair(self) -> None:
@@ -332,7 +408,7 @@ class Preflight:
         from botocore.exceptions import EndpointConnectionError
 
         for alias in self.need.workspaces:
-            aps = self.session.client("amp", region_name=self.s.region)
+            aps = self._client("amp")
             try:
                 found = _pages(aps, "list_workspaces", "workspaces", alias=alias)
             except EndpointConnectionError:
@@ -370,7 +446,7 @@ def verdict(checks: list[Check]) -> tuple[int, str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = checklist.OneLineParser(prog="python -m cli preflight", description=__doc__)
+    p = checklist.OneLineParser(prog=f"{typed_command()} preflight", description=as_typed(__doc__), epilog=LONGEST_WAIT)
     offline.add_stack_arguments(p)
     return p
 
@@ -378,19 +454,14 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str], session: Any = None) -> int:
     args = parser().parse_args(argv)
     try:
-        config = offline.stack_config(args.stack, args.config)
-        s = load(config, stack=args.stack)  # as a deployment: refuses the example adminCidr
+        config, s = offline.load_stack(args.stack, args.config, deployment=True)  # refuses the example adminCidr
     except SettingsError as error:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return EXIT_BAD_INPUT
     rec = offline.run(config, stack=args.stack)
-    if session is None:
-        import boto3
-
-        session = boto3.Session()
     try:
-        checks = Preflight(s, needs(rec), session).run()
+        checks = Preflight(s, needs(rec), session or aws_session()).run()
     except Unreachable as error:
         print(error, file=sys.stderr)
         return EXIT_BAD_INPUT

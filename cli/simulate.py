@@ -10,6 +10,9 @@ The scrape of each target, KEDA's poll and the HPA's sync fire at their own phas
 the phase sets S to S+N-1 and reports its latencies as p50/p95 over them, and the sets under
 which a job was killed, a GPU double-held or a job left unfinished.
 
+On a terminal, a run longer than a few seconds shows how far it got on stderr, one line
+rewritten in place and cleared at the end; never with --json or when stderr is not a terminal.
+
 Exit status: 0 when nothing was killed or double-held and every job that was not refused
 completed (under every phase set with --phases); 1 otherwise; 2 for bad input (one line per
 problem, no traceback). --readme-tables prints the tables as Markdown, each between its marker
@@ -21,22 +24,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import re
 import sys
 from pathlib import Path
 from typing import NoReturn
 
+from cli import as_typed, typed_command
+from cli.progress import Progress
 from components import slurmd_scaling
 from core import user_files
 from core.names import DEFAULT_PARTITION
 from core.settings import Settings, SettingsError, escaped, redacted, show
 from stacks import offline
-from twin import kube, nodeset, program, scenario, sim
+from twin import program, scenario, sim, tables
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
-REGENERATE = "venv/bin/python -m cli simulate --readme-tables docs/handoff.md"
-TABLES = ("policies", "kueue")  # the README's generated tables, by marker name
 MAX_PHASES = 100  # a sweep of the largest scenario (about a minute each) stays within hours
+# Phase sets: any number draws phases as good as any other, so a short range that is typed and
+# read back without doubt; a sweep's last set stays inside it too.
+MAX_PHASE_SET = 999_999
 
 
 class UsageError(Exception):
@@ -50,7 +56,9 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m cli simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"{typed_command()} simulate",
+        description=as_typed(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
@@ -72,14 +80,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--phase-set",
-        type=int,
-        default=sim.DEFAULT_PHASE_SET,
+        default=str(sim.DEFAULT_PHASE_SET),
         metavar="S",
-        help="which draw of the scrape, poll and sync phases (default %(default)s)",
+        help=f"which draw of the scrape, poll and sync phases, 0 to {MAX_PHASE_SET} (default %(default)s)",
     )
     p.add_argument(
         "--phases",
-        type=int,
         metavar="N",
         help=f"run under N phase sets from --phase-set (1 to {MAX_PHASES}): p50/p95 over them",
     )
@@ -226,12 +232,24 @@ def main(argv: list[str]) -> int:
         problems.append(
             f"--policy: {show(args.policy)} is not allowed; expected one of {', '.join(slurmd_scaling.POLICIES)}"
         )
-    if args.phases is not None and not 1 <= args.phases <= MAX_PHASES:
+    phases = whole_number(args.phases, 1, MAX_PHASES)
+    if args.phases is not None and phases is None:
         problems.append(
-            f"--phases: {args.phases} is not allowed; expected a number of phase sets from 1 to {MAX_PHASES}"
+            f"--phases: {show(args.phases)} is not allowed; expected a number of phase sets from 1 to {MAX_PHASES} "
+            "in ASCII digits"
         )
-    if not 0 <= args.phase_set < 2**32:
-        problems.append(f"--phase-set: {args.phase_set} is not allowed; expected a whole number from 0 to {2**32 - 1}")
+    phase_set = whole_number(args.phase_set, 0, MAX_PHASE_SET)
+    if phase_set is None:
+        problems.append(
+            f"--phase-set: {show(args.phase_set)} is not allowed; expected a whole number from 0 to {MAX_PHASE_SET} "
+            "in ASCII digits"
+        )
+    elif phases is not None and phase_set + phases - 1 > MAX_PHASE_SET:
+        problems.append(
+            f"--phases: {phases} from --phase-set {phase_set} would reach phase set {phase_set + phases - 1}; "
+            f"expected the last at most {MAX_PHASE_SET}"
+        )
+    args.phases, args.phase_set = phases, phase_set if phase_set is not None else sim.DEFAULT_PHASE_SET
     if args.phases is not None and args.out:
         problems.append("--out: not allowed with --phases, which runs the scenario once per phase set")
     if args.readme_tables is not None:
@@ -274,12 +292,18 @@ def main(argv: list[str]) -> int:
             print(problem, file=sys.stderr)
         return 2
     setup = program.setup(settings, args.policy)
+    shown = Progress(sys.stderr, enabled=not args.json)
     if args.phases is not None:
-        swept = sim.sweep(setup, sc, range(args.phase_set, args.phase_set + args.phases))
+        sets = range(args.phase_set, args.phase_set + args.phases)
+        swept = sim.sweep(
+            setup, sc, sets, lambda n: shown.ticker(f"{path.stem}, phase set {n} ({n - sets[0] + 1} of {len(sets)})")
+        )
+        shown.close()
         print(json.dumps(swept, indent=1, sort_keys=True) if args.json else sweep_summary(swept))
         return 0 if not swept["not_ok"] else 1
     run = sim.Run(setup, sc, args.phase_set)
-    result = run.run()
+    result = run.run(shown.ticker(path.stem))
+    shown.close()
     if args.out:
         try:
             write_out(run, result, args.out, path.stem, args.policy)
@@ -290,6 +314,14 @@ def main(argv: list[str]) -> int:
     return 0 if sim.ok(result) else 1
 
 
+def whole_number(text: str | None, lo: int, hi: int) -> int | None:
+    """`text` as a whole number from lo to hi in ASCII digits without leading zeros, else None:
+    int() would take Arabic-Indic digits (١٠) and underscores (1_0)."""
+    if text is None or not re.fullmatch(r"0|[1-9][0-9]{0,8}", text) or not lo <= int(text) <= hi:
+        return None
+    return int(text)
+
+
 def write_out(run: sim.Run, result: dict, out: Path, name: str, policy: str) -> None:
     from validation.plot import draw
 
@@ -298,6 +330,7 @@ def write_out(run: sim.Run, result: dict, out: Path, name: str, policy: str) -> 
         timeline(run, name),
         out / "timeline.png",
         f"{escaped(name)}, policy {policy}, phase set {run.phase_set} (modelled)",
+        modelled=result["latency"],  # the summary's numbers: the twin knows them to the second
     )
 
 
@@ -305,46 +338,44 @@ def write_out(run: sim.Run, result: dict, out: Path, name: str, policy: str) -> 
 
 
 def _readme_tables(args: argparse.Namespace, settings: Settings | None, problems: list[str]) -> int:
+    """The tables of every shipped scenario under every policy: printed, or put between their
+    markers in FILE, read through the one reader of user files (its size and text limits) and
+    replaced whole, so a run cut short leaves the file as it was."""
     readme = None if str(args.readme_tables) == "-" else args.readme_tables
     text = ""
     if readme is not None:
+        path = show(str(readme))
         try:
-            text = readme.read_text()
-        except OSError as error:
-            problems.append(f"--readme-tables: {show(str(readme))} cannot be read ({error.strerror})")
+            text = user_files.read_text(readme, "a Markdown file")
+        except user_files.UserFileError as error:
+            problems.append(f"--readme-tables: {path} {error.problem}")
         else:
-            problems += [
-                f"--readme-tables: {show(str(readme))} lacks the markers {begin(name)} ... {end(name)}"
-                for name in TABLES
-                if text.count(begin(name)) != 1 or text.count(end(name)) != 1
-            ]
+            problems += [f"--readme-tables: {path} {problem}" for problem in tables.splice_problems(text)]
     runs: dict[str, dict[str, sim.Run]] = {}
     if not problems and settings is not None:  # None only after a SettingsError, which is a problem
         try:
-            runs = run_shipped(args.stack, args.config, settings)
+            shown = Progress(sys.stderr, enabled=True)
+            try:
+                runs = run_shipped(args.stack, args.config, settings, shown)
+            finally:
+                shown.close()
         except (scenario.ScenarioError, SettingsError) as error:
             problems += error.problems
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)
         return 2
-    generated = tables(runs)
+    generated = tables.tables(runs)
     if readme is None:
         print("\n\n".join(generated.values()))
         return 0
-    for name, block in generated.items():
-        text = text[: text.index(begin(name))] + block + text[text.index(end(name)) + len(end(name)) :]
-    readme.write_text(text)
-    print(f"rewrote the {' and '.join(TABLES)} tables in {readme}")
+    try:
+        user_files.replace_text(readme, tables.splice(text, generated))
+    except OSError as error:
+        print(f"--readme-tables: {show(str(readme))} cannot be written ({error.strerror or error})", file=sys.stderr)
+        return 2
+    print(f"rewrote the {' and '.join(tables.TABLES)} tables in {readme}")
     return 0
-
-
-def begin(name: str) -> str:
-    return f"<!-- twin-tables:{name} begin: generated by `{REGENERATE}` -->"
-
-
-def end(name: str) -> str:
-    return f"<!-- twin-tables:{name} end -->"
 
 
 def shipped() -> list[Path]:
@@ -372,175 +403,18 @@ def policy_setups(
     return sc, {policy: program.setup(s, policy) for policy in slurmd_scaling.POLICIES}
 
 
-def run_scenario(path: Path, stack: str, config: list[str], settings: Settings) -> dict[str, sim.Run]:
+def run_scenario(
+    path: Path, stack: str, config: list[str], settings: Settings, shown: Progress | None = None
+) -> dict[str, sim.Run]:
     """One shipped scenario under every policy of components.slurmd_scaling, Kueue as it says."""
     sc, setups = policy_setups(path, stack, config, settings)
     runs = {policy: sim.Run(setup, sc) for policy, setup in setups.items()}
-    for run in runs.values():
-        run.run()
+    for policy, run in runs.items():
+        run.run(shown.ticker(f"{path.stem} under {policy}") if shown else None)
     return runs
 
 
-def run_shipped(stack: str, config: list[str], settings: Settings) -> dict[str, dict[str, sim.Run]]:
-    return {path.stem: run_scenario(path, stack, config, settings) for path in shipped()}
-
-
-def _policy_header(policy: str) -> str:
-    return f"{policy} (default)" if policy == slurmd_scaling.DEFAULT_POLICY else policy
-
-
-def _s(value: float | None) -> str:
-    return "–" if value is None else f"{value:g}"
-
-
-def _outcome(result: dict) -> str:
-    problems = [f"{len(result['double_held'])} GPUs double-held"] if result["double_held"] else []
-    problems += [f"{j['name']} {j['outcome']}" for j in result["jobs"] if j["outcome"] != "completed"]
-    return ("pass" if sim.ok(result) else "FAIL") + (f": {'; '.join(problems)}" if problems else "")
-
-
-def _policy_cell(result: dict) -> str:
-    lat = result["latency"]
-    return (
-        f"{_outcome(result)} ({_s(lat['scale_up_s'])} / {_s(lat['gpu_return_s'])} s, "
-        f"{result['slurmd_idle_gpu_s']:g} idle GPU·s, {result['slurmd_starts']} slurmd starts)"
-    )
-
-
-def policy_row(name: str, runs: dict[str, sim.Run]) -> str:
-    cells = [_policy_cell(runs[p].result()) for p in slurmd_scaling.POLICIES]
-    return f"| `{name}.yaml` | " + " | ".join(cells) + " |"
-
-
-def releases(run: sim.Run) -> dict[str, list[float | None]]:
-    """For each Slurm job's end that gives a GPU back while a Kubernetes job waits (submitted, not
-    yet started): the seconds until a pod of a waiting Kubernetes job runs on one of the GPUs given
-    back, None if none does by the end of the run. A GPU counts as given back unless another Slurm
-    job starts on its node before the slurmd pod that held it goes (Slurm reusing it is no
-    release); a pod that never goes keeps it: None. `last` when no other Slurm job still runs,
-    `partial` otherwise."""
-    out: dict[str, list[float | None]] = {"last": [], "partial": []}
-    pods, jobs = run.kube.pods, run.slurm.jobs
-    for job in jobs:
-        if job.started is None or job.finished is None or not job.nodes:
-            continue
-        end = job.finished
-        waiting = {k.name for k in run.kube.jobs if k.submitted <= end and (k.started is None or k.started > end)}
-        given_back = set()
-        for p in pods:
-            if p.holder != kube.SLURMD or p.owner not in job.nodes or p.gpu is None:
-                continue
-            if p.bound_at is None or p.bound_at > end:
-                continue
-            gone = math.inf if p.gone_at is None else p.gone_at  # a pod that never goes never gives it back
-            if gone < end:
-                continue
-            reused = any(o.started is not None and end <= o.started < gone and p.owner in o.nodes for o in jobs)
-            if not reused:
-                given_back.add(p.gpu)
-        if not waiting or not given_back:
-            continue
-        uses = [
-            p.running_at - end
-            for p in pods
-            if p.holder == kube.KUBERNETES and p.owner in waiting and p.gpu in given_back and p.running_at is not None
-            if p.running_at >= end and (p.gone_at is None or p.gone_at > p.running_at)
-        ]
-        others = any(
-            o is not job and o.started is not None and o.started <= end and (o.finished is None or o.finished > end)
-            for o in jobs
-        )
-        out["partial" if others else "last"].append(min(uses) if uses else None)
-    return out
-
-
-def _worst(values: list[float | None]) -> str:
-    if not values:
-        return "–"
-    known = [v for v in values if v is not None]
-    return "never" if len(known) < len(values) else f"{max(known):g} s"
-
-
-def _share(result: dict) -> str:
-    share = result["contention"]["share"]
-    if share["slurm"] is None:
-        return "–"
-    return f"{share['slurm']:.0%} / {share['kubernetes']:.0%}"
-
-
-def kueue_rows(name: str, runs: dict[str, sim.Run]) -> list[str]:
-    """One row per policy, for a scenario with Kubernetes jobs."""
-    rows = []
-    for policy in slurmd_scaling.POLICIES:
-        run = runs[policy]
-        result, gaps = run.result(), releases(run)
-        if result["kueue"]:
-            evictions = sum(j.get("evictions", 0) for j in result["jobs"])
-            kueue_note = f"{evictions} Kueue eviction{'' if evictions == 1 else 's'}"
-        else:
-            kueue_note = "Kueue off (`kueue: false`)"
-        scale_up = result["latency"]["scale_up_s"]
-        cells = [
-            f"`{name}`, {policy}",
-            _worst([] if scale_up is None else [scale_up]),
-            _worst(gaps["last"]),
-            _worst(gaps["partial"]),
-            _share(result),
-            f"{_outcome(result)}; {kueue_note}",
-        ]
-        rows.append("| " + " | ".join(cells) + " |")
-    return rows
-
-
-def assumptions() -> str:
-    pulls = ", ".join(f"{role} {seconds:g} s" for role, seconds in kube.IMAGE_PULL.items())
-    return (
-        f"Modelled by the twin, not measured. Its assumptions: container start {kube.CONTAINER_START:g} s, "
-        f"slurmd registration {nodeset.SLURMD_REGISTER:g} s, termination {kube.SLURMD_TERMINATION:g} s (slurmd) and {kube.TERMINATION:g} s (AI pods), the operator's "
-        f"Slurm client listing nodes and jobs {nodeset.INFORMER_PHASE:g} s into each "
-        f"{nodeset.INFORMER_PERIOD:g} s, a node's "
-        f"first pull of an image not pre-pulled ({pulls}; only under `images: cold` and for a job's own `image`); "
-        f"each scrape target, KEDA's poll and the HPA's sync at its own phase (phase set {sim.DEFAULT_PHASE_SET}; "
-        "`simulate --phases N` sweeps them)."
-    )
-
-
-def has_kubernetes_jobs(sc: scenario.Scenario) -> bool:
-    return any(j.kind != "slurm" for j in sc.jobs)
-
-
-def policies_header() -> list[str]:
-    heads = " | ".join(_policy_header(p) for p in slurmd_scaling.POLICIES)
-    return ["| scenario | " + heads + " |", "|---|" + "---|" * len(slurmd_scaling.POLICIES)]
-
-
-KUEUE_HEADER = [
-    "| scenario, policy | submit → Slurm job running (worst) | last Slurm job done → waiting Kubernetes job "
-    "runs on its GPU (worst) | partial release → waiting Kubernetes job runs on its GPU (worst) | GPU time "
-    "under contention, Slurm / Kubernetes | outcome |",
-    "|---|---|---|---|---|---|",
-]
-
-
-def blocks(policy_rows: list[str], kueue_table_rows: list[str]) -> dict[str, str]:
-    """The README's two tables, each between its markers, from their rows."""
-    return {
-        name: "\n".join([begin(name), assumptions(), "", *header, *rows, end(name)])
-        for name, header, rows in (
-            ("policies", policies_header(), policy_rows),
-            ("kueue", KUEUE_HEADER, kueue_table_rows),
-        )
-    }
-
-
-def tables(runs: dict[str, dict[str, sim.Run]]) -> dict[str, str]:
-    """The README's tables from every shipped scenario's runs under every policy."""
-    return blocks(
-        [policy_row(name, r) for name, r in runs.items()],
-        [
-            row
-            for name, r in runs.items()
-            if has_kubernetes_jobs(next(iter(r.values())).scenario)
-            for row in kueue_rows(name, r)
-        ],
-    )
+def run_shipped(
+    stack: str, config: list[str], settings: Settings, shown: Progress | None = None
+) -> dict[str, dict[str, sim.Run]]:
+    return {path.stem: run_scenario(path, stack, config, settings, shown) for path in shipped()}

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
+from cli import as_typed, typed_command
 from core import settings, user_files
 from core.names import MONITORING_NAMESPACE, PROMETHEUS_PORT, Names
 from stacks import offline
@@ -63,7 +64,14 @@ def seconds_problem(flag: str, text: str | None, bounds: tuple[float, float]) ->
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m cli validate", description=__doc__)
+    from validation import cluster
+
+    p = _Parser(
+        prog=f"{typed_command()} validate",
+        description=as_typed(__doc__),
+        epilog=f"Longest wait: {cluster.describe_bound()}; a cluster that does not answer the first call ends "
+        "the command, exit 2; the run itself lasts at most --timeout.",
+    )
     p.add_argument("--scenario", help="one of: " + ", ".join(SCENARIOS))
     offline.add_stack_arguments(p)
     p.add_argument(
@@ -199,33 +207,57 @@ def write_results(timeline: Timeline, exp: Expectations, out: Path) -> bool:
     return all(c.passed for c in checks)
 
 
-def load_timeline(path: Path) -> Timeline:
-    if not path.is_file():
-        raise UsageError(f"--from-timeline: {settings.show(str(path))} is not a file")
+def load_timeline(path: Path, scenario: Scenario, names: Names) -> Timeline:
+    """A saved timeline, checked against its schema, --scenario and the stack's settings before
+    any check runs: a malformed file is bad input, not a failed experiment."""
+    from validation.timeline import TimelineError, read_timeline
+
+    shown = settings.show(str(path))
     try:
-        return Timeline.load(path)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as error:
-        # RecursionError: JSON nested deeper than Python's decoder recurses (100,000 brackets)
-        detail = settings.redacted(f"{type(error).__name__}: {error}", limit=200)
-        raise UsageError(f"--from-timeline: {settings.show(str(path))} is not a timeline.json ({detail})") from None
+        timeline = read_timeline(path)
+    except TimelineError as error:
+        raise UsageError(
+            *(
+                f"--from-timeline: {shown}{' ' if problem.startswith(('is ', 'cannot ')) else ': '}{problem}"
+                for problem in error.problems
+            )
+        ) from None
+    problems = []
+    if timeline.scenario != scenario.name:
+        problems.append(
+            f"--from-timeline: {shown}: recorded under scenario {settings.show(timeline.scenario)}, not "
+            f"--scenario {scenario.name}; expected the same scenario"
+        )
+    if timeline.gpus_total != names.gpus_total:
+        problems.append(
+            f"--from-timeline: {shown}: recorded with {timeline.gpus_total} GPUs, but the stack's settings give "
+            f"{names.gpus_total}; pass the --stack/--config it was recorded with"
+        )
+    lo, hi = INTERVAL_SECONDS
+    if not lo <= timeline.interval <= hi:
+        problems.append(
+            f"--from-timeline: {shown}: interval {timeline.interval:g} s; expected {lo:g} to {hi:g} s, as --interval"
+        )
+    if problems:
+        raise UsageError(*problems)
+    return timeline
 
 
 def client_for(kubeconfig: dict, names: Names):
-    """The live cluster, or UsageError for a kubeconfig the kubernetes client refuses."""
-    from kubernetes.config.config_exception import ConfigException
-
-    from validation.cluster import KubeCluster
+    """The live cluster, or UsageError for a kubeconfig the kubernetes client refuses; an exec:
+    plugin in it is named on stderr before it runs."""
+    from validation.cluster import KubeCluster, KubeconfigError
 
     prometheus = (MONITORING_NAMESPACE, names.prometheus_service, PROMETHEUS_PORT)
     try:
         return KubeCluster.from_kubeconfig(kubeconfig, names.slurm, prometheus=prometheus)
-    except (ConfigException, ValueError, TypeError, KeyError, OSError) as error:
-        raise UsageError(f"--kubeconfig: the kubernetes client refuses it ({str(error)[:200]})") from None
+    except KubeconfigError as error:
+        raise UsageError(str(error)) from None
 
 
 def connect(kubeconfig: dict, names: Names):
-    """The live cluster, or UsageError: a bad kubeconfig, an API server that does not answer,
-    or no NodeSet where the testbed puts it."""
+    """The live cluster, or UsageError: a bad kubeconfig, an API server that does not answer (each
+    call bounded: validation.cluster.describe_bound), or no NodeSet where the testbed puts it."""
     from validation.cluster import ClusterError
 
     cluster = client_for(kubeconfig, names)
@@ -237,7 +269,9 @@ def connect(kubeconfig: dict, names: Names):
 
 
 def _terminate(signum, frame) -> None:
-    raise KeyboardInterrupt  # SIGTERM ends the run like Ctrl-C: clean up, write what was seen
+    from cli.guard import Terminated
+
+    raise Terminated  # SIGTERM ends the run like Ctrl-C: clean up, write what was seen
 
 
 def main(argv: list[str]) -> int:
@@ -262,19 +296,24 @@ def run_window(timeline: Timeline) -> tuple[float, float]:
 
 def dcgm_from_workspace(url: str, timeline: Timeline, region: str, stack: str, session=None) -> list[DcgmHolding]:
     """The GPU owners of the saved run, from the workspace; UsageError, one line, for what fails."""
+    from botocore.exceptions import BotoCoreError
+
     from validation import workspace
     from validation.cluster import ClusterError
 
     if not url.startswith("https://"):
         raise UsageError(
-            f"--dcgm-from-workspace: {settings.show(url)} is not allowed; expected the workspace's "
-            "prometheus_endpoint, https://aps-workspaces.REGION.amazonaws.com/workspaces/ws-.../"
+            f"--dcgm-from-workspace: {settings.show(settings.without_url_credentials(url))} is not allowed; "
+            "expected the workspace's prometheus_endpoint, https://aps-workspaces.REGION.amazonaws.com/workspaces/ws-.../"
         )
-    if session is None:
-        import boto3
+    try:  # a profile that does not exist, a key id without its secret, a config file that does not parse
+        if session is None:
+            import boto3
 
-        session = boto3.Session()
-    credentials = session.get_credentials()
+            session = boto3.Session()
+        credentials = session.get_credentials()
+    except BotoCoreError as error:
+        raise UsageError(f"--dcgm-from-workspace: aws configuration: {settings.redacted(str(error))}") from None
     if credentials is None:
         raise UsageError("--dcgm-from-workspace: no AWS credentials; set AWS_PROFILE or AWS_ACCESS_KEY_ID")
     try:
@@ -292,12 +331,19 @@ def _main(argv: list[str]) -> int:
         problems.append(f"--scenario is required: one of {', '.join(SCENARIOS)}")
     elif args.scenario not in SCENARIOS:
         problems.append(f"--scenario: {settings.show(args.scenario)} is not one of {', '.join(SCENARIOS)}")
+    bad_seconds = False
     for flag, text, bounds in (
         ("--timeout", args.timeout, TIMEOUT_SECONDS),
         ("--interval", args.interval, INTERVAL_SECONDS),
     ):
         if problem := seconds_problem(flag, text, bounds):
             problems.append(problem)
+            bad_seconds = True
+    if not bad_seconds and args.timeout and args.interval and float(args.interval) >= float(args.timeout):
+        problems.append(
+            f"--interval: {float(args.interval):g} s is not shorter than --timeout {float(args.timeout):g} s; expected an "
+            "interval shorter than the run"
+        )
     if args.out is not None and (problem := user_files.out_dir_problem("--out", args.out)):
         problems.append(problem)
     if problems:
@@ -333,7 +379,7 @@ def _main(argv: list[str]) -> int:
         return 0
 
     if args.from_timeline is not None:
-        timeline = load_timeline(args.from_timeline)
+        timeline = load_timeline(args.from_timeline, scenario, names)
         if args.dcgm_from_workspace:
             timeline.dcgm = dcgm_from_workspace(args.dcgm_from_workspace, timeline, facts.region, args.stack)
         return 0 if write_results(timeline, exp, out) else 1

@@ -32,7 +32,14 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from core.names import GPU_RESOURCE, JOBS_NAMESPACE, MAX_EXEC_TIME_LABEL, NAMESPACE_NAME_LABEL, QUEUE_NAME_LABEL
+from core.names import (
+    GPU_RESOURCE,
+    JOBS_NAMESPACE,
+    MAX_EXEC_TIME_LABEL,
+    NAMESPACE_NAME_LABEL,
+    QUEUE_NAME_LABEL,
+    Names,
+)
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 POLICY_PREFIX = "testbed-ai-run-limit"
@@ -234,6 +241,12 @@ def objects(max_minutes: int, gpus: int) -> list[dict]:
     """Each policy, then its binding, as the component creates them."""
     limits = Limits(max_minutes * 60, gpus)
     return [obj for kind in KINDS for obj in (policy(kind, limits), binding(kind))]
+
+
+def stack_objects(n: Names) -> list[dict]:
+    """The objects a stack's program creates: the limit is aiJobMaxMinutes, the GPUs the most AI
+    may hold (the doctor compares the cluster's with these)."""
+    return objects(n.ai_job_max_minutes, n.shares.ai_max_gpus)
 
 
 def limits(objs: Sequence[dict]) -> Limits:

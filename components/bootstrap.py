@@ -210,6 +210,7 @@ def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[s
 
 def _node_user_data(
     role_script: str,
+    *,
     kubernetes_version: str,
     kubernetes_minor: str,
     role_params: dict[str, str],
@@ -238,9 +239,9 @@ def _node_user_data(
 def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
     return _node_user_data(
         "control-plane.sh",
-        p.kubernetes_version,
-        p.kubernetes_minor,
-        {
+        kubernetes_version=p.kubernetes_version,
+        kubernetes_minor=p.kubernetes_minor,
+        role_params={
             "ADMIN_KUBECONFIG": host_layout.ADMIN_KUBECONFIG,
             "SSH_USER": host_layout.SSH_USER,
             "FLANNEL_VERSION": p.flannel_version,
@@ -250,23 +251,23 @@ def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
             "CA_KEY_FILE": CA_KEY_FILE,
             "CA_KEY_WAIT_SECONDS": str(CA_KEY_WAIT_SECONDS),
         },
-        kubeadm_init_config(p),
+        kubeadm_config=kubeadm_init_config(p),
         # kubeadm init keeps a CA it finds here: the program minted it, so workers can
         # verify the API server from its public key before the control plane exists.
-        [
+        role_files=[
             _file(CA_CERT_FILE, p.ca_cert_pem, "0644"),
             *(_file(path, text, "0600") for path, text in api_hardening.control_plane_files(p.kubernetes_minor)),
         ],
-        p.authorized_keys,
+        authorized_keys=p.authorized_keys,
     )
 
 
 def gpu_worker_user_data(p: WorkerBootstrap) -> str:
     return _node_user_data(
         "gpu-worker.sh",
-        p.kubernetes_version,
-        p.kubernetes_minor,
-        {
+        kubernetes_version=p.kubernetes_version,
+        kubernetes_minor=p.kubernetes_minor,
+        role_params={
             "NVIDIA_DRIVER_BRANCH": p.nvidia_driver_branch,
             "NVIDIA_CONTAINER_TOOLKIT_VERSION": p.nvidia_container_toolkit_version,
             "CONTROL_PLANE_IP": p.control_plane_ip,
@@ -278,7 +279,7 @@ def gpu_worker_user_data(p: WorkerBootstrap) -> str:
             "DCGM_CUDA_MAJOR": DRIVER_CUDA_MAJOR[p.nvidia_driver_branch],
             "CUDA_REPO": CUDA_REPO,
         },
-        kubeadm_join_config(p),
-        [],
-        p.authorized_keys,
+        kubeadm_config=kubeadm_join_config(p),
+        role_files=[],
+        authorized_keys=p.authorized_keys,
     )

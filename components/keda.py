@@ -48,6 +48,17 @@ def triggers(n: Names, policy: str = slurmd_scaling.DEFAULT_POLICY) -> list[dict
     return slurmd_scaling.keda_triggers(n.prometheus_url, target, policy, n.cooldown_seconds)
 
 
+def scaling_modifiers(n: Names, policy: str = slurmd_scaling.DEFAULT_POLICY) -> dict:
+    """The formula over the triggers and the composite metric's target: what the doctor expects
+    the deployed ScaledObject and its HPA to read."""
+    return {
+        "formula": slurmd_scaling.formula(slurmd_scaling.scaling_target(n), policy),
+        "target": "1",
+        "activationTarget": "0",
+        "metricType": "AverageValue",
+    }
+
+
 def _formula_policy(n: Names, policy: str) -> dict:
     """What the formula policies change: the triggers are combined by a formula, and the
     cooldown (kedaCooldownSeconds) lives in its `recently_busy` query, so KEDA's cooldownPeriod and
@@ -60,12 +71,7 @@ def _formula_policy(n: Names, policy: str) -> dict:
     return {
         "cooldownPeriod": 0,
         "advanced": {
-            "scalingModifiers": {
-                "formula": slurmd_scaling.formula(slurmd_scaling.scaling_target(n), policy),
-                "target": "1",
-                "activationTarget": "0",
-                "metricType": "AverageValue",
-            },
+            "scalingModifiers": scaling_modifiers(n, policy),
             "horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}},
         },
     }

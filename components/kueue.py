@@ -319,6 +319,21 @@ def webhook_probe() -> dict:
     return probe
 
 
+def workload_probe() -> dict:
+    """The smallest Workload in AI's LocalQueue: Kueue's workload webhooks default and validate
+    it (pkg/webhooks/workload_webhook.go); the doctor only ever dry-runs it."""
+    container = {"name": "probe", "image": training_operator.PROBE_IMAGE}
+    return _object(
+        "Workload",
+        "testbed-doctor-probe",
+        {
+            "queueName": AI_LOCAL_QUEUE,
+            "podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": [container]}}}],
+        },
+        namespace=JOBS_NAMESPACE,
+    )
+
+
 def policy_lines(shares: GpuShares) -> list[str]:
     """The fairness policy in words, as `plan` prints it."""
     lent = {True: "lends its idle share", False: "never lends its share"}

@@ -3,6 +3,7 @@ statesave volume, and the `slurm` chart with one GPU NodeSet."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ import pulumi_kubernetes as k8s
 
 from components import helm
 from components.webhook_gate import webhook_gate
-from core import host_layout
+from core import host_layout, instance_types
 from core.names import (
     DEFAULT_PARTITION,
     GPU_RESOURCE,
@@ -22,6 +23,7 @@ from core.names import (
     SLINKY_OPERATOR_NAMESPACE,
     SLURM_CHART,
     SLURM_METRICS_INTERVAL_SECONDS,
+    Names,
     SlurmNames,
     slurmd_queue_labels,
 )
@@ -33,6 +35,37 @@ GPU_GRES = "gpu:tesla:1"  # one Tesla T4 per slurmd pod
 SHARED_VOLUME = "shared"
 # slurmctld's job_submit/lua script: a job sized only in GPUs gets one node per GPU, or a refusal.
 JOB_SUBMIT_LUA = Path(__file__).with_name("job_submit.lua")
+
+
+def gpu_types() -> tuple[str, ...]:
+    """The GPU types every slurmd node advertises (GPU_GRES `gpu:<type>:<count>`)."""
+    return (GPU_GRES.split(":")[1],)
+
+
+def job_submit_parameters(worker_type: str) -> dict[str, int | str]:
+    """job_submit.lua's parameters for a worker instance type (core/instance_types.py): what one
+    slurmd pod's node offers. CPUs: the type's vCPUs, as slurmd counts them (every hardware thread,
+    CR_Core_Memory); memory: instance_types.slurm_memory_mb."""
+    spec = instance_types.CATALOGUE[worker_type]
+    return {
+        "GPUS_PER_NODE": GPUS_PER_WORKER,
+        "NODE_CPUS": spec.vcpu,
+        "NODE_MEMORY_MB": instance_types.slurm_memory_mb(worker_type),
+        "GPU_TYPES": ",".join(gpu_types()),
+        "WORKER_TYPE": worker_type,
+    }
+
+
+def job_submit_script(parameters: dict[str, int | str]) -> str:
+    """components/job_submit.lua with its parameter lines (`local NAME = value`) set; every one must
+    be there exactly once."""
+    text = JOB_SUBMIT_LUA.read_text()
+    for key, value in parameters.items():
+        literal = f'"{value}"' if isinstance(value, str) else str(value)
+        text, found = re.subn(rf"^local {key} = .*$", f"local {key} = {literal}", text, count=1, flags=re.M)
+        if found != 1:
+            raise ValueError(f"job_submit.lua has no parameter line `local {key} = ...`")
+    return text
 
 
 @dataclass
@@ -48,6 +81,7 @@ class SlinkyArgs:
     max_nodes: int | None = None  # partition MaxNodes, enforced at submit; None: unlimited
     metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # the ServiceMonitor's scrape interval
     max_minutes: int | None = None  # partition MaxTime, enforced at submit; None: the chart's UNLIMITED
+    worker_type: str = Names.worker_instance_type  # workerInstanceType: the node shape job_submit.lua enforces
 
 
 CHART_DEFAULT_NODESET = "slinky"  # the key of the chart's own entry under `nodesets:`
@@ -124,10 +158,12 @@ def slurm_values(
     version: str,
     image_tag: str,
     n: SlurmNames,
-    service_monitor_labels: dict[str, str],
+    *,
+    service_monitor_labels: dict[str, str] | None = None,
     max_nodes: int | None = None,
     metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS,
     max_minutes: int | None = None,
+    worker_type: str = Names.worker_instance_type,
 ) -> dict:
     volume, mount = _shared_volume()
     limits = _partition_limits(max_nodes, max_minutes)
@@ -177,7 +213,7 @@ def slurm_values(
                 "enabled": True,
                 "serviceMonitor": {
                     "enabled": True,
-                    "labels": dict(service_monitor_labels),
+                    "labels": dict(service_monitor_labels or {}),
                     "interval": f"{metrics_interval_seconds}s",
                 },
             },
@@ -192,7 +228,7 @@ def slurm_values(
             **_job_submit_plugin(),
         }
         computed["partitions"] = {DEFAULT_PARTITION: {"configMap": limits}}
-        computed["configFiles"] = {JOB_SUBMIT_LUA.name: JOB_SUBMIT_LUA.read_text()}
+        computed["configFiles"] = {JOB_SUBMIT_LUA.name: job_submit_script(job_submit_parameters(worker_type))}
     return helm.deep_merge(base, computed)
 
 
@@ -284,10 +320,11 @@ class Slinky(pulumi.ComponentResource):
                 args.version,
                 args.image_tag,
                 self.names,
-                args.service_monitor_labels,
-                args.max_nodes,
-                args.metrics_interval_seconds,
-                args.max_minutes,
+                service_monitor_labels=args.service_monitor_labels,
+                max_nodes=args.max_nodes,
+                metrics_interval_seconds=args.metrics_interval_seconds,
+                max_minutes=args.max_minutes,
+                worker_type=args.worker_type,
             ),
             args.provider,
             parent=self,

@@ -125,6 +125,20 @@ CATALOGUE: dict[str, InstanceType] = {
 }
 
 
+# The share of an instance's listed memory a job may ask on it: slurmd reports RealMemory as the
+# system's physical pages (SchedMD/slurm@slurm-25-11-6-1: src/slurmd/slurmd/get_mach_stat.c
+# get_memory, sysconf(_SC_PHYS_PAGES): the kernel's MemTotal), which is less than the listed GiB
+# (firmware and the kernel keep part). The exact
+# figure of a type is seen only on a live node (`slurmd -C`); 90 % keeps a request that passes
+# job_submit.lua's check within it (docs/handoff.md).
+SLURM_MEMORY_SHARE = 0.9
+
+
+def slurm_memory_mb(name: str) -> int:
+    """The most memory (MiB) job_submit.lua lets a job ask on one node of type `name`."""
+    return int(CATALOGUE[name].memory_gib * 1024 * SLURM_MEMORY_SHARE)
+
+
 def control_problem(name: str) -> str | None:
     """None if `name` can run the control plane, else what is wrong with it."""
     spec = CATALOGUE[name]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.instance_types import GPUS_PER_WORKER as GPUS_PER_WORKER  # read here with the other names
-from core.settings import GpuShares, Settings
+from core.settings import SETTINGS_BY_KEY, GpuShares, Settings
 
 # Slinky: the release name is built into every object name, so it is pinned.
 SLURM_RELEASE = "slurm"
@@ -32,7 +32,7 @@ SLURMD_CONTAINER = "slurmd"
 STATESAVE_VOLUME = "statesave"
 SLURMCTLD_PORT = 6817
 SLURMRESTD_PORT = 6820
-SLURM_METRICS_INTERVAL_SECONDS = 30  # slurmMetricsIntervalSeconds' default
+SLURM_METRICS_INTERVAL_SECONDS: int = SETTINGS_BY_KEY["slurmMetricsIntervalSeconds"].default
 NODESET_GROUP = "slinky.slurm.net"
 NODESET_VERSION = "v1beta1"
 NODESET_PLURAL = "nodesets"
@@ -42,6 +42,13 @@ SLURMD_HOSTNAME_LABEL = "nodeset.slinky.slurm.net/pod-hostname"
 
 KEDA_NAMESPACE = "keda"
 SCALED_OBJECT = "slurmd"
+# The pods' `app` labels (kedacore/charts@v2.16.1: keda/templates/manager/deployment.yaml and
+# metrics-server/deployment.yaml, `<operator.name>` and `<operator.name>-metrics-apiserver`).
+KEDA_OPERATOR_APP = "keda-operator"
+KEDA_METRICS_SERVER_APP = "keda-operator-metrics-apiserver"
+# The one External metric of the HPA of a ScaledObject with a formula (kedacore/keda@v2.16.1:
+# apis/keda/v1alpha1/scaledobject_types.go CompositeMetricName).
+KEDA_COMPOSITE_METRIC = "composite-metric"
 
 MONITORING_NAMESPACE = "monitoring"
 MONITORING_RELEASE = "monitoring"  # also kube-prometheus-stack's fullnameOverride
@@ -93,6 +100,12 @@ def helm_fullname(release: str, chart: str = SLURM_CHART) -> str:
 def kueue_webhook_configuration(kind: str) -> str:
     """`kind` is `mutating` or `validating`; `kueue.fullname` is the release (it contains `kueue`)."""
     return f"{helm_fullname(KUEUE_RELEASE, 'kueue')}-{kind}-webhook-configuration"
+
+
+def kueue_controller_manager() -> str:
+    """The Deployment `<kueue.fullname>-controller-manager`: its pods run the controllers and serve
+    every webhook (charts/kueue/templates/manager/manager.yaml; webhook/service.yaml selects them)."""
+    return f"{helm_fullname(KUEUE_RELEASE, 'kueue')}-controller-manager"
 
 
 def slurmd_queue_labels() -> dict[str, str]:
@@ -187,8 +200,11 @@ class Names:
     polling_seconds: int
     shares: GpuShares
     metrics_interval_seconds: int = SLURM_METRICS_INTERVAL_SECONDS  # slurmctld's scrape interval
-    slurm_job_max_minutes: int = 60  # slurmJobMaxMinutes: the partitions' MaxTime
-    ai_job_max_minutes: int = 60  # aiJobMaxMinutes: every queued AI job's max-exec-time
+    # the partitions' MaxTime; every queued AI job's max-exec-time (the settings' defaults)
+    slurm_job_max_minutes: int = SETTINGS_BY_KEY["slurmJobMaxMinutes"].default
+    ai_job_max_minutes: int = SETTINGS_BY_KEY["aiJobMaxMinutes"].default
+    # workerInstanceType: the shape of every slurmd node
+    worker_instance_type: str = SETTINGS_BY_KEY["workerInstanceType"].default
 
     @classmethod
     def from_settings(cls, s: Settings) -> Names:
@@ -202,6 +218,7 @@ class Names:
             metrics_interval_seconds=s.slurm_metrics_interval_seconds,
             slurm_job_max_minutes=s.slurm_job_max_minutes,
             ai_job_max_minutes=s.ai_job_max_minutes,
+            worker_instance_type=s.worker_instance_type,
         )
 
     @property

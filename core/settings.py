@@ -95,6 +95,25 @@ RFC1918 = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12"
 # RFC 5737 documentation ranges: the example stack's adminCidr lives here so that the offline
 # plan runs as shipped, but nobody can connect from one, so a deployment refuses them.
 DOCUMENTATION_NETWORKS = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+# IANA's IPv4 special-purpose ranges that no internet client connects from (RFC 6890 and its
+# updates): written out, because `ipaddress.is_global` differs between Python releases (3.11
+# counts 192.0.0.0/24 as global, 3.13 does not) and counts multicast as global.
+NOT_INTERNET_NETWORKS = tuple(
+    ipaddress.IPv4Network(n)
+    for n in (
+        "0.0.0.0/8",  # "this network"
+        "10.0.0.0/8",  # private
+        "100.64.0.0/10",  # shared (carrier-grade NAT)
+        "127.0.0.0/8",  # loopback
+        "169.254.0.0/16",  # link-local
+        "172.16.0.0/12",  # private
+        "192.0.0.0/24",  # IETF protocol assignments
+        "192.168.0.0/16",  # private
+        "198.18.0.0/15",  # benchmarking
+        "224.0.0.0/4",  # multicast
+        "240.0.0.0/4",  # reserved, and the broadcast address
+    )
+)
 
 # Slurm reads PartitionName=DEFAULT as defaults for the partitions after it (SchedMD/slurm
 # slurm.conf.5), and the Slinky chart already defines the partition `all` (names.DEFAULT_PARTITION;
@@ -223,10 +242,22 @@ def escaped(text: str, limit: int = SHOWN_CHARS) -> str:
     return "".join(out)
 
 
+# A URL's user name and password (scheme://user:password@host) and its query (?token=...)
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@\"']*@")
+_URL_QUERY = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s\"'?#]*)\?[^\s\"'#]*")
+
+
+def without_url_credentials(text: str) -> str:
+    """`text` with every URL's user information and query hidden: a password in AWS_ENDPOINT_URL
+    or a token in a kubeconfig's server URL, echoed by an error message."""
+    return _URL_QUERY.sub(r"\1?(hidden)", _URL_USERINFO.sub(r"\1(hidden)@", text))
+
+
 def redacted(text: str, limit: int = 300) -> str:
-    """A free-form message (argparse's, naming what was typed) as a problem line shows it: each
-    word that looks like a secret hidden, the rest escaped and cut at `limit` characters."""
-    words = re.split(r"(\s+)", text)
+    """A free-form message (argparse's, an error's, naming what was typed) as a problem line shows
+    it: URL credentials and each word that looks like a secret hidden, the rest escaped and cut at
+    `limit` characters."""
+    words = re.split(r"(\s+)", without_url_credentials(text))
     return escaped("".join(f"(hidden: {kind})" if (kind := secret_kind(w)) else w for w in words), limit)
 
 
@@ -910,7 +941,19 @@ def _foreign_key(key: str, raw: Any) -> str | None:
     """A key outside the project's namespace that the user probably meant for the program."""
     namespace, sep, name = key.partition(":")
     shown_key = key_shown(key)
+    if not key.strip():
+        return f"(an empty key{', ' + show(key) if key else ''}) with the value {show(raw)}: not read; expected {PROJECT}:SETTING"
     if not sep:
+        # gpu-testbed.workerCount, gpu_testbed/workerCount: the project and a setting, joined wrongly
+        joined = re.fullmatch(r"(.+?)[./ _-]?([A-Za-z0-9]+)", key)
+        setting = {k.lower(): k for k in SETTINGS_BY_KEY}.get(joined[2].lower()) if joined else None
+        if (
+            setting
+            and joined
+            and joined[1]
+            and difflib.SequenceMatcher(None, joined[1].lower(), PROJECT).ratio() >= 0.8
+        ):
+            return f"{shown_key}: not read: a key's namespace ends at a colon; did you mean {PROJECT}:{setting}?"
         return f"{shown_key}: a key without a namespace is not read; write {PROJECT}:{shown_key}"
     if namespace in EXPLICIT_PROVIDER_NAMESPACES:
         if key == "aws:region":
@@ -937,10 +980,13 @@ def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -
     prefix = PROJECT + ":"
     given = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
 
+    meant: set[str] = set()  # settings a key outside the namespace names: not "missing" too
     for key in sorted(k for k in config if not k.startswith(prefix)):
         problem = _foreign_key(key, config[key])
         if problem:
             problems.append(problem)
+            if problem.endswith(tuple(f"{PROJECT}:{k}?" for k in SETTINGS_BY_KEY)):
+                meant.add(problem.rsplit(":", 1)[1].rstrip("?"))
     for key in sorted(set(given) - set(SETTINGS_BY_KEY)):
         close = difflib.get_close_matches(key, list(SETTINGS_BY_KEY), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""
@@ -949,7 +995,7 @@ def load(config: Mapping[str, Any], stack: str = "dev", offline: bool = False) -
     values: dict[str, Any] = {}
     for s in SETTINGS:
         if s.key not in given:
-            if s.default is None:
+            if s.default is None and s.key not in meant:
                 problems.append(f"{s.key}: missing; required: {s.description}")
             values[s.attribute] = s.default
             continue
@@ -1073,15 +1119,9 @@ def _warmth_checks(cooldown: int, polling: int, step: int, raw: Callable[[str], 
 
 
 def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline: bool) -> list[str]:
+    """allowOpenIngress widens what is allowed (wider than /16, up to 0.0.0.0/0); it never skips
+    the test that the range is one the internet connects from."""
     network = ipaddress.IPv4Network(cidr)  # adminCidr's own rule accepts IPv4 only
-    if network.prefixlen < ADMIN_MIN_PREFIX:
-        if allow_open_ingress:
-            return []
-        return [
-            f"adminCidr: {shown} opens SSH and the API server to {network.num_addresses:,} addresses "
-            f"(wider than /{ADMIN_MIN_PREFIX}); expected your own address range, or set allowOpenIngress true "
-            "to accept that"
-        ]
     if any(network.subnet_of(d) for d in DOCUMENTATION_NETWORKS):
         if offline:
             return []
@@ -1089,10 +1129,17 @@ def _admin_cidr_checks(cidr: str, shown: str, allow_open_ingress: bool, offline:
             f"adminCidr: {shown} is a documentation example address nobody connects from; expected your "
             'own, e.g. pulumi config set adminCidr "$(curl -s https://checkip.amazonaws.com)/32"'
         ]
-    if not network.is_global or network.is_multicast:  # ipaddress counts 224.0.0.0/4 as global
+    if any(network.subnet_of(n) for n in NOT_INTERNET_NETWORKS):
         return [
             f"adminCidr: {shown} is not an internet address range (private, shared, loopback, multicast or reserved), "
             "and SSH and the API server are reached at the control node's public address; expected the "
             "address you connect from, e.g. the output of curl -s https://checkip.amazonaws.com, as a.b.c.d/32"
+            + (" (allowOpenIngress widens the range allowed, not the kind)" if allow_open_ingress else "")
+        ]
+    if network.prefixlen < ADMIN_MIN_PREFIX and not allow_open_ingress:
+        return [
+            f"adminCidr: {shown} opens SSH and the API server to {network.num_addresses:,} addresses "
+            f"(wider than /{ADMIN_MIN_PREFIX}); expected your own address range, or set allowOpenIngress true "
+            "to accept that"
         ]
     return []

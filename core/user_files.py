@@ -124,7 +124,9 @@ for _tag, _construct in (
 
 
 def read_text(path: Path, what: str) -> str:
-    """The file's text, at most MAX_YAML_BYTES of UTF-8, or UserFileError."""
+    """The file's text, at most MAX_YAML_BYTES of UTF-8, or UserFileError: a named pipe is refused
+    before it is opened (opening one waits for a writer), /dev/zero at the limit, Latin-1 by its
+    first byte that is not UTF-8."""
     try:
         if stat.S_ISFIFO(path.stat().st_mode) or stat.S_ISSOCK(path.stat().st_mode):
             raise UserFileError("is a named pipe or a socket; expected a file")
@@ -140,6 +142,19 @@ def read_text(path: Path, what: str) -> str:
         raise UserFileError(
             f"is not UTF-8 text: byte 0x{data[error.start]:02x} at offset {error.start} cannot be decoded"
         ) from None
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write `text` in place of `path`'s content whole: into a temporary file beside it, then
+    renamed over it, so a run cut short (a signal, a full disk) leaves the old file. OSError as raised."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        if path.exists():
+            temporary.chmod(stat.S_IMODE(path.stat().st_mode))
+        temporary.replace(path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def parse_yaml(text: str, *, typed: bool) -> Any:

@@ -232,7 +232,7 @@ def build(
     )
 
     # the slurm chart values the platform renders: the slurmd pod's images come from them
-    slurm_values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, Names.from_settings(s).slurm, {})
+    slurm_values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, Names.from_settings(s).slurm)
 
     def worker_user_data(token: pulumi.Output[str]) -> pulumi.Output[str]:
         return pulumi.Output.all(bootstrap_token=token, ca_cert_hash=identity.ca_cert_hash).apply(

@@ -18,10 +18,11 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import re
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from core import settings as settings_mod
 from core import user_files
 
 ROOT = Path(__file__).resolve().parent.parent
+STACKS_DIR = ROOT  # where Pulumi.<stack>.yaml files are read (tests point it elsewhere)
 PLACEHOLDER_PUBLIC_IP = "198.51.100.10"  # RFC 5737 documentation range: never a real host
 PLACEHOLDER_ACCOUNT = "123456789012"  # the account id AWS documentation uses
 SECRET_TEXT = "[secret]"
@@ -328,78 +330,169 @@ def read_stack_outputs(stack: str, show_secrets: bool = False) -> dict | str:
         return "pulumi stack output printed no JSON"
 
 
-def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--stack` and `--config`, the same for every command that reads a stack's settings."""
+def add_stack_arguments(parser: argparse.ArgumentParser, overrides: bool = True) -> None:
+    """`--stack` and `--config`, the same for every command that reads a stack's settings; a
+    command that cannot honour overrides (`overrides=False`) still parses `--config`, to refuse
+    it in one line, but does not list it in its help."""
     parser.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
     parser.add_argument(
         "--config",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a setting (with or without the project prefix); repeatable",
+        help="override a setting (with or without the project prefix); repeatable" if overrides else argparse.SUPPRESS,
     )
 
 
 STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # Pulumi's stack name characters; no path separators
 
 
-def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: Path = ROOT) -> dict[str, Any]:
-    """Namespaced config from Pulumi.<stack>.yaml plus KEY=VALUE overrides (prefix optional).
+# The Pulumi CLI hands the program its stack's configuration in PULUMI_CONFIG, in place of any
+# the user's environment holds; the SDK reads it there (pulumi 3.272.0, runtime/config.py
+# get_config_env). Set by hand for a tool here, it would change what plan, cost and preflight
+# see and not what `pulumi up` builds: refused, and the offline engine sets it as Pulumi does.
+PULUMI_CONFIG = "PULUMI_CONFIG"
+
+
+def environment_problem(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why the environment's PULUMI_CONFIG is refused, if it is set (its text is not parsed or echoed)."""
+    if PULUMI_CONFIG not in environ:
+        return None
+    return (
+        f"${PULUMI_CONFIG}: set in the environment ({len(environ[PULUMI_CONFIG])} characters, not read): "
+        "`pulumi up` gives the program its stack's config there in its place, so plan, cost and preflight "
+        "would show what it does not build; expected it unset, and settings in Pulumi.<stack>.yaml or "
+        "--config KEY=VALUE"
+    )
+
+
+def stack_config(stack: str = "dev", overrides: list[str] | None = None, root: Path | None = None) -> dict[str, Any]:
+    """Namespaced config from Pulumi.<stack>.yaml plus KEY=VALUE overrides (prefix optional)."""
+    return stack_config_sourced(stack, overrides, root)[0]
+
+
+def stack_config_sourced(
+    stack: str = "dev", overrides: list[str] | None = None, root: Path | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Namespaced config from Pulumi.<stack>.yaml plus KEY=VALUE overrides (prefix optional), and
+    where each key came from (the stack file's name, or --config).
 
     Scalars are read as their text, as Pulumi passes them to the program, so `workerCount: 2`
     and `workerCount: "2"` are the same; an encrypted (secure) value stays a mapping, which
     `settings.load` refuses without echoing it. Defaults are not copied from Pulumi.yaml:
-    `settings.load` applies the same defaults."""
+    `settings.load` applies the same defaults. Every problem at once: a stack file that cannot
+    be read does not hide the --config ones."""
+    problems: list[str] = []
     if not STACK_NAME.fullmatch(stack) or stack.strip(".") == "":
         raise settings_mod.SettingsError(
             [f"--stack: {settings_mod.show(stack)} is not allowed; expected a stack name (letters, digits, _ . -)"]
         )
+    root = root or STACKS_DIR
     stack_file = root / f"Pulumi.{stack}.yaml"
+    section: dict = {}
     if not stack_file.is_file():
         present = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
-        raise settings_mod.SettingsError(
-            [
-                f"--stack: {settings_mod.show(stack)} has no stack file "
-                f"{'Pulumi.<stack>.yaml' if settings_mod.secret_kind(stack) else stack_file.name} in {root}; "
-                f"stacks here: {', '.join(present) or 'none'}"
-            ]
+        problems.append(
+            f"--stack: {settings_mod.show(stack)} has no stack file "
+            f"{'Pulumi.<stack>.yaml' if settings_mod.secret_kind(stack) else stack_file.name} in {root}; "
+            f"stacks here: {', '.join(present) or 'none'}"
         )
-    try:
-        # every scalar as its text, as Pulumi passes it to the program
-        document = user_files.read_yaml(stack_file, "a stack file", typed=False) or {}
-    except user_files.UserFileError as error:
-        raise settings_mod.SettingsError([f"{stack_file.name}: {error.problem}"]) from None
-    section = document.get("config") or {} if isinstance(document, dict) else None
-    if not isinstance(section, dict):
-        raise settings_mod.SettingsError([f"{stack_file.name}: config: is not allowed; expected a mapping of keys"])
+    else:
+        try:
+            # every scalar as its text, as Pulumi passes it to the program
+            document = user_files.read_yaml(stack_file, "a stack file", typed=False) or {}
+        except user_files.UserFileError as error:
+            problems.append(f"{stack_file.name}: {error.problem}")
+            document = {}
+        found = document.get("config") or {} if isinstance(document, dict) else None
+        if isinstance(found, dict):
+            section = found
+        else:
+            problems.append(f"{stack_file.name}: config: is not allowed; expected a mapping of keys")
     config: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for key, value in section.items():
         encrypted = isinstance(value, dict) and "secure" in value
         config[key] = value if isinstance(value, str) or encrypted else json.dumps(value)
+        sources[key] = stack_file.name
     prefix = settings_mod.PROJECT + ":"
-    malformed = []
     overridden: set[str] = set()
     for item in overrides or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            malformed.append(
+            problems.append(
                 f"--config: {settings_mod.show(item)} is not allowed; expected KEY=VALUE, e.g. workerCount=2"
             )
             continue
         full = key if ":" in key else prefix + key
         if full in overridden:  # the last one would win silently
-            malformed.append(f"--config: {settings_mod.key_shown(key)} is given more than once; expected each key once")
+            problems.append(f"--config: {settings_mod.key_shown(key)} is given more than once; expected each key once")
         overridden.add(full)
         config[full] = value
-    if malformed:
-        raise settings_mod.SettingsError(malformed)
-    return config
+        sources[full] = "--config"
+    if problems:
+        raise UnreadableStack(problems, config, sources)
+    return config, sources
+
+
+class UnreadableStack(settings_mod.SettingsError):
+    """The stack's config could not be read whole; `config` holds what could (the --config items)."""
+
+    def __init__(self, problems: list[str], config: dict[str, Any], sources: dict[str, str]):
+        super().__init__(problems)
+        self.config, self.sources = config, sources
+
+
+def _override_problems(error: UnreadableStack) -> list[str]:
+    """What is wrong with the --config values themselves, when the stack file cannot be read: the
+    settings' own rules on those keys (not the missing ones, which the file may hold)."""
+    given = [k for k, source in error.sources.items() if source == "--config"]
+    if not given:
+        return []
+    try:
+        settings_mod.load(error.config, offline=True)
+    except settings_mod.SettingsError as found:
+        return [p for p in sourced(found.problems, error.sources) if p.endswith("(from --config)")]
+    return []
+
+
+def sourced(problems: list[str], sources: Mapping[str, str]) -> list[str]:
+    """Each settings problem with where its value came from: `workerCount: "0" is not allowed;
+    expected ... (from --config)`. A problem names its key first, with or without the project."""
+    prefix = settings_mod.PROJECT + ":"
+    out = []
+    for problem in problems:
+        head = problem.split(": ", 1)[0]  # the key the line names: a setting, or a whole foreign key
+        source = sources.get(head) or sources.get(prefix + head)
+        out.append(f"{problem} (from {source})" if source else problem)
+    return out
+
+
+def load_stack(
+    stack: str = "dev", overrides: list[str] | None = None, *, deployment: bool = False, root: Path | None = None
+) -> tuple[dict[str, Any], settings_mod.Settings]:
+    """The stack's config and its settings as the program reads them, without Pulumi (SettingsError,
+    every problem at once, each saying where its value came from). `deployment` refuses what only a
+    deployment refuses (the documentation adminCidr), as preflight must."""
+    problems = [p for p in [environment_problem()] if p]
+    try:
+        config, sources = stack_config_sourced(stack, overrides, root)
+    except UnreadableStack as error:
+        raise settings_mod.SettingsError(problems + error.problems + _override_problems(error)) from None
+    except settings_mod.SettingsError as error:
+        raise settings_mod.SettingsError(problems + error.problems) from None
+    try:
+        s = settings_mod.load(config, stack=stack, offline=not deployment)
+    except settings_mod.SettingsError as error:
+        raise settings_mod.SettingsError(problems + sourced(error.problems, sources)) from None
+    if problems:
+        raise settings_mod.SettingsError(problems)
+    return config, s
 
 
 def stack_settings(stack: str = "dev", overrides: list[str] | None = None) -> settings_mod.Settings:
-    """The stack's settings as the program reads them, without Pulumi: `stack_config` through
-    `settings.load` (SettingsError, every problem at once, on bad input)."""
-    return settings_mod.load(stack_config(stack, overrides), stack=stack, offline=True)
+    """The stack's settings as the program reads them, without Pulumi: `load_stack`'s settings."""
+    return load_stack(stack, overrides)[1]
 
 
 ORGANIZATION = "organization"  # what a local (or self-managed) backend calls every stack's organization
@@ -423,8 +516,16 @@ def run_under_mocks(
         monitor=monitor,
         organization=ORGANIZATION,
     )
-    # `test` runs the program and awaits what it returns, then every registration it started
-    pulumi.runtime.test(program)()
+    before = os.environ.get(PULUMI_CONFIG)
+    os.environ[PULUMI_CONFIG] = json.dumps(config)  # as the Pulumi CLI gives it: settings_from_pulumi reads it
+    try:
+        # `test` runs the program and awaits what it returns, then every registration it started
+        pulumi.runtime.test(program)()
+    finally:
+        if before is None:
+            del os.environ[PULUMI_CONFIG]
+        else:
+            os.environ[PULUMI_CONFIG] = before
     return monitor
 
 

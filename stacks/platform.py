@@ -97,6 +97,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             max_nodes=names.slurmd_max_replicas,
             metrics_interval_seconds=names.metrics_interval_seconds,
             max_minutes=names.slurm_job_max_minutes,
+            worker_type=names.worker_instance_type,
         ),
     )
     keda = Keda(

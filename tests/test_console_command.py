@@ -84,3 +84,20 @@ def test_python_m_cli_without_its_packages_is_one_line_too(tmp_path):
     done = _without_pulumi("import runpy; runpy.run_module('cli', run_name='__main__')", tmp_path)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "'pulumi' is not installed" in done.stderr
+
+
+def test_the_installed_command_names_itself_in_its_help(tmp_path):
+    """A script as pip writes for [project.scripts] (argv[0] is the script's path): the help says
+    `testbed`, as the user typed it, not `python -m cli`."""
+    script = tmp_path / "bin" / "testbed"
+    script.parent.mkdir()
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom testbed_cli import main\nsys.exit(main())\n"
+    )
+    for argv in (["--help"], ["doctor", "--help"], ["simulate", "--help"]):
+        done = subprocess.run(
+            [sys.executable, str(script), *argv], capture_output=True, text=True, cwd=tmp_path, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.startswith(f"usage: testbed {argv[0] if len(argv) == 2 else ''}".rstrip()), argv
+        assert "python -m cli" not in done.stdout, argv

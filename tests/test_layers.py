@@ -186,3 +186,17 @@ def test_the_circle_check_finds_a_circle_inside_one_layer():
         "components.helm": set(),
     }
     assert import_circles(graph) == [["components.keda", "components.monitoring"]]
+
+
+def test_mypy_checks_every_product_package():
+    """mypy.ini's `files` (what .ci/run's bare `venv/bin/mypy` checks) is every layer's packages and
+    root modules but the benchmarks: a new package is typed from its first commit."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "mypy.ini")
+    checked = {f.strip().removesuffix(".py") for f in config["mypy"]["files"].split(",")}
+    product = set(LAYER_OF) - {"benchmarks"}
+    assert checked == product, (
+        f"not checked: {sorted(product - checked)}; not a product package: {sorted(checked - product)}"
+    )

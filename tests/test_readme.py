@@ -97,8 +97,10 @@ def test_every_offline_command_runs_as_written(monkeypatch, capsys, tmp_path):
     for command in commands:
         words = shlex.split(command, comments=True)
         assert words[:3] == ["venv/bin/python", "-m", "cli"], command
-        # a line that fails on purpose (a finding of the model, such as a killed job) says so
-        expected = 1 if re.search(r"# exits 1 on purpose\b", command) else 0
+        # a line that fails on purpose (a finding of the model, such as a killed job, or a refusal
+        # the page shows) says so, with its exit status
+        on_purpose = re.search(r"#.*\bexits? (\d) on purpose\b", command)
+        expected = int(on_purpose[1]) if on_purpose else 0
         assert cli.main(words[3:]) == expected, f"{command}\n{capsys.readouterr().err[-2000:]}"
     capsys.readouterr()
     dry_run = next(c for c in commands if "--dry-run" in c)  # the first; each ran in-process above
@@ -119,3 +121,63 @@ def test_the_layout_paragraph_names_every_top_level_folder():
     for folder in folders - {".ci"}:
         assert f"`{folder}/`" in layout, folder
     assert "`.ci/run`" in layout
+
+
+def _comment_before(command: str) -> str:
+    """The comment lines just above `command` in the README, as one line."""
+    above = README.split(command, 1)[0].rstrip("\n").splitlines()
+    comments = []
+    while above and above[-1].startswith("#"):
+        comments.insert(0, above.pop().lstrip("# "))
+    return " ".join(comments)
+
+
+def test_the_test_line_says_what_the_engine_tests_need_and_how_to_build_it():
+    from tests.engines import harness
+
+    tests = README.split("To check it yourself", 1)[1]
+    build = f"sudo {harness.BUILD}"  # the command the engine tests' skip line names
+    assert f"\n{build} " in tests, "the command that builds the engine root, as a line of its own"
+    assert tests.index(build) < tests.index("venv/bin/python -m pytest")
+    said = " ".join(tests.split("```", 2)[2].split())
+    assert "need root, `lua5.3`" in said and build in said and "skipped" in said
+
+
+def test_the_ai_contract_stands_beside_the_first_pytorchjob():
+    """The three labels, with the queue, priority classes and limit of the default stack, just
+    above the first `kubectl apply` of a PyTorchJob, and the example carries them."""
+    import yaml
+
+    from core import names
+    from core.settings import SETTINGS
+
+    first = re.search(r"^kubectl apply -f (jobs/kubernetes/\S+)", README, re.M)
+    assert first and first[1] == "jobs/kubernetes/pytorchjob-ddp.yaml"
+    said = _comment_before(first[0])
+    max_seconds = int(next(s.default for s in SETTINGS if s.key == "aiJobMaxMinutes")) * 60
+    assert f"{names.QUEUE_NAME_LABEL}: {names.AI_LOCAL_QUEUE}" in said
+    assert f"{names.PRIORITY_CLASS_LABEL}: {' or '.join(names.AI_PRIORITY_CLASSES)}" in said
+    assert f"{names.MAX_EXEC_TIME_LABEL}: at most {max_seconds} (aiJobMaxMinutes x 60) or it is refused" in said
+    labels = yaml.safe_load((ROOT / first[1]).read_text())["metadata"]["labels"]
+    assert labels[names.QUEUE_NAME_LABEL] == names.AI_LOCAL_QUEUE
+    assert labels[names.PRIORITY_CLASS_LABEL] in names.AI_PRIORITY_CLASSES
+    assert 1 <= int(labels[names.MAX_EXEC_TIME_LABEL]) <= max_seconds
+
+
+def test_the_hpc_output_path_stands_beside_the_first_sbatch():
+    """Where the first sbatch's output lands (its --output, %x its job name, %j the job id) and
+    the command that reads it, through slurmctld, which mounts /mnt/share."""
+    from core import host_layout, names
+    from validation.scenarios import sbatch_options
+
+    first = re.search(r"^kubectl exec -i .* -- sbatch < (jobs/slurm/\S+)", README, re.M)
+    assert first
+    options = sbatch_options((ROOT / first[1]).read_text())
+    path = options["--output"].replace("%x", options["--job-name"]).replace("%j", "<jobid>")
+    assert path.startswith(host_layout.SHARE_DIR + "/")
+    assert f"Output lands in {path}" in _comment_before(first[0])
+    slurm = names.slurm_names("slinky")
+    every = path.replace("<jobid>", "*")  # `<jobid>` would be a redirection to bash: the glob runs as written
+    read = f"kubectl exec -n {slurm.namespace} {slurm.controller_pod} -c {names.SLURMCTLD_CONTAINER} -- sh -c 'cat {every}'"
+    block = README.split(first[0], 1)[1].split("\n\n", 1)[0]
+    assert read in block.splitlines()

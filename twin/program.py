@@ -96,10 +96,10 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         s.slinky_version,
         s.slurm_image_tag,
         names.slurm,
-        {},
-        names.slurmd_max_replicas if guarded else None,
-        names.metrics_interval_seconds,
-        names.slurm_job_max_minutes if guarded else None,
+        max_nodes=names.slurmd_max_replicas if guarded else None,
+        metrics_interval_seconds=names.metrics_interval_seconds,
+        max_minutes=names.slurm_job_max_minutes if guarded else None,
+        worker_type=names.worker_instance_type,
     )
     conf = slurm_config.slurm_files(values, names.slurm)
     slurm_conf = conf["slurm.conf"]

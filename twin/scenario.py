@@ -38,6 +38,7 @@ class JobSpec:
     submit: float
     runtime: float
     nodes: int | None = None  # Slurm -N; None = not given (min 1, max 0 in Slurm)
+    max_nodes: int | None = None  # the top of a range, -N <nodes>-<max_nodes>; None = no range
     gpus: int | None = None  # Slurm --gpus, or a batch Job's GPU request
     hold: bool = False  # sbatch --hold
     release: float | None = None  # scontrol release at this time
@@ -130,6 +131,7 @@ _JOB_KEYS = {
     "submit",
     "runtime",
     "nodes",
+    "max_nodes",
     "gpus",
     "hold",
     "release",
@@ -195,6 +197,11 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         submit = c.number(f"{where}.submit", raw.get("submit"), 0, MAX_DURATION)
         runtime = c.number(f"{where}.runtime", raw.get("runtime"), 1, MAX_DURATION)
         nodes = None if "nodes" not in raw else c.integer(f"{where}.nodes", raw["nodes"], 1, 1024)
+        max_nodes = None
+        if "max_nodes" in raw:
+            max_nodes = c.integer(f"{where}.max_nodes", raw["max_nodes"], nodes or 1, 1024)
+            if nodes is None:
+                c.bad(f"{where}.max_nodes", raw["max_nodes"], "max_nodes only with nodes (-N nodes-max_nodes)")
         gpus = None if "gpus" not in raw else c.integer(f"{where}.gpus", raw["gpus"], 1, 1024)
         replicas = c.integer(f"{where}.replicas", raw.get("replicas", 1), 1, 1024)
         array = None if "array" not in raw else c.integer(f"{where}.array", raw["array"], 1, 1000)
@@ -223,7 +230,18 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         if kind == "slurm" and "limit" in raw:
             c.bad(f"{where}.limit", raw["limit"], "no limit on a slurm job (pytorchjob and job only)")
         if kind != "slurm":
-            for key in ("nodes", "hold", "release", "after", "begin", "partition", "array", "throttle", "time"):
+            for key in (
+                "nodes",
+                "max_nodes",
+                "hold",
+                "release",
+                "after",
+                "begin",
+                "partition",
+                "array",
+                "throttle",
+                "time",
+            ):
                 if key in raw:
                     c.bad(f"{where}.{key}", raw[key], f"no {key} on a {kind} (Slurm jobs only)")
             if kind == "job" and "replicas" in raw:
@@ -241,6 +259,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
                 submit=submit or 0.0,
                 runtime=runtime or 1.0,
                 nodes=nodes,
+                max_nodes=max_nodes,
                 gpus=gpus,
                 hold=hold is True,
                 release=release,

@@ -5,7 +5,7 @@ each second it advances the world (twin/world.py), counts it (twin/ledger.py) an
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from twin.ledger import Ledger
@@ -39,9 +39,13 @@ class Run(World):
         self.sampler = Sampler()
         self.samples = self.sampler.samples
 
-    def run(self) -> dict:
-        for tick in range(int(self.scenario.duration) + 1):
+    def run(self, on_tick: Callable[[int, int], None] | None = None) -> dict:
+        """The whole scenario, second by second; `on_tick(second, last second)` after each."""
+        last = int(self.scenario.duration)
+        for tick in range(last + 1):
             self.tick(tick)
+            if on_tick is not None:
+                on_tick(tick, last)
         return self.result()
 
     def tick(self, tick: int) -> None:
@@ -56,9 +60,14 @@ class Run(World):
         return result(self, self.ledger)
 
 
-def sweep(setup: Setup, scenario: Scenario, phase_sets: Iterable[int]) -> dict:
+def sweep(
+    setup: Setup,
+    scenario: Scenario,
+    phase_sets: Iterable[int],
+    on_tick: Callable[[int], Callable[[int, int], None] | None] = lambda phase_set: None,
+) -> dict:
     """The scenario once per phase set, each with its own Phases: the latencies of `Run.result` as
     p50/p95 over the phases, each side's waits for its lent share over every wait of every set,
     and the phase sets under which a job was killed, a GPU double-held, or the run was otherwise
-    not ok."""
-    return summary({n: Run(setup, scenario, n).run() for n in phase_sets})
+    not ok. `on_tick(phase set)` gives that run's per-second callback, if any."""
+    return summary({n: Run(setup, scenario, n).run(on_tick(n)) for n in phase_sets})

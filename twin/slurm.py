@@ -18,7 +18,10 @@ Followed: SchedMD/slurm@slurm-25-11-0-1
   slurmctld 26.05.5, tests/engines). The program sets NO; the twin keeps the other value expressible.
 * src/slurmctld/job_mgr.c validate_job_create_req: the job_submit plugins run first, on what the client
   sent; the program's components/job_submit.lua (`time_refusal`, `job_submit` below) refuses a --time
-  over MaxTime and sizes a GPU-only job.
+  over MaxTime and sizes a GPU-only job. Its other refusals (node ranges, CPUs, memory and GPU types
+  beyond the worker type, the same on updates) concern what a scenario cannot ask: a JobSpec has no
+  range, CPUs, memory or GPU type and no update; tests/engines/test_job_shapes.py compares the rows
+  it can express (-N, --gpus, --time) with the real slurmctld.
 * Time limits (at slurm-25-11-6-1): a job without --time gets the partition's MaxTime when it starts,
   DefaultTime being unset (src/slurmctld/node_scheduler.c select_nodes); job_mgr.c job_time_limit ends
   a running job whose end time has passed (OverTimeLimit 0) as TIMEOUT. It runs every PERIODIC_TIMEOUT
@@ -72,7 +75,7 @@ class SlurmJob:
 
     @property
     def max_nodes(self) -> int:
-        return self.sized or self.spec.nodes or 0  # no -N: max_nodes 0
+        return self.sized or self.spec.max_nodes or self.spec.nodes or 0  # no -N: max_nodes 0
 
     @property
     def nodes_needed(self) -> int:
@@ -134,11 +137,14 @@ def time_refusal(time: int | None, partition: str, max_minutes: int | None) -> s
     )
 
 
-def job_submit(nodes: int | None, gpus: int | None, partition: str, max_nodes: int | None) -> tuple[int | None, str]:
-    """components/job_submit.lua slurm_job_submit for the scenario's -N, --gpus (or --gpus-per-task times
-    the tasks) and -p (one partition, MaxNodes `max_nodes`, None for UNLIMITED): (the node count it sets,
-    or None; the message it refuses with, or ""). A test runs the Lua file itself on the same cases,
-    and the real-Slurm tests run it inside slurmctld."""
+def job_submit(
+    nodes: int | None, gpus: int | None, partition: str, max_nodes: int | None, most: int | None = None
+) -> tuple[int | None, str]:
+    """components/job_submit.lua slurm_job_submit for the scenario's -N (`nodes`, and `most` for the top
+    of a range -N nodes-most), --gpus (or --gpus-per-task times the tasks) and -p (one partition,
+    MaxNodes `max_nodes`, None for UNLIMITED): (the node count it sets, or None; the message it refuses
+    with, or ""). A test runs the Lua file itself on the same cases, and the real-Slurm tests run it
+    inside slurmctld."""
 
     def over(need: int, what: str) -> str:
         if max_nodes is not None and need > max_nodes:
@@ -151,10 +157,11 @@ def job_submit(nodes: int | None, gpus: int | None, partition: str, max_nodes: i
     gpus = gpus or None
     need = -(-gpus // GPUS_PER_NODE) if gpus else 0
     if nodes is not None:
-        refusal = over(nodes, f"-N {nodes}")
-        if not refusal and gpus and nodes * GPUS_PER_NODE < gpus:
+        top = max(nodes, most or nodes)
+        refusal = over(top, f"-N {nodes}" if top == nodes else f"-N {nodes}-{top}")
+        if not refusal and gpus and top * GPUS_PER_NODE < gpus:
             refusal = (
-                f"testbed: {gpus} GPUs on at most {nodes} node(s) can never run: each node (slurmd pod) has "
+                f"testbed: {gpus} GPUs on at most {top} node(s) can never run: each node (slurmd pod) has "
                 f"{GPUS_PER_NODE} GPU; drop -N or ask -N {need}"
             )
         return None, refusal
@@ -189,7 +196,9 @@ class Slurmctld:
         limit, minutes = self.config.max_nodes, self.config.max_minutes
         lua = self.config.job_submit_lua
         over_time = time_refusal(spec.time, partition, minutes) if lua else ""
-        sized, refusal = job_submit(spec.nodes, spec.gpus, partition, limit) if lua and not over_time else (None, "")
+        sized, refusal = (
+            job_submit(spec.nodes, spec.gpus, partition, limit, spec.max_nodes) if lua and not over_time else (None, "")
+        )
         # The limit it runs under: its --time, else MaxTime (given when it starts; the same here).
         run_minutes = spec.time if spec.time is not None else minutes
         jobs = [

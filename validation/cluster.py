@@ -7,11 +7,17 @@ the API. Tests pass a fake that simulates a tiny cluster instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from urllib3.exceptions import HTTPError
 
 from components import device_plugin
 from core import host_layout
@@ -26,6 +32,7 @@ from core.names import (
     SlurmNames,
     label_selector,
 )
+from core.settings import escaped, redacted
 from validation import probe
 from validation.probe import parse_processes
 from validation.scenarios import SLURM, SLURM_OUTPUT_DIR, sbatch_command
@@ -299,11 +306,13 @@ class KubeCluster:
 
     @classmethod
     def from_kubeconfig(
-        cls, kubeconfig: dict, names: SlurmNames, prometheus: tuple[str, str, int] | None = None
+        cls,
+        kubeconfig: dict,
+        names: SlurmNames,
+        prometheus: tuple[str, str, int] | None = None,
+        notice: Callable[[str], None] | None = None,
     ) -> KubeCluster:
-        from kubernetes import config
-
-        return cls(config.new_client_from_config_dict(kubeconfig), names, prometheus=prometheus)
+        return cls(api_client(kubeconfig, notice), names, prometheus=prometheus)
 
     def exec_in_pod(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str, str]:
         """Run `command` in a container: (exit code, stdout, stderr) once it ended, or ClusterError.
@@ -412,11 +421,19 @@ class KubeCluster:
             found = self.custom.get_namespaced_custom_object(
                 NODESET_GROUP, NODESET_VERSION, n.namespace, NODESET_PLURAL, n.nodeset_resource
             )
+        if found.get("kind") != "NodeSet":  # a custom object comes back as any JSON object
+            raise ClusterError(
+                f"read NodeSet {n.namespace}/{n.nodeset_resource}: answered an object of kind "
+                f"{escaped(str(found.get('kind')), 40)}; expected the Kubernetes API's NodeSet"
+            )
         # No .spec.replicas means 0 (the 1.0.0 CRD has no default).
         return int(found.get("spec", {}).get("replicas") or 0), int(found.get("status", {}).get("readyReplicas") or 0)
 
     def check_reachable(self) -> None:
-        self.nodeset()
+        try:
+            self.nodeset()
+        except ClusterError as error:
+            raise ClusterError(f"{shown_server(self.api.configuration.host)}: {error}") from None
 
     def gpu_pods(self) -> list[GpuPod]:
         with answering("list pods"):
@@ -487,7 +504,6 @@ class KubeCluster:
 def answering(what: str, ok: tuple[int, ...] = ()):
     """API calls: an error status (but those in `ok`) or a dead connection is a ClusterError."""
     from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
 
     try:
         yield
@@ -495,4 +511,166 @@ def answering(what: str, ok: tuple[int, ...] = ()):
         if error.status not in ok:
             raise ClusterError(f"{what}: {api_error(error)}") from None
     except (HTTPError, OSError) as error:
-        raise ClusterError(f"{what}: {str(error)[:300]}") from None
+        raise ClusterError(f"{what}: {unanswered(error)}") from None
+
+
+# ------------------------------------------------------------------ the client: bounded waits
+
+# Every call to the API server waits at most CONNECT_SECONDS to connect and READ_SECONDS for
+# the answer, and is tried again RETRIES time(s) (a dropped connection, a server restarting):
+# kubernetes 34.1.0 (client/rest.py) passes `_request_timeout` to urllib3 as Timeout(connect,
+# read) and Configuration.retries to its PoolManager; without them urllib3 waits forever and
+# retries 3 times. The exec websocket connects and reads under websocket-client's default
+# timeout, which is unset (None: forever) unless set here.
+CONNECT_SECONDS = 5.0
+READ_SECONDS = 15.0
+RETRIES = 1
+
+
+def call_bound() -> float:
+    """The longest one API call waits on a server that never answers: every try, each to the end
+    of its connect and read timeouts (no backoff between tries)."""
+    return (1 + RETRIES) * (CONNECT_SECONDS + READ_SECONDS)
+
+
+def describe_bound() -> str:
+    return (
+        f"{call_bound():g} s per call to the API server (connect {CONNECT_SECONDS:g} s + read "
+        f"{READ_SECONDS:g} s, tried {1 + RETRIES} times)"
+    )
+
+
+class KubeconfigError(Exception):
+    """A kubeconfig the kubernetes client cannot use: one line, exit 2."""
+
+
+class NotKubernetes(HTTPError):
+    """The endpoint answered, but not as the Kubernetes API does (an HTML page from a proxy, an
+    empty body, JSON of another shape). An HTTPError, as a connection that fails is: both say the
+    cluster cannot be used, and both are caught where a dead connection is."""
+
+
+def shown_server(url: str) -> str:
+    """A server URL as a problem line shows it: a user name, password or token in it hidden
+    (https://user:token@host/, ?token=...), the rest escaped."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(a server URL that cannot be parsed)"
+    userinfo = "(hidden)@" if parts.username or parts.password else ""
+    query = "?(hidden)" if parts.query else ""
+    host = f"[{host}]" if ":" in host else host
+    return escaped(f"{parts.scheme}://{userinfo}{host}{port}{parts.path}{query}", 120)
+
+
+def _context_user(kubeconfig: dict) -> tuple[str, dict] | None:
+    """The user entry of the kubeconfig's current context, if it can be found."""
+    current = kubeconfig.get("current-context")
+    contexts = kubeconfig.get("contexts")
+    users = kubeconfig.get("users")
+    if not isinstance(contexts, list) or not isinstance(users, list):
+        return None
+    context = next((c for c in contexts if isinstance(c, dict) and c.get("name") == current), None)
+    user_name = ((context or {}).get("context") or {}).get("user") if isinstance(context, dict) else None
+    user = next((u for u in users if isinstance(u, dict) and u.get("name") == user_name), None)
+    if not isinstance(user, dict) or not isinstance(user.get("user"), dict):
+        return None
+    return str(user_name), user["user"]
+
+
+def exec_plugin_notice(kubeconfig: dict) -> str | None:
+    """One line naming the credential plugin the kubeconfig's user runs (`exec:`), if it has one:
+    the kubernetes client runs it while it loads the kubeconfig (config/exec_provider.py)."""
+    found = _context_user(kubeconfig)
+    plugin = found[1].get("exec") if found else None
+    if not isinstance(plugin, dict):
+        return None
+    args = plugin.get("args")
+    command = " ".join(str(part) for part in [plugin.get("command", ""), *(args if isinstance(args, list) else [])])
+    return (
+        f"kubeconfig: user {escaped(found[0], 60) if found else ''} gets its credentials by running "
+        f"`{redacted(command, 160)}` (an exec: plugin); running it now"
+    )
+
+
+def _problem_text(error: BaseException) -> str:
+    return redacted(str(error).replace("\n", " "), 200) or type(error).__name__
+
+
+def api_client(kubeconfig: dict, notice: Callable[[str], None] | None = None) -> Any:
+    """A kubernetes ApiClient for the kubeconfig's current context whose every call is bounded
+    (`call_bound`) and whose answers are the API's JSON, or KubeconfigError, one line. An exec:
+    plugin is named through `notice` (stderr by default) before it runs."""
+    import urllib3
+    import websocket
+    from kubernetes import client, config
+
+    if not isinstance(kubeconfig.get("clusters"), list) or not all(isinstance(c, dict) for c in kubeconfig["clusters"]):
+        raise KubeconfigError("kubeconfig: clusters is not a list of clusters; expected clusters: [{name, cluster}]")
+    current = kubeconfig.get("current-context")
+    if not isinstance(current, str) or not current:
+        raise KubeconfigError(
+            "kubeconfig: current-context is missing or empty; expected the name of one of its contexts "
+            "(kubectl config use-context NAME)"
+        )
+    line = exec_plugin_notice(kubeconfig)
+    if line:
+        (notice or (lambda text: print(text, file=sys.stderr, flush=True)))(line)
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config_from_dict(kubeconfig, client_configuration=configuration, persist_config=False)
+    except Exception as error:  # ConfigException, and what a malformed entry raises inside the loader
+        raise KubeconfigError(f"kubeconfig: the kubernetes client refuses it ({_problem_text(error)})") from None
+    configuration.retries = urllib3.Retry(total=RETRIES, connect=RETRIES, read=RETRIES, backoff_factor=0)
+    websocket.setdefaulttimeout(CONNECT_SECONDS + READ_SECONDS)
+    return _bounded_client_class()(configuration)
+
+
+@functools.cache
+def _bounded_client_class() -> type:
+    from kubernetes import client
+
+    class Bounded(client.ApiClient):
+        """Every request with the timeouts above, every JSON answer checked for its shape."""
+
+        def request(self, method, url, *args, _request_timeout=None, **kwargs):
+            timeout = _request_timeout or (CONNECT_SECONDS, READ_SECONDS)
+            return super().request(method, url, *args, _request_timeout=timeout, **kwargs)
+
+        def deserialize(self, response, response_type):
+            if response_type in ("str", "file", None):  # a pod's log is text
+                return super().deserialize(response, response_type)
+            try:
+                data = json.loads(response.data)
+            except (ValueError, TypeError):
+                data = None
+            kind = re.fullmatch(r"V[0-9]+(?:alpha[0-9]+|beta[0-9]+)?([A-Z]\w*)", str(response_type))
+            if isinstance(data, dict) and (kind is None or data.get("kind") == kind[1]):
+                try:
+                    return super().deserialize(response, response_type)
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    pass
+            raise NotKubernetes(not_kubernetes(self.configuration.host, response))
+
+    return Bounded
+
+
+def not_kubernetes(host: str, response: Any) -> str:
+    """One line: the endpoint, and what came back in the place of the API's JSON."""
+    body = response.data if isinstance(response.data, str) else bytes(response.data or b"").decode("utf-8", "replace")
+    kind = (response.urllib3_response.headers.get("Content-Type") or "no content type").split(";")[0]
+    what = f"{len(body)} bytes of {kind}: {redacted(' '.join(body.split()), 80)}" if body.strip() else "an empty body"
+    return (
+        f"{shown_server(host)} answered {response.status} with {what}; expected the Kubernetes API's JSON "
+        "(a proxy, a login page or another service at that address?)"
+    )
+
+
+def unanswered(error: BaseException) -> str:
+    """What an API call that failed without an API error got: the odd answer, or why none came."""
+    if isinstance(error, NotKubernetes):
+        return str(error)
+    cause = getattr(error, "reason", None) or error  # MaxRetryError carries the last try's error
+    return f"no answer ({type(cause).__name__}) after waiting at most {describe_bound()}"

@@ -89,8 +89,12 @@ def handoffs(timeline: Timeline) -> list[tuple[str, float]]:
     return found
 
 
-def verdict(timeline: Timeline, checks: list[Check] | None) -> tuple[str, str]:
-    """The headline: checks passed (and which failed), latencies with their bounds."""
+def verdict(
+    timeline: Timeline, checks: list[Check] | None, modelled: dict[str, float | None] | None = None
+) -> tuple[str, str]:
+    """The headline: checks passed (and which failed), latencies with their bounds. A model's
+    timeline (the twin's) gives `modelled`, the latencies it knows to the second, and the headline
+    states those: the same numbers as its text, not a second reading of its 15 s samples."""
     parts = [f"scenario {timeline.scenario}, {timeline.outcome}"]
     colour = PASS_COLOUR
     if checks is not None:
@@ -101,16 +105,23 @@ def verdict(timeline: Timeline, checks: list[Check] | None) -> tuple[str, str]:
             parts.append("FAILED: " + ", ".join(failed))
     if timeline.outcome != "completed":
         colour = FAIL_COLOUR
-    up, back = scale_up_bounds(timeline), gpu_return_bounds(timeline)
-    latencies = []
-    if up is not None:
-        latencies.append(f"scale-up {up}")
-    if back is not None:
-        latencies.append(f"GPU return {back}")
+    if modelled is not None:
+        shown = [
+            None if modelled[k] is None else f"{modelled[k]:g} s (modelled)" for k in ("scale_up_s", "gpu_return_s")
+        ]
+    else:
+        shown = [None if b is None else str(b) for b in (scale_up_bounds(timeline), gpu_return_bounds(timeline))]
+    latencies = [f"{label} {text}" for label, text in zip(("scale-up", "GPU return"), shown, strict=True) if text]
     return " | ".join(parts) + ("\n" + "; ".join(latencies) if latencies else ""), colour
 
 
-def draw(timeline: Timeline, path: Path, title: str | None = None, checks: list[Check] | None = None) -> None:
+def draw(
+    timeline: Timeline,
+    path: Path,
+    title: str | None = None,
+    checks: list[Check] | None = None,
+    modelled: dict[str, float | None] | None = None,
+) -> None:
     uuids = gpu_uuids(timeline)
     nodes = node_of_uuid(timeline)
     palette = colours(timeline)
@@ -170,7 +181,7 @@ def draw(timeline: Timeline, path: Path, title: str | None = None, checks: list[
         )
     lanes.set_yticks(range(len(uuids)), [f"{nodes[u]}\n{u[:13]}…" for u in uuids], fontsize=9)
     lanes.set_ylim(len(uuids) - 0.4, -1.0)
-    headline, colour = verdict(timeline, checks)
+    headline, colour = verdict(timeline, checks, modelled)
     fig.suptitle(title or "GPU owners over time", fontsize=12, x=0.01, ha="left")
     lanes.set_title(headline, fontsize=10, color=colour, loc="left")
 

@@ -9,8 +9,12 @@ timestamps would mix clocks of several machines.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
+
+from core.settings import escaped
 
 # Normalised job phases: every source (Slurm, PyTorchJob, batch Job) maps onto these.
 PENDING, RUNNING, SUCCEEDED, FAILED = "pending", "running", "succeeded", "failed"
@@ -385,3 +389,150 @@ def gpu_uuids(timeline: Timeline) -> list[str]:
     """Every GPU UUID seen, ordered by node: one lane per GPU in the picture."""
     nodes = node_of_uuid(timeline)
     return sorted(nodes, key=lambda u: (nodes[u], u))
+
+
+# ------------------------------------------------------------------ a saved timeline's schema
+
+MAX_TIMELINE_BYTES = 64 * 1024 * 1024  # a week of 1 s samples of a large run is ~50 MiB
+MAX_SHOWN_PROBLEMS = 20  # then one line counts the rest
+
+
+def _type_problem(value: object, hint: str) -> str | None:
+    """Why `value` (from JSON) is not of the field type `hint` (its annotation's text), or None."""
+    if hint.endswith(" | None"):
+        return None if value is None else _type_problem(value, hint[: -len(" | None")])
+    if hint == "str":
+        return None if isinstance(value, str) else "expected text"
+    if hint == "bool":
+        return None if isinstance(value, bool) else "expected true or false"
+    if hint == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return None if ok else "expected a whole number, 0 or more"
+    if hint == "float":
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+        return None if ok else "expected a number of seconds, 0 or more (no NaN, no infinity)"
+    if hint == "tuple[str, ...]":
+        return None if isinstance(value, list) and all(isinstance(v, str) for v in value) else "expected a list of text"
+    if hint == "dict[str, str]":
+        ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+        return None if ok else "expected an object of text"
+    return None
+
+
+def _nested() -> dict[str, type]:
+    """Fields that hold lists of records: their annotation's text -> the record's class."""
+    return {f"tuple[{c.__name__}, ...]": c for c in (SlurmJob, KubeJob, GpuPod, GpuProcess)} | {
+        f"list[{c.__name__}]": c for c in (Sample, Submission, RunError, DcgmHolding)
+    }
+
+
+def _record_problems(item: object, cls: type, where: str) -> list[str]:
+    """Each field of one record (a sample, a pod, ...) against its dataclass: present, of its type."""
+    if not isinstance(item, dict):
+        return [f"{where}: expected an object"]
+    known = {f.name: f for f in fields(cls)}
+    problems = [f"{where}.{escaped(str(k), 40)}: not a field of {cls.__name__}" for k in item if k not in known]
+    for name, f in known.items():
+        if name not in item:
+            if f.default is MISSING and f.default_factory is MISSING:
+                problems.append(f"{where}.{name}: missing")
+            continue
+        if str(f.type) in _nested():
+            value = item[name]
+            if not isinstance(value, list):
+                problems.append(f"{where}.{name}: expected a list")
+                continue
+            for i, sub in enumerate(value):
+                problems += _record_problems(sub, _nested()[str(f.type)], f"{where}.{name}[{i}]")
+        elif problem := _type_problem(item[name], str(f.type)):
+            problems.append(f"{where}.{name}: {_shown(item[name])}: {problem}")
+    return problems
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, str):
+        return f'"{escaped(value, 40)}"'
+    return escaped(repr(value) if isinstance(value, float) else json.dumps(value), 40)
+
+
+def schema_problems(data: object) -> list[str]:
+    """What makes `data` (a parsed timeline.json) not a timeline, before any check reads it: every
+    field of its type (no NaN or infinite time, no text for a number), samples in time order, each
+    sample's end after its start, counts of GPUs within its own gpus_total, a positive interval,
+    started_at an ISO time."""
+    if not isinstance(data, dict):
+        return ["expected a JSON object"]
+    problems = _record_problems(data, Timeline, "timeline")
+    if problems:
+        return problems
+    total = data["gpus_total"]
+    if total < 1:
+        problems.append(f"gpus_total: {total}: expected 1 or more")
+    if data["interval"] <= 0:
+        problems.append(f"interval: {_shown(data['interval'])}: expected seconds between samples above 0")
+    try:
+        datetime.fromisoformat(data["started_at"])
+    except ValueError:
+        problems.append(
+            f"started_at: {_shown(data['started_at'])}: expected an ISO time, e.g. 2026-01-01T10:00:00+00:00"
+        )
+    previous = -math.inf
+    for i, s in enumerate(data["samples"]):
+        if s["t"] < previous:
+            problems.append(
+                f"samples[{i}].t: {s['t']:g} comes before the previous sample's {previous:g}: expected time order"
+            )
+        previous = s["t"]
+        if s.get("t_end") is not None and s["t_end"] < s["t"]:
+            problems.append(f"samples[{i}].t_end: {s['t_end']:g} is before its t {s['t']:g}")
+        for key in ("nodeset_replicas", "slurmd_ready"):
+            if s[key] > total:
+                problems.append(f"samples[{i}].{key}: {s[key]}: expected at most gpus_total ({total})")
+        problems += [
+            f"samples[{i}].gpu_pods[{j}].gpus: {p.get('gpus', 1)}: expected 1 to gpus_total ({total})"
+            for j, p in enumerate(s.get("gpu_pods", []))
+            if not 1 <= p.get("gpus", 1) <= total
+        ]
+    problems += [
+        f"submissions[{i}].gpus: {sub['gpus']}: expected at most gpus_total ({total})"
+        for i, sub in enumerate(data["submissions"])
+        if sub["gpus"] > total
+    ]
+    problems += [
+        f"dcgm[{i}]: ends at {d['end']:g}, before its start {d['start']:g}"
+        for i, d in enumerate(data.get("dcgm", []))
+        if d["end"] < d["start"]
+    ]
+    return problems
+
+
+def read_timeline(path: Path) -> Timeline:
+    """A saved timeline.json, read with a size limit and checked against its schema before anything
+    reads it; TimelineError with every problem (at most MAX_SHOWN_PROBLEMS and a count)."""
+    try:
+        if not path.is_file():
+            raise TimelineError(["is not a file"])
+        with path.open("rb") as f:
+            raw = f.read(MAX_TIMELINE_BYTES + 1)
+    except OSError as error:
+        raise TimelineError([f"cannot be read ({error.strerror or type(error).__name__})"]) from None
+    if len(raw) > MAX_TIMELINE_BYTES:
+        raise TimelineError([f"is larger than {MAX_TIMELINE_BYTES // 2**20} MiB, the limit for a timeline"])
+    try:
+        data = json.loads(raw.decode("utf-8"))  # NaN and Infinity parse: the schema refuses them
+    except (ValueError, RecursionError) as error:  # RecursionError: brackets nested past the decoder
+        raise TimelineError([f"is not a timeline.json ({type(error).__name__}: {escaped(str(error), 160)})"]) from None
+    problems = schema_problems(data)
+    if problems:
+        if len(problems) > MAX_SHOWN_PROBLEMS:
+            problems = [*problems[:MAX_SHOWN_PROBLEMS], f"and {len(problems) - MAX_SHOWN_PROBLEMS} more problems"]
+        raise TimelineError(problems)
+    return Timeline.from_dict(data)
+
+
+class TimelineError(Exception):
+    """A saved timeline that is not one: one line per problem, each naming the field."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems

@@ -17,10 +17,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from components.monitoring import STACK_LABEL
-from validation.cluster import ClusterError, parse_dcgm
+from core.settings import redacted
+from validation.cluster import CONNECT_SECONDS, READ_SECONDS, ClusterError, parse_dcgm, shown_server
 from validation.timeline import DcgmHolding
 
 QUERY_RANGE_PATH = "api/v1/query_range"
+# One try, each socket operation (connect, every read) at most this long: urllib's one timeout.
+WAIT_SECONDS = CONNECT_SECONDS + READ_SECONDS
 Opener = Callable[..., Any]  # urllib.request.urlopen (None), or a stand-in in tests
 
 
@@ -44,15 +47,19 @@ def signed_query_range(
     signed = AWSRequest(method="GET", url=url)
     SigV4Auth(credentials, "aps", region).add_auth(signed)
     request = urllib.request.Request(url, headers=dict(signed.headers.items()), method="GET")
+    where = f"query the workspace {shown_server(endpoint)}"
+    body = b""
     try:
-        with (opener or urllib.request.urlopen)(request, timeout=60) as response:
-            return json.loads(response.read())
+        with (opener or urllib.request.urlopen)(request, timeout=WAIT_SECONDS) as response:
+            body = response.read(64 * 1024 * 1024)
+            return json.loads(body)
     except urllib.error.HTTPError as error:
-        raise ClusterError(f"query the workspace: HTTP {error.code} {error.reason}") from None
+        raise ClusterError(f"{where}: HTTP {error.code} {redacted(str(error.reason), 100)}") from None
     except (urllib.error.URLError, OSError) as error:
-        raise ClusterError(f"query the workspace: {error}") from None
+        raise ClusterError(f"{where}: no answer within {WAIT_SECONDS:g} s ({redacted(str(error), 200)})") from None
     except ValueError:
-        raise ClusterError("query the workspace: the answer is not JSON") from None
+        shown = redacted(" ".join(body.decode("utf-8", "replace").split()), 80) if body.strip() else "an empty body"
+        raise ClusterError(f"{where}: the answer is not Prometheus' JSON: {shown}") from None
 
 
 def dcgm_holdings(

@@ -15,6 +15,12 @@ from cli import artifacts
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def unwrapped_plan(monkeypatch):
+    """These tests read the plan's lines whole; its wrapping to the terminal is test_plan's."""
+    monkeypatch.setenv("COLUMNS", "1000")
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
 

@@ -13,9 +13,10 @@ from urllib3.exceptions import MaxRetryError
 
 from cli import doctor
 from cli.checklist import FAIL, OK
-from components import keda, readiness_gate
+from components import ai_run_limit, keda, kueue, readiness_gate
 from core import host_layout, names
 from core.settings import load
+from stacks import offline
 from tests.conftest import config
 from tests.validation.test_exec_stream import NON_ZERO, SUCCESS, FakeExecServer, status
 
@@ -54,12 +55,53 @@ class FakeKube:
             ns: [{"metadata": {"name": f"{ns}-0"}, "status": {"phase": "Running", "conditions": [_ready()]}}]
             for ns in doctor.PLATFORM_NAMESPACES
         }
+        self.pod_lists[names.KEDA_NAMESPACE] = [
+            _pod(f"{app}-5d8f-x", {"app": app}) for app in (names.KEDA_OPERATOR_APP, names.KEDA_METRICS_SERVER_APP)
+        ]
+        self.pod_lists[names.KUEUE_NAMESPACE] = [_pod(f"{names.kueue_controller_manager()}-7c9b-q", {})]
         self.refuse: set[str] = set()
         self.sinfo = (0, "".join(f"{p} up 4 idle\n" for p in self.n.slurm.partitions))
-        self.scaled = {"status": {"conditions": [_ready()]}}
-        # what components/keda.py deploys for this stack
+        # what components/keda.py deploys for this stack, as KEDA reports it when Slurm is idle
         self.queries = {t["name"]: t["metadata"]["query"] for t in keda.triggers(self.n)}
+        self.scaled = {
+            "spec": {"advanced": {"scalingModifiers": keda.scaling_modifiers(self.n)}},
+            "status": {
+                "conditions": [_ready(), {"type": "Active", "status": "False", "reason": "ScalerNotActive"}],
+                "health": {
+                    f"s{i}-prometheus": {"numberOfFailures": 0, "status": "Happy"} for i in range(len(self.queries))
+                },
+            },
+        }
+        composite = {"metric": {"name": names.KEDA_COMPOSITE_METRIC}}
+        self.hpa_object = {
+            "spec": {"metrics": [{"type": "External", "external": composite | {"target": {"averageValue": "1"}}}]},
+            "status": {
+                "currentMetrics": [{"type": "External", "external": composite | {"current": {"averageValue": "0"}}}],
+                "desiredReplicas": 0,
+                "conditions": [{"type": "ScalingActive", "status": "False", "reason": "ScalingDisabled"}],
+            },
+        }
         self.series = {name: [{"value": [0, "0"]}] for name in self.queries}
+        # Kueue's objects and the run-limit policies as the program creates them, as the API server
+        # returns them: quantities as strings, conditions in status
+        self.objects = {("scaledobjects", self.n.slurm.namespace, self.n.scaled_object): self.scaled}
+        self.cluster_objects = {}
+        for obj in kueue.objects(self.n.shares):
+            live = json.loads(json.dumps(obj))
+            for group in live.get("spec", {}).get("resourceGroups", []):
+                for flavor in group["flavors"]:
+                    for r in flavor["resources"]:
+                        r.update({k: str(v) for k, v in r.items() if k != "name"})
+            live["status"] = {"conditions": [{"type": "Active", "status": "True", "reason": "Ready"}]}
+            plural = obj["kind"].lower() + "s"
+            if obj["kind"] == "LocalQueue":
+                self.objects[plural, obj["metadata"]["namespace"], obj["metadata"]["name"]] = live
+            else:
+                self.cluster_objects[plural, obj["metadata"]["name"]] = live
+        plurals = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies"}
+        for obj in ai_run_limit.stack_objects(self.n):
+            plural = plurals.get(obj["kind"], "validatingadmissionpolicybindings")
+            self.cluster_objects[plural, obj["metadata"]["name"]] = json.loads(json.dumps(obj))
         self.calls: list[tuple] = []
 
     def nodes(self):
@@ -79,15 +121,15 @@ class FakeKube:
 
     def get(self, group, version, namespace, plural, name):
         self.calls.append(("get", group, namespace, plural, name))
-        return self.scaled
+        return _found(self.objects.get((plural, namespace, name)))
+
+    def get_cluster(self, group, version, plural, name):
+        self.calls.append(("get_cluster", group, plural, name))
+        return _found(self.cluster_objects.get((plural, name)))
 
     def hpa(self, namespace, name):
         self.calls.append(("hpa", namespace, name))
-        metrics = [
-            {"type": "External", "external": {"metric": {"name": f"s{i}-prometheus"}, "current": {"averageValue": "0"}}}
-            for i in range(len(self.queries))
-        ]
-        return {"status": {"currentMetrics": metrics, "desiredReplicas": 0}}
+        return _found(self.hpa_object)
 
     def prometheus(self, query):
         (name,) = [n for n, q in self.queries.items() if q == query]  # only the ScaledObject's queries
@@ -96,6 +138,16 @@ class FakeKube:
 
 def _ready():
     return {"type": "Ready", "status": "True"}
+
+
+def _pod(name, labels):
+    return {"metadata": {"name": name, "labels": labels}, "status": {"phase": "Running", "conditions": [_ready()]}}
+
+
+def _found(obj):
+    if obj is None:
+        raise ApiException(status=404, reason="Not Found")
+    return obj
 
 
 def by(checks, name):
@@ -125,13 +177,15 @@ def test_a_healthy_testbed(tmp_path):
     checks = doctor.Doctor(s, kube, ssh_logs(tmp_path).log_tail).run()
     assert {c.status for c in checks} == {OK}, [c.lines() for c in checks]
     assert len(by(checks, "node")) == 1 + s.worker_count and len(by(checks, "pods")) == len(doctor.PLATFORM_NAMESPACES)
+    assert len(by(checks, "kueue")) == 1 + 1 + 2 + 2  # pods, the dry-run Workload, two ClusterQueues, two LocalQueues
+    assert len(by(checks, "admission")) == len(ai_run_limit.stack_objects(kube.n))
     assert [c.detail.split(" admits")[0] for c in by(checks, "webhook")] == [
         "cert-manager",
         "Slinky operator",
         "Training Operator",
     ]
-    triggers = ", ".join(f"s{i}-prometheus=0" for i in range(len(kube.queries)))  # one per trigger
-    assert f"triggers {triggers}; HPA wants 0" in by(checks, "scaledobject")[0].detail
+    assert by(checks, "scaledobject")[0].detail.startswith("slurmd Ready, not Active")
+    assert by(checks, "hpa")[0].detail == f"{kube.n.keda_hpa} reads the formula: composite-metric=0; wants 0"
     shown = by(checks, "prometheus")[0].detail.removeprefix("scrapes slurmctld: ")
     assert [v.split("=")[0] for v in shown.split(", ")] == list(kube.queries)
 
@@ -215,6 +269,8 @@ def test_pods_not_ready_and_a_namespace_without_pods():
     failed = {c.detail for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL}
     assert failed == {
         f"namespace {names.KEDA_NAMESPACE}: no pods",
+        f"KEDA {names.KEDA_OPERATOR_APP}: no pods in namespace {names.KEDA_NAMESPACE}",
+        f"KEDA {names.KEDA_METRICS_SERVER_APP}: no pods in namespace {names.KEDA_NAMESPACE}",
         f"namespace {names.SLURM_NAMESPACE}: 1 of 2 not Ready: slurm-controller-0",
     }
 
@@ -243,11 +299,11 @@ def test_sinfo_failures():
 def test_scaled_object_not_ready_and_prometheus_without_slurmctld():
     s = settings()
     kube = FakeKube(s)
-    kube.scaled = {"status": {"conditions": [{"type": "Ready", "status": "False", "message": "trigger error"}]}}
+    kube.scaled["status"]["conditions"] = [{"type": "Ready", "status": "False", "message": "trigger error"}]
     last = list(kube.series)[-1]  # every query is asked, not only the first
     kube.series[last] = []
     failed = {c.name: c.detail for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL}
-    assert failed["scaledobject"] == "slurmd not Ready: trigger error"
+    assert failed["scaledobject"] == "slurmd not Ready: Ready=False : trigger error"
     assert failed["prometheus"].startswith(f"no series for {last}:")
     assert "MetricsType=metrics/openmetrics" in failed["prometheus"], "names the cause seen on the real slurmctld"
 
@@ -294,7 +350,11 @@ def test_cli_exit_codes(tmp_path, monkeypatch, capsys):
             raise MaxRetryError(None, "/api/v1/nodes")
 
     assert doctor.main([], kube=Unreachable(s)) == 2
-    assert capsys.readouterr().err.strip() == "cluster: cannot reach the API server (MaxRetryError)"
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .startswith("cluster: the API server: no answer (MaxRetryError) after waiting at most 40 s per call")
+    )
     assert doctor.main(["--config", "workerCount=zero"]) == 2
     assert capsys.readouterr().err.startswith('workerCount: "zero" is not allowed')
     assert doctor.main(["--kubeconfig", str(tmp_path / "nope")]) == 2
@@ -334,7 +394,13 @@ def test_the_real_adapter_asks_the_api_server_the_right_paths():
     kube.dry_run(cert_manager.webhook_probe())
     kube.dry_run(slinky.operator_webhook_probe(n.slurm))
     assert kube.prometheus("up") == [{"value": [0, "2"]}]
-    assert seen == [
+    kube.dry_run(kueue.workload_probe())
+    kube.get_cluster("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "p")
+    assert seen[3:] == [
+        ("POST", f"/apis/{names.KUEUE_GROUP_VERSION}/namespaces/{names.JOBS_NAMESPACE}/workloads", {"dryRun": "All"}),
+        ("GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/p", {}),
+    ]
+    assert seen[:3] == [
         ("POST", "/apis/cert-manager.io/v1/clusterissuers", {"dryRun": "All"}),
         (
             "POST",
@@ -353,12 +419,197 @@ def test_the_real_adapter_asks_the_api_server_the_right_paths():
 def test_a_missing_object_is_a_failed_check_not_a_crash():
     s = settings()
 
-    class NoScaledObject(FakeKube):
-        def get(self, *args):
-            raise ApiException(status=404, reason="Not Found")
+    class HpaForbidden(FakeKube):
+        def hpa(self, *args):
+            raise ApiException(status=403, reason="Forbidden")
 
-    failed = [c for c in doctor.Doctor(s, NoScaledObject(s), None).run() if c.status == FAIL]
-    assert [(c.name, c.detail) for c in failed] == [("scaledobject", "API error 404 Not Found")]
+    failed = [c for c in doctor.Doctor(s, HpaForbidden(s), None).run() if c.status == FAIL]
+    assert [(c.name, c.detail) for c in failed] == [("scaledobject", "API error 403 Forbidden")]
+
+
+def _cq(kube, name):
+    return kube.cluster_objects["clusterqueues", name]
+
+
+def _lq(kube, namespace, name):
+    return kube.objects["localqueues", namespace, name]
+
+
+def _gpu(queue):
+    return queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]
+
+
+def _policy(kube, kind):
+    return kube.cluster_objects[kind, f"{ai_run_limit.POLICY_PREFIX}-pytorchjobs"]
+
+
+def _not_ready(pods):
+    pods[0]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+
+
+REDEPLOY = "pulumi up --refresh --stack dev"
+BROKEN = {
+    # Kueue
+    "kueue pod not Ready": (
+        lambda k: _not_ready(k.pod_lists[names.KUEUE_NAMESPACE]),
+        "kueue",
+        "Kueue controller and webhooks (kueue-controller-manager): 1 of 1 not Ready: kueue-controller-manager-7c9b-q",
+        "kubectl -n kueue-system rollout restart deployment/kueue-controller-manager",
+    ),
+    "kueue webhook refuses a Workload": (
+        lambda k: k.refuse.add("Workload"),
+        "kueue",
+        "a dry-run Workload was refused (500 Internal error occurred: failed calling webhook)",
+        "kubectl -n kueue-system rollout restart",
+    ),
+    "ClusterQueue missing": (
+        lambda k: k.cluster_objects.pop(("clusterqueues", names.AI_CLUSTER_QUEUE)),
+        "kueue",
+        "ClusterQueue ai is missing",
+        REDEPLOY,
+    ),
+    "ClusterQueue quota drifted": (
+        lambda k: _gpu(_cq(k, names.HPC_CLUSTER_QUEUE)).update(nominalQuota="1"),
+        "kueue",
+        "ClusterQueue hpc has quota nvidia.com/gpu 1 (gpu-worker, lends 2), expected nvidia.com/gpu 2 (gpu-worker, lends 2)",
+        REDEPLOY,
+    ),
+    "ClusterQueue inactive": (
+        lambda k: _cq(k, names.HPC_CLUSTER_QUEUE)["status"].update(
+            conditions=[{"type": "Active", "status": "False", "reason": "FlavorNotFound", "message": "Can't admit"}]
+        ),
+        "kueue",
+        "ClusterQueue hpc is not Active: Active=False FlavorNotFound: Can't admit",
+        "kubectl describe clusterqueue hpc",
+    ),
+    "LocalQueue missing": (
+        lambda k: k.objects.pop(("localqueues", names.JOBS_NAMESPACE, names.AI_LOCAL_QUEUE)),
+        "kueue",
+        "LocalQueue default/ai is missing",
+        REDEPLOY,
+    ),
+    "LocalQueue bound elsewhere": (
+        lambda k: _lq(k, names.SLURM_NAMESPACE, names.HPC_LOCAL_QUEUE)["spec"].update(clusterQueue="ai"),
+        "kueue",
+        "LocalQueue slurm/hpc is bound to 'ai', expected 'hpc'",
+        REDEPLOY,
+    ),
+    "LocalQueue inactive": (
+        lambda k: _lq(k, names.JOBS_NAMESPACE, names.AI_LOCAL_QUEUE)["status"].update(conditions=[]),
+        "kueue",
+        "LocalQueue default/ai is not Active: no Active condition",
+        "kubectl describe clusterqueue ai",
+    ),
+    # KEDA
+    "KEDA operator not Ready": (
+        lambda k: _not_ready(k.pod_lists[names.KEDA_NAMESPACE]),
+        "keda",
+        "KEDA keda-operator: 1 of 1 not Ready: keda-operator-5d8f-x",
+        "kubectl -n keda rollout restart deployment/keda-operator",
+    ),
+    "KEDA metrics server gone": (
+        lambda k: k.pod_lists[names.KEDA_NAMESPACE].pop(),
+        "keda",
+        "KEDA keda-operator-metrics-apiserver: no pods in namespace keda",
+        "kubectl -n keda rollout restart deployment/keda-operator-metrics-apiserver",
+    ),
+    "ScaledObject missing": (
+        lambda k: k.objects.pop(("scaledobjects", "slurm", names.SCALED_OBJECT)),
+        "scaledobject",
+        "slurmd is missing",
+        REDEPLOY,
+    ),
+    "a trigger failing": (
+        lambda k: k.scaled["status"]["health"]["s1-prometheus"].update(status="Failing", numberOfFailures=4),
+        "scaledobject",
+        "slurmd: triggers failing: s1-prometheus (4 failures)",
+        "kubectl -n keda logs deployment/keda-operator --tail=50",
+    ),
+    "triggers never evaluated": (
+        lambda k: k.scaled["status"]["conditions"].pop(),
+        "scaledobject",
+        "slurmd has not evaluated its triggers: no Active condition",
+        "kubectl -n slurm describe scaledobject slurmd",
+    ),
+    "another formula deployed": (
+        lambda k: k.scaled["spec"]["advanced"]["scalingModifiers"].update(formula="1"),
+        "hpa",
+        "slurmd's formula is not this stack's",
+        REDEPLOY,
+    ),
+    "HPA missing": (
+        lambda k: setattr(k, "hpa_object", None),
+        "hpa",
+        "keda-hpa-slurmd is missing",
+        "kubectl -n slurm describe scaledobject slurmd",
+    ),
+    "HPA reads the triggers, not the formula": (
+        lambda k: k.hpa_object["spec"].update(
+            metrics=[{"type": "External", "external": {"metric": {"name": "s0-prometheus"}}}]
+        ),
+        "hpa",
+        "keda-hpa-slurmd reads s0-prometheus, expected only composite-metric (the formula)",
+        REDEPLOY,
+    ),
+    "HPA cannot read the metric": (
+        lambda k: k.hpa_object["status"].update(
+            conditions=[{"type": "ScalingActive", "status": "False", "reason": "FailedGetExternalMetric"}]
+        ),
+        "hpa",
+        "keda-hpa-slurmd cannot read the formula: ScalingActive=False FailedGetExternalMetric",
+        "kubectl get apiservice/v1beta1.external.metrics.k8s.io",
+    ),
+    # the AI run-limit policies
+    "policy missing": (
+        lambda k: k.cluster_objects.pop(("validatingadmissionpolicies", f"{ai_run_limit.POLICY_PREFIX}-jobs")),
+        "admission",
+        f"ValidatingAdmissionPolicy {ai_run_limit.POLICY_PREFIX}-jobs is missing",
+        REDEPLOY,
+    ),
+    "policy with another limit": (
+        lambda k: _policy(k, "validatingadmissionpolicies")["spec"]["variables"][0].update(expression="7200"),
+        "admission",
+        f"ValidatingAdmissionPolicy {ai_run_limit.POLICY_PREFIX}-pytorchjobs allows 7200 s and 4 GPUs, expected 3600 s and 4 GPUs",
+        REDEPLOY,
+    ),
+    "binding that only warns": (
+        lambda k: _policy(k, "validatingadmissionpolicybindings")["spec"].update(validationActions=["Warn"]),
+        "admission",
+        f"ValidatingAdmissionPolicyBinding {ai_run_limit.POLICY_PREFIX}-pytorchjobs: validationActions ['Warn'] "
+        "(expected ['Deny'])",
+        REDEPLOY,
+    ),
+    "binding missing": (
+        lambda k: k.cluster_objects.pop(("validatingadmissionpolicybindings", f"{ai_run_limit.POLICY_PREFIX}-jobs")),
+        "admission",
+        f"ValidatingAdmissionPolicyBinding {ai_run_limit.POLICY_PREFIX}-jobs is missing",
+        REDEPLOY,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_each_kueue_keda_and_policy_check_fails_when_its_object_is_broken(case):
+    """One broken object, one failed check, which names it and carries the command that fixes it."""
+    s = settings()
+    kube = FakeKube(s)
+    brake, name, detail, remedy = BROKEN[case]
+    brake(kube)
+    # a KEDA pod is also one of its namespace's pods (the `pods` check)
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL and c.name != "pods"]
+    assert (failed.name, failed.detail[: len(detail)]) == (name, detail)
+    assert failed.remedy.startswith(remedy) and "\n" not in failed.remedy
+
+
+def test_the_doctor_expects_the_policies_the_program_creates(default_run):
+    """The run-limit objects the doctor compares with are those the program deploys."""
+    deployed = {
+        (r.inputs["metadata"]["name"], r.type.rsplit(":", 1)[1]): offline.reveal(r.inputs)["spec"]
+        for r in default_run.resources
+        if r.type.startswith("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy")
+    }
+    expected = ai_run_limit.stack_objects(names.Names.from_settings(default_run.settings))
+    assert deployed == {(o["metadata"]["name"], o["kind"]): o["spec"] for o in expected}
 
 
 def test_the_real_adapter_execs_through_validations_exec_stream():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,14 @@ args = sys.argv[1:]
 with open(os.environ["STUB_PULUMI_LOG"], "a") as f:
     f.write(" ".join(args) + "\\n")
 words = [a for a in args if not a.startswith("-")]
+def events(steps):  # the engine events the Automation API tails from --event-log (given with on_event)
+    if "--event-log" not in args:
+        return
+    with open(args[args.index("--event-log") + 1], "a") as f:
+        for key, op, kind, name in steps:
+            metadata = {{"op": op, "urn": "urn:pulumi:dev::gpu-testbed::" + kind + "::" + name, "type": kind}}
+            f.write(json.dumps({{key: {{"metadata": metadata}}}}) + "\\n")
+        f.write(json.dumps({{"cancelEvent": {{}}}}) + "\\n")
 if words[:1] == ["version"]:
     print("v3.200.0")
 elif words[:2] == ["stack", "select"]:
@@ -32,9 +41,15 @@ elif words[:1] == ["up"]:
     print(" +  aws:ec2:Vpc testbed-network-vpc created (1s)")
     print(" +  command:remote:Command testbed-readiness-wait created (600s)")
     print(" +  kubernetes:helm.sh/v3:Release testbed-keda-release created (40s)")
+    done = "resOutputsEvent"
+    events([(done, "create", "pulumi:pulumi:Stack", "gpu-testbed-dev"), (done, "create", "pulumi:providers:aws", "default"),
+            (done, "create", "aws:ec2/vpc:Vpc", "testbed-network-vpc"),
+            (done, "create", "command:remote:Command", "testbed-readiness-wait"),
+            ("resOpFailedEvent", "create", "kubernetes:helm.sh/v3:Release", "testbed-keda-release")])
     sys.exit(int(os.environ.get("STUB_UP_RC", "0")))
 elif words[:1] == ["destroy"]:
     print(" -  aws:ec2:Vpc testbed-network-vpc deleted (1s)")
+    events([("resOutputsEvent", "delete", "aws:ec2/vpc:Vpc", "testbed-network-vpc")])
     sys.exit(int(os.environ.get("STUB_DESTROY_RC", "0")))
 elif words[:2] == ["stack", "output"]:
     print("{{}}")
@@ -92,6 +107,7 @@ class Fakes:
             validate=validate,
             scenarios=["hpc-parallel", "mixed"],
             select_stack=lambda name: auto.select_stack(stack_name=name, work_dir=str(offline.ROOT)),
+            planned_resources=lambda stack: 3,
         )
 
 
@@ -144,7 +160,7 @@ def test_a_scenario_the_stack_cannot_run_is_skipped_with_the_reason_and_the_rest
     stacks.mkdir()
     dev = (offline.ROOT / "Pulumi.dev.yaml").read_text() + "  gpu-testbed:hpcBorrowsAiGpus: false\n"
     (stacks / "Pulumi.dev.yaml").write_text(dev)
-    monkeypatch.setattr(offline.stack_config, "__defaults__", ("dev", None, stacks))
+    monkeypatch.setattr(offline, "STACKS_DIR", stacks)
     out = tmp_path / "report"
     assert e2e.Run("dev", False, out, tools).execute() == 0
     assert fakes.calls == ["preflight", "doctor", "validate mixed"]
@@ -247,3 +263,43 @@ def test_doctor_and_validate_read_the_deployed_stack_not_kubeconfig(tmp_path, st
     assert e2e.Run("dev", False, tmp_path / "report", tools).execute() == 0
     assert seen == [None, None, None]
     assert os.environ["KUBECONFIG"] == "/somewhere/else"
+
+
+def test_up_and_destroy_show_each_resource_done_with_the_count_and_time(tmp_path, stub_pulumi, capsys):
+    """Through the real Automation API, whose on_event tails the engine's event log (the stub
+    writes one): a line per resource done, not for the stack or a provider, and a failed step."""
+    assert e2e.Run("dev", False, tmp_path / "r", Fakes().tools()).execute() == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if re.match(r"pulumi (up|destroy) \[", line)]
+    step = r" +\d+m\d\ds  "
+    expected = [
+        rf"pulumi up \[1/3\]{step}create aws:ec2/vpc:Vpc testbed-network-vpc",
+        rf"pulumi up \[2/3\]{step}create command:remote:Command testbed-readiness-wait",
+        rf"pulumi up \[2/3\]{step}FAILED kubernetes:helm.sh/v3:Release testbed-keda-release",
+        rf"pulumi destroy \[1/3\]{step}delete aws:ec2/vpc:Vpc testbed-network-vpc",
+    ]
+    assert len(shown) == len(expected) and all(re.fullmatch(p, line) for p, line in zip(expected, shown, strict=True))
+
+
+def test_progress_counts_against_the_plan_and_times_from_the_start():
+    from pulumi.automation import events
+
+    def done(op, kind, name):
+        meta = events.StepEventMetadata(
+            op=events.OpType(op), urn=f"urn:pulumi:dev::p::{kind}::{name}", type=kind, provider=""
+        )
+        return events.EngineEvent(0, 0, res_outputs_event=events.ResOutputsEvent(meta))
+
+    clock, lines = iter([0.0, 65.0, 3725.0]), []
+    progress = e2e.ResourceProgress("pulumi up", 12, lambda: next(clock), lines.append)
+    progress.on_event(done("same", "aws:ec2/vpc:Vpc", "vpc"))
+    progress.on_event(done("create", "pulumi:providers:tls", "default"))  # not counted, no time read
+    progress.on_event(done("update", "tls:index/privateKey:PrivateKey", "key"))
+    assert lines == [
+        "pulumi up [ 1/12]   1m05s  unchanged aws:ec2/vpc:Vpc vpc",
+        "pulumi up [ 2/12]  62m05s  update tls:index/privateKey:PrivateKey key",
+    ]
+
+
+def test_the_total_is_the_plans_count_of_resources(default_run, monkeypatch):
+    monkeypatch.setattr(e2e.offline, "run", lambda *args, **kwargs: default_run)
+    assert e2e.plan_count("dev") == sum(1 for r in default_run.resources if not r.type.startswith("pulumi:providers:"))

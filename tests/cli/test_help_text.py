@@ -2,6 +2,7 @@
 design-document sections, no "seed" but as the name of a scaling policy."""
 
 import re
+import sys
 
 import pytest
 
@@ -36,3 +37,34 @@ def test_the_check_finds_what_it_looks_for():
         "seed",
     ]
     assert internal_words("--policy: " + ", ".join(slurmd_scaling.POLICIES)) == []
+
+
+@pytest.mark.parametrize(
+    ("argv0", "typed"),
+    [("/home/u/venv/bin/testbed", "testbed"), ("/home/u/gpu-testbed/cli/__main__.py", "python -m cli")],
+)
+def test_help_names_the_tools_as_the_user_typed_them(argv0, typed, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [argv0])
+    for argv in [["--help"]] + [[c, "--help"] for c in COMMANDS]:
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: {typed} {argv[0] if len(argv) == 2 else ''}".rstrip()), argv
+        if typed == "testbed":
+            assert "python -m cli" not in out, argv
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_plan_and_render_help_say_what_the_command_does(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    out = capsys.readouterr().out
+    description = " ".join(out.split("\n\n", 1)[1].split("options:", 1)[0].split())
+    assert description == cli.DESCRIPTIONS[command] and "`pulumi up`" in description
+    assert "nothing is created" in description.lower() or "without building anything" in description
+
+
+def test_e2e_help_does_not_offer_the_config_it_refuses(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["e2e", "--help"])
+    assert "--config" not in capsys.readouterr().out

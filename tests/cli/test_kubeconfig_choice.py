@@ -18,15 +18,15 @@ class Reached(Exception):
 @pytest.fixture
 def doctor_client(monkeypatch):
     """The kubeconfig doctor hands the kubernetes client; no cluster is called."""
-    from kubernetes import config
+    from validation import cluster
 
     seen = {}
 
-    def refuse(config_dict):
+    def refuse(config_dict, notice=None):
         seen["server"] = config_dict["clusters"][0]["cluster"]["server"]
         raise Reached
 
-    monkeypatch.setattr(config, "new_client_from_config_dict", refuse)
+    monkeypatch.setattr(cluster, "api_client", refuse)
     monkeypatch.setattr(doctor, "read_outputs", lambda stack: "not deployed in the tests")
     return seen
 

@@ -149,3 +149,24 @@ def test_the_plan_states_each_reclaim_bound_from_the_limits_the_engines_enforce(
     assert f"HPC gets its share back within {said(ai_limit + handoff)}:" in text
     assert f"starts within {said(120 + max(maxtime * 60 + 60, ai_limit) + handoff)}" in text
     assert f"a freed GPU reaches waiting work within {handoff} s" in text
+
+
+@pytest.mark.parametrize(("columns", "width"), [("72", 72), (None, 100)])
+def test_the_plan_fits_the_terminal_and_loses_no_word(default_run, monkeypatch, capsys, columns, width):
+    """Wrapped to $COLUMNS (what shutil reads for the terminal), else 100 when not on a terminal
+    (capsys is not one); the words are the plan's, in order."""
+    from cli import __main__ as cli
+
+    monkeypatch.setattr(cli.offline, "run", lambda *args, **kwargs: default_run)
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert cli.main(["plan"]) == 0
+    out = capsys.readouterr().out
+    too_wide = [line for line in out.splitlines() if len(line) > width and " " in line.strip()]
+    assert too_wide == []
+    assert max(len(line) for line in artifacts.plan_text(default_run).splitlines()) > 300  # there was work to do
+    assert out.split() == artifacts.plan_text(default_run).split()
+    continued = [line for line in out.splitlines() if line.startswith("      testbed-")]
+    assert continued, "an install step's long list of waits continues under its own indent"

@@ -9,7 +9,7 @@ from tests.conftest import by_type
 
 
 def _values(tag: str = "25.11.6-ubuntu24.04") -> dict:
-    return slinky.slurm_values("1.0.0", tag, names.slurm_names("gpu"), {})
+    return slinky.slurm_values("1.0.0", tag, names.slurm_names("gpu"))
 
 
 def test_both_images_of_the_slurmd_pod_follow_the_slurm_chart_values():
@@ -35,7 +35,7 @@ def test_every_example_job_image_and_the_init_container_are_pulled_once():
 
 def test_every_worker_pulls_them_in_its_user_data(default_run):
     s = default_run.settings
-    values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, names.slurm_names(s.nodeset_name), {})
+    values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, names.slurm_names(s.nodeset_name))
     expected = " ".join(images.worker_images(values))
     workers = [r for r in by_type(default_run, "aws:ec2/instance:Instance") if "worker" in r.name]
     assert len(workers) == default_run.settings.worker_count

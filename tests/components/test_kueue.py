@@ -225,7 +225,7 @@ def test_each_side_reaches_its_queue_from_its_own_namespace_only():
 def test_the_nodeset_labels_name_the_hpc_queue_and_its_priority_class():
     from components import slinky
 
-    values = slinky.slurm_values("1.0.0", "25.11-ubuntu24.04", names.slurm_names("slinky"), {})
+    values = slinky.slurm_values("1.0.0", "25.11-ubuntu24.04", names.slurm_names("slinky"))
     labels = values["nodesets"]["slinky"]["metadata"]["labels"]
     objs = by_kind(kueue.objects(shares()))
     local = objs["LocalQueue", labels[names.QUEUE_NAME_LABEL]]

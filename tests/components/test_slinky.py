@@ -8,7 +8,9 @@ VERSION = "1.0.0"
 
 
 def values(nodeset="slinky"):
-    return slinky.slurm_values(VERSION, "25.11.6-ubuntu24.04", slurm_names(nodeset), {"release": "monitoring"})
+    return slinky.slurm_values(
+        VERSION, "25.11.6-ubuntu24.04", slurm_names(nodeset), service_monitor_labels={"release": "monitoring"}
+    )
 
 
 @pytest.mark.parametrize("release, fullname", [("slurm", "slurm"), ("hpc", "hpc-slurm"), ("my-slurm-2", "my-slurm-2")])
@@ -166,7 +168,7 @@ def test_partition_limits_given_alone_still_bring_the_submit_check():
     """MaxTime without MaxNodes: both partitions carry it and job_submit.lua, which refuses a longer
     --time, is installed; with neither, the chart's partitions (MaxTime UNLIMITED) stay."""
     n = slurm_names("slinky")
-    v = slinky.slurm_values(VERSION, "25.11.6-ubuntu24.04", n, {}, max_minutes=30)
+    v = slinky.slurm_values(VERSION, "25.11.6-ubuntu24.04", n, max_minutes=30)
     assert v["partitions"]["all"]["configMap"] == {"State": "UP", "Default": "YES", "MaxTime": 30}
     assert v["nodesets"]["slinky"]["partition"]["configMap"] == {"MaxTime": 30}
     assert v["controller"]["extraConfMap"]["JobSubmitPlugins"] == "lua" and "job_submit.lua" in v["configFiles"]

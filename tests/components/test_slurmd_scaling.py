@@ -345,7 +345,17 @@ def test_lend_and_reclaim_rule_table_agrees_with_the_triggers(case, metrics, wan
     claim = scaling.ai_claim(held, int(pending_now), AI_SHARE, WORKERS, waiting_long and held < AI_SHARE)
     restapi = metrics.get("pods", 0) if metrics.get("restapi_down") else 0
     pods = metrics.get("pods", 0)
-    got = scaling.lend_and_reclaim_replicas(m, 1, WORKERS, pending_now > 0, 0, pods, claim, WORKERS, 0, restapi)
+    got = scaling.lend_and_reclaim_replicas(
+        m,
+        1,
+        WORKERS,
+        ai_waiting=pending_now > 0,
+        recently_busy=0,
+        pods=pods,
+        ai_claim_gpus=claim,
+        gpus_total=WORKERS,
+        restapi_down_pods=restapi,
+    )
     assert got == want
 
 
@@ -355,22 +365,35 @@ def test_lend_and_reclaim_rule_table_agrees_with_the_triggers(case, metrics, wan
 )
 def test_demand_aware_rule(ai_waiting, recently_busy, pods, want):
     idle = M()
-    assert scaling.demand_aware_replicas(idle, 1, WORKERS, ai_waiting, recently_busy, pods) == want
+    assert (
+        scaling.demand_aware_replicas(idle, 1, WORKERS, ai_waiting=ai_waiting, recently_busy=recently_busy, pods=pods)
+        == want
+    )
     busy = M(nodes_alloc=1)
-    assert scaling.demand_aware_replicas(busy, 1, WORKERS, ai_waiting, recently_busy, pods) == max(1, want)
+    assert scaling.demand_aware_replicas(
+        busy, 1, WORKERS, ai_waiting=ai_waiting, recently_busy=recently_busy, pods=pods
+    ) == max(1, want)
 
 
 def test_the_rules_defaults_are_nothing_stalled_and_the_restapi_up():
     two_jobs = M(jobs_pending=2, largest_pending_job_nodes=1)
     assert scaling.desired_replicas(two_jobs, 1, WORKERS) == 2
-    assert scaling.demand_aware_replicas(two_jobs, 1, WORKERS, False, 0, 0) == 2
+    assert scaling.demand_aware_replicas(two_jobs, 1, WORKERS, ai_waiting=False, recently_busy=0, pods=0) == 2
 
 
 def test_demand_aware_passes_the_caps_stalls_and_restapi_to_the_safe_rule():
     four_jobs = M(jobs_pending=4, largest_pending_job_nodes=1)
-    assert scaling.demand_aware_replicas(four_jobs, 1, 2, False, 0, 0) == 2
-    assert scaling.demand_aware_replicas(four_jobs, 1, WORKERS, False, 0, 0, stalled_pending=4) == 0
-    assert scaling.demand_aware_replicas(M(), 1, WORKERS, False, 0, 3, restapi_down_pods=3) == 3
+    assert scaling.demand_aware_replicas(four_jobs, 1, 2, ai_waiting=False, recently_busy=0, pods=0) == 2
+    assert (
+        scaling.demand_aware_replicas(
+            four_jobs, 1, WORKERS, ai_waiting=False, recently_busy=0, pods=0, stalled_pending=4
+        )
+        == 0
+    )
+    assert (
+        scaling.demand_aware_replicas(M(), 1, WORKERS, ai_waiting=False, recently_busy=0, pods=3, restapi_down_pods=3)
+        == 3
+    )
 
 
 def test_previous_policy_scales_to_the_largest_pending_job_of_the_default_partition():

@@ -184,6 +184,17 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"adminCidr": "100.64.1.0/24"}, "adminCidr", "not an internet address range"),
     ({"adminCidr": "169.254.169.254/32"}, "adminCidr", "not an internet address range"),
     ({"adminCidr": "224.0.0.0/24"}, "adminCidr", "not an internet address range"),
+    # issue 31: allowOpenIngress widened the kind too; 192.0.0.0/24 passed as global on Python 3.11
+    ({"adminCidr": "192.0.0.0/24"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "198.18.0.0/16"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "240.0.0.0/16"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "10.0.0.0/8", "allowOpenIngress": "true"}, "adminCidr", "widens the range allowed, not the kind"),
+    ({"adminCidr": "192.168.0.0/16", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "127.0.0.0/8", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "224.0.0.0/4", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "240.0.0.0/4", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "0.0.0.0/8", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
+    ({"adminCidr": "192.0.0.0/24", "allowOpenIngress": "true"}, "adminCidr", "not an internet address range"),
     ({"adminCidr": "\u0668\u0661.2.69.0/28"}, "adminCidr", "CIDR"),
     ({"adminCidr": "81.2.69.0/28\n0.0.0.0/0"}, "adminCidr", "\\n"),
     ({"adminCidr": "81.2.69.0/ 28"}, "adminCidr", "CIDR"),
@@ -690,6 +701,33 @@ CLI_CLASSES: list[tuple[str, list[str], list[tuple[str, str]]]] = [
     ),
     (STACK_HEAD, ["kedaCooldownSeconds=1", "kedaPollingSeconds=3600"], [("kedaCooldownSeconds", "at least 3600")]),
     (STACK_HEAD, ["workerCount=8", "workerCount=2"], [("--config", "workerCount is given more than once")]),
+    # issue 31: a broken stack file hid the --config problems; each value says where it came from
+    (
+        STACK_HEAD + "  x: [\n",
+        ["workerCount=0", "bad"],
+        [
+            ("Pulumi.odd.yaml", "is not readable YAML"),
+            ("--config", '"bad" is not allowed; expected KEY=VALUE'),
+            ("workerCount", "expected an integer from 1 to 235 (the /24 node subnet's capacity) (from --config)"),
+        ],
+    ),
+    (
+        STACK_HEAD + f"  {PROJECT}:workerCount: 0\n",
+        ["kedaMaxReplicas=x"],
+        [("kedaMaxReplicas", "(from --config)"), ("workerCount", "(from Pulumi.odd.yaml)")],
+    ),
+    # the left-overs: a dotted near-miss, an empty key, a config under another project's name
+    (
+        STACK_HEAD + f"  {PROJECT}.workerCount: 2\n",
+        [],
+        [(f"{PROJECT}.workerCount", f"did you mean {PROJECT}:workerCount?")],
+    ),
+    (STACK_HEAD + '  "": x\n', [], [('(an empty key) with the value "x"', f"not read; expected {PROJECT}:SETTING")]),
+    (
+        f"config:\n  wrong-project:adminCidr: {ADMIN}\n",
+        [],
+        [("wrong-project:adminCidr", f"the project is {PROJECT}, so its keys start with {PROJECT}:")],
+    ),
 ]
 
 
@@ -705,7 +743,7 @@ def test_each_class_of_bad_input_exits_2_through_the_cli(text, overrides, expect
         raise AssertionError("the mock engine started: a resource could have been created")
 
     monkeypatch.setattr(pulumi.runtime, "set_mocks", no_engine)
-    monkeypatch.setattr(offline.stack_config, "__defaults__", ("dev", None, tmp_path))  # stack files from tmp_path
+    monkeypatch.setattr(offline, "STACKS_DIR", tmp_path)  # stack files from tmp_path
     (tmp_path / "Pulumi.odd.yaml").write_text(text)
     code = cli.main(["plan", "--stack", "odd", *(a for item in overrides for a in ("--config", item))])
     out, err = capsys.readouterr()
@@ -716,6 +754,32 @@ def test_each_class_of_bad_input_exits_2_through_the_cli(text, overrides, expect
         assert line.startswith(f"{thing}: ") and fragment in line, (line, thing, fragment)
         assert all(" " <= ch <= "~" or ch == "…" for ch in line) and len(line) < 600, line
         assert not any(secret in line for secret in SECRETS), line
+
+
+@pytest.mark.parametrize("value", ['{"gpu-testbed:workerCount": "8"}', "{junk", ""], ids=["json", "junk", "empty"])
+def test_pulumi_config_in_the_environment_is_refused_naming_it(value, tmp_path, capsys, monkeypatch):
+    """Before issue 31 the program under the mock engine read it (plan listed 8 workers and priced
+    4) and junk JSON was a traceback; `pulumi up` replaces it with the stack's config, so it is
+    refused, with every other problem, and never parsed or echoed."""
+    from cli import __main__ as cli
+
+    monkeypatch.setenv("PULUMI_CONFIG", value)
+    assert cli.main(["plan", "--config", "workerCount=0"]) == 2
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 2, lines
+    assert lines[0].startswith(f"$PULUMI_CONFIG: set in the environment ({len(value)} characters, not read)")
+    assert lines[1].startswith('workerCount: "0" is not allowed') and lines[1].endswith("(from --config)")
+    assert "junk" not in err and "gpu-testbed:workerCount" not in err
+
+
+def test_the_mock_engine_gives_the_program_its_config_as_pulumi_does(monkeypatch):
+    """The program reads PULUMI_CONFIG (stacks/testbed.py settings_from_pulumi); the offline engine
+    sets it to the stack's config for the run, and puts back what was there."""
+    monkeypatch.setenv("PULUMI_CONFIG", '{"gpu-testbed:workerCount": "8"}')
+    rec = offline.run({f"{PROJECT}:adminCidr": ADMIN})  # the default workerCount, 4: not the environment's 8
+    assert len(rec.outputs["workerPrivateIps"]) == rec.settings.worker_count == 4
+    assert __import__("os").environ["PULUMI_CONFIG"] == '{"gpu-testbed:workerCount": "8"}'
 
 
 def test_the_cli_prints_the_lines_and_no_traceback_for_a_pasted_private_key(tmp_path):

@@ -44,17 +44,28 @@ BUILD = "tools/engine-root.sh"  # as root; .ci/run runs it
 STAMP = ".testbed-engine-root"
 SLURM_UID_IN_ROOT = "slurm"  # Debian's slurm user; the Slinky images' is 401
 
-# Everything the harness changes in the rendered files, and why. Nothing else differs.
+# Everything the harness changes in the rendered files and the nodes, and why. Nothing else differs.
+# (find, replace, reason); None: nothing found (an addition) or nothing put back (a removal).
 ADAPTATIONS = {
-    "gres.conf": (
-        "AutoDetect=nvidia",
-        "Name=gpu Type=tesla File=/dev/nvidia0",
-        "no NVIDIA driver here: one fake GPU device node per slurmd (tools/engine-root.sh makes it)",
+    "fake_gpus.conf": (
+        None,
+        "tesla_t4|{cpus}|0-{last_cpu}|(null)|/dev/nvidia0|GPU-00000000-0000-0000-0000-000000000000|nvidia_gpu_env",
+        "no NVIDIA driver here: each slurmd is given the GPU a g4dn's driver reports, through Slurm's own "
+        "fake_gpus.conf (read beside the cached slurm.conf before AutoDetect's plugin; SchedMD/slurm@"
+        "slurm-26-05-0-1:src/interfaces/gpu.c gpu_g_get_system_gpu_list, @slurm-25-11-6-1:src/plugins/gres/"
+        "gpu/gres_gpu.c). Its type is the one gpu/nvidia derives from the driver's `Model: Tesla T4` "
+        "(gpu_nvidia.c _set_basic_info, gpu_common_underscorify_tolower): tesla_t4, not the node's `tesla`, "
+        "so gres.conf's AutoDetect=nvidia and its type matching run unchanged",
     ),
     "cgroup.conf": (
         None,
         "CgroupPlugin=disabled",
-        "no cgroup delegation in the sandbox; the operator then renders its cgroup-less slurm.conf",
+        "no cgroup delegation in the sandbox. The operator then renders its cgroup-less slurm.conf "
+        "(controller_config.go buildSlurmConf), which also drops SlurmctldParameters=enable_stepmgr, "
+        "PrologFlags=Contain, ProctrackType=proctrack/cgroup and TaskPlugin=task/cgroup: no extern step at "
+        "allocation and no step manager, which the testbed's srun, salloc and the preStop's node deletion "
+        "(a node with an extern step) go through. Batch jobs, scheduling, limits, metrics and job_submit.lua "
+        "do not; those paths are for a live cluster (docs/real-engines.md)",
     ),
     "slurm.conf": (
         None,
@@ -66,7 +77,20 @@ ADAPTATIONS = {
         None,
         "Debian's Slurm is built without libjwt (no auth_jwt.so); only slurmrestd uses JWT",
     ),
+    "job_submit.lua": (
+        "local NODE_CPUS = ..., local NODE_MEMORY_MB = ...",
+        "this host's CPUs and RealMemory (`slurmd -C` in the root)",
+        "the node here is the host, not the worker type: the script's node shape must be the node's, so "
+        "that a job it accepts can run here (components/slinky.py job_submit_parameters for the stack's)",
+    ),
 }
+
+
+def host_shape(root: Path) -> tuple[int, int]:
+    """(CPUs, RealMemory MiB) as slurmd reports this host (`slurmd -C`)."""
+    out = subprocess.run(["chroot", str(root), "slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout
+    found = dict(re.findall(r"\b(CPUs|RealMemory)=(\d+)", out))
+    return int(found["CPUs"]), int(found["RealMemory"])
 
 
 class EngineMissing(RuntimeError):
@@ -115,18 +139,26 @@ def promtool_test(tmp_path: Path, groups: list[dict]) -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
-def render_for_harness(values: dict, n: SlurmNames) -> dict[str, str]:
+def render_for_harness(values: dict, n: SlurmNames, shape: tuple[int, int] = (4, 14745)) -> dict[str, str]:
     """The program's /etc/slurm files as `render` writes them (components/slurm_config.py), with
-    ADAPTATIONS applied, and only those."""
-    gres_find, gres_replace, _ = ADAPTATIONS["gres.conf"]
+    ADAPTATIONS applied, and only those; `shape` is the node's (CPUs, RealMemory MiB)."""
     cgroup = ADAPTATIONS["cgroup.conf"][1] + "\n"
     # The operator's own branch for a cgroup.conf that disables cgroups (controller_config.go).
     files = slurm_config.slurm_files({**values, "configFiles": {**values["configFiles"], "cgroup.conf": cgroup}}, n)
-    assert gres_find in files["gres.conf"], "the rendered gres.conf has changed: review ADAPTATIONS"
-    files["gres.conf"] = files["gres.conf"].replace(gres_find, gres_replace)
     lines = [line for line in files["slurm.conf"].splitlines() if not line.startswith("AuthAlt")]
     files["slurm.conf"] = "\n".join([*lines, ADAPTATIONS["slurm.conf"][1]]) + "\n"
+    if "job_submit.lua" in files:
+        script = files["job_submit.lua"]
+        for key, value in (("NODE_CPUS", shape[0]), ("NODE_MEMORY_MB", shape[1])):
+            script, found = re.subn(rf"^local {key} = \d+$", f"local {key} = {value}", script, count=1, flags=re.M)
+            assert found == 1, f"job_submit.lua has no `local {key} = N` line: review ADAPTATIONS"
+        files["job_submit.lua"] = script
     return files
+
+
+def fake_gpus_conf(cpus: int) -> str:
+    """The fake_gpus.conf line of ADAPTATIONS for a node of `cpus` CPUs."""
+    return ADAPTATIONS["fake_gpus.conf"][1].format(cpus=cpus, last_cpu=cpus - 1) + "\n"
 
 
 @dataclass
@@ -147,6 +179,7 @@ class Engines:
     names: SlurmNames
     slurmd_conf: str  # slurmd's --conf, as the operator builds it
     index: int = 0  # the xdist worker: its own bridge and subnet
+    shape: tuple[int, int] = (4, 14745)  # the host's (CPUs, RealMemory MiB), as slurmd reports them
     hosts: dict[str, Host] = field(default_factory=dict)
     prometheus: subprocess.Popen | None = None
 
@@ -274,6 +307,11 @@ class Engines:
             (d / sub).mkdir(parents=True, exist_ok=True)
         shutil.copy(self.work / "etc" / "slurm.key", d / "etc" / "slurm.key")
         (d / "etc" / "slurm.key").chmod(0o600)
+        # Configless slurmd reads extra files beside its cached slurm.conf (read_config.c
+        # get_extra_conf_path): SlurmdSpoolDir/conf-cache.
+        cache = d / "spool" / "conf-cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / "fake_gpus.conf").write_text(fake_gpus_conf(self.shape[0]))
         binds = {
             "/etc/slurm": d / "etc",
             "/var/spool/slurmd": d / "spool",
@@ -428,13 +466,16 @@ class Engines:
 @contextmanager
 def engines(work: Path, values: dict, names: SlurmNames, index: int = 0) -> Iterator[Engines]:
     """Started Slurm (no nodes yet) for the chart values; every process and namespace stopped after."""
+    root = engine_root()
+    shape = host_shape(root)
     e = Engines(
-        engine_root(),
+        root,
         work,
-        render_for_harness(values, names),
+        render_for_harness(values, names, shape),
         names,
         slurm_config.slurmd_conf_arg(values, names.nodeset),
         index,
+        shape,
     )
     # Another test run on this machine (a second checkout, CI beside a developer) uses the same
     # bridge and namespace names for the same worker index: take turns instead of tearing each

@@ -166,7 +166,11 @@ def test_from_zero_and_back_twice_a_two_node_job_and_work_arriving_during_scale_
     names = Names.from_settings(s)
     setup = program.setup(s)
     values = slinky.slurm_values(
-        s.slinky_version, s.slurm_image_tag, names.slurm, {}, names.slurmd_max_replicas, names.metrics_interval_seconds
+        s.slinky_version,
+        s.slurm_image_tag,
+        names.slurm,
+        max_nodes=names.slurmd_max_replicas,
+        metrics_interval_seconds=names.metrics_interval_seconds,
     )
     assert values["controller"]["metrics"]["serviceMonitor"]["interval"] == "5s"
     rules = {
@@ -251,7 +255,13 @@ def test_a_slurmctld_without_metrics_fires_the_alert_and_fails_the_doctor(engine
     the target up, every Slurm trigger is empty. The shipped rule goes pending, the doctor fails."""
     s = _settings(FAST)
     names = Names.from_settings(s)
-    values = slinky.slurm_values(s.slinky_version, s.slurm_image_tag, names.slurm, {}, names.slurmd_max_replicas, 5)
+    values = slinky.slurm_values(
+        s.slinky_version,
+        s.slurm_image_tag,
+        names.slurm,
+        max_nodes=names.slurmd_max_replicas,
+        metrics_interval_seconds=5,
+    )
     values["controller"]["metrics"]["enabled"] = False
     rules = {
         "slurm-metrics.yaml": yaml.safe_dump(

@@ -171,6 +171,14 @@ def test_slurmctld_sizes_gpu_only_jobs_with_the_shipped_job_submit_lua(default_r
     assert values["configFiles"]["job_submit.lua"] == slinky.JOB_SUBMIT_LUA.read_text()
 
 
+def test_job_submit_lua_holds_jobs_to_the_stack_s_worker_type():
+    """The node shape the script enforces is workerInstanceType's, from core/instance_types.py."""
+    values = release(run_program(workerInstanceType="g5.2xlarge"), "slurm").inputs["values"]
+    script = values["configFiles"]["job_submit.lua"]
+    assert "local NODE_CPUS = 8\n" in script and 'local WORKER_TYPE = "g5.2xlarge"\n' in script
+    assert f"local NODE_MEMORY_MB = {int(32 * 1024 * 0.9)}\n" in script
+
+
 def test_service_monitors_carry_the_label_prometheus_selects(default_run):
     stack = reveal(release(default_run, "monitoring").inputs)["values"]
     assert stack["prometheus"]["prometheusSpec"]["serviceMonitorSelectorNilUsesHelmValues"] is True

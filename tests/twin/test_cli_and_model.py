@@ -1,6 +1,7 @@
 """`python -m cli simulate` and the twin's building blocks against the
 upstream behaviour they cite."""
 
+import io
 import json
 from pathlib import Path
 
@@ -200,3 +201,65 @@ def test_an_unknown_scenario_name_lists_the_shipped_ones(capsys):
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith('--scenario: "handof" is neither a file nor a shipped scenario; expected a path or one of ')
     assert ", handoff, " in line and "restapi-down" in line
+
+
+def test_the_picture_states_the_latencies_the_text_states(tmp_path, capsys, monkeypatch):
+    """One number each: the picture's headline takes the twin's latencies (exact to the second),
+    not a second reading from its 15 s samples, which gave 75 s for a 63 s scale-up. The exact
+    value lies within the sampled bounds: the samples only round it up to the next sample."""
+    from validation import checks, plot
+
+    drawn = {}
+    monkeypatch.setattr(plot, "draw", lambda timeline, path, title, modelled: drawn.update(t=timeline, m=modelled))
+    assert main(["simulate", "--scenario", "handoff", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out.splitlines()[-1]
+    headline, _ = plot.verdict(drawn["t"], None, drawn["m"])
+    up, back = drawn["m"]["scale_up_s"], drawn["m"]["gpu_return_s"]
+    assert f"scale-up {up:g} s, GPU return {back:g} s (modelled)" in text
+    assert f"scale-up {up:g} s (modelled); GPU return {back:g} s (modelled)" in headline
+    sampled = checks.scale_up_bounds(drawn["t"])
+    assert sampled.low <= up <= sampled.high and sampled.value != up  # what the picture said before
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture
+def slow_clock(monkeypatch):
+    """Each reading of the clock a second later: a run of the twin lasts long enough to show."""
+    from cli import progress
+
+    seconds = iter(range(10**6))
+    monkeypatch.setattr(progress, "clock", lambda: float(next(seconds)))
+
+
+@pytest.mark.parametrize(
+    ("stream", "argv", "shown"),
+    [
+        (Terminal, [], True),
+        (Terminal, ["--json"], False),  # what a script reads, on stdout; and nothing on stderr
+        (io.StringIO, [], False),  # not a terminal: a pipe, a file, a CI log
+    ],
+)
+def test_simulate_shows_progress_on_a_terminal_only(stream, argv, shown, slow_clock, monkeypatch, capsys):
+    err = stream()
+    monkeypatch.setattr("sys.stderr", err)
+    assert main(["simulate", "--scenario", "handoff", *argv]) == 0
+    text = err.getvalue()
+    assert ("simulate: handoff: 1800 of 1800 modelled s" in text) is shown
+    if shown:
+        assert text.startswith("\r\x1b[K") and text.endswith("\r\x1b[K"), "rewritten in place, cleared at the end"
+        assert "simulate: handoff: 1 of 1800" not in text, "nothing in the first seconds"
+    else:
+        assert text == ""
+    out = capsys.readouterr().out
+    assert "\r" not in out and (json.loads(out) if "--json" in argv else out.startswith("smoke "))
+
+
+def test_a_phase_sweep_names_the_set_it_runs(slow_clock, monkeypatch, capsys):
+    err = Terminal()
+    monkeypatch.setattr("sys.stderr", err)
+    assert main(["simulate", "--scenario", "handoff", "--phases", "2", "--phase-set", "5"]) == 0
+    assert "simulate: handoff, phase set 6 (2 of 2): 1800 of 1800 modelled s" in err.getvalue()

@@ -50,7 +50,7 @@ def cold_scenarios() -> list[str]:
 
 def test_the_twin_runs_the_programs_images_and_its_pre_pull_list():
     s, names = setup(), Names.from_settings(dev())
-    values = slinky.slurm_values(dev().slinky_version, dev().slurm_image_tag, names.slurm, {})
+    values = slinky.slurm_values(dev().slinky_version, dev().slurm_image_tag, names.slurm)
     assert s.prepulled == images.worker_images(values)
     assert s.images["slurmd"] == f"{slinky.IMAGES}/slurmd:{dev().slurm_image_tag}"
     assert s.images["init"] == training_operator.INIT_CONTAINER_IMAGE

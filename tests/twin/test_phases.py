@@ -111,9 +111,23 @@ def test_simulate_sweeps_phases_and_names_the_sets_that_kill(capsys):
 @pytest.mark.parametrize(
     "args, problem",
     [
-        (["--phases", "0"], "--phases: 0 is not allowed"),
-        (["--phases", "101"], "--phases: 101 is not allowed"),
-        (["--phase-set", "-1"], "--phase-set: -1 is not allowed"),
+        (["--phases", "0"], '--phases: "0" is not allowed'),
+        (["--phases", "101"], '--phases: "101" is not allowed'),
+        (["--phase-set", "-1"], '--phase-set: "-1" is not allowed'),
+        # issue 31: int() took these; the range is stated
+        (
+            ["--phase-set", "\u0661\u0660"],
+            '--phase-set: "\\u0661\\u0660" is not allowed; expected a whole number from 0 to 999999',
+        ),
+        (["--phase-set", "1_0"], '--phase-set: "1_0" is not allowed'),
+        (["--phase-set", str(2**32 - 1)], '--phase-set: "4294967295" is not allowed'),
+        (["--phase-set", "1000000"], '--phase-set: "1000000" is not allowed'),
+        (["--phase-set", "010"], '--phase-set: "010" is not allowed'),
+        (["--phases", "\u0662"], '--phases: "\\u0662" is not allowed'),
+        (
+            ["--phases", "2", "--phase-set", "999999"],
+            "--phases: 2 from --phase-set 999999 would reach phase set 1000000",
+        ),
         (["--phases", "2", "--out", "x"], "--out: not allowed with --phases"),
     ],
 )

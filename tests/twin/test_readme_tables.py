@@ -15,10 +15,10 @@ from components import slurmd_scaling
 from core import settings
 from stacks import offline
 from tests.twin import runs as cached
-from twin import kube, scenario
+from twin import kube, scenario, tables
 
 ROOT = Path(__file__).resolve().parents[2]
-STALE = f"README's twin tables differ from what the twin gives; regenerate them: {cli.REGENERATE}"
+STALE = f"README's twin tables differ from what the twin gives; regenerate them: {tables.REGENERATE}"
 
 
 @functools.cache
@@ -28,8 +28,8 @@ def dev() -> settings.Settings:
 
 def block(name: str, text: str | None = None) -> str:
     text = (ROOT / "docs" / "handoff.md").read_text() if text is None else text
-    assert text.count(cli.begin(name)) == 1 and text.count(cli.end(name)) == 1, f"markers of {name}: {STALE}"
-    return text[text.index(cli.begin(name)) : text.index(cli.end(name)) + len(cli.end(name))]
+    assert text.count(tables.begin(name)) == 1 and text.count(tables.end(name)) == 1, f"markers of {name}: {STALE}"
+    return text[text.index(tables.begin(name)) : text.index(tables.end(name)) + len(tables.end(name))]
 
 
 def rows(name: str) -> list[str]:
@@ -37,7 +37,7 @@ def rows(name: str) -> list[str]:
 
 
 def with_kubernetes() -> list[str]:
-    return [p.stem for p in cli.shipped() if cli.has_kubernetes_jobs(scenario.load(p))]
+    return [p.stem for p in cli.shipped() if tables.has_kubernetes_jobs(scenario.load(p))]
 
 
 @pytest.mark.slow
@@ -45,8 +45,8 @@ def with_kubernetes() -> list[str]:
 def test_each_scenarios_rows_are_the_twins(path):
     sc, setups = cli.policy_setups(path, "dev", [], dev())  # as cli.run_scenario runs them
     runs = {policy: cached.run(setup, sc) for policy, setup in setups.items()}
-    assert cli.policy_row(path.stem, runs) in rows("policies"), STALE
-    expected = cli.kueue_rows(path.stem, runs) if path.stem in with_kubernetes() else []
+    assert tables.policy_row(path.stem, runs) in rows("policies"), STALE
+    expected = tables.kueue_rows(path.stem, runs) if path.stem in with_kubernetes() else []
     assert [r for r in rows("kueue") if r.startswith(f"| `{path.stem}`, ")] == expected, STALE
 
 
@@ -56,12 +56,12 @@ def test_the_tables_have_one_row_per_scenario_and_policy_around_the_generators_l
     assert [r.split(" | ")[0] for r in kueue] == [
         f"| `{name}`, {policy}" for name in with_kubernetes() for policy in slurmd_scaling.POLICIES
     ], STALE
-    assert block("policies") == cli.blocks(policies, kueue)["policies"], STALE
-    assert block("kueue") == cli.blocks(policies, kueue)["kueue"], STALE
+    assert block("policies") == tables.blocks(policies, kueue)["policies"], STALE
+    assert block("kueue") == tables.blocks(policies, kueue)["kueue"], STALE
 
 
 def test_the_figures_are_labelled_modelled_with_the_twins_assumptions():
-    for name in cli.TABLES:
+    for name in tables.TABLES:
         assert "Modelled by the twin, not measured. Its assumptions: container start 5 s" in block(name)
         for role, seconds in kube.IMAGE_PULL.items():
             assert f"{role} {seconds:g} s" in block(name)
@@ -72,9 +72,11 @@ def test_readme_tables_rewrites_between_the_markers_and_prints_without_a_file(tm
     one = [p for p in cli.shipped() if p.stem == "other-partition"]
     monkeypatch.setattr(cli, "shipped", lambda: one)
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{cli.begin('policies')}\nold\n{cli.end('policies')}\nmiddle\n{block('kueue')}\nend\n")
+    readme.write_text(
+        f"intro\n{tables.begin('policies')}\nold\n{tables.end('policies')}\nmiddle\n{block('kueue')}\nend\n"
+    )
     assert main(["simulate", "--readme-tables", str(readme)]) == 0
-    fresh = cli.tables(cli.run_shipped("dev", [], dev()))
+    fresh = tables.tables(cli.run_shipped("dev", [], dev()))
     assert readme.read_text() == f"intro\n{fresh['policies']}\nmiddle\n{fresh['kueue']}\nend\n"
     capsys.readouterr()
     assert main(["simulate", "--readme-tables"]) == 0
@@ -91,7 +93,55 @@ def test_readme_tables_bad_input_one_line_each(tmp_path, capsys):
         "--json: not allowed with --readme-tables, which runs every policy",
     ]
     assert [line.split(" lacks the markers ")[1] for line in lines[2:]] == [
-        f"{cli.begin(n)} ... {cli.end(n)}" for n in cli.TABLES
+        f"{tables.begin(n)} ... {tables.end(n)}, once each" for n in tables.TABLES
     ]
     assert main(["simulate", "--readme-tables", "--scenario", "x.yaml"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def _file(tmp_path, text_or_bytes):
+    path = tmp_path / "doc.md"
+    (path.write_bytes if isinstance(text_or_bytes, bytes) else path.write_text)(text_or_bytes)
+    return path
+
+
+B, E = tables.begin, tables.end
+# issue 31: markers out of order duplicated sections and exited 0; a FIFO hung, /dev/zero ran out
+# of memory and Latin-1 was a traceback: now the one reader of user files and its limits
+BAD_FILES = [
+    (
+        lambda t: _file(t, f"{E('policies')}\n{B('policies')}\n{B('kueue')}\n{E('kueue')}\n"),
+        "has the end marker of policies before its begin marker",
+    ),
+    (
+        lambda t: _file(t, f"{B('policies')}\n{B('kueue')}\n{E('kueue')}\n{E('policies')}\n"),
+        "has the kueue markers inside the policies table",
+    ),
+    (
+        lambda t: _file(t, f"{B('policies')}\n{B('kueue')}\n{E('policies')}\n{E('kueue')}\n"),
+        "has the kueue markers inside the policies table",
+    ),
+    (
+        lambda t: _file(t, f"{B('policies')}{B('policies')}\n{E('policies')}\n{B('kueue')}\n{E('kueue')}\n"),
+        "lacks the markers",
+    ),
+    (lambda t: _file(t, "caf\xe9\n".encode("latin-1")), "is not UTF-8 text: byte 0xe9 at offset 3"),
+    (lambda t: Path("/dev/zero"), "is larger than 256 KiB"),
+    (lambda t: (__import__("os").mkfifo(t / "fifo"), t / "fifo")[1], "is a named pipe or a socket"),
+    (lambda t: t, "cannot be read"),
+]
+
+
+@pytest.mark.parametrize("make, fragment", BAD_FILES, ids=[str(i) for i in range(len(BAD_FILES))])
+def test_readme_tables_refuses_a_file_it_cannot_rewrite_in_one_line_and_leaves_it(
+    make, fragment, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(cli, "run_shipped", lambda *a: pytest.fail("the scenarios ran for a file that is refused"))
+    path = make(tmp_path)
+    before = path.read_bytes() if path.is_file() else None
+    assert main(["simulate", "--readme-tables", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and fragment in err and err.startswith("--readme-tables: "), err
+    assert all(line.startswith("--readme-tables: ") for line in err.splitlines())
+    if before is not None:
+        assert path.read_bytes() == before

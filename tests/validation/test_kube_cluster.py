@@ -86,7 +86,7 @@ def test_nodeset_without_replicas_counts_as_zero():
     cluster, _ = cluster_with()
     asked = []
     cluster.custom = SimpleNamespace(
-        get_namespaced_custom_object=lambda *a: asked.append(a) or {"spec": {}, "status": {}}
+        get_namespaced_custom_object=lambda *a: asked.append(a) or {"kind": "NodeSet", "spec": {}, "status": {}}
     )
     assert cluster.nodeset() == (0, 0)
     assert asked == [("slinky.slurm.net", "v1beta1", "slurm", "nodesets", "slurm-worker-slinky")]

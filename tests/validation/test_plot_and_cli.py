@@ -186,6 +186,10 @@ def no_cluster(monkeypatch):
             'validate: --timeout: "nan" is not allowed; expected seconds from 60 to 604800, e.g. 300 or 2.5\n'
             'validate: --interval: "inf" is not allowed; expected seconds from 1 to 600, e.g. 300 or 2.5',
         ),
+        (  # issue 31: accepted before, and the run took one sample at most
+            ["--scenario", "mixed", "--timeout", "60", "--interval", "600"],
+            "validate: --interval: 600 s is not shorter than --timeout 60 s; expected an interval shorter than the run",
+        ),
         (
             ["--scenario", "mixed", "--interval", "1e-9"],
             'validate: --interval: "1e-9" is not allowed; expected seconds from 1 to 600, e.g. 300 or 2.5',

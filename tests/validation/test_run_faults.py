@@ -143,7 +143,8 @@ def test_the_real_client_against_a_closed_port_is_bad_input_in_one_line(tmp_path
     path = kubeconfig(tmp_path, f"http://127.0.0.1:{port}")
     assert cli.main(["--scenario", "mixed", "--kubeconfig", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("validate: the cluster does not answer: read NodeSet slurm/") and err.count("\n") == 1
+    assert err.startswith(f"validate: the cluster does not answer: http://127.0.0.1:{port}: read NodeSet slurm/")
+    assert err.count("\n") == 1
     assert not (tmp_path / "o").exists()
 
 
@@ -163,7 +164,8 @@ def test_a_bad_kubeconfig_is_bad_input_in_one_line(tmp_path, capsys, content, sa
     path.write_text(content)
     assert cli.main(["--scenario", "mixed", "--kubeconfig", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("validate: --kubeconfig: ") and says in err and err.count("\n") == 1
+    assert err.startswith(("validate: --kubeconfig: ", "validate: kubeconfig: ")) and says in err
+    assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"scenario": "mixed"}), json.dumps([1, 2])])
@@ -173,7 +175,68 @@ def test_a_bad_timeline_is_bad_input_in_one_line(tmp_path, capsys, content):
     assert cli.main(["--scenario", "mixed", "--from-timeline", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     shown = show(str(path))
-    assert err.startswith(f"validate: --from-timeline: {shown} is not a timeline.json (") and err.count("\n") == 1
+    assert err.startswith(f"validate: --from-timeline: {shown}")
+    assert f"{shown} is not a timeline.json (" in err or ": missing" in err or "expected a JSON object" in err
+
+
+FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "handoff-timeline.json"
+
+
+def _changed(change) -> str:
+    data = json.loads(FIXTURE.read_text())
+    change(data)
+    return json.dumps(data)
+
+
+def _set(path: str, value):
+    """A change that sets one field, by a dotted path with list indexes (samples.3.t)."""
+
+    def change(data):
+        *parents, last = path.split(".")
+        for key in parents:
+            data = data[int(key)] if key.isdigit() else data[key]
+        data[int(last) if last.isdigit() else last] = value
+
+    return change
+
+
+# issue 31: each was read as a run (9 of 9 checks passed, a failed experiment, or a traceback)
+BAD_TIMELINES = [
+    (_set("scenario", "mixed"), 'recorded under scenario "mixed", not --scenario handoff'),
+    (_set("samples.3.t", float("nan")), "samples[3].t: nan: expected a number of seconds"),
+    (_set("submissions.0.gpus", 10**9), "submissions[0].gpus: 1000000000: expected at most gpus_total (4)"),
+    (_set("gpus_total", 10**9), "recorded with 1000000000 GPUs, but the stack's settings give 4"),
+    (_set("interval", 0), "interval: 0: expected seconds between samples above 0"),
+    (_set("interval", 3600), "interval 3600 s; expected 1 to 600 s"),
+    (_set("started_at", "yesterday"), 'started_at: "yesterday": expected an ISO time'),
+    (_set("samples.0.t", "10"), 'samples[0].t: "10": expected a number of seconds'),
+    (lambda d: d["samples"].reverse(), "comes before the previous sample's"),
+    (_set("waited_for_idle", float("inf")), "timeline.waited_for_idle: inf: expected a number of seconds"),
+    (_set("samples.2.gpu_pods", "none"), "samples[2].gpu_pods: expected a list"),
+    (_set("samples.1.extra", 1), "samples[1].extra: not a field of Sample"),
+]
+
+
+@pytest.mark.parametrize("change, fragment", BAD_TIMELINES, ids=[str(i) for i in range(len(BAD_TIMELINES))])
+def test_a_malformed_timeline_is_refused_before_any_check(change, fragment, tmp_path, capsys):
+    path = tmp_path / "timeline.json"
+    path.write_text(_changed(change))
+    assert cli.main(["--scenario", "handoff", "--from-timeline", str(path), "--out", str(tmp_path / "o")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not (tmp_path / "o").exists()
+    lines = err.splitlines()
+    assert all(line.startswith(f"validate: --from-timeline: {show(str(path))}") for line in lines), lines
+    assert any(fragment in line for line in lines), lines
+
+
+def test_a_timeline_with_every_sample_wrong_is_shown_in_21_lines(tmp_path, capsys):
+    path = tmp_path / "timeline.json"
+    path.write_text(_changed(lambda d: [s.update(t=-1.0) for s in d["samples"]]))
+    assert cli.main(["--scenario", "handoff", "--from-timeline", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 21 and lines[-1].endswith(
+        f"and {len(json.loads(path.read_text())['samples']) - 20} more problems"
+    )
 
 
 def test_pods_of_a_previous_runs_finished_jobs_do_not_keep_the_cluster_busy():

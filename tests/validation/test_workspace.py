@@ -104,7 +104,7 @@ def test_a_saved_run_gets_its_gpu_owners_back_from_the_workspace(tmp_path, monke
 
 def test_a_refused_or_unreachable_workspace_is_one_line():
     denied = urllib.error.HTTPError(ENDPOINT, 403, "Forbidden", {}, None)  # type: ignore[arg-type]
-    with pytest.raises(ClusterError, match=r"^query the workspace: HTTP 403 Forbidden$"):
+    with pytest.raises(ClusterError, match=r"^query the workspace https://aps-workspaces\.[^ ]*: HTTP 403 Forbidden$"):
         workspace.dcgm_holdings(ENDPOINT, "eu-west-1", "dev", (0.0, 1.0), 5.0, CREDENTIALS, Answering(denied))
     with pytest.raises(ClusterError, match="no query_range answer"):
         workspace.dcgm_holdings(ENDPOINT, "eu-west-1", "dev", (0.0, 1.0), 5.0, CREDENTIALS, Answering({"x": 1}))
@@ -127,3 +127,50 @@ def test_a_refused_or_unreachable_workspace_is_one_line():
 def test_bad_workspace_arguments_exit_2_with_one_line(extra, problem, capsys, tmp_path):
     assert cli.main(["--scenario", "handoff", "--out", str(tmp_path), *extra]) == 2
     assert capsys.readouterr().err.splitlines() == [problem]
+
+
+def test_a_workspace_that_never_answers_is_one_try_bounded_by_its_timeout(monkeypatch):
+    """A socket on 127.0.0.1 that accepts and never answers (no TLS handshake): one try, with the
+    stated timeout asked for, counted, not timed."""
+    import urllib.request
+
+    from tests.cli.test_unanswering_endpoints import SILENT, Server
+
+    monkeypatch.setattr(workspace, "WAIT_SECONDS", 0.3)
+    asked = []
+
+    def urlopen(request, timeout):
+        asked.append(timeout)
+        return urllib.request.urlopen(request, timeout=timeout)
+
+    server = Server(SILENT)
+    try:
+        with pytest.raises(
+            ClusterError, match=r"^query the workspace https://127\.0\.0\.1:\d+/: no answer within 0\.3 s"
+        ):
+            workspace.dcgm_holdings(
+                f"https://127.0.0.1:{server.port}/", "eu-west-1", "dev", (0.0, 1.0), 5.0, CREDENTIALS, urlopen
+            )
+    finally:
+        server.stop()
+    assert asked == [0.3] and len(server.requests) <= 1
+
+
+def test_a_workspace_answering_html_is_one_line_naming_what_came_back():
+    class Page(io.BytesIO):
+        def __enter__(self):
+            return self
+
+    html = Page(b"<html><body>Sign in</body></html>")
+    with pytest.raises(ClusterError, match=r"the answer is not Prometheus' JSON: <html><body>Sign in</body></html>"):
+        workspace.dcgm_holdings(ENDPOINT, "eu-west-1", "dev", (0.0, 1.0), 5.0, CREDENTIALS, lambda r, timeout: html)
+
+
+def test_an_aws_configuration_botocore_refuses_is_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    argv = ["--scenario", "handoff", "--from-timeline", str(FIXTURES / "handoff-timeline.json")]
+    assert cli.main([*argv, "--out", str(tmp_path / "o"), "--dcgm-from-workspace", ENDPOINT]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "validate: --dcgm-from-workspace: aws configuration: The config profile (no-such-profile) could not be found"
+    ]
