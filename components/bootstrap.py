@@ -248,6 +248,7 @@ def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
             "SHARE_EXPORT_CIDR": p.share_export_cidr,
             "SLURM_STATE_DIR": host_layout.SLURM_STATE_DIR,
             "SLURM_UID": str(host_layout.SLURM_UID),
+            "TOOLS_UID": str(host_layout.SHARE_TOOLS_UID),
             "CA_KEY_FILE": CA_KEY_FILE,
             "CA_KEY_WAIT_SECONDS": str(CA_KEY_WAIT_SECONDS),
         },

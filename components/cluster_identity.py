@@ -20,9 +20,14 @@ ADMIN_VALIDITY_HOURS = 365 * 24
 # system:masters); the provider waits for the readiness gate, which comes after init.
 ADMIN_GROUP = "kubeadm:cluster-admins"
 ADMIN_USER = "testbed-admin"
+# The tenants' client certificates (components/tenant_roles.py binds their groups): short-lived,
+# and due for renewal from their first hour, so every `pulumi up` issues fresh ones.
+ROLE_VALIDITY_HOURS = 12
 
 
-def render_kubeconfig(cluster: str, server: str, ca_cert_pem: str, client_cert_pem: str, client_key_pem: str) -> str:
+def render_kubeconfig(
+    cluster: str, server: str, ca_cert_pem: str, client_cert_pem: str, client_key_pem: str, user: str = ADMIN_USER
+) -> str:
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
@@ -35,11 +40,11 @@ def render_kubeconfig(cluster: str, server: str, ca_cert_pem: str, client_cert_p
             ],
             "users": [
                 {
-                    "name": ADMIN_USER,
+                    "name": user,
                     "user": {"client-certificate-data": b64(client_cert_pem), "client-key-data": b64(client_key_pem)},
                 }
             ],
-            "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": ADMIN_USER}}],
+            "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": user}}],
             "current-context": cluster,
         },
         sort_keys=False,
@@ -60,7 +65,10 @@ class ClusterIdentity(pulumi.ComponentResource):
         self.ca_cert_pem = ca_cert.cert_pem
         self.ca_cert_hash = ca_key.public_key_pem.apply(bootstrap.discovery_token_ca_cert_hash)
         self.bootstrap_token = self.token(f"{name}-token")
-        self._admin_key, self._admin_cert = self._create_admin_credentials(ca_key, ca_cert)
+        self._ca_key, self._ca_cert = ca_key, ca_cert
+        self._admin_key, self._admin_cert = self._client_credentials(
+            "admin", ADMIN_USER, ADMIN_GROUP, ADMIN_VALIDITY_HOURS
+        )
         self.register_outputs({"caCertPem": self.ca_cert_pem, "caCertHash": self.ca_cert_hash})
 
     def _create_ca(self) -> tuple[tls.PrivateKey, tls.SelfSignedCert]:
@@ -90,29 +98,41 @@ class ClusterIdentity(pulumi.ComponentResource):
         )
         return pulumi.Output.secret(pulumi.Output.concat(token_id.result, ".", token_secret.result))
 
-    def _create_admin_credentials(self, ca_key: tls.PrivateKey, ca_cert: tls.SelfSignedCert):
+    def _client_credentials(self, part: str, user: str, group: str, hours: int, renew_hours: int = 0):
         child = pulumi.ResourceOptions(parent=self)
-        key = tls.PrivateKey(f"{self._name}-admin-key", algorithm="RSA", rsa_bits=2048, opts=child)
+        key = tls.PrivateKey(f"{self._name}-{part}-key", algorithm="RSA", rsa_bits=2048, opts=child)
         # The provider's subject has one `organization` (O=), a string (pulumi_tls 5.6.2 _inputs.py
         # CertRequestSubjectArgsDict; hashicorp/terraform-provider-tls subject block): the key
         # `organizations` was no field of it, so the certificate carried no group.
-        subject: tls.CertRequestSubjectArgsDict = {"common_name": ADMIN_USER, "organization": ADMIN_GROUP}
+        subject: tls.CertRequestSubjectArgsDict = {"common_name": user, "organization": group}
         request = tls.CertRequest(
-            f"{self._name}-admin-csr",
+            f"{self._name}-{part}-csr",
             private_key_pem=key.private_key_pem,
             subject=subject,
             opts=child,
         )
         cert = tls.LocallySignedCert(
-            f"{self._name}-admin-cert",
+            f"{self._name}-{part}-cert",
             cert_request_pem=request.cert_request_pem,
-            ca_private_key_pem=ca_key.private_key_pem,
-            ca_cert_pem=ca_cert.cert_pem,
-            validity_period_hours=ADMIN_VALIDITY_HOURS,
+            ca_private_key_pem=self._ca_key.private_key_pem,
+            ca_cert_pem=self._ca_cert.cert_pem,
+            validity_period_hours=hours,
+            # due for renewal this many hours before it ends: an apply then issues a new one
+            early_renewal_hours=renew_hours,
             allowed_uses=["digital_signature", "key_encipherment", "client_auth"],
             opts=child,
         )
         return key, cert
+
+    def role_kubeconfig(self, role: str, user: str, group: str, cluster: str, server_ip: pulumi.Input[str], port: int):
+        """A tenant's kubeconfig: a client certificate for `user` in `group`, valid
+        ROLE_VALIDITY_HOURS and renewed by every `pulumi up` (early renewal from its first hour)."""
+        key, cert = self._client_credentials(role, user, group, ROLE_VALIDITY_HOURS, ROLE_VALIDITY_HOURS - 1)
+        return pulumi.Output.secret(
+            pulumi.Output.all(server_ip, self.ca_cert_pem, cert.cert_pem, key.private_key_pem).apply(
+                lambda v: render_kubeconfig(cluster, f"https://{v[0]}:{port}", v[1], v[2], v[3], user)
+            )
+        )
 
     def kubeconfig(self, cluster: str, server_ip: pulumi.Input[str], port: int) -> pulumi.Output[str]:
         return pulumi.Output.secret(

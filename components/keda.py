@@ -63,7 +63,7 @@ def _formula_policy(n: Names, policy: str) -> dict:
     """What the formula policies change: the triggers are combined by a formula, and the
     cooldown (kedaCooldownSeconds) lives in its `recently_busy` query, so KEDA's cooldownPeriod and
     the HPA's scale-down window are 0 and a GPU goes back as soon as the formula says so.
-    kedacore/keda@v2.16.1: apis/keda/v1alpha1/scaledobject_types.go (ScalingModifiers, a
+    kedacore/keda@v2.20.2: apis/keda/v1alpha1/scaledobject_types.go (ScalingModifiers, a
     cooldownPeriod pointer: 0 is 0, pkg/scaling/executor/scale_scaledobjects.go), controllers/keda/
     hpa.go (the composite metric with this target and metricType; behavior passed through).
     An unset scale-down window would be the controller's 300 s default (kubernetes/kubernetes@

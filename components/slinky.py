@@ -267,13 +267,18 @@ def statesave_volume(n: SlurmNames) -> dict:
 
 
 def operator_webhook_probe(n: SlurmNames) -> dict:
-    """A NodeSet the operator's webhook (failurePolicy Fail) validates; only ever dry-run."""
+    """A NodeSet the operator's webhook (failurePolicy Fail) validates; only ever dry-run.
+    `controllerRef` names the Controller alone: since 1.0.4 it is a LocalObjectReference, resolved
+    in the NodeSet's own namespace, and the CRD has no `namespace` there any more
+    (SlinkyProject/slurm-operator@v1.0.5:api/v1beta1/nodeset_types.go; 1.0.0's ObjectReference has
+    it optional, so the same probe passes both). In the operator's namespace it names no Controller,
+    so nothing would act on it even if it were stored."""
     return {
         "apiVersion": "slinky.slurm.net/v1beta1",
         "kind": "NodeSet",
         "metadata": {"name": "testbed-webhook-probe", "namespace": SLINKY_OPERATOR_NAMESPACE},
         "spec": {
-            "controllerRef": {"name": n.fullname, "namespace": n.namespace},
+            "controllerRef": {"name": n.fullname},
             "replicas": 0,
             "updateStrategy": {"type": "RollingUpdate"},
         },

@@ -26,7 +26,7 @@ runnable. On top of that:
 * No `or vector(0)` on Slurm metrics and `ignoreNullValues: "false"`: 25.11 emits every
   partition metric, zeros included (src/plugins/metrics/openmetrics/openmetrics.c), so an
   empty result means the scrape target is gone. That is a trigger error, and with no
-  `fallback` KEDA leaves the scale alone (kedacore/keda@v2.16.1:pkg/scaling/executor/
+  `fallback` KEDA leaves the scale alone (kedacore/keda@v2.20.2:pkg/scaling/executor/
   scale_scaledobjects.go) and the HPA does not scale down on an invalid metric
   (kubernetes/kubernetes@v1.34.0:pkg/controller/podautoscaler/horizontal.go
   computeReplicasForMetrics): a metrics outage freezes the scale.
@@ -58,9 +58,10 @@ waiting, slurmd stays for the cooldown as under "safe".
   (pending drops to 0) and before its pods run. Only new Slurm work (pending) scales out.
   With slurmd pods under Kueue too, a pod created while AI holds the quota waits gated; the
   guard does not depend on that.
-* The formula runs in KEDA 2.16.1 (`advanced.scalingModifiers`, expr-lang/expr v1.16.9, whose
-  builtins include variadic `max`/`min` and `?:`; kedacore/keda@v2.16.1:pkg/scaling/modifiers/
-  formula.go): trigger names are its variables, so they are identifiers. Any trigger error makes
+* The formula runs in KEDA 2.20.2 (`advanced.scalingModifiers`, expr-lang/expr v1.17.8, whose
+  builtins include variadic `max`/`min` and `?:`; kedacore/keda@v2.20.2:pkg/scaling/modifiers/
+  formula.go; 2.16.1 ran expr v1.16.9 the same way): trigger names are its variables, so they are
+  identifiers, and its result must be a float64 (2.20 no longer converts an int). Any trigger error makes
   the composite metric an error for the HPA and the ScaledObject inactive-with-error for KEDA
   (pkg/scaling/scale_handler.go GetScaledObjectMetrics, getScaledObjectState): the freeze holds.
 
@@ -144,7 +145,8 @@ RESERVE_AFTER_SECONDS = 120
 
 # kube-controller-manager's --horizontal-pod-autoscaler-sync-period default (kubernetes/kubernetes@
 # v1.34.0: pkg/controller/podautoscaler/config/v1alpha1/defaults.go) and a pod's default
-# terminationGracePeriodSeconds (the slurm chart 1.0.0 sets none for slurmd).
+# terminationGracePeriodSeconds (the slurm chart 1.0 sets none for slurmd): the most a slurmd pod's
+# termination takes, all of it before 1.0.5, whose logfile sidecar ignored SIGTERM (twin/kube.py).
 HPA_SYNC_SECONDS = 15
 POD_TERMINATION_SECONDS = 30
 # slurmctld ends a job past its limit in job_time_limit, run every PERIODIC_TIMEOUT (30 s), then
@@ -396,7 +398,7 @@ def formula(t: Target, policy: str = DEMAND_AWARE) -> str:
     if policy == DEMAND_AWARE:
         return f"max({', '.join(safe)}, {_warmth()})"
     runnable, *largest, restapi_hold = safe
-    cap = _cap_expression(t, AI_QUOTA if policy in QUOTA_POLICIES else str(t.ai_share))
+    cap = _cap_expression(t, AI_QUOTA if policy in QUOTA_POLICIES else str(float(t.ai_share)))
     # A job fits if its nodes fit under the cap (the busy ones may be among them); one that does
     # not gets no pod at all: it counts as one runnable job, whose pod would idle.
     fits = [f"({term} - {BUSY} <= {cap})" for term in largest]
@@ -407,9 +409,14 @@ def formula(t: Target, policy: str = DEMAND_AWARE) -> str:
 
 
 def _cap_expression(t: Target, ai_share: str) -> str:
+    # Float literals: min() returns the argument it picks, so an int GPU count would make the whole
+    # formula an int when AI claims every GPU, and KEDA 2.20 refuses a result that is not a float64
+    # (kedacore/keda@v2.20.2:pkg/scaling/modifiers/formula.go; 2.16.1 converted it). `ai_share` is
+    # a float literal or a trigger's name (fair-share's quota), whose value KEDA passes as a float64.
+    total = float(t.gpus_total)
     held_and_waiting = f"({AI_HELD} + {AI_PENDING})"
-    claim = f"({AI_RESERVE} > 0 ? min({t.gpus_total}, {held_and_waiting}) : min({ai_share}, {held_and_waiting}))"
-    return f"({t.gpus_total} - {claim})"
+    claim = f"({AI_RESERVE} > 0 ? min({total}, {held_and_waiting}) : min({ai_share}, {held_and_waiting}))"
+    return f"({total} - {claim})"
 
 
 def ai_claim(ai_held: int, ai_pending: int, ai_share: int, gpus_total: int, reserved: bool) -> int:
@@ -565,7 +572,7 @@ def input_alert_rules(t: Target) -> dict:
 
 
 def keda_triggers(server_address: str, t: Target, policy: str, warm_seconds: int) -> list[dict]:
-    # ignoreNullValues defaults to true (kedacore/keda@v2.16.1:pkg/scalers/prometheus_scaler.go):
+    # ignoreNullValues defaults to true (kedacore/keda@v2.20.2:pkg/scalers/prometheus_scaler.go):
     # the older policies keep the default, the guarded ones turn an empty result into an error.
     extra = {"ignoreNullValues": "false"} if policy in GUARDED_POLICIES else {}
     return [

@@ -20,7 +20,7 @@ READY_TIMEOUT_SECONDS = 10 * 60
 PROBE_IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: the probe is only dry-run
 # Every PyTorchJob Worker gets an init container that looks up `<job>-master-0` this many times,
 # 2 s apart, and fails the Worker (restartPolicy Never) when it gives up; the default is 100
-# (kubeflow/training-operator@v1.8.1: pkg/config/config.go, pkg/controller.v1/pytorch/
+# (kubeflow/trainer@v1.9.4, as at v1.8.1: pkg/config/config.go, pkg/controller.v1/pytorch/
 # initcontainer.go, flag --pytorch-init-container-max-tries in cmd/training-operator.v1/main.go).
 # An hour: a Worker waits for its Master as long as the example jobs may run at all
 # (activeDeadlineSeconds), so the wait ends with the job, never on its own.
@@ -37,7 +37,9 @@ class TrainingOperatorArgs:
 
 
 def webhook_probe() -> dict:
-    """The smallest PyTorchJob the v1.8.1 webhook accepts: Master with 1 replica, container `pytorch`."""
+    """The smallest PyTorchJob the webhook accepts: Master with 1 replica, container `pytorch`
+    (kubeflow/trainer@v1.9.4:pkg/webhooks/pytorch/pytorchjob_webhook.go, as at v1.8.1; 1.9 also
+    checks `runPolicy.managedBy`, which the probe leaves unset)."""
     replica = {
         "replicas": 1,
         "restartPolicy": "Never",
@@ -58,7 +60,7 @@ def overlay(version: str) -> str:
 
 def kustomization(version: str) -> dict:
     """The pinned overlay with one change: the operator's init-container wait (the Deployment in
-    manifests/base/deployment.yaml has a command and no args)."""
+    manifests/base/deployment.yaml has a command and no args, at v1.8.1 and v1.9.4)."""
     flag = f"--pytorch-init-container-max-tries={INIT_CONTAINER_MAX_TRIES}"
     patch = [{"op": "add", "path": "/spec/template/spec/containers/0/args", "value": [flag]}]
     return {

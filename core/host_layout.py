@@ -1,6 +1,13 @@
 """What the node bootstrap guarantees on every host, and what the platform layer relies on."""
 
-SHARE_DIR = "/mnt/share"  # NFS from the control node, mounted on every worker
+SHARE_DIR = "/mnt/share"  # NFS from the control node, mounted on every worker; root's, 0755
+# One directory per owner under it, none world-writable: Slurm jobs' scripts and output (they run
+# as SLURM_UID), and the tools the admin's build job installs (nccl-tests and its NCCL), which
+# Slurm jobs in privileged slurmd pods load and only SHARE_TOOLS_UID writes. The export squashes
+# root, so root in a pod or on a worker writes neither.
+SHARE_SLURM_DIR = f"{SHARE_DIR}/slurm"  # control-plane.sh makes both, under SHARE_DIR by these names
+SHARE_TOOLS_DIR = f"{SHARE_DIR}/tools"
+SHARE_TOOLS_UID = 402  # no user in the Slinky or CUDA images; the build job's copy step runs as it
 SLURM_STATE_DIR = "/var/spool/slurmctld"  # on the control node, owned by SLURM_UID
 SLURM_UID = 401  # the slurm user in the Slinky 25.11 images
 POD_CIDR = "10.244.0.0/16"  # Flannel's default Network

@@ -11,7 +11,7 @@ api/v1beta1/controller_keys.go and restapi_keys.go (Services `<fullname>-control
 volumeClaimTemplate `statesave`, port 6817, mount /var/spool/slurmctld/<ClusterName>),
 restapi_app.go (port 6820), internal/controller/nodeset/utils/utils.go (pods
 `<nodeset>-<ordinal>`), api/v1beta1/well_known.go and internal/builder/labels/labels.go (labels).
-KEDA's HPA is `keda-hpa-<ScaledObject>` (kedacore/keda@v2.16.1:controllers/keda/hpa.go).
+KEDA's HPA is `keda-hpa-<ScaledObject>` (kedacore/keda@v2.20.2:controllers/keda/hpa.go).
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ AI_PRIORITY_CLASSES = ("ai-normal", "ai-high")  # lowest first; the example jobs
 # The chart's webhook configurations, `<kueue.fullname>-{mutating,validating}-webhook-configuration`,
 # and its two pod webhooks (charts/kueue/templates/webhook/manifests.yaml).
 KUEUE_POD_WEBHOOKS = {"mutating": "mpod.kb.io", "validating": "vpod.kb.io"}
+# ValidatingAdmissionPolicy and its binding (components/ai_run_limit.py, components/tenant_volumes.py)
+ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 
 # Pulumi resource types the program creates and the tools find again in a plan or a stack's state.

@@ -299,19 +299,23 @@ def _optional(rule: Rule) -> Rule:
 _NUMBER = r"(0|[1-9][0-9]{0,3})"  # ASCII digits only: `\d` and str.isdigit() accept any script's digits
 
 
-def _release(series: str, tested: str, why: str, *, first_patch: int, leading_v: bool) -> Rule:
-    """A release in the tested series: `series` fixes MAJOR (e.g. "80") or MAJOR.MINOR ("1.34")."""
+def _release(series: str, tested: str, why: str, *, first_patch: int, leading_v: bool, article: str) -> Rule:
+    """A release in the tested series: `series` fixes MAJOR (e.g. "80") or MAJOR.MINOR ("1.34");
+    `article`, when set, is the reference article's exact release, accepted too (docs/versions.md)."""
     v = "v" if leading_v else ""
     fixed = tuple(int(p) for p in series.split("."))
     rx = re.compile(re.escape(v) + r"\.".join([_NUMBER] * 3))
     free = ".N" * (3 - len(fixed))
     floor = f", N from {first_patch}" if first_patch else ""
+    also = f", or the reference article's {article}" if article else ""
     what = (
         f"a release {v}{series}{free} ({v}MAJOR.MINOR.PATCH in ASCII digits"
-        f"{', with its leading v' if leading_v else ''}{floor}): {why}; e.g. {tested}"
+        f"{', with its leading v' if leading_v else ''}{floor}){also}: {why}; e.g. {tested}"
     )
 
     def rule(value: str) -> str | None:
+        if article and value == article:
+            return None
         m = rx.fullmatch(value)
         if not m:
             return what
@@ -456,15 +460,23 @@ def _declared(default: Any, description: str, accepted: str, rule: Rule | None =
 
 
 def _version(
-    default: str, description: str, series: str, why: str, *, first_patch: int = 0, leading_v: bool = False
+    default: str,
+    description: str,
+    series: str,
+    why: str,
+    *,
+    first_patch: int = 0,
+    leading_v: bool = False,
+    article: str = "",
 ) -> dict[str, _Declared]:
-    """The metadata of a release setting: accepted within the tested `series`."""
+    """The metadata of a release setting: accepted within the tested `series`, and the reference
+    article's exact release when it lies outside it."""
     v = "v" if leading_v else ""
     free = ".N" * (3 - len(series.split(".")))
     accepted = f"{v}{series}{free}" + (f", N from {first_patch}" if first_patch else "")
-    return _declared(
-        default, description, accepted, _release(series, default, why, first_patch=first_patch, leading_v=leading_v)
-    )
+    accepted += f", or {article} (the reference article's)" if article else ""
+    rule = _release(series, default, why, first_patch=first_patch, leading_v=leading_v, article=article)
+    return _declared(default, description, accepted, rule)
 
 
 @dataclass(frozen=True)
@@ -606,7 +618,7 @@ class Settings:
     )
     # Platform
     device_plugin_version: str = field(
-        metadata=_version("0.17.0", "NVIDIA device plugin Helm chart version.", "0.17", "the tested chart minor")
+        metadata=_version("0.17.4", "NVIDIA device plugin Helm chart version.", "0.17", "the tested chart minor")
     )
     gpu_feature_discovery: bool = field(
         metadata=_declared(
@@ -615,7 +627,7 @@ class Settings:
     )
     cert_manager_version: str = field(
         metadata=_version(
-            "v1.19.2",
+            "v1.19.6",
             "cert-manager Helm chart version (keeps its leading v).",
             "1.19",
             "the tested chart minor",
@@ -624,10 +636,11 @@ class Settings:
     )
     slinky_version: str = field(
         metadata=_version(
-            "1.0.0",
+            "1.0.5",
             "Slinky slurm-operator, CRD and slurm chart version.",
             "1.0",
-            "the chart values and CRDs the program writes are those of 1.0",
+            "the chart values and CRDs the program writes are those of 1.0 (1.1 no longer deletes a scaled-in "
+            "node, drops the `all` partition and runs 26.05 images)",
         )
     )
     slurm_image_tag: str = field(
@@ -652,7 +665,7 @@ class Settings:
     )
     kube_prometheus_stack_version: str = field(
         metadata=_version(
-            "80.9.2",
+            "80.14.4",
             "kube-prometheus-stack Helm chart version.",
             "80",
             "the tested chart major (a new major changes CRDs and values)",
@@ -661,7 +674,15 @@ class Settings:
     dcgm_exporter_version: str = field(
         metadata=_version("4.7.1", "NVIDIA dcgm-exporter Helm chart version.", "4.7", "the tested chart minor")
     )
-    keda_version: str = field(metadata=_version("2.16.1", "KEDA Helm chart version.", "2.16", "the tested chart minor"))
+    keda_version: str = field(
+        metadata=_version(
+            "2.20.2",
+            "KEDA Helm chart version.",
+            "2.20",
+            "the tested chart minor, smoke-tested upstream on Kubernetes 1.34",
+            article="2.16.1",
+        )
+    )
     keda_min_replicas: int = field(
         metadata=_declared(
             1, "slurmd replicas while Slurm has work (KEDA minReplicaCount).", "1 to the most slurmd replicas"
@@ -697,11 +718,12 @@ class Settings:
     )
     training_operator_version: str = field(
         metadata=_version(
-            "v1.8.1",
+            "v1.9.4",
             "Kubeflow Training Operator release (standalone overlay).",
-            "1.8",
-            "the tested minor",
+            "1.9",
+            "the tested minor, the v1 line Kueue 0.19 builds its PyTorchJob integration against",
             leading_v=True,
+            article="v1.8.1",
         )
     )
     kueue_version: str = field(

@@ -8,11 +8,11 @@ import pulumi
 import pulumi_command as command
 import pulumi_kubernetes as k8s
 
-from components import bootstrap, remote_script
+from components import bootstrap, remote_script, tenant_roles
 from components.cluster_identity import ClusterIdentity
 from components.readiness_gate import BootstrapWatch, ReadinessGate, ReadinessGateArgs
 from core import host_layout
-from core.names import REMOTE_COMMAND_TYPE_TOKEN
+from core.names import REMOTE_COMMAND_TYPE_TOKEN, Names
 from core.settings import Settings
 from stacks.infrastructure import Infrastructure
 
@@ -55,6 +55,8 @@ class ClusterAccess:
     kubeconfig: pulumi.Output[str]
     provider: k8s.Provider
     control_connection: command.remote.ConnectionArgs  # for later steps that run on the control node
+    # Each tenant's short-lived kubeconfig, by role (components/tenant_roles.py says what it may do)
+    role_kubeconfigs: dict[str, pulumi.Output[str]]
 
 
 def build_identity() -> ClusterIdentity:
@@ -167,9 +169,16 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
         delete_unreachable=True,
         opts=pulumi.ResourceOptions(depends_on=[gate]),
     )
+    role_kubeconfigs = {
+        t.role: identity.role_kubeconfig(
+            t.role, t.user, t.group, f"testbed-{s.stack}-{t.role}", infra.control.public_ip, host_layout.API_SERVER_PORT
+        )
+        for t in tenant_roles.tenants(Names.from_settings(s).slurm)
+    }
     return ClusterAccess(
         gate=gate,
         kubeconfig=kubeconfig,
         provider=provider,
         control_connection=infra.ssh.connection(infra.control.public_ip, DIAL_ERROR_LIMIT),
+        role_kubeconfigs=role_kubeconfigs,
     )

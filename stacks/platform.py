@@ -21,6 +21,8 @@ from components.kueue import Kueue, KueueArgs
 from components.managed_prometheus import ManagedPrometheus
 from components.monitoring import Monitoring, MonitoringArgs, RemoteWrite, service_monitor_labels
 from components.slinky import Slinky, SlinkyArgs
+from components.tenant_roles import TenantRoles, TenantRolesArgs
+from components.tenant_volumes import TenantVolumes, TenantVolumesArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from core.names import Names
 from core.settings import Settings
@@ -38,6 +40,8 @@ class Platform:
     training_operator: TrainingOperator
     kueue: Kueue
     ai_run_limit: AiRunLimit
+    tenant_volumes: TenantVolumes
+    tenant_roles: TenantRoles
 
 
 def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None) -> Platform:
@@ -83,6 +87,11 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             max_minutes=names.ai_job_max_minutes, gpus=names.shares.ai_max_gpus, provider=provider, after=kueue.ready
         ),
     )
+    # Tenants' pods keep off the share and the nodes' files from the first pod on (components/tenant_volumes.py)
+    tenant_volumes = TenantVolumes("testbed-tenant-volumes", TenantVolumesArgs(provider=provider, after=[access.gate]))
+    tenant_roles = TenantRoles(
+        "testbed-tenant-roles", TenantRolesArgs(slurm=names.slurm, provider=provider, after=[access.gate])
+    )
     slinky = Slinky(
         "testbed-slinky",
         SlinkyArgs(
@@ -109,9 +118,29 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             provider=provider,
             control_connection=ssh,
             scaled_object_after=[slinky.cluster],
-            release_after=[device_plugin, cert_manager, monitoring, slinky, training_operator, kueue, ai_run_limit],
+            release_after=[
+                device_plugin,
+                cert_manager,
+                monitoring,
+                slinky,
+                training_operator,
+                kueue,
+                ai_run_limit,
+                tenant_volumes,
+                tenant_roles,
+            ],
         ),
     )
     return Platform(
-        names, device_plugin, cert_manager, monitoring, slinky, keda, training_operator, kueue, ai_run_limit
+        names,
+        device_plugin,
+        cert_manager,
+        monitoring,
+        slinky,
+        keda,
+        training_operator,
+        kueue,
+        ai_run_limit,
+        tenant_volumes,
+        tenant_roles,
     )

@@ -14,17 +14,18 @@ from stacks.platform import Platform
 from stacks.pricing import CostEstimate
 
 KUBECONFIG_FILE = "kubeconfig.yaml"
+HPC_KUBECONFIG_FILE = "hpc.yaml"  # hpcKubeconfig, as the README writes it
 SSH_KEY_FILE = "testbed.pem"
 
 
 def sbatch_command(names: SlurmNames) -> str:
     """HPC users submit from inside slurmctld; the job script travels on stdin."""
     pod = (
-        f"$(kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} get pod "
+        f"$(kubectl --kubeconfig {HPC_KUBECONFIG_FILE} -n {names.namespace} get pod "
         f"-l {shlex.quote(label_selector(names.slurmctld_selector))} -o name)"
     )
     return (
-        f"kubectl --kubeconfig {KUBECONFIG_FILE} -n {names.namespace} exec -i {pod} "
+        f"kubectl --kubeconfig {HPC_KUBECONFIG_FILE} -n {names.namespace} exec -i {pod} "
         f"-c {SLURMCTLD_CONTAINER} -- sbatch < job.sbatch"
     )
 
@@ -34,6 +35,8 @@ def outputs(
 ) -> dict[str, pulumi.Input]:
     return {
         "kubeconfig": access.kubeconfig,
+        # Short-lived (12 h), reissued by every `pulumi up`: components/tenant_roles.py
+        **{f"{role}Kubeconfig": config for role, config in access.role_kubeconfigs.items()},
         "controlPlanePublicIp": infra.control.public_ip,
         WORKER_IPS_OUTPUT: [w.private_ip for w in infra.workers],  # the next run reads it back
         "sshPrivateKey": infra.ssh.private_key,

@@ -52,6 +52,8 @@ SCALED_OBJECT = "kubernetes:keda.sh/v1alpha1:ScaledObject"
 AI_RUN_LIMIT = "testbed:platform:AiRunLimit"
 VALIDATING_ADMISSION_POLICY = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
 VALIDATING_ADMISSION_POLICY_BINDING = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
+# Tenants' volumes (components/tenant_volumes.py)
+TENANT_VOLUMES = "testbed:platform:TenantVolumes"
 
 # Every AWS type the default program registers: a new one must come with its checks.
 AWS_TYPES = frozenset(

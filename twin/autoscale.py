@@ -1,19 +1,21 @@
-"""KEDA 2.16.1 and the HPA it creates, driven by the ScaledObject the program renders.
+"""KEDA 2.20.2 and the HPA it creates, driven by the ScaledObject the program renders (the
+article's 2.16.1 differs where named).
 
 Followed:
-* kedacore/keda@v2.16.1:pkg/scaling/scale_handler.go (getScaledObjectState): every trigger is
+* kedacore/keda@v2.20.2:pkg/scaling/scale_handler.go (getScaledObjectState): every trigger is
   queried each pollingInterval; active if any value > activationThreshold, in error if any errs.
 * pkg/scaling/executor/scale_scaledobjects.go (RequestScale): active and below minReplicaCount
   (idle mode) -> set minReplicaCount; active without error -> refresh the last-active time;
   inactive with an error and no fallback -> no change; inactive, above idleReplicaCount ->
   idleReplicaCount once last-active + cooldownPeriod has passed.
 * pkg/scalers/prometheus_scaler.go: empty result -> 0, or an error with ignoreNullValues "false";
-  more than one series -> error; +-Inf -> 0 or error.
+  more than one series -> error; +-Inf and NaN -> 0 or error (2.16.1 passed NaN on).
 * controllers/keda/hpa.go: HPA min = max(1, minReplicaCount), max = maxReplicaCount, behavior from
   `advanced.horizontalPodAutoscalerConfig` (none -> the Kubernetes defaults); with
   `advanced.scalingModifiers` the HPA gets one composite External metric (target, metricType).
-* pkg/scaling/modifiers/formula.go and scale_handler.go: the formula (expr-lang/expr v1.16.9,
-  wrapped in float()) runs over the triggers' values by trigger name; the composite value is set
+* pkg/scaling/modifiers/formula.go and scale_handler.go: the formula (expr-lang/expr v1.17.8; a
+  result that is not a float is an error, which 2.16.1's expr.AsFloat64() converted instead: no
+  composite metric, and an inactive ScaledObject) runs over the triggers' values by trigger name; the composite value is set
   in milli-units (truncated); activation is the formula's value > activationTarget; any trigger
   error makes the ScaledObject inactive-with-error and the composite metric an error for the HPA.
 * kubernetes/kubernetes@v1.34.0:pkg/controller/podautoscaler/horizontal.go and
@@ -63,7 +65,9 @@ class Trigger:
     def value(self, ev: Evaluator, now: float) -> float:
         """Raises PromQLError for what KEDA's Prometheus scaler treats as an error."""
         v = scalar_result(ev.instant(self.query, now))
-        if v is None or math.isinf(v):
+        # NaN as Inf since 2.20.0 (kedacore/keda@v2.20.2:pkg/scalers/prometheus_scaler.go
+        # ExecutePromQuery); the article's 2.16.1 passed a NaN on to the formula.
+        if v is None or math.isinf(v) or math.isnan(v):
             if self.ignore_null:
                 return 0.0
             raise PromQLError("prometheus metrics 'prometheus' target may be lost, the result is empty")
@@ -78,12 +82,22 @@ _EXPR_TOKEN = re.compile(
 _EXPR_FUNCS: dict[str, Callable[..., Any]] = {"max": max, "min": min, "float": float}
 
 
+class FormulaResultError(ValueError):
+    """The formula gave an int: KEDA 2.20 compiles it without expr.AsFloat64() and refuses any
+    result but a float64 (kedacore/keda@v2.20.2:pkg/scaling/modifiers/formula.go
+    calculateScalingModifiersFormula; 2.16.1 converted it, @v2.16.1:apis/keda/v1alpha1/
+    scaledobject_webhook.go)."""
+
+
 class Formula:
-    """What the program's formulas use of expr-lang v1.16.9 (docs/language-definition.md): numbers,
+    """What the program's formulas use of expr-lang v1.17.8 (docs/language-definition.md): numbers,
     trigger names, + - * /, comparisons, && ||, `c ? a : b`, and the builtins max, min, float.
     Anything else is refused, so a new formula shape fails loudly in the tests. The text is parsed
-    once into closures (KEDA compiles it once too, kedacore/keda@v2.16.1:pkg/scaling/modifiers):
-    the HPA and KEDA evaluate it on every sync and poll."""
+    once into closures (KEDA compiles it once too, kedacore/keda@v2.20.2:pkg/scaling/modifiers):
+    the HPA and KEDA evaluate it on every sync and poll. Types as expr-lang keeps them: a literal
+    without a point is an int, trigger values are floats, int op int stays int but `/` gives a
+    float, and min/max return the argument they pick, the first of equals
+    (expr-lang/expr@v1.17.8:builtin/lib.go minMax), as Python's do."""
 
     def __init__(self, text: str):
         self.tokens, pos = [], 0
@@ -100,7 +114,14 @@ class Formula:
             raise ValueError(f"formula: unexpected {self.tokens[self._i]!r} in {self.text!r}")
 
     def __call__(self, env: dict[str, float]) -> float:
-        return float(self._compiled(env))
+        out = self._compiled(env)
+        if not isinstance(out, float):
+            raise FormulaResultError(f"formula returned non-float result {type(out).__name__} ({out})")
+        return out
+
+    def run(self, env: dict[str, float]) -> Any:
+        """expr.Run: the result whatever its type (KEDA's validation runs it so)."""
+        return self._compiled(env)
 
     def _peek(self) -> str | None:
         return self.tokens[self._i] if self._i < len(self.tokens) else None
@@ -161,7 +182,7 @@ class Formula:
             self._take(")")
             return inner
         if tok[0].isdigit():
-            constant = float(tok)
+            constant: int | float = float(tok) if "." in tok else int(tok)
             return lambda env: constant
         if tok in _EXPR_FUNCS and self._peek() == "(":
             self._take("(")
@@ -201,7 +222,7 @@ class Modifiers:
         if sm.get("metricType", "AverageValue") != "AverageValue":
             raise ValueError("the twin models scalingModifiers with metricType AverageValue only")
         f = Formula(sm["formula"])
-        f({name: -1.0 for name in trigger_names})  # KEDA's validation: run once with dummy values
+        f.run({name: -1.0 for name in trigger_names})  # KEDA's validation: run once with dummy values
         return cls(f, float(sm["target"]), float(sm.get("activationTarget") or 0))
 
     def milli(self, values: dict[str, float]) -> int:
@@ -297,7 +318,13 @@ class Keda:
         if error:
             return [], True
         m = self.modifiers
-        milli = m.milli(values)
+        try:
+            milli = m.milli(values)
+        except FormulaResultError:
+            # logged, no composite metric: the HPA has none, and KEDA reads the ScaledObject as
+            # inactive, not in error (kedacore/keda@v2.20.2:pkg/scaling/modifiers/formula.go
+            # HandleScalingModifiers, pkg/scaling/scale_handler.go getScaledObjectState)
+            return [], False
         return [Metric(milli / 1000, milli, _milli(m.target), m.activation)], False
 
     def poll(self, ev: Evaluator, now: float, current: int) -> int:

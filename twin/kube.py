@@ -49,13 +49,14 @@ CONTAINER_START = 5.0
 # One node's pull of each image a pod runs, by its role: the slurmd pod's `logfile` sidecar and
 # slurmd, the Worker's init container, and the several-GB image the example PyTorchJob and Job run.
 IMAGE_PULL = {"logfile": 5.0, "slurmd": 90.0, "init": 5.0, "pytorch": 240.0, "job": 240.0}
-TERMINATION = 5.0  # a Kubernetes job's pod: its container stop
-# A slurmd pod takes its whole grace period to go: slurmd's preStop and stop take seconds, but the
-# `logfile` sidecar's script (a `while read` loop, PID 1, no trap) ignores SIGTERM until SIGKILL at
-# the grace's end (SlinkyProject/slurm-operator@v1.0.0:internal/builder/scripts/logfile.sh; fixed in
-# v1.0.5, 6b402ed3 "fix: make logfile respond to signals"). The chart sets no
-# terminationGracePeriodSeconds, so it is the pod default, 30 s (components/slurmd_scaling.py).
-SLURMD_TERMINATION = float(POD_TERMINATION_SECONDS)
+TERMINATION = 5.0  # a pod's container stop: a Kubernetes job's, and slurmd's preStop + stop
+# Upstream: a slurmd pod of Slinky 1.0.0-1.0.4 ends only at its grace period, the Kubernetes default
+# (k8s.io/api@v0.34.1 core/v1 DefaultTerminationGracePeriodSeconds; neither the chart nor the program
+# sets one): its logfile sidecar runs as PID 1 with no SIGTERM handler and is killed at the end
+# (SlinkyProject/slurm-operator@v1.0.0:internal/builder/scripts/logfile.sh). From 1.0.5 it exits
+# on SIGTERM (@v1.0.5: the same file, `trap "exit 0" TERM`), so the pod ends in TERMINATION.
+# twin/program.py slinky_behaviour picks one by the program's slinkyVersion.
+GRACE_PERIOD = float(POD_TERMINATION_SECONDS)
 # Upstream: the init container's default tries and its sleep (config.go, initcontainer.go).
 INIT_TRIES_DEFAULT, INIT_INTERVAL = 100, 2.0
 
@@ -121,6 +122,7 @@ class Kubernetes:
     double_held: set[int] = field(default_factory=set)
     container_start: float = CONTAINER_START
     gpu_replicas: int = 1  # the `nvidia.com/gpu` devices the device plugin advertises per GPU
+    slurmd_termination: float = TERMINATION  # GRACE_PERIOD before Slinky 1.0.5
     # The pods not yet gone, in creation order; `pods` keeps every pod ever made, which a long
     # scenario would otherwise walk several times a tick. Likewise the jobs not finished (pruned
     # each step, so one that finished in the latest step may still be there).
@@ -198,8 +200,8 @@ class Kubernetes:
         pods = self.live_pods()
         for pod in pods:
             # an unbound pod goes at once; a bound one after its termination
-            grace = SLURMD_TERMINATION if pod.holder == SLURMD else TERMINATION
-            gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + grace)
+            took = self.slurmd_termination if pod.holder == SLURMD else TERMINATION
+            gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + took)
             if gone and pod.gone_at is None:
                 pod.gone_at = now
         held = Counter(p.gpu for p in pods if p.live and p.gpu is not None)

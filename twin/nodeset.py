@@ -1,7 +1,8 @@
-"""The Slinky 1.0.0 NodeSet controller: slurmd pods for `.spec.replicas`, drain-first scale-in, synced
+"""The Slinky 1.0 NodeSet controller: slurmd pods for `.spec.replicas`, drain-first scale-in, synced
 on events, its scale-in victims sorted on the annotations of its previous sync.
 
-Followed: SlinkyProject/slurm-operator@v1.0.0 (paths under internal/controller/nodeset/ unless named)
+Followed: SlinkyProject/slurm-operator@v1.0.0 (paths under internal/controller/nodeset/ unless named);
+what 1.0.5 changed is named where it applies (`drain_requeue`).
 * When it syncs. On events, not on a clock (nodeset_controller.go:148-160): a change of the NodeSet
   (its replicas; its status, which every sync writes: nodeset_sync_status.go), any new version of
   one of its pods (eventhandler/eventhandler_pod.go:121-202), its own patches included, and a Slurm
@@ -16,6 +17,10 @@ Followed: SlinkyProject/slurm-operator@v1.0.0 (paths under internal/controller/n
   requeue of a draining pod is pushed under the pod's key (nodeset_sync.go:706,729) while Reconcile
   pops the NodeSet's (nodeset_controller.go:125-127), so it never fires: a drained busy node's pod
   goes when an event comes after its job has ended, the informer's next list at the latest.
+  1.0.5 pushes it under the NodeSet's key (SlinkyProject/slurm-operator@v1.0.5:internal/controller/
+  nodeset/nodeset_sync.go:720-721, nodeset_controller.go:127): while a condemned pod drains, the
+  NodeSet syncs again 30 s after each sync (the store keeps the shortest duration pushed,
+  internal/utils/durationstore), so a fresher sort may keep the busy node and condemn an idle one.
 * One sync (nodeset_sync.go:216-251): RefreshNodeCache; syncSlurmDeadline (447-479) patches every
   pod's `nodeset.slinky.slurm.net/pod-deadline` to the latest start + time limit of the RUNNING
   jobs on its node (slurmcontrol.go:526-578 GetNodeDeadlines), read from the client's job cache,
@@ -28,7 +33,8 @@ Followed: SlinkyProject/slurm-operator@v1.0.0 (paths under internal/controller/n
   well_known.go:24; neither the operator nor the program writes it, so it is 0 on every pod and
   never decides), earlier pod-deadline (none = the zero time, first), cordoned
   (`nodeset.slinky.slurm.net/pod-cordon`) first, then the highest ordinal. Less answers true both
-  ways for two cordoned pods; the twin breaks that tie by ordinal. Ready is Running here: slurmd's
+  ways for two cordoned pods; the twin breaks that tie by ordinal, as 1.0.5 does
+  (SlinkyProject/slurm-operator@v1.0.5:internal/controller/nodeset/utils/sort.go:73). Ready is Running here: slurmd's
   readiness probe (internal/builder/worker_app.go:142-148) asks /readyz, which answers while
   slurmd serves RPCs (SchedMD/slurm@slurm-25-11-0-1 src/slurmd/slurmd/http.c:91-99), before it
   registers and until its container stops.
@@ -77,6 +83,7 @@ SLURMD_REGISTER = 15.0  # slurmd Running -> Slurm node registered (assumption)
 INFORMER_PERIOD = 30.0  # slurm-client@v1.0.0 defaultSyncPeriod: each informer lists this often
 INFORMER_PHASE = 0.0  # where in each period the informers list (assumption; tests sweep it)
 STATUS_RESYNC = 10.0  # nodeset_sync_status.go: requeue while Slurm's node count is not the pods'
+DRAIN_REQUEUE = 30.0  # processCondemned: requeue while a condemned pod drains (fires from 1.0.5)
 BACKOFF_BASE, BACKOFF_MAX = 0.005, 1000.0  # client-go's per-item exponential failure backoff
 
 
@@ -93,6 +100,8 @@ class NodeSetController:
     # into each INFORMER_PERIOD from then (their tickers start when the client's Start loop runs
     # them: slurm-client client.go Start), independent of the scrape, poll and sync clocks.
     informer_phase: float = INFORMER_PHASE
+    # processCondemned's 30 s requeue fires (1.0.5 and later; 1.0.0-1.0.4 push it under the pod's key)
+    drain_requeue: bool = True
     # The Slurm client: since when it exists, and its two caches (node -> latest job deadline;
     # node -> (busy, drain, down)).
     _client_since: float | None = None
@@ -103,6 +112,7 @@ class NodeSetController:
     _event: bool = False  # an event enqueued the NodeSet since its last sync
     _requeue_at: float | None = None  # the earliest delayed add waiting in the work queue
     _failures: int = 0  # failed syncs since the last one that succeeded
+    _draining: bool = False  # the last sync left a condemned pod draining
 
     def pods(self) -> list[Pod]:
         """The NodeSet's pods as a sync lists them: every live one, terminating ones included."""
@@ -179,6 +189,8 @@ class NodeSetController:
             self._failures = 0
             if status_changed and slurm_nodes != len(pods):
                 self._requeue(now + STATUS_RESYNC)
+            if self._draining and self.drain_requeue:
+                self._requeue(now + DRAIN_REQUEUE)
         return killed
 
     def _sync_nodeset(
@@ -186,6 +198,7 @@ class NodeSetController:
     ) -> tuple[list[str], bool]:
         """syncNodeSet: (the jobs killed, whether a create was refused)."""
         killed: list[str] = []
+        self._draining = False
         if len(pods) < self.replicas:
             for pod in pods:
                 self._uncordon(pod, client)
@@ -213,6 +226,7 @@ class NodeSetController:
                 if pod.running(now) and not drained:
                     pod.cordon = True
                     self._set_drain(pod, True, client)
+                    self._draining = True
                     continue
                 self.kube.delete(pod, now)
                 killed += [j.spec.name for j in self.slurm.node_gone(pod.owner, now)]

@@ -74,6 +74,20 @@ def gpu_replicas(values: dict) -> int:
     return max([r["replicas"] for r in replicated.get("resources", []) if r["name"] == GPU_RESOURCE] or [1])
 
 
+# The first 1.0 patch whose logfile sidecar exits on SIGTERM and whose draining scale-in victim
+# requeues its NodeSet (SlinkyProject/slurm-operator@v1.0.5:CHANGELOG/CHANGELOG-1.0.md,
+# internal/builder/scripts/logfile.sh, internal/controller/nodeset/nodeset_sync.go:720-721;
+# neither is in v1.0.4).
+SLINKY_FIXED = (1, 0, 5)
+
+
+def slinky_behaviour(slinky_version: str) -> dict:
+    """The Setup fields that follow the Slinky release: a deleted slurmd pod holds its GPU for the
+    grace period before 1.0.5 (twin/kube.py GRACE_PERIOD), and the 30 s drain requeue fires from 1.0.5."""
+    fixed = tuple(int(p) for p in slinky_version.split(".")) >= SLINKY_FIXED
+    return {"slurmd_termination": kube.TERMINATION if fixed else kube.GRACE_PERIOD, "drain_requeue": fixed}
+
+
 def pod_images(slurm_values: dict) -> dict[str, str]:
     """The reference each of the twin's image roles (kube.IMAGE_PULL) runs: the slurmd pod's two
     from the rendered chart values, the example jobs' GPU containers, the operator's init container."""
@@ -141,4 +155,5 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
             (fair_share.HPC, names.shares.hpc_gpus),
             (fair_share.AI, names.shares.ai_guaranteed_gpus),
         ),
+        **slinky_behaviour(s.slinky_version),
     )

@@ -472,7 +472,7 @@ def _inputs(node: tuple) -> tuple[tuple[str, ...], tuple[tuple[float, float], ..
 def scalar_result(v: Vector | float) -> float | None:
     """What KEDA's Prometheus scaler reads from a query result: None when empty (it is an error with
     ignoreNullValues "false"); more than one series is an error too
-    (kedacore/keda@v2.16.1:pkg/scalers/prometheus_scaler.go ExecutePromQuery)."""
+    (kedacore/keda@v2.20.2:pkg/scalers/prometheus_scaler.go ExecutePromQuery)."""
     if not isinstance(v, dict):
         return v
     if len(v) > 1:

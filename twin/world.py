@@ -59,6 +59,10 @@ class Setup:
     # PromQL (slurmd_scaling.fair_share_queries) and each side's guaranteed GPUs; None: not run.
     fair_share_queries: tuple[tuple[str, str], ...] | None = None
     guaranteed: tuple[tuple[str, int], ...] = ()
+    # What the Slinky release changes (twin/program.py slinky_behaviour): how long a deleted slurmd
+    # pod holds its GPU, and whether a draining scale-in victim requeues its NodeSet
+    slurmd_termination: float = k8s.TERMINATION
+    drain_requeue: bool = True
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class Phases:
     """Where each periodic loop fires within its period, in seconds from the run's start. On a
     cluster they are independent: each scrape target at its own offset (prometheus/prometheus
     scrape/target.go Target.offset: a hash of the target), the KEDA poll from when its scale loop
-    started (kedacore/keda@v2.16.1:pkg/scaling/scale_handler.go startScaleLoop: a check, then one
+    started (kedacore/keda@v2.20.2:pkg/scaling/scale_handler.go startScaleLoop: a check, then one
     every pollingInterval) and the HPA sync from when the HPA was first queued (kubernetes/
     kubernetes@v1.34.0:pkg/controller/podautoscaler/horizontal.go: each HPA is requeued one
     resync period after it was processed). A phase set (a number) draws them: random.Random(it),
@@ -105,8 +109,9 @@ class World:
             prepulled=frozenset(s.prepulled),
             init_tries=s.init_tries,
             gpu_replicas=s.gpu_replicas,
+            slurmd_termination=s.slurmd_termination,
         )
-        self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm)
+        self.nodeset = NodeSetController(s.nodeset, s.host_prefix, self.kube, self.slurm, drain_requeue=s.drain_requeue)
         self.keda = Keda.from_scaled_object(s.scaled_object)
         self.hpa = Hpa(self.keda, s.hpa_tolerance)
         self.kueue = (

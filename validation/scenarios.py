@@ -33,7 +33,7 @@ BUILD_DIR = "build/"
 # The NFS server a build Job mounts the share from; planning fills in the control node's address.
 SHARE_SERVER_PLACEHOLDER = "CONTROL_PLANE_IP"
 # Where a Slurm job's output is read from: the example scripts write --output=<share>/%x-%j.out
-SLURM_OUTPUT_DIR = host_layout.SHARE_DIR
+SLURM_OUTPUT_DIR = host_layout.SHARE_SLURM_DIR
 
 SLURM = "slurm"
 

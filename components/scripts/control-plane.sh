@@ -6,13 +6,17 @@ set -Eeuo pipefail
 . "$(dirname "$0")/testbed-lib.sh"
 load_env
 require SHARE_DIR SHARE_EXPORT_CIDR SLURM_STATE_DIR SLURM_UID FLANNEL_VERSION KUBEADM_CONFIG ADMIN_KUBECONFIG SSH_USER
+require TOOLS_UID
 require CA_KEY_FILE CA_KEY_WAIT_SECONDS
 
 step "NFS server exporting ${SHARE_DIR} to ${SHARE_EXPORT_CIDR}"
 apt_get install nfs-kernel-server git  # git: kubectl kustomize fetches remote overlays
-install -d -m 1777 "${ROOT}${SHARE_DIR}"
+# One directory per owner, none world-writable (core/host_layout.py); -m resets an old 1777
+install -d -m 0755 "${ROOT}${SHARE_DIR}"
+install -d -m 0755 -o "$SLURM_UID" -g "$SLURM_UID" "${ROOT}${SHARE_DIR}/slurm"
+install -d -m 0755 -o "$TOOLS_UID" -g "$TOOLS_UID" "${ROOT}${SHARE_DIR}/tools"
 install -d -m 0755 "${ROOT}/etc/exports.d"
-echo "${SHARE_DIR} ${SHARE_EXPORT_CIDR}(rw,sync,no_subtree_check)" >"${ROOT}/etc/exports.d/testbed.exports"
+echo "${SHARE_DIR} ${SHARE_EXPORT_CIDR}(rw,sync,no_subtree_check,root_squash)" >"${ROOT}/etc/exports.d/testbed.exports"
 systemctl enable --now nfs-server >/dev/null
 exportfs -ra
 

@@ -607,6 +607,7 @@ def test_the_doctor_expects_the_policies_the_program_creates(default_run):
         (r.inputs["metadata"]["name"], r.type.rsplit(":", 1)[1]): offline.reveal(r.inputs)["spec"]
         for r in default_run.resources
         if r.type.startswith("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy")
+        and r.inputs["metadata"]["name"].startswith(ai_run_limit.POLICY_PREFIX)  # not the tenants' volume policy
     }
     expected = ai_run_limit.stack_objects(names.Names.from_settings(default_run.settings))
     assert deployed == {(o["metadata"]["name"], o["kind"]): o["spec"] for o in expected}

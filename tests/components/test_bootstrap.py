@@ -238,6 +238,7 @@ def expected_env(s, role: str) -> dict[str, str]:
             "SHARE_EXPORT_CIDR": s.subnet_cidr,
             "SLURM_STATE_DIR": "/var/spool/slurmctld",
             "SLURM_UID": "401",
+            "TOOLS_UID": "402",
             "ADMIN_KUBECONFIG": "/etc/kubernetes/admin.conf",
             "SSH_USER": "ubuntu",
             # deliver-ca-key.sh copies the key here over SSH; control-plane.sh waits for it
@@ -349,7 +350,7 @@ def test_rendered_files_keep_a_stable_readable_order(default_run):
     """Byte-identical renders across runs, and in the order people read them."""
     user_data = user_data_of(default_run, "testbed-control-instance")
     env = written_file(user_data, bootstrap.ENV_FILE).splitlines()
-    assert env == sorted(env) and len(env) == 13
+    assert env == sorted(env) and len(env) == 14
     kubeadm = written_file(user_data, bootstrap.KUBEADM_CONFIG)
     assert kubeadm.startswith("apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbootstrapTokens:\n")
     assert "\n---\napiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n" in kubeadm

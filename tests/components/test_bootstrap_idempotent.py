@@ -390,7 +390,7 @@ def test_control_node_second_run_does_not_initialise_again(tmp_path, containerd)
         f"https://pkgs.k8s.io/core:/stable:/v{S.kubernetes_minor}/deb/ /"
     ]
     assert lines(box.read("/etc/exports.d/testbed.exports")) == [
-        f"{host_layout.SHARE_DIR} {S.subnet_cidr}(rw,sync,no_subtree_check)"
+        f"{host_layout.SHARE_DIR} {S.subnet_cidr}(rw,sync,no_subtree_check,root_squash)"
     ]
     assert box.path(host_layout.SLURM_STATE_DIR).is_dir()
     uid = host_layout.SLURM_UID
@@ -774,11 +774,18 @@ def test_node_common_stops_before_restarting_containerd_on_what_it_cannot_read(t
     assert count(run.calls, "systemctl restart containerd") == 0
 
 
-def test_the_control_node_exports_a_share_every_job_user_can_write(tmp_path):
+def test_the_control_node_exports_a_share_with_one_directory_per_owner_and_none_world_writable(tmp_path):
     box = Sandbox(tmp_path, control_user_data())
-    succeeded(box.run())
-    # sticky and world-writable, like /tmp: Slurm and Kubernetes jobs run as various users
-    assert box.path(host_layout.SHARE_DIR).stat().st_mode & 0o7777 == 0o1777
+    box.path(host_layout.SHARE_DIR).mkdir(parents=True)
+    box.path(host_layout.SHARE_DIR).chmod(0o1777)  # as an earlier bootstrap left it
+    run = succeeded(box.run())
+    assert box.path(host_layout.SHARE_DIR).stat().st_mode & 0o7777 == 0o755
+    for path, uid in (
+        (host_layout.SHARE_SLURM_DIR, host_layout.SLURM_UID),
+        (host_layout.SHARE_TOOLS_DIR, host_layout.SHARE_TOOLS_UID),
+    ):
+        assert box.path(path).stat().st_mode & 0o7777 == 0o755
+        assert f"install -d -m 0755 -o {uid} -g {uid} {box.path(path)}" in run.calls  # the stub drops -o/-g
 
 
 def recorded_status(box: Sandbox) -> dict[str, str]:

@@ -113,7 +113,7 @@ def test_a_renamed_nodeset_disables_the_charts_default_entry_and_keeps_a_complet
 def test_operator_webhook_probe_points_at_the_slurm_controller():
     n = slurm_names("slinky")
     probe = slinky.operator_webhook_probe(n)
-    assert probe["spec"]["controllerRef"] == {"name": n.fullname, "namespace": n.namespace}
+    assert probe["spec"]["controllerRef"] == {"name": n.fullname}
 
 
 def test_operator_webhook_probe_is_a_nodeset_the_webhook_validates_and_the_operator_ignores():
@@ -123,7 +123,7 @@ def test_operator_webhook_probe_is_a_nodeset_the_webhook_validates_and_the_opera
         "kind": "NodeSet",
         "metadata": {"name": "testbed-webhook-probe", "namespace": "slinky"},
         "spec": {
-            "controllerRef": {"name": "slurm", "namespace": "slurm"},
+            "controllerRef": {"name": "slurm"},
             "replicas": 0,
             "updateStrategy": {"type": "RollingUpdate"},
         },

@@ -109,13 +109,13 @@ VERSION_SETTINGS = {
     "kubernetesVersion": ("1.34.7", "1.35.0", "v1.34.7"),
     "flannelVersion": ("v0.27.4", "v0.28.0", "0.27.4"),
     "nvidiaContainerToolkitVersion": ("1.18.1", "1.17.8", "1.18"),
-    "devicePluginVersion": ("0.17.0", "0.18.0", "v0.17.0"),
-    "certManagerVersion": ("v1.19.2", "v1.18.2", "1.19.2"),
-    "slinkyVersion": ("1.0.0", "0.4.1", "1.0"),
-    "kubePrometheusStackVersion": ("80.9.2", "79.0.0", "80.9"),
+    "devicePluginVersion": ("0.17.4", "0.18.0", "v0.17.4"),
+    "certManagerVersion": ("v1.19.6", "v1.18.2", "1.19.6"),
+    "slinkyVersion": ("1.0.5", "1.1.0", "1.0"),
+    "kubePrometheusStackVersion": ("80.14.4", "79.0.0", "80.14"),
     "dcgmExporterVersion": ("4.7.1", "4.6.0", "4.7.1-rc1"),
-    "kedaVersion": ("2.16.1", "2.17.0", "2.16.1.0"),
-    "trainingOperatorVersion": ("v1.8.1", "v1.7.0", "1.8.1"),
+    "kedaVersion": ("2.20.2", "2.19.0", "2.20.2.0"),
+    "trainingOperatorVersion": ("v1.9.4", "v1.8.2", "1.9.4"),
     "kueueVersion": ("0.19.2", "0.18.0", "v0.19.2"),
 }
 
@@ -567,7 +567,8 @@ ACCEPTED = [
     {"sshPublicKey": ED25519 + " me@host"},
     {"sshPublicKey": ECDSA},
     {"sshPublicKey": ED25519 + "\n"},  # the newline a pasted key ends with
-    {"kubernetesVersion": "1.34.0", "flannelVersion": "v0.27.0", "kedaVersion": "2.16.2"},
+    {"kubernetesVersion": "1.34.0", "flannelVersion": "v0.27.0", "kedaVersion": "2.20.0"},
+    {"kedaVersion": "2.16.1", "trainingOperatorVersion": "v1.8.1", "slinkyVersion": "1.0.0"},  # the article's
     {"kubePrometheusStackVersion": "80.0.0"},
     {"workerCount": "7", "kedaMaxReplicas": "0"},
     {"kedaCooldownSeconds": "30"},  # the shortest window: one scrape interval, at the default poll
@@ -965,14 +966,15 @@ WHOLE_LINES = [
         "worker's GPU",
     ),
     (
-        {"kedaVersion": "2.17.0"},
-        'kedaVersion: "2.17.0" is not allowed; expected a release 2.16.N (MAJOR.MINOR.PATCH in ASCII digits): '
-        "the tested chart minor; e.g. 2.16.1",
+        {"kedaVersion": "2.16.2"},
+        'kedaVersion: "2.16.2" is not allowed; expected a release 2.20.N (MAJOR.MINOR.PATCH in ASCII digits), '
+        "or the reference article's 2.16.1: the tested chart minor, smoke-tested upstream on Kubernetes 1.34; "
+        "e.g. 2.20.2",
     ),
     (
         {"certManagerVersion": "1.19.2"},
         'certManagerVersion: "1.19.2" is not allowed; expected a release v1.19.N (vMAJOR.MINOR.PATCH in ASCII '
-        "digits, with its leading v): the tested chart minor; e.g. v1.19.2",
+        "digits, with its leading v): the tested chart minor; e.g. v1.19.6",
     ),
     (
         {"nvidiaContainerToolkitVersion": "1.18.0"},
@@ -982,7 +984,7 @@ WHOLE_LINES = [
     (
         {"kubePrometheusStackVersion": "79.0.0"},
         'kubePrometheusStackVersion: "79.0.0" is not allowed; expected a release 80.N.N (MAJOR.MINOR.PATCH in ASCII '
-        "digits): the tested chart major (a new major changes CRDs and values); e.g. 80.9.2",
+        "digits): the tested chart major (a new major changes CRDs and values); e.g. 80.14.4",
     ),
     ({"zzzz": "1"}, 'zzzz: "1" is not a setting of gpu-testbed'),
     (

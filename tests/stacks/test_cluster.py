@@ -46,7 +46,7 @@ def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_clie
     kubeconfig = yaml.safe_load(default_run.outputs["kubeconfig"])
     (eip,) = by_type(default_run, tokens.EIP)
     (ca_cert,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
-    (admin_cert,) = by_type(default_run, tokens.LOCALLY_SIGNED_CERT)
+    admin_cert = default_run.named("testbed-identity-admin-cert")
     cluster = kubeconfig["clusters"][0]["cluster"]
     assert cluster["server"] == f"https://{eip.outputs['publicIp']}:{host_layout.API_SERVER_PORT}"
     assert base64.b64decode(cluster["certificate-authority-data"]).decode() == ca_cert.outputs["certPem"]
@@ -56,9 +56,9 @@ def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_clie
 
 
 def test_admin_certificate_is_a_revocable_cluster_admin_signed_by_the_cluster_ca(default_run):
-    (csr,) = by_type(default_run, tokens.CERT_REQUEST)
+    csr = default_run.named("testbed-identity-admin-csr")
     assert reveal(csr.inputs["subject"])["organization"] == cluster_identity.ADMIN_GROUP
-    (admin_cert,) = by_type(default_run, tokens.LOCALLY_SIGNED_CERT)
+    admin_cert = default_run.named("testbed-identity-admin-cert")
     (ca_cert,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
     assert reveal(admin_cert.inputs["caCertPem"]) == ca_cert.outputs["certPem"]
     assert "client_auth" in admin_cert.inputs["allowedUses"]
@@ -147,8 +147,8 @@ def test_the_cluster_ca_is_a_ca_kubeadm_can_sign_with(default_run):
 def test_the_admin_certificate_is_a_client_certificate_from_the_admin_key(default_run):
     keys = {k.name: k for k in by_type(default_run, tokens.PRIVATE_KEY)}
     admin_key = keys["testbed-identity-admin-key"]
-    (csr,) = by_type(default_run, tokens.CERT_REQUEST)
-    (admin_cert,) = by_type(default_run, tokens.LOCALLY_SIGNED_CERT)
+    csr = default_run.named("testbed-identity-admin-csr")
+    admin_cert = default_run.named("testbed-identity-admin-cert")
     # kubeadm >= 1.29 binds this group to cluster-admin (its admin.conf uses the same O=)
     assert reveal(csr.inputs["subject"]) == {"commonName": "testbed-admin", "organization": "kubeadm:cluster-admins"}
     # every field is one the provider's schema has (under mocks an unknown key echoes back unseen)
@@ -190,7 +190,7 @@ def test_the_kubeconfig_loads_in_the_kubernetes_client_with_every_credential(def
     keys = {k.name: k for k in by_type(default_run, tokens.PRIVATE_KEY)}
     (eip,) = by_type(default_run, tokens.EIP)
     (ca_cert,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
-    (admin_cert,) = by_type(default_run, tokens.LOCALLY_SIGNED_CERT)
+    admin_cert = default_run.named("testbed-identity-admin-cert")
     assert loaded.host == f"https://{eip.outputs['publicIp']}:6443"
     assert loaded.verify_ssl is True
     # the loader decodes each *-data field into a file of its own

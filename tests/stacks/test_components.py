@@ -20,6 +20,8 @@ COMPONENTS = {
     "testbed-keda": "testbed:platform:Keda",
     "testbed-kueue": "testbed:platform:Kueue",
     "testbed-ai-run-limit": tokens.AI_RUN_LIMIT,
+    "testbed-tenant-volumes": tokens.TENANT_VOLUMES,
+    "testbed-tenant-roles": "testbed:platform:TenantRoles",
     "testbed-training-operator": "testbed:platform:TrainingOperator",
 }
 

@@ -89,19 +89,85 @@ def test_roles_are_created_and_given_policies_only_within_the_remote_write_bound
     )
 
 
-def test_deletes_are_limited_to_resources_carrying_the_providers_default_tag(default_run):
+def test_every_change_create_and_delete_is_limited_to_the_providers_default_tag(default_run):
+    """Outside plain reads, every grant needs the tag the provider puts on everything it creates
+    (on the resource, or asked for in the create), a create in progress, or a name the program
+    owns; the user-data and console reads too. tests/stacks/test_iam_attacks.py walks the paths."""
     (provider,) = default_run.of_type("pulumi:providers:aws")
     default_tags = json.loads(provider.inputs["defaultTags"])["tags"]  # the provider carries it as JSON
-    (deletes,) = [s for s in POLICY["Statement"] if "ec2:TerminateInstances" in s["Action"]]
-    ((key, value),) = deletes["Condition"]["StringEquals"].items()
-    assert key.startswith("aws:ResourceTag/") and default_tags[key.removeprefix("aws:ResourceTag/")] == value
-    # every call that removes a whole resource is in the tag-limited statement
-    removes = (
-        r"ec2:(Delete(Vpc|Subnet|SecurityGroup|InternetGateway|RouteTable|KeyPair)|TerminateInstances|ReleaseAddress)"
+    tagged = {f"aws:{kind}Tag/testbed:project": default_tags["testbed:project"] for kind in ("Resource", "Request")}
+    (reads,) = [s for s in POLICY["Statement"] if s["Sid"] == "ReadOnlyLookups"]
+    assert all(re.fullmatch(r"[a-z0-9]+:(Describe|List|Get)[A-Za-z]+", a) for a in reads["Action"])
+    assert not {"ec2:DescribeInstanceAttribute", "ec2:GetConsoleOutput"} & set(reads["Action"])
+    for s in POLICY["Statement"]:
+        if s is reads:
+            continue
+        condition = s.get("Condition", {}).get("StringEquals", {})
+        resources = [s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"]
+        named = all(
+            re.fullmatch(r"arn:aws:(iam|budgets)::\*:[a-z-]+/(testbed-|aws-service-role/).+", r) for r in resources
+        )
+        by_tag = any(condition.get(key) == value for key, value in tagged.items())
+        assert named or by_tag or s["Sid"] in UNTAGGED_BY_DESIGN, s["Sid"]
+    # ec2:CreateTags only inside a create, of what the program creates
+    (tag_on_create,) = statements_granting("ec2:CreateTags")
+    assert set(tag_on_create["Condition"]["StringEquals"]["ec2:CreateAction"]) == {
+        a.removeprefix("ec2:")
+        for a in granted()
+        if re.fullmatch(r"ec2:(Create(?!Tags|Route$)[A-Za-z]+|RunInstances|AllocateAddress|ImportKeyPair)", a)
+    }
+    assert "ec2:DeleteTags" not in granted() and "iam:UpdateAssumeRolePolicy" not in granted()
+
+
+# RunInstances' resources that are not tagged: each held by its own condition or the call's others
+UNTAGGED_BY_DESIGN = {
+    "LaunchOnlyCanonicalUbuntuImages",  # ec2:Owner
+    "LaunchWithInterfacesThatLandInTheTestbedSubnet",  # the subnet must be tagged
+    "NewSecurityGroupRulesOnlyOnTestbedGroups",  # the group must be tagged
+}
+
+
+def test_launches_take_only_the_programs_image_owner_and_the_catalogue_types():
+    from components.ec2 import UBUNTU_OWNER
+    from core import instance_types
+
+    (image,) = [s for s in POLICY["Statement"] if s["Sid"] == "LaunchOnlyCanonicalUbuntuImages"]
+    assert image["Condition"] == {"StringEquals": {"ec2:Owner": UBUNTU_OWNER}}
+    (types,) = [s for s in POLICY["Statement"] if "ec2:InstanceType" in s.get("Condition", {}).get("StringEquals", {})]
+    assert set(types["Condition"]["StringEquals"]["ec2:InstanceType"]) == set(instance_types.accepted_controls()) | set(
+        instance_types.accepted_workers()
     )
-    assert {a for a in granted() if re.fullmatch(removes, a)} == set(deletes["Action"])
-    # the evidence workspace too (when managedPrometheusKeep is false, or managedPrometheus turns false)
-    (workspace_deletes,) = statements_granting("aps:DeleteWorkspace")
-    assert workspace_deletes["Condition"] == deletes["Condition"] and workspace_deletes["Action"] == [
-        "aps:DeleteWorkspace"
-    ]
+
+
+# What the policy's tag-on-create statements let the deployer create, by the resource type that calls it
+TAGGED_ON_CREATE = {
+    "aws:ec2/vpc:Vpc": "ec2:CreateVpc",
+    "aws:ec2/subnet:Subnet": "ec2:CreateSubnet",
+    "aws:ec2/securityGroup:SecurityGroup": "ec2:CreateSecurityGroup",
+    "aws:ec2/internetGateway:InternetGateway": "ec2:CreateInternetGateway",
+    "aws:ec2/routeTable:RouteTable": "ec2:CreateRouteTable",
+    "aws:ec2/eip:Eip": "ec2:AllocateAddress",
+    "aws:ec2/keyPair:KeyPair": "ec2:ImportKeyPair",
+    "aws:ec2/instance:Instance": "ec2:RunInstances",
+    "aws:amp/workspace:Workspace": "aps:CreateWorkspace",
+}
+
+
+def test_everything_the_program_creates_carries_the_tag_the_policy_asks_for(default_run, spot_run):
+    """Each resource whose create the policy conditions on aws:RequestTag is made through the
+    provider whose default tags carry it, and none overrides or drops the tag."""
+    (provider,) = default_run.of_type("pulumi:providers:aws")
+    assert json.loads(provider.inputs["defaultTags"])["tags"]["testbed:project"] == "gpu-testbed"
+    conditioned = {
+        a
+        for s in POLICY["Statement"]
+        if s.get("Condition", {}).get("StringEquals", {}).get("aws:RequestTag/testbed:project") == "gpu-testbed"
+        for a in s["Action"]
+    }
+    assert set(TAGGED_ON_CREATE.values()) <= conditioned
+    for rec in (default_run, spot_run):
+        made = [r for r in rec.resources if r.type in TAGGED_ON_CREATE]
+        for r in made:
+            assert r.provider.startswith(provider.urn + "::"), r.name
+            assert (r.inputs.get("tags") or {}).get("testbed:project", "gpu-testbed") == "gpu-testbed", r.name
+    assert {r.type for r in default_run.resources} & set(TAGGED_ON_CREATE) == set(TAGGED_ON_CREATE)

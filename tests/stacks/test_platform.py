@@ -39,9 +39,9 @@ def test_every_release_is_pinned_and_named(default_run):
     for name, inputs in releases.items():
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", inputs["version"]), name
     s = default_run.settings
-    assert releases["cert-manager"]["version"] == s.cert_manager_version == "v1.19.2"
-    assert releases["keda"]["version"] == "2.16.1" and releases["nvidia-device-plugin"]["version"] == "0.17.0"
-    assert {releases[n]["version"] for n in ("slurm-operator-crds", "slurm-operator", "slurm")} == {"1.0.0"}
+    assert releases["cert-manager"]["version"] == s.cert_manager_version == "v1.19.6"
+    assert releases["keda"]["version"] == "2.20.2" and releases["nvidia-device-plugin"]["version"] == "0.17.4"
+    assert {releases[n]["version"] for n in ("slurm-operator-crds", "slurm-operator", "slurm")} == {"1.0.5"}
     assert releases["slurm"]["chart"].startswith("oci://ghcr.io/slinkyproject/charts/")
 
 
@@ -115,7 +115,7 @@ def test_the_queries_select_the_objects_the_releases_create(default_run):
 
 
 def test_the_demand_aware_modifiers_are_the_fields_kedas_crd_defines(default_run):
-    """ScalingModifiers (kedacore/keda@v2.16.1:apis/keda/v1alpha1/scaledobject_types.go): formula,
+    """ScalingModifiers (kedacore/keda@v2.20.2:apis/keda/v1alpha1/scaledobject_types.go): formula,
     target, activationTarget, metricType; unknown keys would be pruned by the API server."""
     (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     modifiers = so.inputs["spec"]["advanced"]["scalingModifiers"]
@@ -195,7 +195,9 @@ def test_keda_bounds_follow_the_worker_count(workers):
     (so,) = by_type(rec, tokens.SCALED_OBJECT)
     spec = so.inputs["spec"]
     assert spec["maxReplicaCount"] == workers  # every GPU: slurmd borrows AI's idle half
-    assert f"({workers} - " in spec["advanced"]["scalingModifiers"]["formula"], "the reclaim cap counts the workers"
+    assert f"({float(workers)} - " in spec["advanced"]["scalingModifiers"]["formula"], (
+        "the reclaim cap counts the workers"
+    )
     assert (spec["idleReplicaCount"], spec["minReplicaCount"]) == (0, 1)
     assert spec["cooldownPeriod"] == 0  # the formula policy keeps slurmd warm in its query
     assert "[330s:30s]" in _trigger(spec, "recently_busy")["metadata"]["query"]
@@ -243,7 +245,7 @@ def test_training_operator_is_applied_server_side_at_the_pinned_tag_and_removed_
     step = command(default_run, "testbed-training-operator-install")
     create = step_args(default_run, step.name)
     delete = step_args(default_run, step.name, "delete")
-    overlay = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1"
+    overlay = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.4"
     assert (create["ACTION"], create["OVERLAY"]) == ("apply", overlay)
     assert (delete["ACTION"], delete["OVERLAY"]) == ("delete", overlay)
     assert (create["NAMESPACE"], create["DEPLOYMENT"]) == (names.TRAINING_NAMESPACE, training_operator.DEPLOYMENT)
@@ -282,7 +284,7 @@ def test_no_loadbalancer_or_nodeport_services_by_default(default_run):
 def test_gates_are_proven_again_when_their_release_is_upgraded(gate, release_name):
     default, upgraded = (
         run_program(),
-        run_program(certManagerVersion="v1.19.3", slinkyVersion="1.0.1", kedaVersion="2.16.2"),
+        run_program(certManagerVersion="v1.19.2", slinkyVersion="1.0.0", kedaVersion="2.16.1"),  # the article's
     )
     for rec in (default, upgraded):
         triggers = reveal(rec.named(gate).inputs["triggers"])
@@ -336,7 +338,7 @@ def test_slurmctld_state_gets_its_pvc_and_the_pv_binds_to_exactly_that_claim(def
 
 def test_each_keda_trigger_is_a_prometheus_query_keda_can_use(default_run):
     """The queries themselves are the scaling rule's (tests/components/test_slurmd_scaling.py);
-    here: what KEDA's prometheus scaler needs of each trigger (kedacore/keda@v2.16.1
+    here: what KEDA's prometheus scaler needs of each trigger (kedacore/keda@v2.20.2
     pkg/scalers/prometheus_scaler.go: serverAddress, query, threshold as strings)."""
     (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     assert (so.inputs["apiVersion"], so.inputs["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")

@@ -120,6 +120,16 @@ def test_keda_error_without_fallback_leaves_the_scale():
     assert k.poll(ev, 1000, 3) == 0
 
 
+def test_keda_2_20_reads_a_nan_result_as_an_empty_one():
+    """NaN (0 / 0) errs with ignoreNullValues "false" and reads 0 with "true", as Inf does
+    (kedacore/keda@v2.20.2:pkg/scalers/prometheus_scaler.go ExecutePromQuery)."""
+    for ignore_null, expected in ((False, 3), (True, 0)):
+        k, ev = _keda({"busy": 0.0})
+        k.triggers = [Trigger("t0", "max(busy) / max(busy)", 1.0, 0.0, ignore_null=ignore_null)]
+        k.last_active = 0
+        assert k.poll(ev, 1000, 3) == expected, ignore_null
+
+
 def test_keda_scales_to_idle_only_after_the_cooldown_and_wakes_to_min():
     k, ev = _keda({"busy": 0.0})
     k.last_active = 100

@@ -1,15 +1,16 @@
-"""The twin's NodeSet controller against SlinkyProject/slurm-operator@v1.0.0 (twin/nodeset.py cites
-the lines): it syncs on events, its scale-in sort reads the deadlines its previous sync wrote, and
-while Kueue is down every sync stops at its first pod patch. Nothing is killed either way: a busy
-node it condemns is drained, not deleted. Modelled figures, from the program's own objects."""
+"""The twin's NodeSet controller against SlinkyProject/slurm-operator@v1.0.0 and what v1.0.5 changed
+(twin/nodeset.py cites the lines): it syncs on events (and, from 1.0.5, 30 s after a sync that left a
+scale-in victim draining), its scale-in sort reads the deadlines its previous sync wrote, and while
+Kueue is down every sync stops at its first pod patch. Nothing is killed either way: a busy node it
+condemns is drained, not deleted. Modelled figures, from the program's own objects."""
 
 import functools
 from pathlib import Path
 
 from stacks import offline
 from twin import program, scenario, sim
-from twin.kube import SLURMD, SLURMD_TERMINATION, Kubernetes
-from twin.nodeset import INFORMER_PERIOD, NodeSetController
+from twin.kube import GRACE_PERIOD, KUBERNETES, SLURMD, TERMINATION, Kubernetes, Pod
+from twin.nodeset import DRAIN_REQUEUE, INFORMER_PERIOD, NodeSetController
 from twin.scenario import JobSpec
 from twin.slurm import RUNNING, SlurmConfig, Slurmctld
 
@@ -21,12 +22,12 @@ def setup(*overrides: str) -> sim.Setup:
     return program.setup(offline.stack_settings("dev", list(overrides)))
 
 
-def _cluster(client: bool, job_at: int = 40) -> tuple[NodeSetController, Slurmctld]:
+def _cluster(client: bool, job_at: int = 40, drain_requeue: bool = False) -> tuple[NodeSetController, Slurmctld]:
     """Two slurmd pods; job b starts at `job_at` on slinky-1; at 41 the NodeSet is scaled to 1. The
     client's informers list at 0, 30, 60, ..."""
     kube = Kubernetes(gpus=2, cold=False)
     slurm = Slurmctld(SlurmConfig("all", "slinky"))
-    ns = NodeSetController("slurm-worker-slinky", "slinky", kube, slurm, replicas=2)
+    ns = NodeSetController("slurm-worker-slinky", "slinky", kube, slurm, replicas=2, drain_requeue=drain_requeue)
     for t in range(41):
         if t == job_at:
             (job,) = slurm.submit(JobSpec("b", "slurm", t, 1000, nodes=1), t)
@@ -59,24 +60,36 @@ def test_scale_in_without_a_slurm_client_deletes_by_ordinal_and_kills():
     assert _active(ns) == ["0"]
 
 
-def test_a_deadline_reaches_the_sort_one_sync_late_so_the_busy_node_is_drained_until_its_job_ends():
+def _scale_in_after_b_started(drain_requeue: bool) -> tuple[Slurmctld, list[str], float]:
     """b started at 40, after the last job list (30): at 41 its pod carries no deadline, ties with
-    the idle one, and goes first as the higher ordinal. It is drained, not deleted; the list at 60
-    knows b, but no event follows it, so no sync writes that down before b ends (1040)."""
-    ns, slurm = _cluster(client=True)
+    the idle one, and goes first as the higher ordinal; it is drained, not deleted. Returns the pods
+    left active when one of them is gone (and when), b's job never killed."""
+    ns, slurm = _cluster(client=True, drain_requeue=drain_requeue)
     assert ns.reconcile(41, client=True) == []
     assert slurm.nodes["slinky-1"].drain and not slurm.nodes["slinky-0"].drain
-    gone = None
     for t in range(42, 1100):
         slurm.step(t)
         assert ns.reconcile(t, client=True) == []
         ns.kube.step(t)
-        if t < 1040:
-            assert _active(ns) == ["0", "1"] and slurm.nodes["slinky-1"].drain, t
-        if gone is None and _active(ns) == ["0"]:
-            gone = t
-    # b ended at 1040; the informer's next list (1050) is the event that deletes its drained pod
-    assert gone == 1050 and not slurm.nodes["slinky-0"].drain
+        if len(_active(ns)) == 1:
+            return slurm, _active(ns), t
+    raise AssertionError("no pod went")
+
+
+def test_a_deadline_reaches_the_sort_one_sync_late_so_the_busy_node_is_drained_until_its_job_ends():
+    """1.0.0: the list at 60 knows b, but no event follows it, so no sync writes that down before b
+    ends (1040); the informer's next list (1050) is the event that deletes b's drained pod."""
+    slurm, active, gone = _scale_in_after_b_started(drain_requeue=False)
+    assert (active, gone) == (["0"], 1050) and not slurm.nodes["slinky-0"].drain
+
+
+def test_from_1_0_5_the_drain_requeue_keeps_the_busy_node_and_deletes_the_idle_one():
+    """1.0.5: the sync at 71 (41 + 30) writes b's deadline, the one at 101 sorts with it: the idle
+    slinky-0 is condemned instead, drained and deleted, and slinky-1 is un-drained under b."""
+    slurm, active, gone = _scale_in_after_b_started(drain_requeue=True)
+    assert active == ["1"] and gone <= 41 + 2 * DRAIN_REQUEUE + 1, gone
+    (b,) = [j for j in slurm.jobs if j.spec.name == "b"]
+    assert not slurm.nodes["slinky-1"].drain and b.state == RUNNING
 
 
 STALE = {
@@ -99,25 +112,39 @@ STALE = {
 STALE_PHASE_SET = 2
 
 
-def test_a_stale_deadline_condemns_the_node_whose_job_just_started_and_the_idle_gpu_waits_for_it():
-    """w (52-652) ends while k waits: the default policy scales slurmd in. x started on slinky-1 at
-    650, where v had just ended. At some phases of the client's informers the scale-in sync reads
-    v's old deadline on slinky-1 (its start, 55, plus its 10-minute limit) and w's on slinky-0 (52
-    plus MaxTime, 60 minutes), so it condemns slinky-1 and drains it under x; the list that knows x
-    comes with no event after it, so slinky-0's idle GPU goes back only when x ends, about 1500 s
-    later. Nothing is killed."""
+def _freed_by_informer_phase(*overrides: str) -> dict[int, float]:
+    """When w's GPU reached k, by the informers' phase; nothing is killed at any."""
     freed = {}
     for phase in range(0, int(INFORMER_PERIOD), 5):
-        run = sim.Run(setup(), scenario.parse(STALE), STALE_PHASE_SET)
+        run = sim.Run(setup(*overrides), scenario.parse(STALE), STALE_PHASE_SET)
         run.nodeset.informer_phase = float(phase)
         r = run.run()
         assert r["killed"] == [] and sim.ok(r), phase
         (w_end,) = [x for x in r["returns"] if x["slurm_job"] == "w"]
         freed[phase] = w_end["gpu_freed_s"]
+    return freed
+
+
+def test_a_stale_deadline_condemns_the_node_whose_job_just_started_and_the_idle_gpu_waits_for_it():
+    """Slinky 1.0.0. w (52-652) ends while k waits: the default policy scales slurmd in. x started
+    on slinky-1 at 650, where v had just ended. At some phases of the client's informers the
+    scale-in sync reads v's old deadline on slinky-1 (its start, 55, plus its 10-minute limit) and
+    w's on slinky-0 (52 plus MaxTime, 60 minutes), so it condemns slinky-1 and drains it under x;
+    the list that knows x comes with no event after it, so slinky-0's idle GPU goes back only when
+    x ends, about 1500 s later. Elsewhere it comes within a list and the pod's grace period."""
+    freed = _freed_by_informer_phase("slinkyVersion=1.0.0")
     late = {phase for phase, s in freed.items() if s > 1400}
     assert late and late != freed.keys(), freed  # some phases only
-    # the others within an informer period and the slurmd pod's 30 s grace
-    assert max(s for phase, s in freed.items() if phase not in late) <= INFORMER_PERIOD + SLURMD_TERMINATION, freed
+    bound = INFORMER_PERIOD + setup("slinkyVersion=1.0.0").slurmd_termination
+    assert max(s for phase, s in freed.items() if phase not in late) <= bound, freed
+
+
+def test_from_1_0_5_the_drain_requeue_bounds_the_wait_for_a_stale_deadline():
+    """Slinky 1.0.5: the sync 30 s after the one that drained slinky-1 under x has written x's
+    deadline, the next sorts with it and condemns the idle slinky-0: at every phase its GPU comes
+    back within a requeue and a list."""
+    freed = _freed_by_informer_phase()
+    assert max(freed.values()) <= DRAIN_REQUEUE + INFORMER_PERIOD, freed
 
 
 def _tick_by_tick(run: sim.Run) -> list[tuple[float, int, frozenset, frozenset]]:
@@ -158,3 +185,18 @@ def test_after_kueue_is_back_the_nodeset_waits_for_its_retry_or_the_next_event()
     assert not any(c >= 300 for _, _, pods, _ in ticks for _, c in pods)
     r = run.result()
     assert {j["name"]: j["started"] for j in r["jobs"]}["b"] >= 1500 and r["killed"] == [] and sim.ok(r)
+
+
+def test_the_slinky_release_sets_the_termination_and_the_drain_requeue():
+    """1.0.5's logfile sidecar exits on SIGTERM and its drain requeue fires; 1.0.0's does neither."""
+    for overrides, held, requeue in (((), TERMINATION, True), (("slinkyVersion=1.0.0",), GRACE_PERIOD, False)):
+        s = setup(*overrides)
+        assert (s.slurmd_termination, s.drain_requeue) == (held, requeue)
+        kube = Kubernetes(gpus=1, cold=False, slurmd_termination=s.slurmd_termination)
+        pod = kube.create_pod(Pod("slurm-worker-slinky-0", SLURMD, "slinky-0", "slurmd", 0.0))
+        job_pod = kube.create_pod(Pod("job-0", KUBERNETES, "job", "job", 0.0))
+        for t in range(200):
+            if t == 100:
+                kube.delete(pod, t)
+            kube.step(t)
+        assert pod.gone_at == job_pod.bound_at == 100 + held  # the job's pod waits for the GPU until then

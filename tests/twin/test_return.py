@@ -14,7 +14,7 @@ from components import slurmd_scaling as scaling
 from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
-from twin.autoscale import DOWNSCALE_WINDOW, Formula, Keda
+from twin.autoscale import DOWNSCALE_WINDOW, Formula, FormulaResultError, Keda
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 SHIPPED = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
@@ -119,15 +119,29 @@ def test_the_twin_reads_the_hpa_behavior_and_the_formula_from_the_scaled_object(
 @pytest.mark.parametrize(
     "formula, env, want",
     [
-        ("max(a, b, w > 0 ? 0.0 : min(c, d))", {"a": 1, "b": 2, "w": 1, "c": 3, "d": 4}, 2.0),
-        ("max(a, b, w > 0 ? 0.0 : min(c, d))", {"a": 1, "b": 2, "w": 0, "c": 3, "d": 4}, 3.0),
-        ("a + b * 2 - 1", {"a": 1, "b": 2}, 4.0),
-        ("a > 1 && b < 1 || a == 0 ? 7 : 8", {"a": 0, "b": 5}, 7.0),
-        ("-(a - 3) / 2", {"a": 1}, 1.0),
+        ("max(a, b, w > 0 ? 0.0 : min(c, d))", {"a": 1.0, "b": 2.0, "w": 1.0, "c": 3.0, "d": 4.0}, 2.0),
+        ("max(a, b, w > 0 ? 0.0 : min(c, d))", {"a": 1.0, "b": 2.0, "w": 0.0, "c": 3.0, "d": 4.0}, 3.0),
+        ("a + b * 2 - 1", {"a": 1.0, "b": 2.0}, 4.0),
+        ("a > 1 && b < 1 || a == 0 ? 7.0 : 8", {"a": 0.0, "b": 5.0}, 7.0),
+        ("-(a - 3) / 2", {"a": 1.0}, 1.0),
+        ("7 / 2", {}, 3.5),
     ],
 )
 def test_formula_follows_expr_lang(formula, env, want):
     assert Formula(formula)(env) == want
+
+
+@pytest.mark.parametrize(
+    "formula, env",
+    [
+        ("a > 1 ? 7 : 8.0", {"a": 2.0}),  # the int branch
+        ("4 - min(4, a)", {"a": 5.0}),  # min keeps the int it picks
+        ("max(min(a, 4 - min(4, b)), c)", {"a": 1.0, "b": 4.0, "c": 0.0}),  # and max the first of equals
+    ],
+)
+def test_an_int_result_is_refused_as_keda_2_20_refuses_it(formula, env):
+    with pytest.raises(FormulaResultError, match="non-float result int"):
+        Formula(formula)(env)
 
 
 @pytest.mark.parametrize("formula", ["a ** 2", "abs(a)", "a ?", "unknown + 1", "a b"])

@@ -91,7 +91,7 @@ ALLOWED: dict[str, set[str]] = {
     # internal/store/horizontalpodautoscaler.go: labels namespace, horizontalpodautoscaler.
     "kube_horizontalpodautoscaler_status_current_replicas": {"namespace", "horizontalpodautoscaler"},
     "kube_horizontalpodautoscaler_status_desired_replicas": {"namespace", "horizontalpodautoscaler"},
-    # kedacore/keda@v2.16.1:pkg/metricscollector/prommetrics.go: keda_scaler_metrics_value
+    # kedacore/keda@v2.20.2:pkg/metricscollector/prommetrics.go: keda_scaler_metrics_value
     # {namespace, metric, scaledObject, scaler, triggerIndex, type}.
     "keda_scaler_metrics_value": {"namespace", "metric", "scaledObject", "scaler", "triggerIndex", "type"},
 }
@@ -183,7 +183,7 @@ def test_queries_name_the_objects_the_platform_creates(default_run):
     so_name, namespace = scaled_object.inputs["metadata"]["name"], scaled_object.inputs["metadata"]["namespace"]
     # The partition plain `sbatch` lands in: the chart's default (values/slurm.yaml partitions.all).
     assert values["partition"] == {DEFAULT_PARTITION}
-    # KEDA names its HPA keda-hpa-<ScaledObject> (kedacore/keda@v2.16.1:controllers/keda/hpa.go).
+    # KEDA names its HPA keda-hpa-<ScaledObject> (kedacore/keda@v2.20.2:controllers/keda/hpa.go).
     assert values["horizontalpodautoscaler"] == {f"keda-hpa-{so_name}"}
     assert values["scaledObject"] == {so_name}
     assert namespace in values["namespace"]

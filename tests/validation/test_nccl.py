@@ -9,7 +9,8 @@ from kubernetes import client
 from validation_fakes import FakeClock, FakeCluster, Faults, all_reduce_output
 
 from cli import validate as cli
-from core import settings
+from components import tenant_volumes
+from core import host_layout, names, settings
 from core.names import slurm_names
 from tests.conftest import config
 from validation.checks import check_collectives, collective_result, evaluate, expectations
@@ -58,8 +59,13 @@ def test_the_plan_builds_first_then_runs_both_paths_across_two_nodes():
     s = settings.load(config(vpcCidr="10.20.0.0/16"), offline=True)
     build, slurm, kube = plan(NCCL, "r1", share_server=s.control_private_ip)
     assert isinstance(build, PlannedKube) and build.kind == "Job" and build.gpus == 0 and not build.collective
-    (volume,) = build.obj["spec"]["template"]["spec"]["volumes"]
+    pod = build.obj["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "nfs" in v]
     assert volume["nfs"] == {"server": "10.20.0.10", "path": "/mnt/share"}  # the control node serves the share
+    # the admin's job, outside the tenants' namespace (where NFS is refused), writing the share as
+    # the one uid that owns the tools directory, and only in its last step
+    assert build.obj["metadata"]["namespace"] == names.SLURM_NAMESPACE != names.JOBS_NAMESPACE
+    assert names.SLURM_NAMESPACE not in tenant_volumes.TENANT_NAMESPACES
     assert isinstance(slurm, PlannedSlurm) and slurm.after == AFTER_BUILD and slurm.collective
     assert isinstance(kube, PlannedKube) and kube.kind == "PyTorchJob" and kube.collective
     # two ranks each, one GPU per worker: every all-reduce crosses nodes
@@ -68,13 +74,18 @@ def test_the_plan_builds_first_then_runs_both_paths_across_two_nodes():
     # validate reads its output where the script writes it: <share>/<job name>-<job id>.out
     assert sbatch_options(slurm.script)["--output"] == f"{SLURM_OUTPUT_DIR}/%x-%j.out"
     # the Slurm side runs the binary the build Job writes, where it writes it
-    (container,) = build.obj["spec"]["template"]["spec"]["containers"]
-    assert "out=/mnt/share/nccl-tests" in container["args"][0] and "/mnt/share/nccl-tests" in slurm.script
-    tag = {e["name"]: e["value"] for e in container["env"]}["NCCL_TESTS_TAG"]
+    (builder,) = pod["initContainers"]
+    (container,) = pod["containers"]
+    tools = f"{host_layout.SHARE_TOOLS_DIR}/nccl-tests"
+    assert f"out={tools}\n" in container["args"][0] and f"tests={tools}\n" in slurm.script
+    assert container["securityContext"]["runAsUser"] == host_layout.SHARE_TOOLS_UID
+    assert {"name": volume["name"], "mountPath": "/mnt/share", "readOnly": True} in builder["volumeMounts"]
+    tag = {e["name"]: e["value"] for e in builder["env"]}["NCCL_TESTS_TAG"]
     assert tag == "v2.17.7"
     # without a server the placeholder stays, and the file on disk keeps it
     (unfilled,) = [p for p in plan(NCCL, "r1") if p.name.startswith("nccl-tests")]
-    assert unfilled.obj["spec"]["template"]["spec"]["volumes"][0]["nfs"]["server"] == SHARE_SERVER_PLACEHOLDER
+    (share,) = [v for v in unfilled.obj["spec"]["template"]["spec"]["volumes"] if "nfs" in v]
+    assert share["nfs"]["server"] == SHARE_SERVER_PLACEHOLDER
 
 
 def test_the_build_job_validates_strictly_against_kubernetes_1_34():
@@ -82,8 +93,9 @@ def test_the_build_job_validates_strictly_against_kubernetes_1_34():
 
     (obj,) = load_objects(JOBS_DIR / "build" / "nccl-tests.yaml")
     kubernetes_validate.validate(obj, "1.34", strict=True)
-    (container,) = obj["spec"]["template"]["spec"]["containers"]
-    assert ":" in container["image"] and not container["image"].endswith(":latest")
+    pod = obj["spec"]["template"]["spec"]
+    for container in pod["containers"] + pod["initContainers"]:
+        assert ":" in container["image"] and not container["image"].endswith(":latest")
 
 
 def test_the_slurm_side_waits_for_the_build_and_both_outputs_are_read_and_pass():
@@ -149,7 +161,9 @@ def test_the_live_cluster_reads_the_slurm_output_on_the_share_and_the_masters_lo
         calls.append((ns, pod, container, command)) or (0, "out", "")
     )
     assert cluster.job_output("slurm", "nccl-allreduce-r1-2", "4242") == "out"
-    assert calls == [("slurm", "slurm-controller-0", "slurmctld", ["cat", "/mnt/share/nccl-allreduce-r1-2-4242.out"])]
+    assert calls == [
+        ("slurm", "slurm-controller-0", "slurmctld", ["cat", "/mnt/share/slurm/nccl-allreduce-r1-2-4242.out"])
+    ]
     logs = []
     cluster.core = type("Core", (), {"read_namespaced_pod_log": lambda self, *a, **k: logs.append((a, k)) or "log"})()
     assert cluster.job_output("PyTorchJob", "pytorchjob-nccl-allreduce-r1-3", "x") == "log"
@@ -159,7 +173,7 @@ def test_the_live_cluster_reads_the_slurm_output_on_the_share_and_the_masters_lo
 def test_dry_run_shows_both_paths_and_the_check(capsys):
     assert cli.main(["--scenario", "nccl", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "at start: create Job default/nccl-tests-dryrun-1 from jobs/build/nccl-tests.yaml" in out
+    assert "at start: create Job slurm/nccl-tests-dryrun-1 from jobs/build/nccl-tests.yaml" in out
     assert "once the build succeeded: kubectl exec -i -n slurm slurm-controller-0 -c slurmctld -- sbatch" in out
     assert "    Slurm: nccl-tests all_reduce_perf, 2 ranks with one GPU each" in out
     assert "    Kubernetes: torch.distributed, 2 ranks with one GPU each" in out

@@ -1,0 +1,70 @@
+"""The deployer policy through tools we did not write: parliament 1.6.4 with its community
+auditors, and cloudsplaining 0.9.1 (privilege escalation, resource exposure, data exfiltration,
+credentials exposure, unconstrained writes and tagging). Every HIGH finding is fixed or explained
+here; the attack paths they do not name are walked in test_iam_attacks.py.
+
+Both tools count a Condition as a constraint without reading it; whether a condition holds is
+test_iam_attacks.py's part (moto's evaluator)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cloudsplaining.scan.policy_document import PolicyDocument
+from parliament import analyze_policy_string
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = (ROOT / "iam" / "testbed-policy.json").read_text()
+POLICY = json.loads(TEXT)
+
+
+def statement(sid: str) -> dict:
+    (found,) = [s for s in POLICY["Statement"] if s["Sid"] == sid]
+    return found
+
+
+def high_findings() -> list:
+    """parliament's findings rated HIGH by its community auditors' configuration."""
+    findings = analyze_policy_string(TEXT, include_community_auditors=True).findings
+    return [f for f in findings if f.issue in {"PRIVILEGE_ESCALATION", "CREDENTIALS_EXPOSURE", "SENSITIVE_ACCESS"}]
+
+
+def test_parliaments_one_high_finding_is_the_bounded_writer_role_passed_to_the_instances():
+    """CreateEC2WithExistingIP (iam:PassRole + ec2:RunInstances): an instance launched with a role
+    acts as the role. The only role the deployer may pass is the writer role, only to EC2, and
+    that role can never do more than its boundary, remote-write to AMP: CreateRole and
+    PutRolePolicy need the boundary, and nothing may change or drop it."""
+    (escalation,) = high_findings()
+    assert escalation.issue == "PRIVILEGE_ESCALATION"
+    assert escalation.location["type"] == "CreateEC2WithExistingIP"  # parliament puts it there
+    passing = statement("PassTheControlNodeRoleToEc2Only")
+    assert passing["Resource"] == "arn:aws:iam::*:role/testbed-evidence-writer-role-*"
+    assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+    bounded = statement("TheControlNodeRoleOnlyWithinItsBoundary")
+    assert bounded["Resource"] == passing["Resource"]
+    assert bounded["Condition"]["StringEquals"]["iam:PermissionsBoundary"].endswith(
+        ":policy/AmazonPrometheusRemoteWriteAccess"
+    )
+    granted = {a for s in POLICY["Statement"] for a in s["Action"]}
+    assert not {"iam:PutRolePermissionsBoundary", "iam:DeleteRolePermissionsBoundary", "iam:AttachRolePolicy"} & granted
+
+
+def test_cloudsplaining_finds_no_escalation_exposure_exfiltration_or_unconstrained_write():
+    document = PolicyDocument(POLICY)
+    assert document.allows_privilege_escalation == []  # the old policy: ModifyEC2InstanceUserDataThenRestart
+    assert document.permissions_management_without_constraints == []  # resource exposure
+    assert document.allows_data_exfiltration_actions == []
+    assert document.credentials_exposure == []
+    assert document.write_actions_without_constraints == []  # the old policy: 34
+
+
+def test_cloudsplainings_one_tagging_finding_is_tagging_only_inside_a_create():
+    """It names ec2:CreateTags on Resource "*": the statement allows it only inside one of the
+    program's create calls, with the testbed's tag (test_iam_attacks.py: tagging any instance or
+    VPC as the testbed's is refused)."""
+    assert PolicyDocument(POLICY).tagging_actions_without_constraints == ["ec2:CreateTags"]
+    condition = statement("TagOnlyWhileCreating")["Condition"]["StringEquals"]
+    assert (
+        condition["aws:RequestTag/testbed:project"] == "gpu-testbed" and "RunInstances" in condition["ec2:CreateAction"]
+    )
