@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from components import ai_run_limit, keda, kueue, remote_script, slurm_config, slurmd_scaling
+from components import ai_run_limit, bootstrap, keda, kueue, remote_script, slurm_config, slurmd_scaling
 from core import user_files
 from core.names import (
     AMP_WORKSPACE_TYPE_TOKEN,
@@ -380,7 +380,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
         written.append(path)
         for f in yaml.safe_load(user_data).get("write_files", []):
             if f["path"].endswith(".sh"):
-                add_script(Path(f["path"]).name, f["content"])
+                add_script(Path(f["path"]).name, bootstrap.file_text(f))
     manifests = [reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r) and not _is_patch(r)]
     # A server-side-apply patch is a few fields of an object another release owns, not an object:
     # written apart, so nothing applies or validates it as a whole one.

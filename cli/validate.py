@@ -115,7 +115,7 @@ def cross_check(names: Names, outputs: dict) -> list[str]:
             "pass the deployed stack's own --stack/--config"
         )
     sbatch = outputs.get("sbatchCommand")
-    if isinstance(sbatch, str) and f"app.kubernetes.io/instance={names.slurm.fullname}" not in sbatch:
+    if isinstance(sbatch, str) and f" {names.slurm.controller_pod} " not in sbatch:
         problems.append("the deployed stack's sbatchCommand names another Slurm release than the settings")
     return problems
 

@@ -413,15 +413,19 @@ class AiRunLimit(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.after))
         limits = Limits(args.max_minutes * 60, args.gpus)
         for kind in KINDS:
-            rule, bound = policy(kind, limits), binding(kind)
-            created = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
-                f"{name}-{kind.resource}", metadata=rule["metadata"], spec=rule["spec"], opts=child
-            )
-            # A binding to a policy not there yet binds nothing; created after it all the same.
-            k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
-                f"{name}-{kind.resource}-binding",
-                metadata=bound["metadata"],
-                spec=bound["spec"],
-                opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[created])),
-            )
+            policy_and_binding(f"{name}-{kind.resource}", policy(kind, limits), binding(kind), child)
         self.register_outputs({"maxSeconds": args.max_minutes * 60})
+
+
+def policy_and_binding(name: str, rule: dict, bound: dict, opts: pulumi.ResourceOptions) -> None:
+    """A ValidatingAdmissionPolicy and its binding, the binding created after the policy: one bound
+    to a policy not there yet binds nothing."""
+    created = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+        name, metadata=rule["metadata"], spec=rule["spec"], opts=opts
+    )
+    k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+        f"{name}-binding",
+        metadata=bound["metadata"],
+        spec=bound["spec"],
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[created])),
+    )

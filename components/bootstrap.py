@@ -7,6 +7,7 @@ parameter file beside them, so nothing here assembles shell from strings.
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import re
 import shlex
@@ -171,12 +172,28 @@ def kubeadm_join_config(p: WorkerBootstrap) -> str:
     return _yaml_documents(join)
 
 
-def _file(path: str, content: str, permissions: str) -> dict:
-    return {"path": path, "content": content, "owner": "root:root", "permissions": permissions}
+def _file(path: str, content: str, permissions: str, compressed: bool = False) -> dict:
+    entry = {"path": path, "content": content, "owner": "root:root", "permissions": permissions}
+    if compressed:
+        # cloud-init's write_files decodes gz+b64 (cloudinit/config/cc_write_files.py
+        # canonicalize_extraction); mtime 0 keeps two renders byte-identical
+        packed = base64.b64encode(gzip.compress(content.encode(), mtime=0)).decode()
+        entry.update(content=packed, encoding="gz+b64")
+    return entry
+
+
+def file_text(entry: dict) -> str:
+    """A write_files entry's content as cloud-init writes it to disk."""
+    if entry.get("encoding") == "gz+b64":
+        return gzip.decompress(base64.b64decode(entry["content"])).decode()
+    return entry["content"]
 
 
 def _script_files(*names: str) -> list[dict]:
-    return [_file(f"{NODE_SCRIPT_DIR}/{n}", shipped(n), "0755") for n in (LIBRARY, *names)]
+    """The shell library travels compressed (EC2 allows 16 KiB of user-data); the node's own
+    scripts stay readable in it."""
+    library = _file(f"{NODE_SCRIPT_DIR}/{LIBRARY}", shipped(LIBRARY), "0755", compressed=True)
+    return [library, *(_file(f"{NODE_SCRIPT_DIR}/{n}", shipped(n), "0755") for n in names)]
 
 
 def _run(*names: str) -> list[list[str]]:
@@ -251,6 +268,7 @@ def control_plane_user_data(p: ControlPlaneBootstrap) -> str:
             "TOOLS_UID": str(host_layout.SHARE_TOOLS_UID),
             "CA_KEY_FILE": CA_KEY_FILE,
             "CA_KEY_WAIT_SECONDS": str(CA_KEY_WAIT_SECONDS),
+            "HOST_KEY_MARKER": host_layout.HOST_KEY_MARKER,
         },
         kubeadm_config=kubeadm_init_config(p),
         # kubeadm init keeps a CA it finds here: the program minted it, so workers can

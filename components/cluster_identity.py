@@ -13,6 +13,7 @@ import pulumi_tls as tls
 import yaml
 
 from components import bootstrap
+from core.names import UserRole
 
 CA_VALIDITY_HOURS = 10 * 365 * 24
 ADMIN_VALIDITY_HOURS = 365 * 24
@@ -20,14 +21,19 @@ ADMIN_VALIDITY_HOURS = 365 * 24
 # system:masters); the provider waits for the readiness gate, which comes after init.
 ADMIN_GROUP = "kubeadm:cluster-admins"
 ADMIN_USER = "testbed-admin"
-# The tenants' client certificates (components/tenant_roles.py binds their groups): short-lived,
-# and due for renewal from their first hour, so every `pulumi up` issues fresh ones.
-ROLE_VALIDITY_HOURS = 12
 
 
 def render_kubeconfig(
-    cluster: str, server: str, ca_cert_pem: str, client_cert_pem: str, client_key_pem: str, user: str = ADMIN_USER
+    cluster: str,
+    server: str,
+    ca_cert_pem: str,
+    client_cert_pem: str,
+    client_key_pem: str,
+    user: str = ADMIN_USER,
+    namespace: str | None = None,
 ) -> str:
+    """One cluster, one user, one context (in `namespace`, when given)."""
+
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
@@ -44,7 +50,12 @@ def render_kubeconfig(
                     "user": {"client-certificate-data": b64(client_cert_pem), "client-key-data": b64(client_key_pem)},
                 }
             ],
-            "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": user}}],
+            "contexts": [
+                {
+                    "name": cluster,
+                    "context": {"cluster": cluster, "user": user, **({"namespace": namespace} if namespace else {})},
+                }
+            ],
             "current-context": cluster,
         },
         sort_keys=False,
@@ -98,48 +109,63 @@ class ClusterIdentity(pulumi.ComponentResource):
         )
         return pulumi.Output.secret(pulumi.Output.concat(token_id.result, ".", token_secret.result))
 
-    def _client_credentials(self, part: str, user: str, group: str, hours: int, renew_hours: int = 0):
+    def _client_credentials(
+        self, who: str, user: str, group: str, validity_hours: int, early_renewal_hours: int = 0
+    ) -> tuple[tls.PrivateKey, tls.LocallySignedCert]:
+        """A client certificate signed by the cluster CA: CN=`user`, O=`group`."""
         child = pulumi.ResourceOptions(parent=self)
-        key = tls.PrivateKey(f"{self._name}-{part}-key", algorithm="RSA", rsa_bits=2048, opts=child)
+        key = tls.PrivateKey(f"{self._name}-{who}-key", algorithm="RSA", rsa_bits=2048, opts=child)
         # The provider's subject has one `organization` (O=), a string (pulumi_tls 5.6.2 _inputs.py
         # CertRequestSubjectArgsDict; hashicorp/terraform-provider-tls subject block): the key
         # `organizations` was no field of it, so the certificate carried no group.
         subject: tls.CertRequestSubjectArgsDict = {"common_name": user, "organization": group}
         request = tls.CertRequest(
-            f"{self._name}-{part}-csr",
+            f"{self._name}-{who}-csr",
             private_key_pem=key.private_key_pem,
             subject=subject,
             opts=child,
         )
         cert = tls.LocallySignedCert(
-            f"{self._name}-{part}-cert",
+            f"{self._name}-{who}-cert",
             cert_request_pem=request.cert_request_pem,
             ca_private_key_pem=self._ca_key.private_key_pem,
             ca_cert_pem=self._ca_cert.cert_pem,
-            validity_period_hours=hours,
-            # due for renewal this many hours before it ends: an apply then issues a new one
-            early_renewal_hours=renew_hours,
+            validity_period_hours=validity_hours,
+            early_renewal_hours=early_renewal_hours or None,  # the admin's stays as it was
             allowed_uses=["digital_signature", "key_encipherment", "client_auth"],
             opts=child,
         )
         return key, cert
 
-    def role_kubeconfig(self, role: str, user: str, group: str, cluster: str, server_ip: pulumi.Input[str], port: int):
-        """A tenant's kubeconfig: a client certificate for `user` in `group`, valid
-        ROLE_VALIDITY_HOURS and renewed by every `pulumi up` (early renewal from its first hour)."""
-        key, cert = self._client_credentials(role, user, group, ROLE_VALIDITY_HOURS, ROLE_VALIDITY_HOURS - 1)
+    def _render(
+        self,
+        cluster: str,
+        server_ip: pulumi.Input[str],
+        port: int,
+        key: tls.PrivateKey,
+        cert: tls.LocallySignedCert,
+        user: str,
+        namespace: str | None = None,
+    ) -> pulumi.Output[str]:
         return pulumi.Output.secret(
             pulumi.Output.all(server_ip, self.ca_cert_pem, cert.cert_pem, key.private_key_pem).apply(
-                lambda v: render_kubeconfig(cluster, f"https://{v[0]}:{port}", v[1], v[2], v[3], user)
+                lambda v: render_kubeconfig(cluster, f"https://{v[0]}:{port}", v[1], v[2], v[3], user, namespace)
             )
         )
 
     def kubeconfig(self, cluster: str, server_ip: pulumi.Input[str], port: int) -> pulumi.Output[str]:
-        return pulumi.Output.secret(
-            pulumi.Output.all(
-                server_ip,
-                self.ca_cert_pem,
-                self._admin_cert.cert_pem,
-                self._admin_key.private_key_pem,
-            ).apply(lambda v: render_kubeconfig(cluster, f"https://{v[0]}:{port}", v[1], v[2], v[3]))
+        """The operator's: cluster-admin, for a year."""
+        return self._render(cluster, server_ip, port, self._admin_key, self._admin_cert, ADMIN_USER)
+
+    def role_kubeconfig(
+        self, role: UserRole, validity_hours: int, cluster: str, server_ip: pulumi.Input[str], port: int
+    ) -> pulumi.Output[str]:
+        """A user's: what `role`'s RoleBinding grants its group, for `validity_hours`. The provider
+        plans a replacement once the certificate is within its early-renewal hours of its end
+        (hashicorp/terraform-provider-tls@v4.0.6 internal/provider/common_cert.go
+        modifyPlanIfCertificateReadyForRenewal), so `pulumi up` issues a new one after half
+        its life, and an expired one is always replaced."""
+        key, cert = self._client_credentials(
+            role.role, role.user, role.group, validity_hours, early_renewal_hours=validity_hours // 2
         )
+        return self._render(cluster, server_ip, port, key, cert, role.user, role.namespace)

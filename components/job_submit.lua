@@ -222,6 +222,27 @@ local function gpus_total(job)
 	return gpus, unknown or unknown_task
 end
 
+-- The GPUs a request asks for in all (nil: none said), or the error that refuses it: a type no node
+-- has, or more per node than a node holds. `total` says how to ask for a total instead, in the
+-- words of sbatch or of scontrol update.
+local function requested_gpus(job_desc, total)
+	local per_node, unknown_node = gpus_per_node(job_desc)
+	local gpus, unknown_job = gpus_total(job_desc)
+	if unknown_node or unknown_job then
+		return nil, refuse_gpu_type(unknown_node or unknown_job)
+	end
+	if per_node ~= nil and per_node > GPUS_PER_NODE then
+		slurm.log_user(
+			"testbed: %d GPUs per node asked, but each node (slurmd pod) has %d; ask %s instead",
+			per_node,
+			GPUS_PER_NODE,
+			total
+		)
+		return nil, slurm.ESLURM_INVALID_GRES
+	end
+	return gpus, nil
+end
+
 -- What one node must hold, refused when over the worker type: CPUs (-c, --ntasks-per-node,
 -- --mincpus, -n spread over `nodes`), memory (--mem, --mem-per-cpu times those CPUs, --mem-per-gpu).
 -- `nodes`: the most nodes the job may use (nil: unknown, the CPUs then spread as Slurm chooses).
@@ -287,18 +308,9 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 	if over_time(job_desc.time_limit, partition, part_list) then
 		return slurm.ESLURM_INVALID_TIME_LIMIT
 	end
-	local per_node, unknown_node = gpus_per_node(job_desc)
-	local gpus, unknown_job = gpus_total(job_desc)
-	if unknown_node or unknown_job then
-		return refuse_gpu_type(unknown_node or unknown_job)
-	end
-	if per_node ~= nil and per_node > GPUS_PER_NODE then
-		slurm.log_user(
-			"testbed: %d GPUs per node asked, but each node (slurmd pod) has %d; ask --gpus=<total> instead",
-			per_node,
-			GPUS_PER_NODE
-		)
-		return slurm.ESLURM_INVALID_GRES
+	local gpus, refused = requested_gpus(job_desc, "--gpus=<total>")
+	if refused then
+		return refused
 	end
 	local nodes = gpus and math.ceil(gpus / GPUS_PER_NODE)
 
@@ -359,18 +371,9 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 	if over_time(time_limit, partition, part_list) then
 		return slurm.ESLURM_INVALID_TIME_LIMIT
 	end
-	local per_node, unknown_node = gpus_per_node(job_desc)
-	local gpus, unknown_job = gpus_total(job_desc)
-	if unknown_node or unknown_job then
-		return refuse_gpu_type(unknown_node or unknown_job)
-	end
-	if per_node ~= nil and per_node > GPUS_PER_NODE then
-		slurm.log_user(
-			"testbed: %d GPUs per node asked, but each node (slurmd pod) has %d; ask TresPerJob=gres/gpu:<total> instead",
-			per_node,
-			GPUS_PER_NODE
-		)
-		return slurm.ESLURM_INVALID_GRES
+	local gpus, refused = requested_gpus(job_desc, "TresPerJob=gres/gpu:<total>")
+	if refused then
+		return refused
 	end
 	local min_nodes = is_set(job_desc.min_nodes) and job_desc.min_nodes or job_rec.min_nodes
 	local most = is_set(job_desc.max_nodes) and job_desc.max_nodes or (is_set(job_desc.min_nodes) and job_desc.min_nodes)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components import ai_run_limit
 from core.names import ADMISSION_API_VERSION, JOBS_NAMESPACE, NAMESPACE_NAME_LABEL
 
 API_VERSION = ADMISSION_API_VERSION
@@ -94,14 +95,5 @@ class TenantVolumes(pulumi.ComponentResource):
     def __init__(self, name: str, args: TenantVolumesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("testbed:platform:TenantVolumes", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.after))
-        rule, bound = policy(), binding()
-        created = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
-            f"{name}-policy", metadata=rule["metadata"], spec=rule["spec"], opts=child
-        )
-        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
-            f"{name}-binding",
-            metadata=bound["metadata"],
-            spec=bound["spec"],
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[created])),
-        )
+        ai_run_limit.policy_and_binding(f"{name}-policy", policy(), binding(), child)
         self.register_outputs({"policy": POLICY_NAME})

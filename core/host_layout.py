@@ -23,3 +23,6 @@ BOOTSTRAP_LOG = "/var/log/testbed-bootstrap.log"
 # Where the bootstrap records its running, failed or done step (testbed-lib.sh `record`), root-only.
 BOOTSTRAP_STATUS = "/var/log/testbed-bootstrap.status"
 SSH_USER = "ubuntu"
+# How the control node's bootstrap marks its SSH host key on the serial console, where
+# read-host-key.sh finds it (components/ssh_access.py)
+HOST_KEY_MARKER = "testbed-host-key:"

@@ -187,6 +187,31 @@ class SlurmNames:
         return f"kubectl exec -i -n {self.namespace} {self.controller_pod} -c {SLURMCTLD_CONTAINER} --"
 
 
+@dataclass(frozen=True)
+class UserRole:
+    """One kind of user's access (components/user_roles.py): a short-lived client certificate
+    whose CN is `user` and whose O is `group` (the API server's x509 authenticator reads them as
+    the user and its group), a Role and RoleBinding named `role` in `namespace` bound to that
+    group, and the stack output that holds the kubeconfig."""
+
+    role: str
+    user: str
+    group: str
+    namespace: str
+    output: str  # the stack output with its kubeconfig
+    kubeconfig_file: str  # where the README saves it
+
+
+# "testbed:" keeps the groups clear of the API server's reserved "system:" prefix
+AI_USER_ROLE = UserRole("testbed-ai", "testbed-ai", "testbed:ai-users", JOBS_NAMESPACE, "aiKubeconfig", "ai.kubeconfig")
+
+
+def hpc_user_role(slurm: SlurmNames) -> UserRole:
+    return UserRole(
+        "testbed-hpc", "testbed-hpc", "testbed:hpc-users", slurm.namespace, "hpcKubeconfig", "hpc.kubeconfig"
+    )
+
+
 def slurm_names(nodeset: str) -> SlurmNames:
     return SlurmNames(release=SLURM_RELEASE, namespace=SLURM_NAMESPACE, nodeset=nodeset)
 

@@ -784,6 +784,16 @@ class Settings:
             "true or false",
         )
     )
+    # The HPC and AI users' kubeconfigs (components/user_roles.py, docs/security-and-day2.md)
+    role_credential_hours: int = field(
+        metadata=_declared(
+            8,
+            "Hours the hpcKubeconfig and aiKubeconfig client certificates are valid; `pulumi up` issues new ones "
+            "once half of that has passed.",
+            "1 to 168 (a week)",
+            _int_range(1, 168),
+        )
+    )
     # Evidence and cost guard: components/managed_prometheus.py, components/budget.py, docs/evidence-and-budget.md
     managed_prometheus: bool = field(
         metadata=_declared(

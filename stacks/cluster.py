@@ -8,11 +8,11 @@ import pulumi
 import pulumi_command as command
 import pulumi_kubernetes as k8s
 
-from components import bootstrap, remote_script, tenant_roles
+from components import bootstrap, remote_script
 from components.cluster_identity import ClusterIdentity
 from components.readiness_gate import BootstrapWatch, ReadinessGate, ReadinessGateArgs
 from core import host_layout
-from core.names import REMOTE_COMMAND_TYPE_TOKEN, Names
+from core.names import AI_USER_ROLE, REMOTE_COMMAND_TYPE_TOKEN, hpc_user_role, slurm_names
 from core.settings import Settings
 from stacks.infrastructure import Infrastructure
 
@@ -55,8 +55,7 @@ class ClusterAccess:
     kubeconfig: pulumi.Output[str]
     provider: k8s.Provider
     control_connection: command.remote.ConnectionArgs  # for later steps that run on the control node
-    # Each tenant's short-lived kubeconfig, by role (components/tenant_roles.py says what it may do)
-    role_kubeconfigs: dict[str, pulumi.Output[str]]
+    role_kubeconfigs: dict[str, pulumi.Output[str]]  # the HPC and AI users', by stack output name
 
 
 def build_identity() -> ClusterIdentity:
@@ -143,7 +142,7 @@ def deliver_node_credentials(
 def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) -> ClusterAccess:
     # registered first: it applies to every resource created after it
     pulumi.runtime.register_stack_transformation(lives_and_dies_with(infra.control.instance))
-    connection = infra.ssh.connection(infra.control.public_ip)
+    connection = infra.control_connection()
     # the gate passes once every node is Ready and its join token deleted
     watch = BootstrapWatch.over(connection, s.control_private_ip)
     credentials = deliver_node_credentials(s, infra, identity, connection, watch)
@@ -161,7 +160,14 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
             after=[infra.control.eip_association, *credentials, *(w.joined for w in infra.workers)],
         ),
     )
-    kubeconfig = identity.kubeconfig(f"testbed-{s.stack}", infra.control.public_ip, host_layout.API_SERVER_PORT)
+    cluster_name, port = f"testbed-{s.stack}", host_layout.API_SERVER_PORT
+    kubeconfig = identity.kubeconfig(cluster_name, infra.control.public_ip, port)
+    role_kubeconfigs = {
+        role.output: identity.role_kubeconfig(
+            role, s.role_credential_hours, cluster_name, infra.control.public_ip, port
+        )
+        for role in (hpc_user_role(slurm_names(s.nodeset_name)), AI_USER_ROLE)
+    }
     provider = k8s.Provider(
         "testbed-k8s",
         kubeconfig=kubeconfig,
@@ -169,16 +175,10 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
         delete_unreachable=True,
         opts=pulumi.ResourceOptions(depends_on=[gate]),
     )
-    role_kubeconfigs = {
-        t.role: identity.role_kubeconfig(
-            t.role, t.user, t.group, f"testbed-{s.stack}-{t.role}", infra.control.public_ip, host_layout.API_SERVER_PORT
-        )
-        for t in tenant_roles.tenants(Names.from_settings(s).slurm)
-    }
     return ClusterAccess(
         gate=gate,
         kubeconfig=kubeconfig,
         provider=provider,
-        control_connection=infra.ssh.connection(infra.control.public_ip, DIAL_ERROR_LIMIT),
+        control_connection=infra.control_connection(DIAL_ERROR_LIMIT),
         role_kubeconfigs=role_kubeconfigs,
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_command as command
 
 from components import bootstrap, ec2, images, slinky
 from components.cluster_identity import ClusterIdentity
@@ -29,6 +30,11 @@ class Infrastructure:
     workers: list[GpuWorker]
     join_tokens: list[pulumi.Output[str]]  # one per worker, same order
     evidence: ManagedPrometheus | None  # None: managedPrometheus false
+    control_host_key: pulumi.Output[str]  # what the control node published; every SSH step pins it
+
+    def control_connection(self, dial_error_limit: int = -1) -> command.remote.ConnectionArgs:
+        """The control node over SSH, by the stack's key, its host key pinned."""
+        return self.ssh.connection(self.control.public_ip, self.control_host_key, dial_error_limit)
 
 
 CONTROL_PLANE_SETTINGS_OUTPUT = "controlPlaneSettings"
@@ -252,7 +258,10 @@ def build(
 
     names = [f"testbed-worker-{index}" for index in range(len(s.worker_private_ips))]
     join_tokens = [identity.token(f"{name}-token") for name in names]
-    joined = JoinedArgs(connection=ssh.connection(control.public_ip), region=s.region, after=[control.eip_association])
+    control_host_key = ssh.host_key("testbed-control", control.instance, s.region)
+    joined = JoinedArgs(
+        connection=ssh.connection(control.public_ip, control_host_key), region=s.region, after=[control.eip_association]
+    )
     worker_opts = pulumi.ResourceOptions.merge(
         opts, pulumi.ResourceOptions(transformations=[in_cluster(control.instance)])
     )
@@ -289,5 +298,11 @@ def build(
             spec = dataclasses.replace(spec, after=[*spec.after, once_joined(index, workers[-1].joined)])
         workers.append(GpuWorker(name, spec, joined, opts=worker_opts))
     return Infrastructure(
-        network=network, ssh=ssh, control=control, workers=workers, join_tokens=join_tokens, evidence=evidence
+        network=network,
+        ssh=ssh,
+        control=control,
+        workers=workers,
+        join_tokens=join_tokens,
+        evidence=evidence,
+        control_host_key=control_host_key,
     )

@@ -142,6 +142,15 @@ def placeholder_key_pem(name: str) -> tuple[str, str, str]:
     return private_pem, public_pem, openssh
 
 
+def placeholder_host_key(name: str) -> str:
+    """A real, deterministic SSH ed25519 public key, as a node publishes its host key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes.fromhex(_digest("host-key", name)))
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
 def placeholder_cert_pem(name: str) -> str:
     body = _digest("cert", name) * 4
     lines = [body[i : i + 64] for i in range(0, len(body), 64)]
@@ -204,6 +213,8 @@ class TestbedMocks(pulumi.runtime.Mocks):
             outputs["arn"] = f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:{kind}/{outputs['name']}"
         elif typ == "command:remote:Command":
             outputs["stdout"] = ""
+        elif typ == "command:local:Command" and name.endswith("-host-key"):
+            outputs["stdout"] = placeholder_host_key(name) + "\n"  # as read-host-key.sh prints it
         elif typ == "pulumi:pulumi:StackReference":
             outputs.update(outputs=self.deployed_outputs, secretOutputNames=[])
         return f"{name}-placeholder", outputs

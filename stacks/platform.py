@@ -21,9 +21,9 @@ from components.kueue import Kueue, KueueArgs
 from components.managed_prometheus import ManagedPrometheus
 from components.monitoring import Monitoring, MonitoringArgs, RemoteWrite, service_monitor_labels
 from components.slinky import Slinky, SlinkyArgs
-from components.tenant_roles import TenantRoles, TenantRolesArgs
 from components.tenant_volumes import TenantVolumes, TenantVolumesArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
+from components.user_roles import UserRoles, UserRolesArgs
 from core.names import Names
 from core.settings import Settings
 from stacks.cluster import ClusterAccess
@@ -41,7 +41,7 @@ class Platform:
     kueue: Kueue
     ai_run_limit: AiRunLimit
     tenant_volumes: TenantVolumes
-    tenant_roles: TenantRoles
+    user_roles: UserRoles
 
 
 def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None) -> Platform:
@@ -89,8 +89,9 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
     )
     # Tenants' pods keep off the share and the nodes' files from the first pod on (components/tenant_volumes.py)
     tenant_volumes = TenantVolumes("testbed-tenant-volumes", TenantVolumesArgs(provider=provider, after=[access.gate]))
-    tenant_roles = TenantRoles(
-        "testbed-tenant-roles", TenantRolesArgs(slurm=names.slurm, provider=provider, after=[access.gate])
+    # what the hpcKubeconfig and aiKubeconfig outputs may do (components/user_roles.py)
+    user_roles = UserRoles(
+        "testbed-user-roles", UserRolesArgs(slurm=names.slurm, provider=provider, after=[kueue.slurm_namespace])
     )
     slinky = Slinky(
         "testbed-slinky",
@@ -127,7 +128,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
                 kueue,
                 ai_run_limit,
                 tenant_volumes,
-                tenant_roles,
+                user_roles,
             ],
         ),
     )
@@ -142,5 +143,5 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
         kueue,
         ai_run_limit,
         tenant_volumes,
-        tenant_roles,
+        user_roles,
     )

@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
-import shlex
-
 import pulumi
 
 from core import host_layout
-from core.names import SLURMCTLD_CONTAINER, SlurmNames, label_selector
+from core.names import SLURMCTLD_CONTAINER, SlurmNames, hpc_user_role
 from stacks.cluster import ClusterAccess
 from stacks.infrastructure import WORKER_IPS_OUTPUT, Infrastructure
 from stacks.platform import Platform
 from stacks.pricing import CostEstimate
 
 KUBECONFIG_FILE = "kubeconfig.yaml"
-HPC_KUBECONFIG_FILE = "hpc.yaml"  # hpcKubeconfig, as the README writes it
 SSH_KEY_FILE = "testbed.pem"
 
 
 def sbatch_command(names: SlurmNames) -> str:
-    """HPC users submit from inside slurmctld; the job script travels on stdin."""
-    pod = (
-        f"$(kubectl --kubeconfig {HPC_KUBECONFIG_FILE} -n {names.namespace} get pod "
-        f"-l {shlex.quote(label_selector(names.slurmctld_selector))} -o name)"
-    )
+    """HPC users submit from inside slurmctld, with their own kubeconfig (which may reach that
+    one pod, by name: components/user_roles.py); the job script travels on stdin."""
+    role = hpc_user_role(names)
     return (
-        f"kubectl --kubeconfig {HPC_KUBECONFIG_FILE} -n {names.namespace} exec -i {pod} "
+        f"kubectl --kubeconfig {role.kubeconfig_file} -n {names.namespace} exec -i {names.controller_pod} "
         f"-c {SLURMCTLD_CONTAINER} -- sbatch < job.sbatch"
     )
 
@@ -34,9 +29,8 @@ def outputs(
     infra: Infrastructure, access: ClusterAccess, platform: Platform, cost: CostEstimate
 ) -> dict[str, pulumi.Input]:
     return {
-        "kubeconfig": access.kubeconfig,
-        # Short-lived (12 h), reissued by every `pulumi up`: components/tenant_roles.py
-        **{f"{role}Kubeconfig": config for role, config in access.role_kubeconfigs.items()},
+        "kubeconfig": access.kubeconfig,  # the operator's: cluster-admin
+        **access.role_kubeconfigs,  # hpcKubeconfig, aiKubeconfig: short-lived, least privilege
         "controlPlanePublicIp": infra.control.public_ip,
         WORKER_IPS_OUTPUT: [w.private_ip for w in infra.workers],  # the next run reads it back
         "sshPrivateKey": infra.ssh.private_key,

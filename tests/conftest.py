@@ -72,13 +72,14 @@ def _default_run_scope(fixture_name: str, config: pytest.Config) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_recording_per_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Every run of the program under the default mocks (`run_program`, `plan`, `render` and
-    the other commands in-process) is made once per session for each stack and config, and
-    shared by every xdist worker through a folder of the session's (as tests/twin/runs.py shares
-    the twin's runs): the program is deterministic for them, which tests/cli/test_cli.py's two
-    renders in fresh processes check. Each call unpickles a copy of its own, so no test sees
-    another's changes; bad settings raise as before and are not kept. Runs with other mocks,
-    and mutmut's stats pass (see _default_run_scope), run afresh."""
+    """Every run of the program under the default mocks, with a last deployment's outputs or
+    none (`run_program`, `plan`, `render` and the other commands in-process), is made once per
+    session for each stack, settings and deployment, and shared by every xdist worker through a
+    folder of the session's (as tests/twin/runs.py shares the twin's runs): the program is
+    deterministic for them, which tests/cli/test_cli.py's two renders under different hash seeds
+    check. Each call unpickles a copy of its own, so no test sees another's changes; bad settings
+    raise as before and are not kept. Runs with other mocks (a subclass of TestbedMocks), and
+    mutmut's stats pass (see _default_run_scope), run afresh."""
     if os.environ.get("MUTANT_UNDER_TEST") == "stats":
         yield
         return
@@ -89,15 +90,27 @@ def _one_recording_per_settings(tmp_path_factory: pytest.TempPathFactory) -> Ite
     fresh = offline.run
 
     def shared_run(config: dict[str, str], stack: str = "dev", mocks: offline.TestbedMocks | None = None):
-        if mocks is not None:
+        # the default mocks, given a last deployment's outputs or none, answer alike every time;
+        # a subclass, or mocks that already answered, may not: run afresh
+        if mocks is not None and (type(mocks) is not offline.TestbedMocks or mocks.invokes):
             return fresh(config, stack, mocks)
-        key = hashlib.sha256(repr((sorted(config.items()), stack)).encode()).hexdigest()
+        deployed = mocks.deployed_outputs if mocks else {}
+        # keyed by the settings the program reads (its one reader), not their spelling: `{}`,
+        # `workerCount=4` and the stack file's defaults are one run; bad settings raise here
+        settings = offline.settings_mod.load(config, stack=stack, offline=True)
+        key = hashlib.sha256(repr((settings, stack, deployed)).encode()).hexdigest()
         path = folder / f"{key}.pickle"
         with open(folder / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the first asks, the others wait and read; released on close
             if not path.exists():
-                path.write_bytes(pickle.dumps(fresh(config, stack)))
-            return pickle.loads(path.read_bytes())
+                path.write_bytes(pickle.dumps(fresh(config, stack, offline.TestbedMocks(deployed))))
+            recording = pickle.loads(path.read_bytes())
+        if mocks:  # the caller's mocks hold what they answered, as after a run of their own
+            mocks.region = recording.settings.region
+            mocks.invokes.extend(recording.invokes)
+            mocks.invoke_args.update(recording.invoke_args)
+            recording.invokes, recording.invoke_args = mocks.invokes, mocks.invoke_args
+        return recording
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(offline, "run", shared_run)

@@ -74,7 +74,10 @@ def test_the_runner_refuses_bad_settings_like_plan(capsys):
 def test_the_runner_refuses_names_a_deployed_stack_contradicts(monkeypatch, capsys):
     from cli import validate as cli
 
-    deployed = {"workerPrivateIps": ["10.0.0.20"] * 4, "sbatchCommand": "... app.kubernetes.io/instance=slurm ..."}
+    deployed = {
+        "workerPrivateIps": ["10.0.0.20"] * 4,
+        "sbatchCommand": "... exec -i slurm-controller-0 -c slurmctld ...",
+    }
     monkeypatch.setattr(cli, "read_stack_outputs", lambda stack: deployed)
     assert validate(["--scenario", "mixed", "--dry-run", "--config", "workerCount=2"]) == 2
     assert "the deployed stack has 4 GPU workers but the settings give 2" in capsys.readouterr().err

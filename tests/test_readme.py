@@ -145,13 +145,13 @@ def test_the_test_line_says_what_the_engine_tests_need_and_how_to_build_it():
 
 def test_the_ai_contract_stands_beside_the_first_pytorchjob():
     """The three labels, with the queue, priority classes and limit of the default stack, just
-    above the first `kubectl apply` of a PyTorchJob, and the example carries them."""
+    above the first `kubectl create` of a PyTorchJob, and the example carries them."""
     import yaml
 
     from core import names
     from core.settings import SETTINGS
 
-    first = re.search(r"^kubectl apply -f (jobs/kubernetes/\S+)", README, re.M)
+    first = re.search(r"^kubectl --kubeconfig \S+ create -f (jobs/kubernetes/\S+)", README, re.M)
     assert first and first[1] == "jobs/kubernetes/pytorchjob-ddp.yaml"
     said = _comment_before(first[0])
     max_seconds = int(next(s.default for s in SETTINGS if s.key == "aiJobMaxMinutes")) * 60
@@ -170,7 +170,7 @@ def test_the_hpc_output_path_stands_beside_the_first_sbatch():
     from core import host_layout, names
     from validation.scenarios import sbatch_options
 
-    first = re.search(r"^kubectl exec -i .* -- sbatch < (jobs/slurm/\S+)", README, re.M)
+    first = re.search(r"^kubectl --kubeconfig \S+ exec -i .* -- sbatch < (jobs/slurm/\S+)", README, re.M)
     assert first
     options = sbatch_options((ROOT / first[1]).read_text())
     path = options["--output"].replace("%x", options["--job-name"]).replace("%j", "<jobid>")
@@ -178,6 +178,8 @@ def test_the_hpc_output_path_stands_beside_the_first_sbatch():
     assert f"Output lands in {path}" in _comment_before(first[0])
     slurm = names.slurm_names("slinky")
     every = path.replace("<jobid>", "*")  # `<jobid>` would be a redirection to bash: the glob runs as written
-    read = f"kubectl exec -n {slurm.namespace} {slurm.controller_pod} -c {names.SLURMCTLD_CONTAINER} -- sh -c 'cat {every}'"
+    # with the HPC users' kubeconfig, whose context is slurmctld's namespace
+    kubeconfig = names.hpc_user_role(slurm).kubeconfig_file
+    read = f"kubectl --kubeconfig {kubeconfig} exec {slurm.controller_pod} -c {names.SLURMCTLD_CONTAINER} -- sh -c 'cat {every}'"
     block = README.split(first[0], 1)[1].split("\n\n", 1)[0]
     assert read in block.splitlines()

@@ -48,6 +48,11 @@ RELEASE = "kubernetes:helm.sh/v3:Release"
 PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 SCALED_OBJECT = "kubernetes:keda.sh/v1alpha1:ScaledObject"
+# RBAC: the HPC and AI users' roles (components/user_roles.py), KEDA's scraper binding
+ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role"
+ROLE_BINDING = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
+CLUSTER_ROLE = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
+CLUSTER_ROLE_BINDING = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"
 # The AI run limit (components/ai_run_limit.py): its component, policies and bindings
 AI_RUN_LIMIT = "testbed:platform:AiRunLimit"
 VALIDATING_ADMISSION_POLICY = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"

@@ -7,7 +7,17 @@ set -Eeuo pipefail
 load_env
 require SHARE_DIR SHARE_EXPORT_CIDR SLURM_STATE_DIR SLURM_UID FLANNEL_VERSION KUBEADM_CONFIG ADMIN_KUBECONFIG SSH_USER
 require TOOLS_UID
-require CA_KEY_FILE CA_KEY_WAIT_SECONDS
+require CA_KEY_FILE CA_KEY_WAIT_SECONDS HOST_KEY_MARKER
+
+# The SSH host key goes to the serial console, which `aws ec2 get-console-output` reads through
+# the EC2 API: `pulumi up` pins it (read-host-key.sh) before an SSH step carries the CA key. A
+# public key; only root writes the console. Here, first: cloud-init's own keys_to_console runs
+# in its final stage after runcmd (canonical/cloud-init config/cloud.cfg.tmpl,
+# cloud_final_modules), so after this script, which waits for the CA key. The key is the one
+# cloud-init's ssh module generated (cc_ssh, before runcmd).
+step "SSH host key to the console"
+host_key=$(cut -d ' ' -f 1,2 "${ROOT}/etc/ssh/ssh_host_ed25519_key.pub")
+echo "${HOST_KEY_MARKER} ${host_key}" >"${ROOT}/dev/console"
 
 step "NFS server exporting ${SHARE_DIR} to ${SHARE_EXPORT_CIDR}"
 apt_get install nfs-kernel-server git  # git: kubectl kustomize fetches remote overlays

@@ -33,6 +33,8 @@ CUSTOM_RESOURCES = {
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): (),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
 }
+# One worker runs the module, so `rendered` renders once, not once per worker that runs a test of it.
+pytestmark = pytest.mark.xdist_group("artifacts")
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,8 @@ import re
 from datetime import UTC, datetime
 
 import boto3
-import moto
 import pytest
 from botocore.exceptions import ClientError
-from moto.ec2.models import ec2_backends
-from moto.ec2.models.amis import Ami
-from moto.servicequotas.models import ServiceQuotasBackend
 
 from cli import preflight
 from components import ec2 as ec2_component
@@ -28,6 +24,9 @@ ENOUGH = {
     ("ec2", "L-0263D0A3"): 5,
     ("ec2", "L-3819A6DF"): 16,
 }
+# One worker runs the module, so one imports moto (a second of CPU, there at first use) and
+# loads the AWS service models (aws_env), where every worker that ran a test of it did.
+pytestmark = pytest.mark.xdist_group("moto")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +41,8 @@ def aws_env():
             "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
         }.items():
             mp.setenv(key, value)
+        import moto  # noqa: F401  before the session: moto hooks botocore's handlers as it is imported
+
         yield boto3.Session()
 
 
@@ -53,6 +54,9 @@ def recorded(default_run):
 @pytest.fixture
 def aws(aws_env, monkeypatch):
     """A fresh emulated account per test, with the quotas in `quotas` readable."""
+    import moto
+    from moto.servicequotas.models import ServiceQuotasBackend
+
     quotas: dict[tuple[str, str], float] = dict(ENOUGH)
     original = ServiceQuotasBackend.get_service_quota
 
@@ -71,6 +75,9 @@ def aws(aws_env, monkeypatch):
 
 
 def ubuntu_image(name_suffix: str = "20261120", image_id: str = "ami-0123456789abcdef0") -> None:
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.amis import Ami
+
     backend = ec2_backends["123456789012"][REGION]
     backend.amis[image_id] = Ami(
         backend,

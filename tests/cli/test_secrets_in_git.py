@@ -22,7 +22,7 @@ def _ignored(path: str, cwd: Path) -> bool:
 def test_every_secret_file_users_are_told_to_write_is_ignored_by_git():
     written = set(re.findall(r"pulumi stack output --show-secrets \w+ > ([\w./-]+)", README))
     written |= {workloads.KUBECONFIG_FILE, workloads.SSH_KEY_FILE}
-    assert {"kubeconfig.yaml", "testbed.pem", "hpc.yaml", "ai.yaml"} <= written
+    assert {"kubeconfig.yaml", "testbed.pem", "hpc.kubeconfig", "ai.kubeconfig"} <= written
     assert shutil.which("git"), "git is needed to check .gitignore"
     for name in sorted(written):
         assert _ignored(name, ROOT), f"{name} is not in .gitignore"

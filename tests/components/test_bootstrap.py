@@ -26,7 +26,7 @@ def user_data_of(rec, name):
 
 def written_file(user_data: str, path: str) -> str:
     files = {f["path"]: f for f in yaml.safe_load(user_data)["write_files"]}
-    return files[path]["content"]
+    return bootstrap.file_text(files[path])
 
 
 def spki_hash(public_pem: str) -> str:
@@ -244,6 +244,8 @@ def expected_env(s, role: str) -> dict[str, str]:
             # deliver-ca-key.sh copies the key here over SSH; control-plane.sh waits for it
             "CA_KEY_FILE": "/etc/kubernetes/pki/ca.key",
             "CA_KEY_WAIT_SECONDS": "1800",
+            # what read-host-key.sh looks for on the console (components/ssh_access.py)
+            "HOST_KEY_MARKER": "testbed-host-key:",
         }
     return {
         **common,
@@ -286,7 +288,7 @@ def test_each_node_gets_its_parameters_files_and_scripts_in_order(default_run, n
     assert {f["owner"] for f in doc["write_files"]} == {"root:root"}
     for name in ("testbed-lib.sh", *scripts):
         script_file = files[f"/opt/testbed/{name}"]
-        assert script_file["content"] == bootstrap.shipped(name) and script_file["permissions"] == "0755"
+        assert bootstrap.file_text(script_file) == bootstrap.shipped(name) and script_file["permissions"] == "0755"
     (command,) = doc["runcmd"]
     chain = " && ".join(f"/opt/testbed/{n}" for n in scripts)
     log = "/var/log/testbed-bootstrap.log"  # created 0600 before anything is logged: it may hold tokens' traces
@@ -350,7 +352,7 @@ def test_rendered_files_keep_a_stable_readable_order(default_run):
     """Byte-identical renders across runs, and in the order people read them."""
     user_data = user_data_of(default_run, "testbed-control-instance")
     env = written_file(user_data, bootstrap.ENV_FILE).splitlines()
-    assert env == sorted(env) and len(env) == 14
+    assert env == sorted(env) and len(env) == 15
     kubeadm = written_file(user_data, bootstrap.KUBEADM_CONFIG)
     assert kubeadm.startswith("apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbootstrapTokens:\n")
     assert "\n---\napiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n" in kubeadm

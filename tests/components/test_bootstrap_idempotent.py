@@ -25,7 +25,7 @@ import yaml
 
 from components import bootstrap
 from core import host_layout, settings
-from stacks.offline import placeholder_key_pem
+from stacks.offline import placeholder_host_key, placeholder_key_pem
 from tests.conftest import config
 
 S = settings.load(config(), offline=True)
@@ -204,7 +204,10 @@ exec {touch} "$@"
 exec {chmod} "$@"
 """,
 }
-REAL_TOOLS = ("bash", "env", "cat", "date", "dirname", "grep", "mkdir", "rm", "tee")
+# where cloud-init's ssh module leaves the host key, and the serial console (control-plane.sh)
+HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
+CONSOLE = "/dev/console"
+REAL_TOOLS = ("bash", "env", "cat", "cut", "date", "dirname", "grep", "mkdir", "rm", "tee")
 
 
 def redirect_targets_outside_root(text: str) -> list[str]:
@@ -276,16 +279,20 @@ class Sandbox:
             "tmp",
             "home/ubuntu",
             "var/log",
+            "dev",
         ):
             (self.root / d).mkdir(parents=True)
         self.write("/etc/fstab", FSTAB)
+        # cloud-init's ssh module generates the host keys before runcmd; the serial console
+        self.write(HOST_KEY_FILE, f"{placeholder_host_key('idempotency')} root@control\n")
+        self.write(CONSOLE, "")
         version, default_config, _ = CONTAINERD[containerd]
         (self.state / "containerd-version").write_text(version + "\n")
         (self.state / "containerd-default.toml").write_text(default_config)
         # What cloud-init writes, then the command it runs, pointed at the sandbox.
         doc = yaml.safe_load(user_data)
         for f in doc["write_files"]:
-            self.write(f["path"], f["content"]).chmod(int(f["permissions"], 8))
+            self.write(f["path"], bootstrap.file_text(f)).chmod(int(f["permissions"], 8))
         bash_c = doc["runcmd"][0]
         assert bash_c[:2] == ["bash", "-c"] and bootstrap.NODE_SCRIPT_DIR in bash_c[2]
         self.command = [

@@ -428,6 +428,7 @@ ROWS: list[tuple[dict, str, str]] = [
     # --- run limits, evidence and budget
     ({"slurmJobMaxMinutes": "0"}, "slurmJobMaxMinutes", "an integer from 1 to 10080"),
     ({"aiJobMaxMinutes": "10081"}, "aiJobMaxMinutes", "an integer from 1 to 10080"),
+    ({"roleCredentialHours": "0"}, "roleCredentialHours", "an integer from 1 to 168"),
     ({"managedPrometheus": "yes"}, "managedPrometheus", "true or false"),
     ({"managedPrometheusKeep": "1"}, "managedPrometheusKeep", "true or false"),
     ({"budgetMonthlyUsd": "100001"}, "budgetMonthlyUsd", "an integer from 0 to 100000"),

@@ -21,7 +21,7 @@ COMPONENTS = {
     "testbed-kueue": "testbed:platform:Kueue",
     "testbed-ai-run-limit": tokens.AI_RUN_LIMIT,
     "testbed-tenant-volumes": tokens.TENANT_VOLUMES,
-    "testbed-tenant-roles": "testbed:platform:TenantRoles",
+    "testbed-user-roles": "testbed:platform:UserRoles",
     "testbed-training-operator": "testbed:platform:TrainingOperator",
 }
 
@@ -31,7 +31,8 @@ def test_components_have_their_types_and_sit_at_the_top(default_run):
     assert {name: r.type for name, r in components.items()} == COMPONENTS
     assert {r.parent.split("::")[2] for r in components.values()} == {tokens.STACK}
     # the budget alarm, when asked for, is a component at the top too
-    budget = run_program(budgetMonthlyUsd=100, budgetEmail="ops@example.com").named("testbed-budget")
+    # test_evidence's budget settings: one recording for both
+    budget = run_program(budgetMonthlyUsd=250, budgetEmail="ops@example.com").named("testbed-budget")
     assert budget.type == "testbed:aws:BudgetAlarm" and budget.parent.split("::")[2] == tokens.STACK
 
 
@@ -41,6 +42,7 @@ WORKERS = [f"testbed-worker-{i}" for i in range(4)]
 FOR_A_NODE = {
     "testbed-identity": {f"{w}-token-{part}" for w in WORKERS for part in ("id", "secret")},
     "testbed-node-credentials": {"testbed-ca-key", *(f"{w}-join-token" for w in WORKERS)},
+    "testbed-ssh": {"testbed-control-host-key"},  # the control node's published host key, read
 }
 
 

@@ -9,7 +9,7 @@ import yaml
 from cli import artifacts
 from components import helm, images, monitoring, slinky, slurm_config, training_operator
 from core import names
-from stacks.offline import reveal
+from stacks.offline import ROOT, reveal
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
 
@@ -155,7 +155,7 @@ def test_partitions_refuse_a_job_larger_than_the_nodeset_at_submit(default_run):
     assert limits == {so.inputs["spec"]["maxReplicaCount"]}
 
 
-@pytest.mark.parametrize("minutes", [None, 7])
+@pytest.mark.parametrize("minutes", [None, 90])  # 90: test_plan's, one recording for both
 def test_both_partitions_end_a_job_at_slurm_job_max_minutes(default_run, minutes):
     """MaxTime on `all` (the chart's UNLIMITED replaced) and on the NodeSet's own partition, in the
     slurm.conf the operator assembles: the bound on how long AI waits for a GPU slurmd borrowed."""
@@ -189,7 +189,7 @@ def test_service_monitors_carry_the_label_prometheus_selects(default_run):
     assert dcgm["serviceMonitor"]["additionalLabels"] == wanted
 
 
-@pytest.mark.parametrize("workers", [2, 6])
+@pytest.mark.parametrize("workers", [2, 7])  # 7: test_infrastructure's, one recording for both
 def test_keda_bounds_follow_the_worker_count(workers):
     rec = run_program(workerCount=workers)
     (so,) = by_type(rec, tokens.SCALED_OBJECT)
@@ -223,22 +223,25 @@ def test_keda_settings_flow_into_the_scaled_object():
 
 
 def test_nodeset_name_changes_every_place_it_must():
-    rec = run_program(nodesetName="gpu")
+    rec = run_program(nodesetName="gpu", workerCount=2)  # test_names_contract's: one recording for both
     (so,) = by_type(rec, tokens.SCALED_OBJECT)
     assert so.inputs["spec"]["scaleTargetRef"]["name"] == "slurm-worker-gpu"
     nodesets = release(rec, "slurm").inputs["values"]["nodesets"]
     assert nodesets["gpu"]["enabled"] is True and nodesets["slinky"]["enabled"] is False
 
 
-def test_sbatch_command_selects_the_slurmctld_pod_by_its_labels(default_run):
-    command_line = default_run.outputs["sbatchCommand"]
+def test_sbatch_command_reaches_the_slurmctld_pod_with_the_hpc_kubeconfig(default_run):
+    words = shlex.split(default_run.outputs["sbatchCommand"].split(" < ")[0])
     slurm = release(default_run, "slurm")
-    selector = command_line.split(" -l ")[1].split()[0]
-    labels = dict(pair.split("=") for pair in shlex.split(selector)[0].split(","))
-    # the operator's labels for slurmctld (internal/builder/labels: name=slurmctld, instance=<controller>)
-    assert labels == {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": slurm.inputs["name"]}
-    assert f"-n {slurm.inputs['namespace']} exec -i" in command_line
-    assert "-c slurmctld -- sbatch" in command_line
+    (controller,) = [r for r in default_run.resources if r.type == tokens.ROLE and r.name.endswith("testbed-hpc-role")]
+    # the pod the HPC Role names, in the release's namespace, with the kubeconfig the README saves
+    role = reveal(controller.inputs)
+    (pod,) = [rule["resourceNames"] for rule in role["rules"] if rule["resources"] == ["pods/exec"]]
+    assert words[words.index("exec") + 2] in pod
+    assert words[words.index("-n") + 1] == slurm.inputs["namespace"] == role["metadata"]["namespace"]
+    saved = re.findall(r"--show-secrets hpcKubeconfig > ([\w.-]+)", (ROOT / "README.md").read_text())
+    assert [words[words.index("--kubeconfig") + 1]] == saved
+    assert words[-3:] == ["slurmctld", "--", "sbatch"]
 
 
 def test_training_operator_is_applied_server_side_at_the_pinned_tag_and_removed_on_destroy(default_run):
