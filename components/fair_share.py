@@ -45,6 +45,35 @@ HALF_LIFE_S = 1800  # usage half-life: a window of about 2 h holds 94 % of the w
 MARGIN = 0.02  # behind only when 2 points under its share: the contract's band is 5 points
 
 
+# The contract the policy keeps (docs/handoff.md, "Fair share over time"), which `plan` states and
+# the twin checks (twin/report.py, tests/twin/test_fair_share.py): while both sides have work, each
+# side's share of the contended GPU time is within BAND of its guaranteed share, over the run and
+# over every WINDOW_S window in which both had work at least CONTENDED_ENOUGH of the time, when no
+# job holds more than JOB_WINDOW_FRACTION of a window's GPU time (a job cannot be split).
+WINDOW_S = 7200
+BAND = 0.05
+CONTENDED_ENOUGH = 0.5
+JOB_WINDOW_FRACTION = 1 / 8
+
+
+def contract_lines(hpc_gpus: int, ai_gpus: int, policy: str, default_policy: str) -> list[str]:
+    """The contract in words, as `plan` prints it for the stack's split, under `policy` (fair-share)."""
+    total = hpc_gpus + ai_gpus
+    job_gpu_s = WINDOW_S * total * JOB_WINDOW_FRACTION
+    widest_min, one_gpu_min = round(job_gpu_s / total / 60), round(job_gpu_s / 60)
+    return [
+        f"fair share over time (policy {policy}, not the default {default_policy}; "
+        "the twin runs its controller, the program does not deploy it yet):",
+        f"  while both sides have work, each gets its guaranteed share of the contended GPU time within "
+        f"{round(BAND * 100)} points: HPC {hpc_gpus / total:.0%} ({hpc_gpus} of {total} GPUs), "
+        f"AI {ai_gpus / total:.0%} ({ai_gpus} of {total})",
+        f"  over the run and over every {WINDOW_S // 3600} h window in which both had work at least "
+        f"{CONTENDED_ENOUGH:.0%} of the time",
+        f"  when no job holds more than 1/{round(1 / JOB_WINDOW_FRACTION)} of a window's GPU time: "
+        f"a {total}-GPU job up to {widest_min} min, a 1-GPU job up to {one_gpu_min} min",
+    ]
+
+
 @dataclass(frozen=True)
 class Reading:
     """What the controller sees each period; None where the input is lost."""

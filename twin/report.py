@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from components import fair_share
 from twin.ledger import Ledger
 from twin.slurm import CANCELLED, COMPLETED, NEVER_SATISFIED, REFUSED, TIMEOUT, SlurmJob
 from twin.world import World, gpu_uuid
@@ -92,8 +93,9 @@ def result(world: World, ledger: Ledger) -> dict:
     }
 
 
-FAIR_WINDOW_S = 7200  # the sliding window of the fair-share report (docs/handoff.md)
-CONTENDED_ENOUGH = 0.5  # a window counts when both sides had work for at least half of it
+# The fair-share report's sliding window, and a window counts when both sides had work for at least
+# CONTENDED_ENOUGH of it: the contract's (components/fair_share.py, docs/handoff.md)
+FAIR_WINDOW_S, CONTENDED_ENOUGH = fair_share.WINDOW_S, fair_share.CONTENDED_ENOUGH
 
 
 def _sides(world: World, ledger: Ledger) -> dict:

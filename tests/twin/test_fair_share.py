@@ -21,7 +21,7 @@ from twin import program, scenario, sim
 PHASE_SETS = range(2)
 # Each shape is 6 or 24 simulated hours, under two policies and two phase sets: a sweep.
 SWEEP = pytest.mark.slow
-BAND = 0.05  # 5 points either side of the guaranteed half
+BAND = fair_share.BAND  # 5 points either side of the guaranteed half
 
 
 @functools.cache
