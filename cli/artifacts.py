@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from components import ai_run_limit, bootstrap, keda, kueue, remote_script, slurm_config, slurmd_scaling
+from components import ai_run_limit, bootstrap, fair_share, keda, kueue, remote_script, slurm_config, slurmd_scaling
 from core import user_files
 from core.names import (
     AMP_WORKSPACE_TYPE_TOKEN,
@@ -252,6 +252,10 @@ def plan_text(rec: Recording) -> str:
         "  " + line
         for line in slurmd_scaling.bounds_lines(bounds, names.slurm_job_max_minutes, names.ai_job_max_minutes)
     ]
+    contract = fair_share.contract_lines(
+        names.shares.hpc_gpus, names.shares.ai_guaranteed_gpus, slurmd_scaling.FAIR_SHARE, slurmd_scaling.DEFAULT_POLICY
+    )
+    lines += ["  " + line for line in contract]
     policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]
     lines += ["  " + line for line in ai_run_limit.policy_lines(ai_run_limit.limits(policies))]
     lines.append("Slurm limits (slurm.conf; job_submit.lua refuses a job over one at submit):")

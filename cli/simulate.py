@@ -126,6 +126,7 @@ def summary(result: dict) -> str:
         for j in result["jobs"]
     ]
     lat = result["latency"]
+    lines += side_lines(result["sides"])
     lines.append(
         f"killed: {', '.join(result['killed']) or 'none'}; double-held GPUs: {len(result['double_held'])}; "
         f"slurmd starts: {result['slurmd_starts']}; end: {result['end']['slurmd_replicas']} replicas, "
@@ -133,6 +134,36 @@ def summary(result: dict) -> str:
         f"scale-up {_seconds(lat['scale_up_s'])}, GPU return {_seconds(lat['gpu_return_s'])} (modelled)"
     )
     return "\n".join(lines)
+
+
+SIDES = (("slurm", "HPC"), ("kubernetes", "AI"))
+
+
+def _percent(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.0f} %"
+
+
+def side_lines(sides: dict) -> list[str]:
+    """Per side: its share of the contended GPU time, overall and its range over the windows; its
+    waits by width; the jobs that never started; the GPU time idle while its work waited."""
+    lines = []
+    for side, who in SIDES:
+        s, w = sides[side], sides[side]["window_share"]
+        windows = (
+            f", {_percent(w['min'])} to {_percent(w['max'])} over {w['windows']} windows of {w['window_s'] / 3600:g} h"
+            if w["windows"]
+            else ""
+        )
+        waits = "; ".join(
+            f"{width} wide: p50 {v['p50']:g} s, p95 {v['p95']:g} s, max {v['max']:g} s ({v['jobs']})"
+            for width, v in s["waits_by_width"].items()
+        )
+        lines.append(
+            f"{who}: share of contended GPU time {_percent(s['share'])}{windows}; waits {waits or 'none'}; "
+            f"never started: {len(s['never_started'])}; GPU idle while its work waited "
+            f"{s['idle_while_waiting_gpu_s']:g} GPU·s, held for it {s['held_for_reservation_gpu_s']:g} GPU·s"
+        )
+    return lines
 
 
 def _spread(spread: dict | None) -> str:
@@ -163,6 +194,14 @@ def sweep_summary(swept: dict) -> str:
     for side, who in (("slurm", "HPC"), ("kubernetes", "AI")):
         if swept["reclaim_waits"][side] is not None:
             lines.append(f"{who} waiting for its lent share: {_spread(swept['reclaim_waits'][side])}")
+    for side, who in SIDES:
+        s = swept["sides"][side]
+        longest = ", ".join(f"{w} wide {v:g} s" for w, v in s["longest_wait_by_width"].items()) or "none"
+        never = "; ".join(f"phase set {n}: {len(names)}" for n, names in s["never_started"].items()) or "none"
+        lines.append(
+            f"{who}: share of contended GPU time {_spread(s['share']).replace(' s', '')}, lowest over a window "
+            f"{_percent(s['lowest_window_share'])}; longest wait {longest}; never started: {never}"
+        )
     lines.append(f"killed: {_by_set(swept['killed'])}")
     lines.append(f"double-held GPUs: {_by_set(swept['double_held'])}")
     lines.append(f"not ok: {', '.join(f'phase set {n}' for n in swept['not_ok']) or 'none'}")

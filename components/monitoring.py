@@ -53,12 +53,16 @@ def service_monitor_labels() -> dict[str, str]:
 
 
 def stack_values(version: str, n: Names) -> dict:
-    """The stack's values, with the rule that alerts while slurmctld's metrics are missing
+    """The stack's values, with the rules that alert while slurmctld's metrics, or another input of
+    the scaling rule (Kueue's metrics, kube-state-metrics, slurmrestd), are missing
     (`additionalPrometheusRulesMap` becomes PrometheusRule objects the stack's Prometheus selects:
     prometheus-community/helm-charts@kube-prometheus-stack-80.9.2:charts/kube-prometheus-stack/
     templates/prometheus/additionalPrometheusRules.yaml)."""
     target = slurmd_scaling.scaling_target(n)
-    rules = {"testbed-slurm-metrics": {"groups": [slurmd_scaling.metrics_alert_rules(target)]}}
+    rules = {
+        "testbed-slurm-metrics": {"groups": [slurmd_scaling.metrics_alert_rules(target)]},
+        "testbed-handoff-inputs": {"groups": [slurmd_scaling.input_alert_rules(target)]},
+    }
     return helm.merged_values(
         stack_chart(version), {"fullnameOverride": MONITORING_RELEASE, "additionalPrometheusRulesMap": rules}
     )

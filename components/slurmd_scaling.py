@@ -110,20 +110,25 @@ POD_UNSCHEDULABLE = "kube_pod_status_unschedulable"
 # only with the manager's metrics.enableClusterQueueResources (components/kueue.py sets it).
 KUEUE_PENDING = "kueue_cluster_queue_resource_pending"
 KUEUE_USAGE = "kueue_cluster_queue_resource_usage"  # what the queue's admitted workloads hold
+KUEUE_NOMINAL = "kueue_cluster_queue_nominal_quota"  # the queue's nominalQuota (pkg/metrics/metrics.go)
 
-LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE = (
+LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE, FAIR_SHARE = (
     "lend-and-reclaim",
     "demand-aware",
     "safe",
     "previous",
     "reference-triggers",
+    "fair-share",
 )
-POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE)
+POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE, FAIR_SHARE)
 DEFAULT_POLICY = LEND_RECLAIM
 # Policies that count held/stalled work, every partition, and refuse jobs that can never fit.
-GUARDED_POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE)
+GUARDED_POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE, FAIR_SHARE)
 # Policies whose triggers a KEDA scalingModifiers formula combines.
-FORMULA_POLICIES = (LEND_RECLAIM, DEMAND_AWARE)
+FORMULA_POLICIES = (LEND_RECLAIM, DEMAND_AWARE, FAIR_SHARE)
+# Policies whose cap follows AI's nominalQuota as Kueue reports it, which the fair-share controller
+# (components/fair_share.py) moves; lend-and-reclaim's cap uses the program's fixed split.
+QUOTA_POLICIES = (FAIR_SHARE,)
 
 # Slurm's main scheduler runs at least every sched_interval (60 s, SchedMD/slurm@slurm-25-11-0-1:
 # doc/man/man5/slurm.conf.5) and on every submit: two cycles with idle nodes and no start is a stall.
@@ -334,6 +339,7 @@ def _safe_queries(t: Target, sep: str = "-") -> list[tuple[str, str]]:
 # The formula policies' extra triggers, named for the formula.
 RECENTLY_BUSY, SLURMD_PODS, AI_WAITING = "recently_busy", "slurmd_pods", "ai_waiting"
 AI_HELD, AI_PENDING, AI_RESERVE, BUSY = "ai_held", "ai_pending", "ai_reserve", "busy_nodes"
+AI_QUOTA = "ai_quota"
 
 
 def _kueue(metric: str, t: Target) -> str:
@@ -342,15 +348,25 @@ def _kueue(metric: str, t: Target) -> str:
     return f'(max({metric}{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}) or vector(0))'
 
 
-def _lend_and_reclaim_queries(t: Target, warm_seconds: int) -> list[tuple[str, str]]:
+def _ai_quota(t: Target) -> str:
+    # No Kueue series is the program's split: the controller's quota then reads as the guaranteed one.
+    return f'(max({KUEUE_NOMINAL}{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}) or vector({t.ai_share}))'
+
+
+def _lend_and_reclaim_queries(t: Target, warm_seconds: int, follow_quota: bool = False) -> list[tuple[str, str]]:
     held, pending = _kueue(KUEUE_USAGE, t), _kueue(KUEUE_PENDING, t)
-    first_in_line = f"(({held} < bool {t.ai_share}) * ({pending} > bool 0))"
+    share = _ai_quota(t) if follow_quota else str(t.ai_share)
+    # fair-share: AI reserves every GPU for a job first in line only on its turn, while the
+    # controller has raised its quota above its guaranteed share (AI behind on GPU time).
+    turn = f" * ({share} > bool {t.ai_share})" if follow_quota else ""
+    first_in_line = f"(({held} < bool {share}) * ({pending} > bool 0){turn})"
     return [
         *_demand_aware_queries(t, warm_seconds),
         (BUSY, _busy(t)),
         (AI_HELD, held),
         (AI_PENDING, pending),
         (AI_RESERVE, f"min_over_time({first_in_line}{_window(t, RESERVE_AFTER_SECONDS)})"),
+        *([(AI_QUOTA, share)] if follow_quota else []),
     ]
 
 
@@ -382,7 +398,7 @@ def formula(t: Target, policy: str = DEMAND_AWARE) -> str:
     if policy == DEMAND_AWARE:
         return f"max({', '.join(safe)}, {_warmth()})"
     runnable, *largest, restapi_hold = safe
-    cap = _cap_expression(t)
+    cap = _cap_expression(t, AI_QUOTA if policy in QUOTA_POLICIES else str(float(t.ai_share)))
     # A job fits if its nodes fit under the cap (the busy ones may be among them); one that does
     # not gets no pod at all: it counts as one runnable job, whose pod would idle.
     fits = [f"({term} - {BUSY} <= {cap})" for term in largest]
@@ -392,13 +408,14 @@ def formula(t: Target, policy: str = DEMAND_AWARE) -> str:
     return f"max(min({wanted}, {cap}), {restapi_hold})"
 
 
-def _cap_expression(t: Target) -> str:
+def _cap_expression(t: Target, ai_share: str) -> str:
     # Float literals: min() returns the argument it picks, so an int GPU count would make the whole
     # formula an int when AI claims every GPU, and KEDA 2.20 refuses a result that is not a float64
-    # (kedacore/keda@v2.20.2:pkg/scaling/modifiers/formula.go; 2.16.1 converted it).
-    total, share = float(t.gpus_total), float(t.ai_share)
+    # (kedacore/keda@v2.20.2:pkg/scaling/modifiers/formula.go; 2.16.1 converted it). `ai_share` is
+    # a float literal or a trigger's name (fair-share's quota), whose value KEDA passes as a float64.
+    total = float(t.gpus_total)
     held_and_waiting = f"({AI_HELD} + {AI_PENDING})"
-    claim = f"({AI_RESERVE} > 0 ? min({total}, {held_and_waiting}) : min({share}, {held_and_waiting}))"
+    claim = f"({AI_RESERVE} > 0 ? min({total}, {held_and_waiting}) : min({ai_share}, {held_and_waiting}))"
     return f"({total} - {claim})"
 
 
@@ -463,8 +480,8 @@ def _reference_queries(t: Target) -> list[tuple[str, str]]:
 
 def queries(t: Target, policy: str, warm_seconds: int) -> list[tuple[str, str]]:
     """(trigger name, PromQL) for a policy; `warm_seconds` is kedaCooldownSeconds (formula policies only)."""
-    if policy == LEND_RECLAIM:
-        return _lend_and_reclaim_queries(t, warm_seconds)
+    if policy in (LEND_RECLAIM, FAIR_SHARE):
+        return _lend_and_reclaim_queries(t, warm_seconds, follow_quota=policy in QUOTA_POLICIES)
     if policy == DEMAND_AWARE:
         return _demand_aware_queries(t, warm_seconds)
     return {SAFE: _safe_queries, PREVIOUS: _previous_queries, REFERENCE: _reference_queries}[policy](t)
@@ -500,6 +517,60 @@ def metrics_alert_rules(t: Target) -> dict:
     }
 
 
+INPUT_LOST_FOR = "2m"  # as METRICS_MISSING_FOR: a restart's gap is not an outage
+KUEUE_METRICS_MISSING_ALERT = "KueueMetricsMissing"
+KUBE_STATE_METRICS_MISSING_ALERT = "KubeStateMetricsMissing"
+RESTAPI_DOWN_ALERT = "SlurmrestdDown"
+
+
+def input_alert_rules(t: Target) -> dict:
+    """A Prometheus rule group: one alert per lost input of the scaling rule and the fair-share
+    controller besides slurmctld's (metrics_alert_rules), each naming the outage and what the
+    scaler does meanwhile."""
+    kueue = f'{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}'
+    restapi = f'{RESTAPI_AVAILABLE}{{namespace="{t.namespace}", deployment="{t.restapi_deployment}"}}'
+
+    def rule(alert: str, expr: str, summary: str, description: str) -> dict:
+        return {
+            "alert": alert,
+            "expr": expr,
+            "for": INPUT_LOST_FOR,
+            "labels": {"severity": "critical"},
+            "annotations": {"summary": summary, "description": description},
+        }
+
+    return {
+        "name": "testbed-handoff-inputs",
+        "rules": [
+            rule(
+                KUEUE_METRICS_MISSING_ALERT,
+                f"absent({KUEUE_USAGE}{kueue})",
+                "Kueue's ClusterQueue metrics are missing: the scaler reads AI as holding and wanting nothing",
+                "No kueue_cluster_queue_resource_usage for the AI queue: Kueue's metrics endpoint is not "
+                "scraped, or metrics.enableClusterQueueResources is off. slurmd's cap then lets Slurm keep "
+                "AI's idle GPUs (Kueue's quota still admits AI within its share first); the fair-share "
+                "controller holds the guaranteed split.",
+            ),
+            rule(
+                KUBE_STATE_METRICS_MISSING_ALERT,
+                f"absent({restapi})",
+                "kube-state-metrics is missing: slurmd's scale is frozen",
+                "No kube_deployment_status_replicas_available for slurmrestd: kube-state-metrics is not "
+                "scraped. The restapi-down trigger errs, so KEDA leaves the NodeSet's size as it is until "
+                "it is back; nothing is scaled in.",
+            ),
+            rule(
+                RESTAPI_DOWN_ALERT,
+                f"max({restapi}) < 1",
+                "slurmrestd has no available replica: slurmd keeps every pod it has",
+                "The NodeSet controller has no Slurm client without slurmrestd, so a scale-in would pick "
+                "busy pods; the scaler asks for every slurmd pod that exists until it is back, and GPUs "
+                "lent to Slurm come back only after.",
+            ),
+        ],
+    }
+
+
 def keda_triggers(server_address: str, t: Target, policy: str, warm_seconds: int) -> list[dict]:
     # ignoreNullValues defaults to true (kedacore/keda@v2.20.2:pkg/scalers/prometheus_scaler.go):
     # the older policies keep the default, the guarded ones turn an empty result into an error.
@@ -519,6 +590,20 @@ def keda_triggers(server_address: str, t: Target, policy: str, warm_seconds: int
         }
         for name, query in queries(t, policy, warm_seconds)
     ]
+
+
+def fair_share_queries(t: Target) -> dict[str, str]:
+    """What the fair-share controller reads (components/fair_share.py `reading`), as PromQL: HPC's
+    busy nodes, runnable jobs and the widest pending job's nodes per partition; AI's GPUs held and
+    waiting in Kueue. None falls back to 0: an empty result is a lost input."""
+    kueue = f'{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}'
+    return {
+        "hpc_used": _busy(t),
+        "hpc_runnable": _runnable(t),
+        **{f"hpc_widest_{p}": _m(LARGEST_PENDING_JOB_NODES, p) for p in t.partitions},
+        "ai_used": f"max({KUEUE_USAGE}{kueue})",
+        "ai_waiting": f"max({KUEUE_PENDING}{kueue})",
+    }
 
 
 def scaling_target(n: Names) -> Target:

@@ -42,18 +42,21 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from components.slurmd_scaling import POD_TERMINATION_SECONDS
+
 # Assumptions of the twin (seconds), not upstream facts.
 CONTAINER_START = 5.0
 # One node's pull of each image a pod runs, by its role: the slurmd pod's `logfile` sidecar and
 # slurmd, the Worker's init container, and the several-GB image the example PyTorchJob and Job run.
 IMAGE_PULL = {"logfile": 5.0, "slurmd": 90.0, "init": 5.0, "pytorch": 240.0, "job": 240.0}
-TERMINATION = 5.0  # slurmd preStop + container stop
+TERMINATION = 5.0  # a pod's container stop: a Kubernetes job's, and slurmd's preStop + stop
 # Upstream: a slurmd pod of Slinky 1.0.0-1.0.4 ends only at its grace period, the Kubernetes default
 # (k8s.io/api@v0.34.1 core/v1 DefaultTerminationGracePeriodSeconds; neither the chart nor the program
 # sets one): its logfile sidecar runs as PID 1 with no SIGTERM handler and is killed at the end
 # (SlinkyProject/slurm-operator@v1.0.0:internal/builder/scripts/logfile.sh). From 1.0.5 it exits
 # on SIGTERM (@v1.0.5: the same file, `trap "exit 0" TERM`), so the pod ends in TERMINATION.
-GRACE_PERIOD = 30.0
+# twin/program.py slinky_behaviour picks one by the program's slinkyVersion.
+GRACE_PERIOD = float(POD_TERMINATION_SECONDS)
 # Upstream: the init container's default tries and its sleep (config.go, initcontainer.go).
 INIT_TRIES_DEFAULT, INIT_INTERVAL = 100, 2.0
 

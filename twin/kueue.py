@@ -42,7 +42,7 @@ webhooks refusing creation while it is down is `Kueue.up`'s caller's business (t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from core.names import (
     AI_LOCAL_QUEUE,
@@ -122,6 +122,14 @@ class Workload:
     limit: float | None = None  # the job's declared longest run once admitted, in seconds
     past: float = 0.0  # seconds admitted before the current admission (evicted, then admitted again)
     deactivated_at: float | None = None  # when Kueue stopped it at its limit
+    # An evicted or deactivated job's pods: its quota stays reserved until they are gone. Kueue
+    # clears the admission only once the stopped job is no longer active
+    # (kubernetes-sigs/kueue@v0.19.2: pkg/controller/jobframework/reconciler.go, "handle eviction":
+    # UnsetQuotaReservation under !job.IsActive()).
+    stopping: tuple[Pod, ...] = ()
+
+    def releasing(self) -> bool:
+        return any(p.gone_at is None for p in self.stopping)
 
     def ended(self) -> bool:
         """The work itself is over (Kueue may not have seen it yet)."""
@@ -176,7 +184,9 @@ class Kueue:
         """GPUs the queue's admitted workloads hold, as Kueue counts them (until it sees them end),
         plus what this scheduling cycle holds back for it."""
         held = sum(
-            w.gpus for w in self.open_workloads if w.cluster_queue == cluster_queue and w.admitted_at is not None
+            w.gpus
+            for w in self.open_workloads
+            if w.cluster_queue == cluster_queue and (w.admitted_at is not None or w.releasing())
         )
         return held + (reserved or {}).get(cluster_queue, 0)
 
@@ -199,6 +209,18 @@ class Kueue:
     def borrows(self, w: Workload) -> bool:
         return self.usage(w.cluster_queue) + w.gpus > self.queues[w.cluster_queue].nominal
 
+    def set_nominal(self, cluster_queue: str, nominal: int) -> None:
+        """A patch of the queue's nominalQuota (the fair-share controller's); a lendingLimit that
+        lent all of the old quota lends all of the new one (Kueue requires lendingLimit <= nominalQuota)."""
+        cq = self.queues[cluster_queue]
+        if cq.nominal == nominal:
+            return
+        lending = cq.lending_limit
+        if lending is not None:
+            lending = nominal if lending == cq.nominal else min(lending, nominal)
+        self.queues[cluster_queue] = replace(cq, nominal=nominal, lending_limit=lending)
+        self._idle_state = None  # the quotas changed: the next cycle decides again
+
     def pending_gpus(self, cluster_queue: str) -> int:
         """What `kueue_cluster_queue_resource_pending{cluster_queue, resource="nvidia.com/gpu"}` reads:
         the GPUs requested by the queue's workloads not admitted, waiting or backing off
@@ -213,11 +235,11 @@ class Kueue:
         if not up:
             return  # no admission, no eviction, no finalizer removed
         for w in self.open_workloads:
-            if w.ended():
+            if w.ended() and not w.releasing():
                 w.done = True  # the job finished or the pod is gone: its quota is free (finalizer removed)
                 w.admitted_at = None
                 continue
-            if w.admitted_at is None or (w.pod is not None and w.pod.terminating_at is not None):
+            if w.ended() or w.admitted_at is None or (w.pod is not None and w.pod.terminating_at is not None):
                 continue  # waiting, or a pod being deleted: nothing more to decide
             if w.job is not None and w.limit is not None and now >= w.admitted_at + w.limit - w.past:
                 self._deactivate(w, w.job, kube, now)
@@ -234,7 +256,9 @@ class Kueue:
     def _admission_state(self, now: float) -> tuple:
         """Everything `_admit` decides on that can change: which workloads are open, and whether each
         is admitted, over, and past its requeue time. The rest (GPUs, queue, priority, age) is fixed."""
-        return tuple((id(w), w.admitted_at is None, w.ended(), now >= w.requeue_at) for w in self.open_workloads)
+        return tuple(
+            (id(w), w.admitted_at is None, w.ended(), w.releasing(), now >= w.requeue_at) for w in self.open_workloads
+        )
 
     def _evict(self, w: Workload, kube: Kubernetes, now: float) -> None:
         w.evictions += 1
@@ -245,6 +269,7 @@ class Kueue:
             self.pod_evictions += 1
             return
         assert w.job is not None and w.admitted_at is not None  # not a pod, so a job; evicted once admitted
+        w.stopping = tuple(w.job.pods)
         kube.suspend(w.job, now)
         w.past += now - w.admitted_at
         w.admitted_at = None
@@ -253,12 +278,12 @@ class Kueue:
     def _deactivate(self, w: Workload, job: KubeJob, kube: Kubernetes, now: float) -> None:
         """At its limit: the job's pods are deleted and it never runs again; it is over, so
         nothing counts it as waiting. Unlike `_evict` it keeps its pods' record and start."""
+        w.stopping = tuple(job.pods)
         for pod in job.pods:
             kube.delete(pod, now)
         job.finished, job.failed = now, True
         w.deactivated_at = now
         w.admitted_at = None
-        w.done = True
 
     def _admit(self, kube: Kubernetes, now: float) -> bool:
         """Scheduling cycles until one admits nothing. Each cycle takes every queue's head, in
@@ -307,6 +332,7 @@ class Kueue:
             if w.cluster_queue == cluster_queue
             and w.admitted_at is None
             and not w.ended()
+            and not w.releasing()  # its quota is still reserved until its old pods are gone
             and now >= w.requeue_at
             and id(w) not in passed
         ]

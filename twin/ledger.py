@@ -35,6 +35,14 @@ class Ledger:
         self.reclaim_waits: dict[str, list[float]] = {"slurm": [], "kubernetes": []}
         self.lent_since: dict[str, float | None] = {"slurm": None, "kubernetes": None}
         self._noted: set[int] = set()  # the Slurm jobs in waiting_at_end
+        # Per minute of contention: each side's GPU-seconds used and the seconds contended, for the
+        # shares over a sliding window (twin/report.py).
+        self.contended_minutes: list[list[float]] = []
+        # GPU-seconds not running a job (free, or a slurmd pod whose node runs nothing) while work of
+        # the side that fits the cluster waits; and of those, the ones kept for that side's waiting
+        # work: idle slurmd nodes while a Slurm job waits, free GPUs while an AI job waits.
+        self.idle_while_waiting = {"slurm": 0.0, "kubernetes": 0.0}
+        self.held_for_reservation = {"slurm": 0.0, "kubernetes": 0.0}
 
     def note_ends(self, now: float) -> None:
         """Each Slurm job that ends while a Kubernetes job waits (queued in Kueue or Pending)."""
@@ -72,9 +80,22 @@ class Ledger:
         slurm_waits = any(j.finished is None for j in self.world.slurm.open_jobs)
         kube_open = [j for j in self.world.kube.open_jobs if j.finished is None]
         if slurm_waits and kube_open:
+            ai_used = sum(len(j.pods) for j in kube_open if j.started is not None)
             self.contended["seconds"] += 1
             self.contended["slurm"] += used
-            self.contended["kubernetes"] += sum(len(j.pods) for j in kube_open if j.started is not None)
+            self.contended["kubernetes"] += ai_used
+            minute = int(now // 60)
+            while len(self.contended_minutes) <= minute:
+                self.contended_minutes.append([0.0, 0.0, 0.0])
+            bucket = self.contended_minutes[minute]
+            bucket[0], bucket[1], bucket[2] = bucket[0] + used, bucket[1] + ai_used, bucket[2] + 1
+        gpus = self.world.kube.gpus
+        free = gpus - len({p.gpu for p in self.world.kube.live_pods() if p.gpu is not None})
+        if idle + free:
+            for side, waiting in (("slurm", self._slurm_waits_fitting(now)), ("kubernetes", self._ai_waits_fitting())):
+                if waiting:
+                    self.idle_while_waiting[side] += idle + free
+                    self.held_for_reservation[side] += idle if side == "slurm" else free
         if self.held_now == 0:
             if self.zero_spans and self.zero_spans[-1][1] == now - 1:
                 self.zero_spans[-1][1] = now
@@ -101,3 +122,14 @@ class Ledger:
         if side == "slurm":
             return any(self.world.slurm.eligible(j, now) for j in self.world.slurm.open_jobs)
         return self.world.kueue is not None and self.world.kueue.pending_gpus(AI_CLUSTER_QUEUE) > 0
+
+    def _slurm_waits_fitting(self, now: float) -> bool:
+        """An eligible Slurm job not wider than the cluster waits."""
+        gpus = self.world.kube.gpus
+        slurm = self.world.slurm
+        return any(j.nodes_needed <= gpus and slurm.eligible(j, now) for j in slurm.open_jobs)
+
+    def _ai_waits_fitting(self) -> bool:
+        """A Kubernetes job not wider than the cluster has not started."""
+        gpus = self.world.kube.gpus
+        return any(j.started is None and j.finished is None and j.replicas <= gpus for j in self.world.kube.open_jobs)

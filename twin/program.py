@@ -11,6 +11,7 @@ from components import (
     ai_run_limit,
     bootstrap,
     device_plugin,
+    fair_share,
     images,
     keda,
     kueue,
@@ -145,5 +146,14 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         run_limit=ai_run_limit.limits(ai_run_limit.objects(names.ai_job_max_minutes, names.shares.ai_max_gpus)),
         gpu_replicas=gpu_replicas(device_plugin.device_plugin_values(s.device_plugin_version, s.gpu_feature_discovery)),
         hpa_tolerance=float(bootstrap.HPA_TOLERANCE),
+        fair_share_queries=(
+            tuple(slurmd_scaling.fair_share_queries(target).items())
+            if policy in slurmd_scaling.QUOTA_POLICIES
+            else None
+        ),
+        guaranteed=(
+            (fair_share.HPC, names.shares.hpc_gpus),
+            (fair_share.AI, names.shares.ai_guaranteed_gpus),
+        ),
         **slinky_behaviour(s.slinky_version),
     )

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from components import fair_share
 from twin.ledger import Ledger
-from twin.slurm import COMPLETED, NEVER_SATISFIED, REFUSED, TIMEOUT, SlurmJob
+from twin.slurm import CANCELLED, COMPLETED, NEVER_SATISFIED, REFUSED, TIMEOUT, SlurmJob
 from twin.world import World, gpu_uuid
 
 
@@ -88,6 +89,75 @@ def result(world: World, ledger: Ledger) -> dict:
             side: waits + ([world.now - since] if (since := ledger.lent_since[side]) is not None else [])
             for side, waits in ledger.reclaim_waits.items()
         },
+        "sides": _sides(world, ledger),
+    }
+
+
+# The fair-share report's sliding window, and a window counts when both sides had work for at least
+# CONTENDED_ENOUGH of it: the contract's (components/fair_share.py, docs/handoff.md)
+FAIR_WINDOW_S, CONTENDED_ENOUGH = fair_share.WINDOW_S, fair_share.CONTENDED_ENOUGH
+
+
+def _sides(world: World, ledger: Ledger) -> dict:
+    """Per side: its share of the contended GPU time overall and over each sliding window, its
+    waits by width (Slurm: nodes, from submit, --begin, release or dependency to start; AI: GPUs,
+    from submit to start; each job's first wait, never restarted), the jobs that fit the cluster
+    and never started, and the GPU-seconds idle while its fitting work waited (of them, held for it)."""
+    waits: dict[str, dict[int, list[float]]] = {"slurm": {}, "kubernetes": {}}
+    never: dict[str, list[str]] = {"slurm": [], "kubernetes": []}
+    gpus = world.kube.gpus
+    for j in world.slurm.jobs:
+        if j.state in (REFUSED, CANCELLED) or j.nodes_needed > gpus:
+            continue
+        if j.started is not None:
+            waits["slurm"].setdefault(j.nodes_needed, []).append(j.started - _eligible_since(world, j))
+        else:
+            never["slurm"].append(j.spec.name)
+    for spec in world.scenario.jobs:
+        kj = world.kube_jobs.get(spec.name)
+        if spec.kind == "slurm" or spec.name in world.denied or spec.gpus_wanted > gpus:
+            continue
+        if kj is not None and kj.started is not None:
+            waits["kubernetes"].setdefault(spec.gpus_wanted, []).append(kj.started - spec.submit)
+        else:
+            never["kubernetes"].append(spec.name)
+    windows = _window_shares(ledger.contended_minutes)
+    share = _contention(ledger)["share"]
+    return {
+        side: {
+            "share": share[side],
+            "window_share": {"window_s": FAIR_WINDOW_S, **windows[side]},
+            "waits_by_width": {
+                str(width): {"jobs": len(w), "p50": percentile(w, 50), "p95": percentile(w, 95), "max": max(w)}
+                for width, w in sorted(waits[side].items())
+            },
+            "never_started": sorted(set(never[side])),
+            "idle_while_waiting_gpu_s": ledger.idle_while_waiting[side],
+            "held_for_reservation_gpu_s": ledger.held_for_reservation[side],
+        }
+        for side in ("slurm", "kubernetes")
+    }
+
+
+def _window_shares(minutes: list[list[float]]) -> dict[str, dict]:
+    """Each side's lowest and highest share of the GPU time used over the sliding windows of
+    FAIR_WINDOW_S (a minute apart) in which both sides had work for CONTENDED_ENOUGH of it."""
+    span = FAIR_WINDOW_S // 60
+    shares: list[float] = []
+    for start in range(max(0, len(minutes) - span) + 1):
+        window = minutes[start : start + span]
+        slurm, ai, seconds = (sum(m[i] for m in window) for i in range(3))
+        if seconds >= CONTENDED_ENOUGH * FAIR_WINDOW_S and slurm + ai:
+            shares.append(slurm / (slurm + ai))
+    if not shares:
+        return {
+            "slurm": {"windows": 0, "min": None, "max": None},
+            "kubernetes": {"windows": 0, "min": None, "max": None},
+        }
+    low, high = min(shares), max(shares)
+    return {
+        "slurm": {"windows": len(shares), "min": round(low, 3), "max": round(high, 3)},
+        "kubernetes": {"windows": len(shares), "min": round(1 - high, 3), "max": round(1 - low, 3)},
     }
 
 
@@ -205,7 +275,27 @@ def summary(results: dict[int, dict]) -> dict:
             side: _spread([w for r in results.values() for w in r["reclaim_waits"][side]])
             for side in ("slurm", "kubernetes")
         },
+        "sides": {side: _sides_over(results, side) for side in ("slurm", "kubernetes")},
         "killed": {n: r["killed"] for n, r in results.items() if r["killed"]},
         "double_held": {n: r["double_held"] for n, r in results.items() if r["double_held"]},
         "not_ok": [n for n, r in results.items() if not ok(r)],
+    }
+
+
+def _sides_over(results: dict[int, dict], side: str) -> dict:
+    """A side over every phase set: its contended share (p50/p95/max over the sets), its lowest
+    share over any window of any set, the longest wait by width, and the sets in which a job of
+    it never started."""
+    sides = [r["sides"][side] for r in results.values()]
+    lows = [s["window_share"]["min"] for s in sides if s["window_share"]["min"] is not None]
+    widths = sorted({w for s in sides for w in s["waits_by_width"]}, key=int)
+    return {
+        "share": _spread([s["share"] for s in sides]),
+        "lowest_window_share": min(lows) if lows else None,
+        "longest_wait_by_width": {
+            w: max(s["waits_by_width"][w]["max"] for s in sides if w in s["waits_by_width"]) for w in widths
+        },
+        "never_started": {
+            n: r["sides"][side]["never_started"] for n, r in results.items() if r["sides"][side]["never_started"]
+        },
     }

@@ -20,7 +20,7 @@ MAX_DURATION = 24 * 3600
 MAX_JOBS = 500
 MAX_FAULTS = 100  # each is checked every simulated second
 MAX_TASKS = 2000  # jobs, each Slurm array task and each PyTorchJob replica counted
-MAX_TASK_HOURS = 10000  # tasks x simulated hours
+MAX_TASK_HOURS = 10000  # each task's hours from its submit to the run's end, summed: the most it can be open
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 IMAGE_REFERENCE = re.compile(r"[a-z0-9][A-Za-z0-9._/:@-]{0,254}")  # loosely, a registry/name:tag
 
@@ -368,12 +368,16 @@ def _too_big(duration: float, jobs: list[JobSpec]) -> list[str]:
             f"jobs: {tasks} tasks (jobs, array tasks, replicas) are too many; expected at most {MAX_TASKS} "
             "(docs/input-limits.md)"
         ]
-    hours = duration / 3600
-    if tasks * hours > MAX_TASK_HOURS:
+    # The twin's work is the open tasks it walks each second: a task is open from its submit at
+    # most to the run's end, so work submitted through the day weighs what it can cost, not
+    # tasks x duration (a 300-job day, about 430 tasks submitted evenly, is about 5,000 task-hours).
+    hours = sum((j.array or j.replicas) * (duration - j.submit) for j in jobs) / 3600
+    if hours > MAX_TASK_HOURS:
         return [
-            f"duration: {_show(duration)} with {tasks} tasks (jobs, array tasks, replicas) is {tasks * hours:,.0f} "
+            f"duration: {_show(duration)} with {tasks} tasks (jobs, array tasks, replicas) is {hours:,.0f} "
             "task-hours to "
-            f"simulate; expected at most {MAX_TASK_HOURS:,} (a shorter duration or fewer tasks; docs/input-limits.md)"
+            f"simulate (each task from its submit to the end); expected at most {MAX_TASK_HOURS:,} "
+            "(a shorter duration, later submits or fewer tasks; docs/input-limits.md)"
         ]
     return []
 

@@ -26,7 +26,8 @@ Followed: SchedMD/slurm@slurm-25-11-0-1
   DefaultTime being unset (src/slurmctld/node_scheduler.c select_nodes); job_mgr.c job_time_limit ends
   a running job whose end time has passed (OverTimeLimit 0) as TIMEOUT. It runs every PERIODIC_TIMEOUT
   (30 s, slurmctld.h), so the real job ends up to 30 s after its limit, plus KillWait (30 s) if it
-  ignores SIGTERM; the twin ends it at the limit. A --time over MaxTime pends forever under
+  ignores SIGTERM: the twin ends it at the first check at or after its limit (checks every 30 s
+  from the run's start), then holds its nodes KillWait longer, the worst case. A --time over MaxTime pends forever under
   EnforcePartLimits=NO (job_limits_check: PartitionTimeLimit), which job_submit.lua prevents.
 Scheduling is modelled as priority (submit) order with first-fit backfill on every tick: a job
 starts as soon as enough idle, undrained nodes exist (one GPU per node, `gpu:tesla:1`).
@@ -37,6 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from components.slurmd_scaling import SLURM_KILL_WAIT_SECONDS, SLURM_LIMIT_CHECK_SECONDS
 from core.names import GPUS_PER_WORKER as GPUS_PER_NODE  # job_submit.lua's GPUS_PER_NODE (a test keeps them in step)
 from twin.scenario import JobSpec
 
@@ -86,9 +88,15 @@ class SlurmJob:
         return self.time_limit is not None and self.spec.runtime > self.time_limit
 
     @property
-    def run_for(self) -> float:
-        """Seconds it runs once started: its work, or its time limit when that is shorter."""
-        return self.spec.runtime if self.time_limit is None else min(self.spec.runtime, self.time_limit)
+    def ends_at(self) -> float:
+        """When it ends once started: its work done, or slurmctld's first limit check at or after
+        its limit plus KillWait when its work outlasts the limit."""
+        assert self.started is not None
+        limit = self.time_limit
+        if limit is None or self.spec.runtime <= limit:
+            return self.started + self.spec.runtime
+        check = SLURM_LIMIT_CHECK_SECONDS
+        return math.ceil((self.started + limit) / check) * check + SLURM_KILL_WAIT_SECONDS
 
 
 @dataclass
@@ -310,7 +318,7 @@ class Slurmctld:
     def step(self, now: float) -> None:
         if now != self._stepped_at:
             self.completed_now, self._stepped_at = [], now
-        ended = [j for j in self.running if j.started is not None and now >= j.started + j.run_for]
+        ended = [j for j in self.running if j.started is not None and now >= j.ends_at]
         for job in ended:
             job.state, job.finished = TIMEOUT if job.times_out else COMPLETED, now
         if ended:

@@ -134,7 +134,7 @@ def assumptions() -> str:
     pulls = ", ".join(f"{role} {seconds:g} s" for role, seconds in kube.IMAGE_PULL.items())
     return (
         f"Modelled by the twin, not measured. Its assumptions: container start {kube.CONTAINER_START:g} s, "
-        f"slurmd registration {nodeset.SLURMD_REGISTER:g} s, termination {kube.TERMINATION:g} s (Slinky 1.0.5; "
+        f"slurmd registration {nodeset.SLURMD_REGISTER:g} s, termination {kube.TERMINATION:g} s (AI pods, and slurmd on Slinky 1.0.5; "
         f"a slurmd pod of 1.0.0-1.0.4 holds its GPU for its {kube.GRACE_PERIOD:g} s grace period), the operator's "
         f"Slurm client listing nodes and jobs {nodeset.INFORMER_PHASE:g} s into each "
         f"{nodeset.INFORMER_PERIOD:g} s, a node's "

@@ -8,8 +8,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from components import fair_share
 from components.ai_run_limit import Limits
-from components.slurmd_scaling import KUEUE_PENDING, KUEUE_USAGE
+from components.slurmd_scaling import KUEUE_NOMINAL, KUEUE_PENDING, KUEUE_USAGE
 from core.names import (
     AI_CLUSTER_QUEUE,
     GPU_RESOURCE,
@@ -23,7 +24,7 @@ from twin.autoscale import HPA_SYNC, TOLERANCE, Hpa, Keda
 from twin.kueue import Kueue
 from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
-from twin.promql import Evaluator
+from twin.promql import Evaluator, PromQLError, scalar_result
 from twin.scenario import JobSpec, Scenario
 from twin.slurm import SlurmConfig, Slurmctld, SlurmJob
 
@@ -54,6 +55,10 @@ class Setup:
     run_limit: Limits | None = None
     gpu_replicas: int = 1  # the device plugin's devices per GPU (twin/program.py gpu_replicas)
     hpa_tolerance: float = TOLERANCE  # kube-controller-manager's, as the kubeadm config sets it
+    # The fair-share controller (components/fair_share.py), under the policies that run it: its
+    # PromQL (slurmd_scaling.fair_share_queries) and each side's guaranteed GPUs; None: not run.
+    fair_share_queries: tuple[tuple[str, str], ...] | None = None
+    guaranteed: tuple[tuple[str, int], ...] = ()
     # What the Slinky release changes (twin/program.py slinky_behaviour): how long a deleted slurmd
     # pod holds its GPU, and whether a draining scale-in victim requeues its NodeSet
     slurmd_termination: float = k8s.TERMINATION
@@ -129,6 +134,12 @@ class World:
         for target, offset in zip(self.prom.targets, self.phases.scrape, strict=True):
             target.offset = offset
         self.ev = Evaluator(self.prom.db)
+        self.fair = (
+            fair_share.FairShare(self.kube.gpus, dict(s.guaranteed))
+            if s.fair_share_queries is not None and self.kueue is not None
+            else None
+        )
+        self.quota_changes: list[tuple[float, dict[str, int], str]] = []  # the controller's patches
         self.killed: list[str] = []
         self.kube_jobs: dict[str, k8s.KubeJob] = {}
         self.slurm_jobs: dict[str, list[SlurmJob]] = {}  # by scenario name: one record, or one per array task
@@ -176,6 +187,7 @@ class World:
             labels = {"cluster_queue": cq, "resource": GPU_RESOURCE}
             out.append(({"__name__": KUEUE_PENDING} | labels, float(self.kueue.pending_gpus(cq))))
             out.append(({"__name__": KUEUE_USAGE} | labels, float(self.kueue.usage(cq))))
+            out.append(({"__name__": KUEUE_NOMINAL} | labels, float(self.kueue.queues[cq].nominal)))
         return out
 
     def _target_down(self, target: Target, now: float) -> bool:
@@ -243,8 +255,10 @@ class World:
             self.nodeset.replicas = self.keda.poll(self.ev, now, self.nodeset.replicas)
         if (tick - self.phases.sync) % HPA_SYNC == 0:
             self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
-        client = not self.scenario.fault_active("restapi-down", now)
         down = self._kueue_down(now)
+        if self.fair is not None and tick % fair_share.PERIOD_S == 0:
+            self._fair_share(now, kueue_up=not down)
+        client = not self.scenario.fault_active("restapi-down", now)
         self.killed += self.nodeset.reconcile(now, client, refused=self.slurmd_queued and down)
         if self.kueue is not None:
             if self.slurmd_queued:
@@ -253,6 +267,23 @@ class World:
         self.kube.step(now)
         self.slurm.step(now)
         return now
+
+    def _fair_share(self, now: float, kueue_up: bool) -> None:
+        """The controller's period: it reads Prometheus, decides, and patches the ClusterQueues
+        (refused by Kueue's webhook while Kueue is down: the quotas stay as they were)."""
+        assert self.fair is not None and self.kueue is not None and self.setup.fair_share_queries is not None
+        values: dict[str, float | None] = {}
+        for name, query in self.setup.fair_share_queries:
+            try:
+                values[name] = scalar_result(self.ev.instant(query, now))
+            except PromQLError:
+                values[name] = None
+        quotas = self.fair.step(now, fair_share.reading(values))
+        queues = {fair_share.HPC: HPC_CLUSTER_QUEUE, fair_share.AI: AI_CLUSTER_QUEUE}
+        if kueue_up and any(self.kueue.queues[queues[side]].nominal != n for side, n in quotas.nominal.items()):
+            for side, nominal in quotas.nominal.items():
+                self.kueue.set_nominal(queues[side], nominal)
+            self.quota_changes.append((now, dict(quotas.nominal), quotas.reason))
 
     def _kueue_down(self, now: float) -> bool:
         return self.scenario.fault_active("kueue-down", now)

@@ -9,8 +9,10 @@ import re
 import pytest
 
 from cli import artifacts
+from components import slurmd_scaling as scaling
 from stacks import pricing
 from tests.conftest import ADMIN_CIDR, depends, run_program
+from twin import report
 
 
 def with_settings(rec, **changes):
@@ -149,6 +151,26 @@ def test_the_plan_states_each_reclaim_bound_from_the_limits_the_engines_enforce(
     assert f"HPC gets its share back within {said(ai_limit + handoff)}:" in text
     assert f"starts within {said(120 + max(maxtime * 60 + 60, ai_limit) + handoff)}" in text
     assert f"a freed GPU reaches waiting work within {handoff} s" in text
+
+
+@pytest.mark.parametrize("ai_gpus", [None, 1])
+def test_the_plan_states_the_fair_share_contract_beside_the_bounds(default_run, ai_gpus):
+    """Beside today's bounds, the contract of policy fair-share (named as not the default): each
+    side's guaranteed share from the plan's own Kueue split, the twin's report window, 5 points, and
+    the widest job the window allows (an eighth of its GPU time)."""
+    rec = run_program(aiGuaranteedGpus=ai_gpus) if ai_gpus else default_run
+    text = artifacts.plan_text(rec)
+    total = int(re.search(r"GPUs: (\d+) \(cohort", text)[1])
+    hpc = int(re.search(r"HPC \(slurmd pods, [^)]*\): (\d+) guaranteed", text)[1])
+    ai = int(re.search(r"AI \(LocalQueue [^)]*\): (\d+) guaranteed", text)[1])
+    assert (hpc + ai, ai) == (total, ai_gpus or total // 2)
+    hours = report.FAIR_WINDOW_S / 3600  # the window the twin's fairness report slides
+    contract = text.split("a freed GPU reaches waiting work within")[1]
+    assert f"(policy fair-share, not the default {scaling.DEFAULT_POLICY};" in contract
+    assert f"within 5 points: HPC {100 * hpc // total}% ({hpc} of {total} GPUs), AI {100 * ai // total}%" in contract
+    assert f"over every {hours:g} h window in which both had work at least 50% of the time" in contract
+    minutes = hours * 60 * total / 8  # an eighth of the window's GPU time, in GPU-minutes
+    assert f"a {total}-GPU job up to {minutes / total:g} min, a 1-GPU job up to {minutes:g} min" in contract
 
 
 @pytest.mark.parametrize(("columns", "width"), [("72", 72), (None, 100)])

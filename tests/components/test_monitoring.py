@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from components import cert_manager, dashboard, device_plugin, helm, keda, monitoring
 from core import names
 from stacks.offline import is_secret, reveal
@@ -79,3 +81,71 @@ def test_an_alert_fires_while_slurmctlds_metrics_are_missing():
     assert rule["expr"] == 'absent(slurm_partition_jobs_pending{partition="all"})'
     triggers = [t["metadata"]["query"] for t in keda.triggers(n)]
     assert sum('slurm_partition_jobs_pending{partition="all"}' in q for q in triggers) >= 1
+
+
+def _input_alerts(n: names.Names) -> dict[str, dict]:
+    values = monitoring.stack_values("80.9.2", n)["additionalPrometheusRulesMap"]
+    (group,) = values["testbed-handoff-inputs"]["groups"]
+    return {rule["alert"]: rule for rule in group["rules"]}
+
+
+def test_each_lost_input_has_an_alert_on_the_series_the_triggers_read():
+    """Kueue's metrics, kube-state-metrics and slurmrestd: each alert selects a series some trigger
+    of the default policy reads, so the alert is about what the scaler lost."""
+    n = _names(nodesetName="gpu")
+    alerts = _input_alerts(n)
+    assert set(alerts) == {"KueueMetricsMissing", "KubeStateMetricsMissing", "SlurmrestdDown"}
+    triggers = " ".join(t["metadata"]["query"] for t in keda.triggers(n))
+    for rule in alerts.values():
+        selector = rule["expr"].split("(", 1)[1].split(")", 1)[0]
+        assert selector in triggers, (rule["alert"], selector)
+        assert rule["for"] == "2m" and rule["labels"] == {"severity": "critical"}
+
+
+@pytest.mark.engine
+def test_promtool_fires_each_input_alert_after_two_minutes_of_its_outage(tmp_path):
+    import subprocess
+
+    import yaml
+
+    from tests.engines import harness
+
+    n = _names()
+    alerts = _input_alerts(n)
+    group = monitoring.stack_values("80.9.2", n)["additionalPrometheusRulesMap"]["testbed-handoff-inputs"]["groups"]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": group}))
+    usage = alerts["KueueMetricsMissing"]["expr"].removeprefix("absent(").removesuffix(")")
+    restapi = alerts["KubeStateMetricsMissing"]["expr"].removeprefix("absent(").removesuffix(")")
+    # 6 samples 30 s apart (0 to 2.5 min), then none: the Kueue and kube-state-metrics series are
+    # gone once the 5 min lookback has passed their last sample (7.5 min), so absent() holds from
+    # then and the alert fires 2 min later; slurmrestd reads 0 from the start.
+    series = [{"series": usage, "values": "1x5"}, {"series": restapi, "values": "0x5"}]
+
+    def firing(name: str) -> list[dict]:
+        """absent() carries its selector's equality matchers as labels; the others, none."""
+        rule = alerts[name]
+        matchers = rule["expr"].split("{", 1)[1].split("}", 1)[0] if rule["expr"].startswith("absent") else ""
+        labels = dict(pair.strip().replace('"', "").split("=") for pair in matchers.split(",") if pair)
+        return [{"exp_labels": {"severity": "critical", **labels}, "exp_annotations": rule["annotations"]}]
+
+    tests = [
+        {
+            "interval": "30s",
+            "input_series": series,
+            "alert_rule_test": [
+                {"eval_time": "2m", "alertname": "KueueMetricsMissing", "exp_alerts": []},
+                {"eval_time": "2m", "alertname": "SlurmrestdDown", "exp_alerts": firing("SlurmrestdDown")},
+                {"eval_time": "9m", "alertname": "KueueMetricsMissing", "exp_alerts": []},
+                {"eval_time": "10m", "alertname": "KueueMetricsMissing", "exp_alerts": firing("KueueMetricsMissing")},
+                {
+                    "eval_time": "10m",
+                    "alertname": "KubeStateMetricsMissing",
+                    "exp_alerts": firing("KubeStateMetricsMissing"),
+                },
+            ],
+        }
+    ]
+    test_file = tmp_path / "test.yaml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": tests}))
+    done = subprocess.run([harness.promtool(), "test", "rules", str(test_file)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]

@@ -3,6 +3,7 @@ twin's evaluator and by a real Prometheus (`promtool test rules`), including no 
 target (staleness), a duplicated target and several partitions."""
 
 import math
+import re
 import subprocess
 
 import pytest
@@ -12,7 +13,7 @@ from components import slurmd_scaling as scaling
 from components.slurmd_scaling import PartitionMetrics as M
 from core.names import GpuShares, Names, slurm_names
 from tests.engines import harness
-from twin.autoscale import Modifiers, Trigger
+from twin.autoscale import Formula, Modifiers, Trigger
 from twin.promql import TSDB, Evaluator, PromQLError
 
 WORKERS = 4
@@ -312,6 +313,21 @@ def test_demand_aware_triggers_and_formula(case, metrics, want):
     assert wanted_demand_aware(metrics) == want
 
 
+@pytest.mark.parametrize("policy", [scaling.LEND_RECLAIM, scaling.FAIR_SHARE])
+def test_the_capped_formula_stays_a_float_when_ai_claims_every_gpu(policy):
+    """KEDA 2.20 refuses a formula result that is not a float64 (the twin's Formula too): with AI
+    first in line for more than every GPU, the cap's min() picks the stack's GPU count, the cap is
+    that count minus itself, and the result is the cap. Trigger values are floats; the literals
+    must be too (mutation: an int GPU count gives an int 0 here)."""
+    formula = scaling.formula(TARGET, policy)
+    names = set(re.findall(r"[A-Za-z_]\w*", formula)) - {"max", "min", "float"}
+    # slurmd warm (wanted 1), the restapi hold off, AI reserving and waiting for more than the stack has
+    env = dict.fromkeys(names, 1.0) | {scaling.AI_RESERVE: 1.0, scaling.AI_PENDING: float(WORKERS + 1)}
+    assert "hold_while_restapi_down" in names
+    env |= {scaling.BUSY: 0.0, scaling.AI_WAITING: 0.0, "hold_while_restapi_down": 0.0}
+    assert Formula(formula)(env) == 0.0
+
+
 @pytest.mark.parametrize("case, metrics, want", RECLAIM, ids=[t[0] for t in RECLAIM])
 def test_lend_and_reclaim_triggers_and_formula(case, metrics, want):
     assert wanted_demand_aware(metrics, scaling.LEND_RECLAIM) == want
@@ -486,9 +502,9 @@ def test_only_the_formula_policies_move_the_cooldown_into_their_query(policy):
         assert spec["cooldownPeriod"] == 0 and "[270s:30s]" in recently_busy["metadata"]["query"], "240 s and one step"
         formula = scaling.formula(scaling.scaling_target(n), policy)
         assert spec["advanced"]["scalingModifiers"]["formula"] == formula
-        assert (f"({float(n.gpus_total)} - " in formula) == (policy == scaling.LEND_RECLAIM), (
-            "the cap reads the stack's GPUs"
-        )
+        capped = policy in (scaling.LEND_RECLAIM, scaling.FAIR_SHARE)
+        assert (f"({float(n.gpus_total)} - " in formula) == capped, "the cap reads the stack's GPUs"
+        assert ("ai_quota" in formula) == (policy == scaling.FAIR_SHARE), "fair-share's cap follows AI's quota"
     else:
         assert spec["cooldownPeriod"] == 240 and "advanced" not in spec
 

@@ -133,3 +133,26 @@ def test_a_slurm_job_takes_no_limit():
     assert error.value.problems == [
         'jobs[0] (a).limit: "60" is not allowed; expected no limit on a slurm job (pytorchjob and job only)'
     ]
+
+
+def test_a_stopped_jobs_quota_stays_reserved_until_its_pods_are_gone():
+    """Kueue 0.19.2 clears a stopped job's admission only once the job is no longer active
+    (jobframework reconciler.go, "handle eviction"): at the limit its pod terminates (5 s) and only
+    then is the GPU's quota free for the next job."""
+    objects = program_kueue.objects(GpuShares(1, 1, True, False, False))
+    q = Kueue.from_program(objects, program_kueue.manager_config("0.19.2"))
+    cluster = kube.Kubernetes(gpus=1, cold=False)
+    long = cluster.submit("long", "job", 1, 900, 0.0, suspended=True)
+    w = q.add(long, 1, 0.0, limit=300)
+    nxt = q.add(cluster.submit("next", "job", 1, 60, 10.0, suspended=True), 1, 10.0)
+    usage = {}
+    for t in range(0, 400):
+        q.step(cluster, float(t))
+        cluster.step(float(t))
+        usage[t] = q.usage(program_kueue.AI_CLUSTER_QUEUE)
+    stopped = w.deactivated_at
+    assert stopped is not None and long.finished == stopped
+    gone = long.pods[0].gone_at
+    assert gone == stopped + kube.TERMINATION
+    assert all(usage[t] == 1 for t in range(int(stopped), int(gone))), "still reserved while its pod goes"
+    assert nxt.first_admitted is not None and nxt.first_admitted >= gone

@@ -219,3 +219,20 @@ def test_parse_refuses_keys_of_any_type_without_a_traceback():
 def test_the_shipped_scenarios_are_within_the_bounds():
     for path in sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml")):
         scenario.load(path)
+
+
+def test_the_task_hours_cap_weighs_work_by_when_it_is_submitted():
+    """A day of 450 tasks submitted through the day (about 5,600 task-hours open at most) is
+    accepted; the same tasks all submitted at 0 (10,800) are refused: the cap follows the work the
+    twin can have open, not tasks x duration."""
+    day = 86400
+    spread = [{"name": f"j{i}", "kind": "slurm", "submit": i * 190, "runtime": 60} for i in range(450)]
+    assert len(scenario.parse({"duration": day, "jobs": spread}).jobs) == 450
+    at_once = [job | {"submit": 0} for job in spread]
+    with pytest.raises(scenario.ScenarioError) as refused:
+        scenario.parse({"duration": day, "jobs": at_once})
+    assert refused.value.problems == [
+        'duration: "86400.0" with 450 tasks (jobs, array tasks, replicas) is 10,800 task-hours to simulate (each task '
+        "from its submit to the end); expected at most 10,000 (a shorter duration, later submits or fewer tasks; "
+        "docs/input-limits.md)"
+    ]

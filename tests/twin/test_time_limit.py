@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import yaml
@@ -58,8 +59,14 @@ def test_a_job_that_outlasts_its_limit_ends_there_as_timeout_and_frees_its_node(
     ]
     r = run(jobs, "slurmJobMaxMinutes=5")
     got = by_name(r)
-    assert got["long"]["outcome"] == "timed_out" and got["long"]["finished"] - got["long"]["started"] == 300
-    assert got["own"]["outcome"] == "timed_out" and got["own"]["finished"] - got["own"]["started"] == 120
+
+    def ends_at(job: dict, limit: int) -> float:
+        """slurmctld's first 30 s limit check at or after the limit, then KillWait (30 s)."""
+        return math.ceil((job["started"] + limit) / 30) * 30 + 30
+
+    assert got["long"]["outcome"] == "timed_out" and got["long"]["finished"] == ends_at(got["long"], 300)
+    assert got["own"]["outcome"] == "timed_out" and got["own"]["finished"] == ends_at(got["own"], 120)
+    assert got["long"]["finished"] - got["long"]["started"] > 300  # never at the limit itself
     assert got["fits"]["outcome"] == "completed" and got["fits"]["finished"] - got["fits"]["started"] == 300
     assert got["long"]["reason"] == "slurmctld ended it at its time limit, 5 min (TIMEOUT)"
     assert got["next"]["outcome"] == "completed" and got["next"]["started"] >= got["long"]["finished"]
@@ -104,7 +111,8 @@ def test_array_tasks_each_run_under_the_limit():
     tasks = slurm.submit(JobSpec("a", "slurm", 0, 90, nodes=1, array=2), 0)
     for t in range(100):
         slurm.step(t)
-    assert [(j.state, j.finished) for j in tasks] == [(TIMEOUT, 60), (TIMEOUT, 60)]
+    # the limit at 60 is a check; KillWait 30 s more
+    assert [(j.state, j.finished) for j in tasks] == [(TIMEOUT, 90), (TIMEOUT, 90)]
 
 
 def test_simulate_takes_the_setting_and_lists_the_timed_out_jobs(tmp_path, capsys):

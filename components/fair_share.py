@@ -1,0 +1,159 @@
+"""Fair share over time between HPC (slurmd pods) and AI (queued jobs): a small in-cluster
+controller that moves the split of the two Kueue ClusterQueues' nominalQuota toward the side that
+got less than its share of the contended GPU time. The hand-off twin runs this very code
+(`FairShare.step`) on the readings it takes from its Prometheus with `queries`.
+
+Why quotas: the next free GPU goes to whichever workload Kueue admits, and Kueue admits a queue's
+head within its nominal quota before any borrower (kubernetes-sigs/kueue@v0.19.2:
+pkg/scheduler/scheduler.go classicalIterator). A side whose nominal quota covers what it holds and
+what it waits for therefore goes first for every GPU that frees; the other side's running work,
+now above its lowered quota, keeps running (no queue preempts across the cohort,
+components/kueue.py) and its GPUs come over as its jobs end. The KEDA rule follows the same
+quota (`slurmd_scaling`'s `ai_quota` trigger reads Kueue's `kueue_cluster_queue_nominal_quota`),
+so slurmd asks for the nodes of a wide Slurm job only when the quota says they are HPC's.
+
+Usage, as Slurm's and Kueue's fair sharing count it, decays by half every `half_life_s`:
+Slurm's priority/multifactor multiplies each association's usage_raw by decay_factor^dt with
+decay_factor = 1 - 0.693 / PriorityDecayHalfLife and gives fs_factor = 2^(-usage/shares)
+(SchedMD/slurm@slurm-25-11-6-1: src/plugins/priority/multifactor/priority_multifactor.c
+_apply_decay, _set_assoc_fs_factor); Kueue's admission fair sharing keeps
+consumed = old * (1 - a) + new * a with a = 1 - 0.5^(dt / usageHalfLifeTime)
+(kubernetes-sigs/kueue@v0.19.2: pkg/util/admissionfairsharing/admission_fair_sharing.go
+CalculateDecayedConsumed, calculateAlphaRate). The controller takes the decay and counts only
+contended time: a second counts when both sides have work (running or waiting), as the contract
+is stated over contended time (docs/handoff.md, "Fair share over time").
+
+Rule, every `period_s`:
+* A side is behind when its decayed share of the contended GPU time is below its guaranteed share
+  less `margin`, and it has work waiting. The side behind gets a nominal quota of what it holds
+  plus what waits (at least its guaranteed share, at most every GPU); the other gets the rest.
+  Reservations for wide jobs alternate this way: the side that got the last one is ahead by it.
+* Neither behind: each side's guaranteed share (the program's split).
+* An input lost (no reading from slurmctld's metrics or from Kueue's): the guaranteed split, the
+  decayed usage kept as it was. Drain-first scale-in never kills, so moving back to the split only
+  slows the side that was ahead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+HPC, AI = "hpc", "ai"
+SIDES = (HPC, AI)
+PERIOD_S = 30  # one Kueue scrape: a reading changes no faster
+HALF_LIFE_S = 1800  # usage half-life: a window of about 2 h holds 94 % of the weight
+MARGIN = 0.02  # behind only when 2 points under its share: the contract's band is 5 points
+
+
+# The contract the policy keeps (docs/handoff.md, "Fair share over time"), which `plan` states and
+# the twin checks (twin/report.py, tests/twin/test_fair_share.py): while both sides have work, each
+# side's share of the contended GPU time is within BAND of its guaranteed share, over the run and
+# over every WINDOW_S window in which both had work at least CONTENDED_ENOUGH of the time, when no
+# job holds more than JOB_WINDOW_FRACTION of a window's GPU time (a job cannot be split).
+WINDOW_S = 7200
+BAND = 0.05
+CONTENDED_ENOUGH = 0.5
+JOB_WINDOW_FRACTION = 1 / 8
+
+
+def contract_lines(hpc_gpus: int, ai_gpus: int, policy: str, default_policy: str) -> list[str]:
+    """The contract in words, as `plan` prints it for the stack's split, under `policy` (fair-share)."""
+    total = hpc_gpus + ai_gpus
+    job_gpu_s = WINDOW_S * total * JOB_WINDOW_FRACTION
+    widest_min, one_gpu_min = round(job_gpu_s / total / 60), round(job_gpu_s / 60)
+    return [
+        f"fair share over time (policy {policy}, not the default {default_policy}; "
+        "the twin runs its controller, the program does not deploy it yet):",
+        f"  while both sides have work, each gets its guaranteed share of the contended GPU time within "
+        f"{round(BAND * 100)} points: HPC {hpc_gpus / total:.0%} ({hpc_gpus} of {total} GPUs), "
+        f"AI {ai_gpus / total:.0%} ({ai_gpus} of {total})",
+        f"  over the run and over every {WINDOW_S // 3600} h window in which both had work at least "
+        f"{CONTENDED_ENOUGH:.0%} of the time",
+        f"  when no job holds more than 1/{round(1 / JOB_WINDOW_FRACTION)} of a window's GPU time: "
+        f"a {total}-GPU job up to {widest_min} min, a 1-GPU job up to {one_gpu_min} min",
+    ]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the controller sees each period; None where the input is lost."""
+
+    used: dict[str, float | None]  # GPUs doing each side's work: Slurm's busy nodes, Kueue's AI usage
+    waiting: dict[str, float | None]  # work waiting: Slurm's runnable pending jobs' nodes, Kueue's AI pending GPUs
+
+
+def reading(values: dict[str, float | None]) -> Reading:
+    """A Reading from the values of `slurmd_scaling.fair_share_queries` (None: the query was empty).
+    HPC waits for at least one node per runnable job and for its widest pending job's nodes."""
+    widest = [v for k, v in values.items() if k.startswith("hpc_widest_")]
+    runnable = values["hpc_runnable"]
+    known = [v for v in widest if v is not None]
+    hpc_waiting = None
+    if runnable is not None and len(known) == len(widest):
+        hpc_waiting = max(runnable, max(known, default=0.0) if runnable else 0.0)
+    return Reading(
+        used={HPC: values["hpc_used"], AI: values["ai_used"]},
+        waiting={HPC: hpc_waiting, AI: values["ai_waiting"]},
+    )
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Each side's nominalQuota (GPUs), and why."""
+
+    nominal: dict[str, int]
+    reason: str
+
+
+@dataclass
+class FairShare:
+    gpus_total: int
+    guaranteed: dict[str, int]  # each side's share from the program's split
+    half_life_s: float = HALF_LIFE_S
+    margin: float = MARGIN
+    usage: dict[str, float] = field(default_factory=lambda: {HPC: 0.0, AI: 0.0})
+    last: float | None = None
+
+    def split(self) -> Quotas:
+        return Quotas(dict(self.guaranteed), "the guaranteed split")
+
+    def shares(self) -> dict[str, float]:
+        """Each side's decayed share of the contended GPU time; the guaranteed split before any."""
+        total = sum(self.usage.values())
+        if total <= 0:
+            return {side: self.guaranteed[side] / self.gpus_total for side in SIDES}
+        return {side: self.usage[side] / total for side in SIDES}
+
+    def step(self, now: float, r: Reading) -> Quotas:
+        lost = [
+            f"{what} of {side}"
+            for what, values in (("used", r.used), ("waiting", r.waiting))
+            for side in SIDES
+            if values[side] is None
+        ]
+        dt = 0.0 if self.last is None else now - self.last
+        self.last = now
+        if lost:
+            return Quotas(dict(self.guaranteed), "input lost: " + ", ".join(lost))
+        used = {side: float(r.used[side] or 0) for side in SIDES}
+        waiting = {side: float(r.waiting[side] or 0) for side in SIDES}
+        decay = 0.5 ** (dt / self.half_life_s)
+        contended = all(used[side] + waiting[side] > 0 for side in SIDES)
+        for side in SIDES:
+            self.usage[side] = self.usage[side] * decay + (used[side] * dt if contended else 0.0)
+        shares = self.shares()
+        behind = [
+            side
+            for side in SIDES
+            if waiting[side] > 0 and shares[side] < self.guaranteed[side] / self.gpus_total - self.margin
+        ]
+        if not behind:
+            return self.split()
+        side = behind[0]  # two sides cannot both be under their shares
+        other = AI if side == HPC else HPC
+        claim = int(min(self.gpus_total, max(self.guaranteed[side], used[side] + waiting[side])))
+        return Quotas(
+            {side: claim, other: self.gpus_total - claim},
+            f"{side} behind: {100 * shares[side]:.0f} % of the contended GPU time against "
+            f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %",
+        )

@@ -1,0 +1,170 @@
+"""Fair share over time (issue 28), modelled: each shape of the issue's "Why" fails its contract
+under today's default (lend-and-reclaim) and holds under the fair-share policy, whose controller
+(components/fair_share.py) the twin runs as is, under a few phase sets. The contract is
+docs/handoff.md's "Fair share over time": while both sides have work, each side gets its share
+(half) of the contended GPU time within 5 points, overall and over every 2 h window at least half
+contended, when no single job holds more than an eighth of a window's GPU time."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+
+from components import fair_share
+from components import slurmd_scaling as scaling
+from stacks import offline
+from tests.twin import runs
+from twin import program, scenario, sim
+
+PHASE_SETS = range(2)
+# Each shape is 6 or 24 simulated hours, under two policies and two phase sets: a sweep.
+SWEEP = pytest.mark.slow
+BAND = fair_share.BAND  # 5 points either side of the guaranteed half
+
+
+@functools.cache
+def setup(policy: str) -> sim.Setup:
+    return program.setup(offline.stack_settings("dev", []), policy)
+
+
+def gangs_against_a_stream() -> scenario.Scenario:
+    """AI 4-GPU gangs, one every 15 min for 15 min (each a reservation of every GPU), against a
+    1-node Slurm job every 150 s for 15 min: each side alone offers more than the 4 GPUs."""
+    hours = 6 * 3600
+    jobs = [
+        {"name": f"g{i}", "kind": "pytorchjob", "submit": i * 900, "runtime": 900, "replicas": 4}
+        for i in range(hours // 900)
+    ]
+    jobs += [
+        {"name": f"s{i}", "kind": "slurm", "submit": i * 150, "runtime": 900, "nodes": 1} for i in range(hours // 150)
+    ]
+    return scenario.parse({"workers": 4, "duration": hours, "images": "warm", "jobs": jobs})
+
+
+def wide_slurm_against_a_stream() -> scenario.Scenario:
+    """3- and 4-node Slurm jobs, one every 30 min, against a 1-GPU AI job every 4 min for 20 min."""
+    hours = 6 * 3600
+    jobs = [
+        {"name": f"w{i}", "kind": "slurm", "submit": i * 1800, "runtime": 1800, "nodes": 3 + i % 2}
+        for i in range(hours // 1800)
+    ]
+    jobs += [
+        {"name": f"a{i}", "kind": "job", "submit": i * 240, "runtime": 1200, "gpus": 1} for i in range(hours // 240)
+    ]
+    return scenario.parse({"workers": 4, "duration": hours, "images": "warm", "jobs": jobs})
+
+
+def busy_day() -> scenario.Scenario:
+    """A day of 170 jobs, 55 % Slurm of 1-4 nodes, 45 % AI of 1-4 GPUs, 15-40 min each: about 1.6x
+    the GPU-hours 4 workers have, so not everything can run."""
+    rng, day = random.Random(28), 24 * 3600
+    gap, jobs = day * 0.9 / 170, []
+    for i in range(170):
+        job = {"name": f"b{i:03d}", "submit": round(i * gap + rng.uniform(0, gap / 2))}
+        job["runtime"] = rng.choice((900, 1200, 1800, 2400))
+        width = rng.choice((1, 1, 2, 2, 3, 4))
+        if rng.random() < 0.55:
+            job |= {"kind": "slurm", "nodes": width}
+        else:
+            job |= {"kind": "pytorchjob", "replicas": width} if width > 1 else {"kind": "job", "gpus": 1}
+        jobs.append(job)
+    return scenario.parse({"workers": 4, "duration": day, "images": "warm", "jobs": jobs})
+
+
+def result(shape, policy: str, phase_set: int = sim.DEFAULT_PHASE_SET) -> dict:
+    return runs.result(setup(policy), shape(), phase_set)
+
+
+def within_band(share: float | None) -> bool:
+    return share is not None and 0.5 - BAND <= share <= 0.5 + BAND
+
+
+def started(r: dict, prefix: str, nodes: int | None = None, sc: scenario.Scenario | None = None) -> int:
+    widths = {j.name: j.gpus_wanted for j in sc.jobs} if sc else {}
+    return sum(
+        1
+        for j in r["jobs"]
+        if j["name"].startswith(prefix) and j["started"] is not None and (nodes is None or widths[j["name"]] == nodes)
+    )
+
+
+def no_harm(r: dict) -> bool:
+    return not r["killed"] and not r["double_held"]
+
+
+@SWEEP
+def test_gangs_first_in_line_take_most_of_the_time_under_the_default():
+    r = result(gangs_against_a_stream, scaling.DEFAULT_POLICY)
+    assert r["sides"]["slurm"]["share"] < 0.5 - BAND and no_harm(r), r["sides"]["slurm"]["share"]  # 0.32
+
+
+@SWEEP
+@pytest.mark.parametrize("phase_set", PHASE_SETS)
+def test_gangs_and_a_stream_share_the_time_within_the_band_over_every_window(phase_set):
+    r = result(gangs_against_a_stream, scaling.FAIR_SHARE, phase_set)
+    slurm = r["sides"]["slurm"]
+    assert within_band(slurm["share"]), slurm["share"]  # 0.48 at phase set 0
+    assert slurm["window_share"]["windows"] > 100 and within_band(slurm["window_share"]["min"]), slurm
+    assert within_band(slurm["window_share"]["max"]) and no_harm(r)
+    assert r["sides"]["kubernetes"]["waits_by_width"]["4"]["jobs"] >= 10, "the gangs kept running"
+
+
+@SWEEP
+def test_wide_slurm_jobs_hardly_run_against_a_stream_of_small_ai_jobs_under_the_default():
+    sc = wide_slurm_against_a_stream()
+    r = runs.result(setup(scaling.DEFAULT_POLICY), sc)
+    assert started(r, "w") <= 1 and r["sides"]["slurm"]["share"] < 0.2, r["sides"]["slurm"]  # 1 of 12; 0.10
+    assert r["sides"]["slurm"]["held_for_reservation_gpu_s"] > 5 * 3600, "a slurmd pod held a GPU for hours"
+
+
+@SWEEP
+@pytest.mark.parametrize("phase_set", PHASE_SETS)
+def test_wide_slurm_jobs_get_their_turn_against_a_stream_of_small_ai_jobs(phase_set):
+    sc = wide_slurm_against_a_stream()
+    r = runs.result(setup(scaling.FAIR_SHARE), sc, phase_set)
+    # The 4-node ones still wait: the twin's Slurm starts a 3-node job on the nodes the 4-node head
+    # waits for (no backfill reservation yet; docs/handoff.md, "What it does not guarantee").
+    assert started(r, "w") >= 5, r["sides"]["slurm"]["waits_by_width"]  # 6 of 12, against 1
+    # Short of the band while its 4-node jobs cannot start (0.45 and 0.447 at phase sets 0 and 1).
+    assert r["sides"]["slurm"]["share"] >= 0.4 and no_harm(r), r["sides"]["slurm"]["share"]
+
+
+@SWEEP
+def test_under_overload_width_decides_who_runs_under_the_default():
+    sc = busy_day()
+    r = runs.result(setup(scaling.DEFAULT_POLICY), sc)
+    assert r["sides"]["slurm"]["share"] < 0.5 - BAND and no_harm(r), r["sides"]["slurm"]["share"]  # 0.38
+    four_wide = {j.name: j.kind for j in sc.jobs if j.gpus_wanted == 4}
+    ran = [four_wide[j["name"]] for j in r["jobs"] if j["name"] in four_wide and j["started"] is not None]
+    # AI's 4-GPU gangs run (9 of 14 on Slinky 1.0.5), no 4-node Slurm job does (0 of 9)
+    assert "pytorchjob" in ran and "slurm" not in ran, ran
+
+
+@SWEEP
+@pytest.mark.parametrize("phase_set", PHASE_SETS)
+def test_under_overload_each_side_gets_its_share_of_the_day(phase_set):
+    sc = busy_day()
+    r = runs.result(setup(scaling.FAIR_SHARE), sc, phase_set)
+    assert within_band(r["sides"]["slurm"]["share"]) and no_harm(r), r["sides"]["slurm"]["share"]  # 0.49
+    assert r["sides"]["slurm"]["waits_by_width"].get("3", {}).get("jobs", 0) >= 2, "3-node Slurm jobs ran"
+
+
+def test_the_controller_moves_quotas_toward_the_side_behind_and_back():
+    """The rule alone: a side waiting while under its share less the margin gets a quota of what
+    it holds and waits for; inputs lost or both within the margin: the program's split."""
+    fs = fair_share.FairShare(4, {fair_share.HPC: 2, fair_share.AI: 2})
+    ai_only = fair_share.Reading({fair_share.HPC: 0, fair_share.AI: 4}, {fair_share.HPC: 3, fair_share.AI: 1})
+    assert fs.step(0, ai_only).nominal == {fair_share.HPC: 2, fair_share.AI: 2}  # no history yet
+    quotas = fs.step(30, ai_only)
+    assert quotas.nominal == {fair_share.HPC: 3, fair_share.AI: 1} and quotas.reason.startswith("hpc behind")
+    lost = fair_share.Reading({fair_share.HPC: None, fair_share.AI: 4}, {fair_share.HPC: 3, fair_share.AI: 1})
+    assert fs.step(60, lost).nominal == {fair_share.HPC: 2, fair_share.AI: 2}
+    usage = dict(fs.usage)
+    fs.step(90, lost)
+    assert fs.usage == usage, "a lost input neither adds nor decays usage"
+    # Slurm's and Kueue's decay: half the usage after a half-life with nothing used
+    idle = fair_share.Reading({fair_share.HPC: 0, fair_share.AI: 0}, {fair_share.HPC: 0, fair_share.AI: 0})
+    fs.step(90 + fair_share.HALF_LIFE_S, idle)
+    assert fs.usage[fair_share.AI] == pytest.approx(usage[fair_share.AI] / 2)
