@@ -1,5 +1,3 @@
-from typing import ClassVar
-
 import pytest
 
 from stacks import offline, pricing
@@ -135,19 +133,6 @@ def test_ssh_key_pair_is_generated_and_an_extra_user_key_is_authorized():
     assert pair.inputs["publicKey"] == ssh_key.outputs["publicKeyOpenssh"]
 
 
-class OptionsMonitor(offline.RecordingMonitor):
-    """The recording monitor, also keeping the resource options the engine receives."""
-
-    options: ClassVar[dict[str, dict]] = {}
-
-    def RegisterResource(self, request):
-        OptionsMonitor.options[request.name] = {
-            "deleteBeforeReplace": request.deleteBeforeReplace,
-            "ignoreChanges": list(request.ignoreChanges),
-        }
-        return super().RegisterResource(request)
-
-
 class NamedKeyPair(offline.TestbedMocks):
     """The default mocks, plus the key pair's name output (AWS fills it in from the resource name)."""
 
@@ -158,8 +143,7 @@ class NamedKeyPair(offline.TestbedMocks):
         return resource_id, outputs
 
 
-def test_every_node_is_launched_with_the_hardened_options(monkeypatch):
-    monkeypatch.setattr(offline, "RecordingMonitor", OptionsMonitor)
+def test_every_node_is_launched_with_the_hardened_options():
     rec = offline.run(config(controlRootVolumeGb=50, workerRootVolumeGb=120), mocks=NamedKeyPair())
     (pair,) = by_type(rec, tokens.KEY_PAIR)
     root_gb = {"control-plane": 50, "gpu-worker": 120}
@@ -175,4 +159,4 @@ def test_every_node_is_launched_with_the_hardened_options(monkeypatch):
             "deleteOnTermination": True,
         }
         # the fixed private IP frees only with the old instance; a newer AMI replaces nothing
-        assert OptionsMonitor.options[node.name] == {"deleteBeforeReplace": True, "ignoreChanges": ["ami"]}
+        assert node.options == {"deleteBeforeReplace": True, "ignoreChanges": ["ami"]}
