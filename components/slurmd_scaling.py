@@ -87,6 +87,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from components.runnable_jobs import RUNNABLE_JOBS, RUNNABLE_MAX_JOB_NODES
 from core.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, JOBS_NAMESPACE, SLURM_METRICS_INTERVAL_SECONDS, Names
 
 # Slurm 25.11 openmetrics (SchedMD/slurm@slurm-25-11-0-1 src/plugins/metrics/openmetrics/openmetrics.c),
@@ -288,7 +289,19 @@ def _busy(t: Target) -> str:
 
 
 def _pending(t: Target) -> str:
-    return "(" + " + ".join(f"{_m(PENDING_JOBS, p)} - {_m(HELD_JOBS, p)}" for p in t.partitions) + ")"
+    return "(" + " + ".join(_runnable_jobs(p) for p in t.partitions) + ")"
+
+
+def _runnable_jobs(partition: str) -> str:
+    # The exporter's runnable count (components/runnable_jobs.py), else pending minus held: with
+    # the exporter's series gone (it, or slurmrestd, is down) the rule is the stall-bounded one.
+    fallback = f"{_m(PENDING_JOBS, partition)} - {_m(HELD_JOBS, partition)}"
+    return f"({_m(RUNNABLE_JOBS, partition)} or ({fallback}))"
+
+
+def _widest(partition: str) -> str:
+    """The widest runnable job's nodes: the exporter's, else slurmctld's widest not-held job."""
+    return f"({_m(RUNNABLE_MAX_JOB_NODES, partition)} or {_m(LARGEST_PENDING_JOB_NODES, partition)})"
 
 
 def _window(t: Target, seconds: int) -> str:
@@ -305,7 +318,7 @@ def _usable_idle(t: Target) -> str:
 
 def _stalled_pending(t: Target) -> str:
     idle = _usable_idle(t)
-    fits = " * ".join(f"({idle} - {_m(LARGEST_PENDING_JOB_NODES, p)} >= bool 0)" for p in t.partitions)
+    fits = " * ".join(f"({idle} - {_widest(p)} >= bool 0)" for p in t.partitions)
     stalled_now = f"({_pending(t)} * {fits} * ({idle} >= bool 1))"
     return f"max_over_time(min_over_time({stalled_now}{_window(t, STALL_SECONDS)}){_window(t, STALL_MEMORY_SECONDS)})"
 
@@ -327,8 +340,7 @@ def _safe_queries(t: Target, sep: str = "-") -> list[tuple[str, str]]:
     runnable = _runnable(t)
     queries = [(name("busy-plus-runnable-jobs"), f"{_busy(t)} + {runnable}")]
     queries += [
-        (name("busy-plus-largest-job", p), f"{_busy(t)} + {_m(LARGEST_PENDING_JOB_NODES, p)} * ({runnable} > bool 0)")
-        for p in t.partitions
+        (name("busy-plus-largest-job", p), f"{_busy(t)} + {_widest(p)} * ({runnable} > bool 0)") for p in t.partitions
     ]
     restapi = f'max({RESTAPI_AVAILABLE}{{namespace="{t.namespace}", deployment="{t.restapi_deployment}"}})'
     # A missing restapi series is an outage (an error, a freeze).
@@ -600,7 +612,7 @@ def fair_share_queries(t: Target) -> dict[str, str]:
     return {
         "hpc_used": _busy(t),
         "hpc_runnable": _runnable(t),
-        **{f"hpc_widest_{p}": _m(LARGEST_PENDING_JOB_NODES, p) for p in t.partitions},
+        **{f"hpc_widest_{p}": _widest(p) for p in t.partitions},
         "ai_used": f"max({KUEUE_USAGE}{kueue})",
         "ai_waiting": f"max({KUEUE_PENDING}{kueue})",
     }

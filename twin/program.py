@@ -155,5 +155,6 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
             (fair_share.HPC, names.shares.hpc_gpus),
             (fair_share.AI, names.shares.ai_guaranteed_gpus),
         ),
+        runnable_partitions=target.partitions if guarded else (),
         **slinky_behaviour(s.slinky_version),
     )

@@ -36,6 +36,7 @@ starts as soon as enough idle, undrained nodes exist (one GPU per node, `gpu:tes
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from components.slurmd_scaling import SLURM_KILL_WAIT_SECONDS, SLURM_LIMIT_CHECK_SECONDS
@@ -352,6 +353,91 @@ class Slurmctld:
             parents = self.by_name.get(job.spec.after or "", [])
             if job.state == PENDING and parents and any(p.state in (TIMEOUT, CANCELLED) for p in parents):
                 job.state, job.finished, job.reason = CANCELLED, now, NEVER_SATISFIED
+
+    # ------------------------------------------------------------ slurmrestd
+
+    def reason(self, job: SlurmJob, now: float) -> tuple[str, float]:
+        """A pending job's state_reason and the start_time the job list shows (its begin while that
+        is in the future, else 0), in job_mgr.c job_independent's order at slurm-25-11-6-1: held,
+        dependency, the array's throttle, begin time; then what the real slurmctld 26.05.5 said of
+        work a node would start (tests/engines/test_runnable_jobs.py): PartitionConfig with no
+        node registered, PartitionNodeLimit while fewer nodes exist than the job needs, else
+        Resources. The real reason changes at slurmctld's next scheduling pass, the twin's at once."""
+        if job.held:
+            return "JobHeldUser", 0.0
+        if job.spec.after is not None:
+            parents = self.by_name.get(job.spec.after, [])
+            if any(p.state in (TIMEOUT, CANCELLED) for p in parents):
+                return NEVER_SATISFIED, 0.0
+            if not parents or any(p.state != COMPLETED for p in parents):
+                return "Dependency", 0.0
+        if job.spec.throttle is not None and self._running_tasks(job) >= job.spec.throttle:
+            return "JobArrayTaskLimit", 0.0
+        begin = max(job.spec.begin or 0.0, job.eligible_at)  # a requeued job's begin is its requeue delay
+        if now < begin:
+            return "BeginTime", begin
+        minutes = self.config.max_minutes
+        if job.spec.time is not None and minutes is not None and job.spec.time > minutes:
+            return "PartitionTimeLimit", 0.0
+        if not self.nodes:
+            return "PartitionConfig", 0.0
+        if job.nodes_needed > len(self.nodes):
+            return "PartitionNodeLimit", 0.0
+        return "Resources", 0.0
+
+    def _running_tasks(self, job: SlurmJob) -> int:
+        return sum(1 for j in self.by_name[job.spec.name] if j.job_id == job.job_id and j.state == RUNNING)
+
+    def job_list(self, now: float) -> list[dict]:
+        """The pending and running jobs as slurmrestd's GET /slurm/v0.0.44/jobs/ lists them (the
+        fields components/runnable_jobs.py reads): an array's pending tasks are one record whose
+        array_task_string names them ("2-7%2"), each started task a record of its own."""
+
+        def number(value: float) -> dict:
+            return {"set": True, "infinite": False, "number": int(value)}
+
+        records: list[dict] = []
+        pending_arrays: dict[int, list[SlurmJob]] = {}
+        for job in self.open_jobs:
+            if job.spec.array and job.state == PENDING:
+                pending_arrays.setdefault(job.job_id, []).append(job)
+                continue
+            records.append(self._record(job, now, number))
+        for tasks in pending_arrays.values():
+            first = self.by_name[tasks[0].spec.name][0].seq
+            indices = ",".join(str(t.seq - first) for t in tasks)
+            record = self._record(tasks[0], now, number)
+            throttle = tasks[0].spec.throttle
+            record["array_task_string"] = indices + (f"%{throttle}" if throttle else "")
+            records.append(record)
+        return records
+
+    def _record(self, job: SlurmJob, now: float, number: Callable[[float], dict]) -> dict:
+        reason, start = self.reason(job, now) if job.state == PENDING else ("None", job.started or 0.0)
+        array = {"array_job_id": number(job.job_id if job.spec.array else 0), "array_task_string": ""}
+        # eligible_time is the begin while that is ahead; dependency names each parent and its state,
+        # emptied once it is met (both as the real slurmctld 26.05.5 listed them).
+        begin = max(job.spec.begin or 0.0, job.eligible_at)
+        dependency = ""
+        if job.state == PENDING and job.spec.after is not None:
+            parents = self.by_name.get(job.spec.after, [])
+            if reason in ("Dependency", NEVER_SATISFIED):
+                state = "failed" if reason == NEVER_SATISFIED else "unfulfilled"
+                dependency = ",".join(f"afterok:{p.job_id}({state})" for p in parents) or "afterok:0(unfulfilled)"
+        return {
+            "job_id": number(job.job_id),
+            "job_state": [job.state],
+            "state_reason": reason,
+            "partition": job.partition,
+            "node_count": number(job.min_nodes),
+            "max_nodes": number(job.max_nodes),
+            "start_time": number(start),
+            "eligible_time": number(begin if begin > now else 0.0),
+            "dependency": dependency,
+            "hold": job.held,
+            "array_max_tasks": number(job.spec.throttle or 0),
+            **array,
+        }
 
     # ------------------------------------------------------------ metrics
 

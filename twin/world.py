@@ -6,9 +6,10 @@ twin/ledger.py and twin/report.py."""
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 
-from components import fair_share
+from components import fair_share, runnable_jobs
 from components.ai_run_limit import Limits
 from components.slurmd_scaling import KUEUE_NOMINAL, KUEUE_PENDING, KUEUE_USAGE
 from core.names import (
@@ -63,6 +64,9 @@ class Setup:
     # pod holds its GPU, and whether a draining scale-in victim requeues its NodeSet
     slurmd_termination: float = k8s.TERMINATION
     drain_requeue: bool = True
+    # The runnable-jobs exporter (components/runnable_jobs.py) under the guarded policies, whose
+    # triggers read it: the partitions it reports; empty: not run.
+    runnable_partitions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,17 @@ class Phases:
     scrape: tuple[int, ...]  # per scrape target, in Run's target order
     poll: int
     sync: int
+    read: int = 0  # the runnable-jobs exporter's reads of slurmrestd
 
     @classmethod
-    def drawn(cls, phase_set: int, targets: int, scrape_interval: int, polling: int) -> Phases:
+    def drawn(cls, phase_set: int, targets: int, scrape_interval: int, polling: int, later_targets: int = 0) -> Phases:
+        """`later_targets` (the exporter's) are drawn after the others, so adding one leaves the
+        phases of every run without it as they were."""
         rng = random.Random(phase_set)
         scrape = tuple(rng.randrange(scrape_interval) for _ in range(targets))
-        return cls(scrape, rng.randrange(polling), rng.randrange(HPA_SYNC))
+        poll, sync = rng.randrange(polling), rng.randrange(HPA_SYNC)
+        later = tuple(rng.randrange(scrape_interval) for _ in range(later_targets))
+        return cls(scrape + later, poll, sync, rng.randrange(runnable_jobs.READ_PERIOD_S))
 
 
 def gpu_uuid(i: int) -> str:
@@ -130,7 +139,17 @@ class World:
             Target("kube-state-metrics", "kube-state-metrics:8080", self._kube_state),
             Target("kueue", "kueue-controller-manager-metrics-service:8443", self._kueue_metrics),
         ]
-        self.phases = Phases.drawn(self.phase_set, len(self.prom.targets), s.scrape_interval, int(self.keda.polling))
+        # The exporter runs as is on the twin's clock, reading the twin's job list (from slurmrestd,
+        # so nothing while restapi is down); Prometheus scrapes what it last read.
+        self.exporter = runnable_jobs.Exporter(s.runnable_partitions, self._job_list, clock=lambda: self.now)
+        self.now = 0.0
+        if s.runnable_partitions:
+            self.prom.targets.append(Target("runnable-jobs", "runnable-jobs:8080", self._runnable_metrics))
+            self.exporter.refresh()  # up before the run, like the rest of the stack
+        later = 1 if s.runnable_partitions else 0
+        self.phases = Phases.drawn(
+            self.phase_set, len(self.prom.targets) - later, s.scrape_interval, int(self.keda.polling), later
+        )
         for target, offset in zip(self.prom.targets, self.phases.scrape, strict=True):
             target.offset = offset
         self.ev = Evaluator(self.prom.db)
@@ -190,7 +209,23 @@ class World:
             out.append(({"__name__": KUEUE_NOMINAL} | labels, float(self.kueue.queues[cq].nominal)))
         return out
 
+    def _job_list(self) -> list[dict]:
+        if self.scenario.fault_active("restapi-down", self.now):
+            raise OSError("slurmrestd has no available replica")
+        return self.slurm.job_list(self.now)
+
+    def _runnable_metrics(self, now: float) -> list[tuple[dict, float]]:
+        out = []
+        for line in self.exporter.metrics().splitlines():
+            if not line.startswith("#"):
+                series, value = line.rsplit(" ", 1)
+                name, partition = re.fullmatch(r'(\w+)\{partition="([^"]*)"\}', series).groups()
+                out.append(({"__name__": name, "partition": partition}, float(value)))
+        return out
+
     def _target_down(self, target: Target, now: float) -> bool:
+        if target.job == "runnable-jobs":
+            return self.scenario.fault_active("runnable-exporter-down", now)
         if target.job == "kueue":  # its metrics endpoint is down too while Kueue is
             return self.scenario.fault_active("kueue-metrics-outage", now) or self._kueue_down(now)
         if target.job != "slurm-controller":
@@ -249,6 +284,8 @@ class World:
         while self._releases and self._releases[0][0] <= now:
             self.slurm.release(self._releases.pop(0)[1])
         self.slurm.step(now)
+        if self.setup.runnable_partitions and (tick - self.phases.read) % runnable_jobs.READ_PERIOD_S == 0:
+            self.exporter.refresh()
         self.prom.scrape(now, self.prom.due(tick), self._target_down)
         self.ev.final_before = now
         if (tick - self.phases.poll) % int(self.keda.polling) == 0:
