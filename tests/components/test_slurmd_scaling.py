@@ -69,6 +69,12 @@ def input_series(case: dict) -> list[tuple[dict, str]]:
                 if case.get("no_slurm"):
                     continue
                 out.append((labels, notation))
+    # The runnable-jobs exporter (components/runnable_jobs.py): {partition: (jobs, widest)}
+    for partition, (jobs, widest) in case.get("runnable", {}).items():
+        for name, value in ((scaling.RUNNABLE_JOBS, jobs), (scaling.RUNNABLE_MAX_JOB_NODES, widest)):
+            labels = {"__name__": name, "partition": partition, "instance": "runnable-jobs:8080", "job": "runnable"}
+            gone = case.get("runnable_gone")  # its series went stale this many samples before the end
+            out.append((labels, f"{value:g}x{HISTORY - gone} stale" if gone else f"{value:g}x{HISTORY}"))
     restapi = 0 if case.get("restapi_down") else 1
     out.append(
         (
@@ -281,6 +287,42 @@ RECLAIM = [
 ]
 
 
+# The exporter's runnable counts in front of slurmctld's (lend-and-reclaim, the default): (case, series, replicas).
+NONE_RUNNABLE = {ALL: (0, 0), OWN: (0, 0)}
+RUNNABLE = [
+    (
+        "3 pending, none runnable (begin, dependency, throttle): no pod",
+        {ALL: M(jobs_pending=3, largest_pending_job_nodes=2), "runnable": NONE_RUNNABLE},
+        0,
+    ),
+    (
+        "3 pending, a 2-node one runnable: its 2 nodes",
+        {ALL: M(jobs_pending=3, largest_pending_job_nodes=4), "runnable": {ALL: (1, 2), OWN: (0, 0)}},
+        2,
+    ),
+    (
+        "runnable in the NodeSet's partition counts too",
+        {OWN: M(jobs_pending=1, largest_pending_job_nodes=1), "runnable": {ALL: (0, 0), OWN: (1, 1)}},
+        1,
+    ),
+    (
+        "exporter gone (stale): slurmctld's pending count, as before",
+        {ALL: M(jobs_pending=3, largest_pending_job_nodes=2), "runnable": NONE_RUNNABLE, "runnable_gone": 4},
+        3,
+    ),
+    (
+        "exporter up, Slurm series absent: freeze",
+        {"no_slurm": True, "runnable": {ALL: (1, 1), OWN: (0, 0)}},
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize("case, metrics, want", RUNNABLE, ids=[t[0] for t in RUNNABLE])
+def test_the_exporter_s_runnable_work_goes_in_front_of_slurmctld_s_pending(case, metrics, want):
+    assert wanted_demand_aware(metrics, scaling.LEND_RECLAIM) == want
+
+
 def _table_metrics(case: dict) -> M:
     """The pure rule reads one partition; fold the table's partitions into one."""
     nodes = case.get("nodes", M())
@@ -469,7 +511,7 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
         (policy, c) for policy in (scaling.PREVIOUS, scaling.REFERENCE) for c in EXTRA[:1] + EXTRA[3:4] + TABLE[8:9]
     ]
     plan += [(scaling.DEMAND_AWARE, c) for c in AI + EXTRA]
-    plan += [(scaling.LEND_RECLAIM, c) for c in RECLAIM]
+    plan += [(scaling.LEND_RECLAIM, c) for c in RECLAIM + RUNNABLE]
     for policy, (case, metrics, _) in plan:
         ev = evaluator(metrics)
         tests = []

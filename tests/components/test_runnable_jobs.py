@@ -1,0 +1,135 @@
+"""The runnable-jobs function on job records shaped as slurmrestd 26.05.5 listed them (v0.0.44;
+tests/engines/test_runnable_jobs.py reads the real ones), the metrics it serves, and the exporter's
+rule that a reading it could not refresh is not served."""
+
+from __future__ import annotations
+
+import pytest
+
+from components import runnable_jobs as rj
+
+NOW = 1_000_000
+
+
+def n(value: int, set_: bool = True) -> dict:
+    return {"set": set_, "infinite": False, "number": value}
+
+
+def job(job_id: int, reason: str = "PartitionConfig", state: str = "PENDING", **fields) -> dict:
+    """A record with the fields the function reads, as the real list has them for a plain sbatch."""
+    record = {
+        "job_id": job_id,
+        "job_state": [state],
+        "state_reason": reason,
+        "partition": "all",
+        "node_count": n(1),
+        "max_nodes": n(1),
+        "start_time": n(0),
+        "eligible_time": n(NOW - 10),
+        "dependency": "",
+        "hold": False,
+        "array_job_id": n(0),
+        "array_max_tasks": n(0),
+        "array_task_string": "",
+    }
+    return record | fields
+
+
+def count(*jobs: dict, partitions=("all", "slinky")) -> dict[str, rj.Runnable]:
+    return rj.runnable_pending(jobs, partitions, NOW)
+
+
+@pytest.mark.parametrize("reason", ["PartitionConfig", "PartitionNodeLimit", "Resources", "Priority", "None"])
+def test_work_a_node_would_start_is_runnable(reason):
+    assert rj.is_runnable(job(1, reason), NOW)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        # At submit slurmctld says PartitionConfig for these too: their fields tell.
+        job(1, eligible_time=n(NOW + 60), start_time=n(NOW + 60)),
+        job(2, dependency="afterok:1(unfulfilled)"),
+        job(3, dependency="afterok:1(failed)", reason="DependencyNeverSatisfied"),
+        job(4, "JobHeldUser", hold=True, eligible_time=n(0)),
+        job(5, "JobHeldAdmin", hold=True),
+        job(6, "PartitionTimeLimit"),
+        job(7, "QOSMaxJobsPerUserLimit"),
+        job(8, "AssocGrpGRES"),
+        job(9, "BeginTime", start_time=n(NOW + 1)),
+    ],
+    ids=lambda r: f"{r['state_reason']} {r['dependency']}".strip(),
+)
+def test_work_that_waits_for_something_else_is_not(record):
+    assert not rj.is_runnable(record, NOW)
+
+
+def test_a_stale_reason_is_read_past_once_the_fields_say_the_wait_is_over():
+    """slurmctld clears BeginTime and Dependency at its next scheduling pass; the job could start now."""
+    assert rj.is_runnable(job(1, "BeginTime", start_time=n(NOW - 1), eligible_time=n(NOW - 1)), NOW)
+    assert rj.is_runnable(job(2, "Dependency", dependency=""), NOW)
+
+
+def test_counts_per_partition_with_the_widest_job():
+    jobs = [
+        job(1),
+        job(2, node_count=n(2), max_nodes=n(3)),  # -N 2-3: MAX(max_nodes, min_nodes), as statistics.c
+        job(3, partition="slinky", max_nodes=n(0, set_=False)),
+        job(4, partition="slinky,all"),  # multi-partition: the first of its partitions listed
+        job(5, partition="other"),
+        job(6, state="RUNNING", reason="None"),
+        job(7, "JobHeldUser", hold=True, node_count=n(4), max_nodes=n(4)),
+    ]
+    assert count(*jobs) == {"all": rj.Runnable(2, 3), "slinky": rj.Runnable(2, 1)}
+
+
+def test_an_empty_list_reads_zero_in_every_partition():
+    assert count() == {"all": rj.Runnable(), "slinky": rj.Runnable()}
+
+
+@pytest.mark.parametrize(
+    "task_string, tasks", [("0-2%1", 3), ("1-7", 7), ("1,3,5-9:2", 5), ("4", 1), ("", 0), ("0-7%2", 8)]
+)
+def test_array_task_count(task_string, tasks):
+    assert rj.array_task_count(task_string) == tasks
+
+
+def test_an_array_counts_only_the_tasks_its_throttle_lets_start():
+    """--array=0-7%3 with one task running: 2 more may start; its pending record is one entry."""
+    pending = job(10, "JobArrayTaskLimit", array_job_id=n(10), array_max_tasks=n(3), array_task_string="1-7%3")
+    running = job(11, "None", state="RUNNING", array_job_id=n(10), array_max_tasks=n(3))
+    assert count(pending, running)["all"] == rj.Runnable(2, 1)
+    full = [running | {"job_id": 11 + i} for i in range(3)]
+    assert count(pending, *full)["all"] == rj.Runnable()
+    unthrottled = pending | {"array_max_tasks": n(0), "state_reason": "Resources"}
+    assert count(unthrottled, running)["all"] == rj.Runnable(7, 1)
+
+
+def test_exposition_serves_every_partition_in_prometheus_text_format():
+    text = rj.exposition({"all": rj.Runnable(2, 3), "slinky": rj.Runnable()})
+    assert f'{rj.RUNNABLE_JOBS}{{partition="all"}} 2' in text.splitlines()
+    assert f'{rj.RUNNABLE_MAX_JOB_NODES}{{partition="slinky"}} 0' in text.splitlines()
+    assert text.count("# TYPE") == 2
+
+
+def test_the_exporter_serves_nothing_once_its_reading_is_stale():
+    """A lost slurmrestd is a lost input, never a zero: the series go stale and the rule falls back."""
+    clock = [float(NOW)]
+    answers: list = [[job(1)]]
+
+    def read() -> list[dict]:
+        answer = answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    exporter = rj.Exporter(("all",), read, clock=lambda: clock[0])
+    assert exporter.metrics() == ""  # nothing read yet
+    exporter.refresh()
+    assert f'{rj.RUNNABLE_JOBS}{{partition="all"}} 1' in exporter.metrics()
+    answers[0] = OSError("connection refused")
+    clock[0] += rj.STALE_AFTER_S
+    exporter.refresh()
+    assert exporter.metrics() != ""  # the last reading, still fresh enough
+    clock[0] += 1
+    assert exporter.metrics() == ""
