@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real-engine root the tests in tests/engines/ run: Debian unstable (minbase) with
-# slurmctld, slurmd and the Slurm client 26.05 (the first Debian Slurm with the metrics/openmetrics
-# and job_submit/lua plugins; stable's 24.11 has neither metrics plugin) and Prometheus 3.
+# slurmctld, slurmd, slurmrestd and the Slurm client 26.05 (the first Debian Slurm with the
+# metrics/openmetrics and job_submit/lua plugins; stable's 24.11 has neither metrics plugin) and
+# Prometheus 3.
 # Usage (as root): tools/engine-root.sh [ROOT]   (default: .engines/sid beside this repository)
 # The root is a test fixture: never deployed, never committed (.gitignore).
 set -euo pipefail
@@ -16,8 +17,17 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 root=${1:-$here/.engines/sid}
 stamp=$root/.testbed-engine-root
 
-want="slurmctld=$SLURM_VERSION slurmd=$SLURM_VERSION slurm-client=$SLURM_VERSION prometheus=$PROMETHEUS_VERSION"
+want="slurmctld=$SLURM_VERSION slurmd=$SLURM_VERSION slurmrestd=$SLURM_VERSION slurm-client=$SLURM_VERSION prometheus=$PROMETHEUS_VERSION"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "engine root ready: $root ($want)"
+  exit 0
+fi
+# A root built before slurmrestd joined the list gets it added at the pinned version, not rebuilt.
+before_slurmrestd="slurmctld=$SLURM_VERSION slurmd=$SLURM_VERSION slurm-client=$SLURM_VERSION prometheus=$PROMETHEUS_VERSION"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$before_slurmrestd" ] && [ "$(id -u)" = 0 ]; then
+  DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y --no-install-recommends "slurmrestd=$SLURM_VERSION" >>"$root.log" 2>&1 ||
+    { tail -n 20 "$root.log" >&2; echo "engine root: adding slurmrestd failed: remove $stamp and re-run $0 to rebuild" >&2; exit 1; }
+  echo "$want" >"$stamp"
   echo "engine root ready: $root ($want)"
   exit 0
 fi
@@ -29,7 +39,7 @@ command -v debootstrap >/dev/null || { echo "engine root: debootstrap is missing
 
 rm -rf "$root"
 mkdir -p "$(dirname "$root")"
-debootstrap --variant=minbase --include=slurmctld,slurmd,slurm-client,prometheus sid "$root" "$MIRROR" >"$root.log" 2>&1 ||
+debootstrap --variant=minbase --include=slurmctld,slurmd,slurmrestd,slurm-client,prometheus sid "$root" "$MIRROR" >"$root.log" 2>&1 ||
   { tail -n 20 "$root.log" >&2; echo "engine root: debootstrap failed (log: $root.log)" >&2; exit 1; }
 
 for pin in $want; do
