@@ -22,8 +22,10 @@ moto/iam/policy_conditions.py), and what this module does past it:
 * AWS authorises a call once per resource it touches (RunInstances: the instance, its volume,
   interface, subnet, security group, key pair and image): a request here lists each resource ARN
   with its own context, and is allowed only when each one is;
-* a role's session is allowed what both its own policy and its boundary allow (IAM User Guide,
-  "Permissions boundaries for IAM entities"): `role_may` asks both.
+* moto never reads a role's permissions boundary (access_control.py has no mention of one), and
+  fills iam:PermissionsBoundary from no request (utils.py format_incoming_conditional_values):
+  a role's session is allowed what both its own policy and its boundary allow (IAM User Guide,
+  "Permissions boundaries for IAM entities"), so `role_may` asks moto about both.
 What only AWS shows: which resources and context keys each call really carries (Service
 Authorization Reference tables), the Terraform provider tagging on create, which this module takes
 as the reference lists them, and that AMP's RemoteWrite sees aws:Ec2InstanceSourceVPC in the
