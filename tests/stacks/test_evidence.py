@@ -75,7 +75,7 @@ def test_the_role_is_bounded_by_the_administrators_policy_in_the_account_it_is_m
     (role,) = by_type(default_run, tokens.IAM_ROLE)
     (workspace,) = by_type(default_run, tokens.AMP_WORKSPACE)
     (provider,) = by_type(default_run, tokens.AWS_PROVIDER)
-    asked = [ref for token, ref in default_run.invokes if token == "aws:index/getCallerIdentity:getCallerIdentity"]
+    asked = [ref for token, ref in default_run.invokes if token == tokens.GET_CALLER_IDENTITY]
     assert asked == [role.provider] and role.provider.startswith(provider.urn + "::")
     account = workspace.outputs["arn"].split(":")[4]
     assert role.inputs["permissionsBoundary"] == f"arn:aws:iam::{account}:policy/testbed-evidence-writer-boundary"
