@@ -241,7 +241,8 @@ def test_plan_says_where_the_evidence_lives_and_what_watches_the_bill(default_ru
     lines = artifacts.guard_lines(default_run, pricing.estimate(default_run.settings))
     assert lines == [
         "evidence: AMP workspace gpu-testbed-dev (kept after `pulumi destroy`); the control node's Prometheus "
-        "remote-writes the evidence series with aps:RemoteWrite on that workspace only",
+        "remote-writes the evidence series with aps:RemoteWrite on that workspace only, within the boundary "
+        "testbed-evidence-writer-boundary an administrator creates once per account (preflight checks it)",
         "budget: none (set budgetMonthlyUsd and budgetEmail for a cost alarm)",
     ]
     assert artifacts.guard_lines(without_evidence, pricing.estimate(without_evidence.settings))[0].startswith(
