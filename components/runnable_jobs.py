@@ -197,9 +197,13 @@ STALE_AFTER_S = 60
 READ_PERIOD_S = 15  # half a scrape: every scrape sees a reading at most this old
 
 
-def read_jobs(url: str, token: str, timeout: float = 10) -> list[dict]:
-    """slurmrestd's job list, authenticated with the JWT (a non-privileged user's: it can read
-    every job while slurm.conf sets no PrivateData, and change none but its own)."""
+def read_jobs(url: str, token_file: str, timeout: float = 10) -> list[dict]:
+    """slurmrestd's job list, authenticated with the JWT in `token_file` (a non-privileged user's:
+    it can read every job while slurm.conf sets no PrivateData, and change none but its own). The
+    file is read on every request: the Token's Secret is rotated before the JWT expires and the
+    kubelet updates the mounted file in place."""
+    with open(token_file) as f:
+        token = f.read().strip()
     request = urllib.request.Request(url.rstrip("/") + JOBS_PATH, headers={TOKEN_HEADER: token})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         body = json.loads(response.read())
@@ -246,3 +250,34 @@ class Exporter:
         while True:
             self.refresh()
             time.sleep(READ_PERIOD_S)
+
+
+# The process's settings, from its environment (the Deployment sets them).
+ENV_URL, ENV_TOKEN_FILE, ENV_PARTITIONS, ENV_PORT = (
+    "SLURMRESTD_URL",
+    "SLURM_JWT_FILE",
+    "SLURM_PARTITIONS",
+    "METRICS_PORT",
+)
+
+
+def exporter_from_env(env: Mapping[str, str]) -> tuple[Exporter, int]:
+    """The exporter and its port from the environment; ValueError naming each missing setting."""
+    missing = [key for key in (ENV_URL, ENV_TOKEN_FILE, ENV_PARTITIONS) if not env.get(key)]
+    if missing:
+        raise ValueError(f"runnable-jobs exporter: set {', '.join(missing)}")
+    url, token_file = env[ENV_URL], env[ENV_TOKEN_FILE]
+    partitions = tuple(p for p in env[ENV_PARTITIONS].split(",") if p)
+    return Exporter(partitions, lambda: read_jobs(url, token_file)), int(env.get(ENV_PORT) or 8080)
+
+
+if __name__ == "__main__":  # pragma: no cover - the exporter's process
+    import os
+    import sys
+
+    try:
+        exporter, port = exporter_from_env(os.environ)
+    except ValueError as bad:
+        print(bad, file=sys.stderr)
+        sys.exit(2)
+    exporter.serve(port)

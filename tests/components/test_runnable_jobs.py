@@ -133,3 +133,45 @@ def test_the_exporter_serves_nothing_once_its_reading_is_stale():
     assert exporter.metrics() != ""  # the last reading, still fresh enough
     clock[0] += 1
     assert exporter.metrics() == ""
+
+
+def test_the_exporter_reads_the_token_file_on_every_request(tmp_path, monkeypatch):
+    """The Token's Secret rotates the JWT in place: each read sends the file's current token."""
+    token = tmp_path / "SLURM_JWT"
+    sent = []
+
+    class Response:
+        def __init__(self, body: bytes):
+            self.body = body
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self) -> bytes:
+            return self.body
+
+    def urlopen(request, timeout):
+        sent.append((request.full_url, request.get_header(rj.TOKEN_HEADER.capitalize())))
+        return Response(b'{"jobs": [], "errors": []}')
+
+    monkeypatch.setattr(rj.urllib.request, "urlopen", urlopen)
+    env = {
+        rj.ENV_URL: "http://slurm-restapi.slurm:6820",
+        rj.ENV_TOKEN_FILE: str(token),
+        rj.ENV_PARTITIONS: "all,slinky",
+    }
+    exporter, port = rj.exporter_from_env(env)
+    for jwt in ("first", "rotated"):
+        token.write_text(jwt + "\n")
+        exporter.refresh()
+    assert sent == [("http://slurm-restapi.slurm:6820/slurm/v0.0.44/jobs/", t) for t in ("first", "rotated")]
+    assert exporter.partitions == ("all", "slinky") and port == 8080
+    assert f'{rj.RUNNABLE_JOBS}{{partition="slinky"}} 0' in exporter.metrics()
+
+
+def test_the_exporter_refuses_a_missing_setting_naming_each():
+    with pytest.raises(ValueError, match=f"set {rj.ENV_URL}, {rj.ENV_TOKEN_FILE}, {rj.ENV_PARTITIONS}"):
+        rj.exporter_from_env({})
