@@ -76,6 +76,7 @@ def stack_values(version: str, n: Names) -> dict:
 EVIDENCE_SERIES = (
     "DCGM_FI_.+",
     "slurm_.+",
+    "testbed_slurm_.+",  # the runnable-jobs exporter (components/runnable_jobs.py)
     "kueue_.+",
     "keda_.+",
     "kube_pod_(status_phase|status_unschedulable|container_resource_requests|info|owner)",
