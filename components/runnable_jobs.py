@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
@@ -191,11 +190,6 @@ def exposition(runnable: Mapping[str, Runnable]) -> str:
 
 # ------------------------------------------------------------------ the exporter
 
-# A reading older than this is not served: Prometheus then marks the series stale at its next
-# scrape and the rule falls back to slurmctld's counts (components/slurmd_scaling.py).
-STALE_AFTER_S = 60
-READ_PERIOD_S = 15  # half a scrape: every scrape sees a reading at most this old
-
 
 def read_jobs(url: str, token_file: str, timeout: float = 10) -> list[dict]:
     """slurmrestd's job list, authenticated with the JWT in `token_file` (a non-privileged user's:
@@ -214,25 +208,22 @@ def read_jobs(url: str, token_file: str, timeout: float = 10) -> list[dict]:
 
 @dataclass
 class Exporter:
-    """Reads the job list every READ_PERIOD_S and serves the last fresh reading at /metrics."""
+    """Reads the job list when scraped, as Prometheus exporters collect: a scrape sees the list as
+    it is then, and one whose read fails gets no series at all, so Prometheus marks the last ones
+    stale at once and the rule falls back to slurmctld's counts (components/slurmd_scaling.py): a
+    lost input, never a zero."""
 
     partitions: tuple[str, ...]
     read: Callable[[], list[dict]]
     clock: Callable[[], float] = time.time
-    body: str = ""
-    read_at: float | None = None
 
-    def refresh(self) -> None:
+    def metrics(self) -> str:
         now = self.clock()
         try:
             jobs = self.read()
         except (OSError, ValueError, RuntimeError):
-            return  # the last reading ages out: a lost input, not a zero
-        self.body, self.read_at = exposition(runnable_pending(jobs, self.partitions, now)), now
-
-    def metrics(self) -> str:
-        fresh = self.read_at is not None and self.clock() - self.read_at <= STALE_AFTER_S
-        return self.body if fresh else ""
+            return ""
+        return exposition(runnable_pending(jobs, self.partitions, now))
 
     def serve(self, port: int) -> None:  # pragma: no cover - the process's main loop
         exporter = self
@@ -245,11 +236,7 @@ class Exporter:
                 self.end_headers()
                 self.wfile.write(body)
 
-        server = ThreadingHTTPServer(("", port), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        while True:
-            self.refresh()
-            time.sleep(READ_PERIOD_S)
+        ThreadingHTTPServer(("", port), Handler).serve_forever()
 
 
 # The process's settings, from its environment (the Deployment sets them).

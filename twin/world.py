@@ -83,7 +83,6 @@ class Phases:
     scrape: tuple[int, ...]  # per scrape target, in Run's target order
     poll: int
     sync: int
-    read: int = 0  # the runnable-jobs exporter's reads of slurmrestd
 
     @classmethod
     def drawn(cls, phase_set: int, targets: int, scrape_interval: int, polling: int, later_targets: int = 0) -> Phases:
@@ -93,7 +92,7 @@ class Phases:
         scrape = tuple(rng.randrange(scrape_interval) for _ in range(targets))
         poll, sync = rng.randrange(polling), rng.randrange(HPA_SYNC)
         later = tuple(rng.randrange(scrape_interval) for _ in range(later_targets))
-        return cls(scrape + later, poll, sync, rng.randrange(runnable_jobs.READ_PERIOD_S))
+        return cls(scrape + later, poll, sync)
 
 
 def gpu_uuid(i: int) -> str:
@@ -139,13 +138,11 @@ class World:
             Target("kube-state-metrics", "kube-state-metrics:8080", self._kube_state),
             Target("kueue", "kueue-controller-manager-metrics-service:8443", self._kueue_metrics),
         ]
-        # The exporter runs as is on the twin's clock, reading the twin's job list (from slurmrestd,
-        # so nothing while restapi is down); Prometheus scrapes what it last read.
+        # The exporter runs as is on the twin's clock, reading the twin's job list when scraped (from
+        # slurmrestd, so nothing while restapi is down).
         self.exporter = runnable_jobs.Exporter(s.runnable_partitions, self._job_list, clock=lambda: self.now)
-        self.now = 0.0
         if s.runnable_partitions:
             self.prom.targets.append(Target("runnable-jobs", "runnable-jobs:8080", self._runnable_metrics))
-            self.exporter.refresh()  # up before the run, like the rest of the stack
         later = 1 if s.runnable_partitions else 0
         self.phases = Phases.drawn(
             self.phase_set, len(self.prom.targets) - later, s.scrape_interval, int(self.keda.polling), later
@@ -284,8 +281,6 @@ class World:
         while self._releases and self._releases[0][0] <= now:
             self.slurm.release(self._releases.pop(0)[1])
         self.slurm.step(now)
-        if self.setup.runnable_partitions and (tick - self.phases.read) % runnable_jobs.READ_PERIOD_S == 0:
-            self.exporter.refresh()
         self.prom.scrape(now, self.prom.due(tick), self._target_down)
         self.ev.final_before = now
         if (tick - self.phases.poll) % int(self.keda.polling) == 0:

@@ -112,27 +112,20 @@ def test_exposition_serves_every_partition_in_prometheus_text_format():
     assert text.count("# TYPE") == 2
 
 
-def test_the_exporter_serves_nothing_once_its_reading_is_stale():
+def test_the_exporter_serves_nothing_when_its_read_fails():
     """A lost slurmrestd is a lost input, never a zero: the series go stale and the rule falls back."""
-    clock = [float(NOW)]
     answers: list = [[job(1)]]
 
     def read() -> list[dict]:
-        answer = answers[0]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+        if isinstance(answers[0], Exception):
+            raise answers[0]
+        return answers[0]
 
-    exporter = rj.Exporter(("all",), read, clock=lambda: clock[0])
-    assert exporter.metrics() == ""  # nothing read yet
-    exporter.refresh()
+    exporter = rj.Exporter(("all",), read, clock=lambda: NOW)
     assert f'{rj.RUNNABLE_JOBS}{{partition="all"}} 1' in exporter.metrics()
-    answers[0] = OSError("connection refused")
-    clock[0] += rj.STALE_AFTER_S
-    exporter.refresh()
-    assert exporter.metrics() != ""  # the last reading, still fresh enough
-    clock[0] += 1
-    assert exporter.metrics() == ""
+    for failure in (OSError("connection refused"), ValueError("not JSON"), RuntimeError("slurmrestd errors")):
+        answers[0] = failure
+        assert exporter.metrics() == ""
 
 
 def test_the_exporter_reads_the_token_file_on_every_request(tmp_path, monkeypatch):
@@ -166,7 +159,7 @@ def test_the_exporter_reads_the_token_file_on_every_request(tmp_path, monkeypatc
     exporter, port = rj.exporter_from_env(env)
     for jwt in ("first", "rotated"):
         token.write_text(jwt + "\n")
-        exporter.refresh()
+        exporter.metrics()
     assert sent == [("http://slurm-restapi.slurm:6820/slurm/v0.0.44/jobs/", t) for t in ("first", "rotated")]
     assert exporter.partitions == ("all", "slinky") and port == 8080
     assert f'{rj.RUNNABLE_JOBS}{{partition="slinky"}} 0' in exporter.metrics()

@@ -23,8 +23,12 @@ import pytest
 
 from components import runnable_jobs
 from core.names import DEFAULT_PARTITION
+from stacks import offline
 from tests.engines import harness
 from tests.engines.conftest import engine_marks
+from twin import program
+from twin.scenario import JobSpec
+from twin.slurm import Slurmctld
 
 pytestmark = engine_marks(__name__)
 NOBODY = "65534"  # Debian's nobody: neither root, SlurmUser nor Slurm's own nobody (99), which slurmrestd refuses
@@ -58,6 +62,24 @@ def counted(slurm: harness.Engines, partitions: tuple[str, ...]) -> dict[str, ru
     return runnable_jobs.runnable_pending(job_list(slurm), partitions, time.time())
 
 
+def twin_counts(partitions: tuple[str, ...], nodes: int) -> dict[str, runnable_jobs.Runnable]:
+    """The same six jobs in the twin's Slurm (twin/slurm.py job_list) with `nodes` registered."""
+    ctld = Slurmctld(program.setup(offline.stack_settings("dev", [])).slurm)
+    for spec in (
+        JobSpec("one", "slurm", 0.0, 600.0, nodes=1),
+        JobSpec("two", "slurm", 0.0, 600.0, nodes=2),
+        JobSpec("array", "slurm", 0.0, 600.0, array=3, throttle=1),
+        JobSpec("begin", "slurm", 0.0, 600.0, begin=150.0),
+        JobSpec("held", "slurm", 0.0, 600.0, hold=True),
+        JobSpec("after", "slurm", 0.0, 600.0, after="held"),
+    ):
+        ctld.submit(spec, 0.0)
+    for i in range(nodes):
+        ctld.register(f"slinky-{i}", 0.0)
+    ctld.step(1.0)
+    return runnable_jobs.runnable_pending(ctld.job_list(1.0), partitions, 1.0)
+
+
 def test_counts_what_slurm_starts_and_nothing_that_waits(slurm):
     names = slurm.names
     partitions = (DEFAULT_PARTITION, names.nodeset)
@@ -82,6 +104,7 @@ def test_counts_what_slurm_starts_and_nothing_that_waits(slurm):
     assert {i for i in reasons if not runnable_jobs.is_runnable(jobs[i], now)} == {begin, held, after}
     # Every user's jobs (these are root's) are listed to nobody: slurm.conf sets no PrivateData.
     assert {j["user_name"] for j in jobs.values()} == {"root"}
+    assert counted(slurm, partitions) == twin_counts(partitions, 0)
     assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable(jobs=3, max_job_nodes=2)
 
     # Four nodes, what the count asks for (one + two + the array's one task the throttle lets run):
@@ -100,6 +123,7 @@ def test_counts_what_slurm_starts_and_nothing_that_waits(slurm):
     assert runnable_jobs.array_task_count(jobs[array]["array_task_string"]) == 2
     begin_at = jobs[begin]["start_time"]["number"]
     if time.time() < begin_at:  # a loaded machine may have taken the whole delay to start the nodes
+        assert counted(slurm, partitions) == twin_counts(partitions, 4)
         assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable()
 
     # A hold released is runnable at once (scontrol release clears the reason), and its dependent's

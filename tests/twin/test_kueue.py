@@ -187,10 +187,10 @@ def test_issue_11_scenarios_complete_with_nothing_killed_and_one_owner_per_gpu(n
 
 # A guaranteed share lost in a gap, at the start: AI's jobs, submitted with Slurm's, are admitted
 # onto HPC's idle half at once, and slurmd's first pods come a scrape, a KEDA poll and an HPA sync
-# later (45 s at the default phase set). Nothing is preempted, so HPC gets its half back when those
-# jobs end, within its bound, but these contentions last only a few AI runs: Slurm gets 36 % in
-# both-full and 17 % in heavy-mix on Slinky 1.0.5, the default. On 1.0.0, whose slurmd pods hold
-# their GPU for the 30 s grace, both-full holds the band at 42 % (heavy-mix stays at 17 %). With
+# later. Nothing is preempted, so HPC gets its half back when those jobs end, within its bound,
+# but these contentions last only a few AI runs: Slurm gets 36 % in both-full on Slinky 1.0.5, the
+# default. On 1.0.0, whose slurmd pods hold their GPU for the 30 s grace, both-full holds the band
+# at 42 %. With
 # the loops aligned on the submissions' tick, the pods came first and hid it. Strict: if the band
 # holds, docs/handoff.md's figures are stale.
 LOST_IN_A_GAP = pytest.mark.xfail(strict=True, reason="HPC's idle half is lent before slurmd's first pods exist")
@@ -202,7 +202,10 @@ LOST_IN_A_GAP = pytest.mark.xfail(strict=True, reason="HPC's idle half is lent b
         ("starvation", ()),
         pytest.param("both-full", (), marks=LOST_IN_A_GAP),
         ("both-full", ("slinkyVersion=1.0.0",)),
-        pytest.param("heavy-mix", (), marks=LOST_IN_A_GAP),
+        # heavy-mix's Slurm work is seen first by the runnable-jobs exporter, scraped 19 s before
+        # slurmctld at the default phase set: slurmd's first pods (35 s) come before AI's jobs
+        # are admitted onto HPC's half, and the band holds.
+        ("heavy-mix", ()),
     ],
 )
 def test_neither_side_starves_under_contention(name, overrides):
@@ -211,7 +214,7 @@ def test_neither_side_starves_under_contention(name, overrides):
     assert low <= share["slurm"] <= high and low <= share["kubernetes"] <= high, share
 
 
-@pytest.mark.parametrize("name", ["both-full", "heavy-mix"])
+@pytest.mark.parametrize("name", ["both-full"])
 def test_hpcs_half_lent_at_the_start_comes_back_when_the_borrowing_jobs_end_within_its_bound(name):
     r = result(name)
     first = min((j for j in r["jobs"] if j["kind"] == "slurm"), key=lambda j: j["started"])

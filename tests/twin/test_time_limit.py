@@ -33,9 +33,10 @@ def run(
     policy: str = scaling.DEFAULT_POLICY,
     duration: int = 1500,
     setup: sim.Setup | None = None,
+    faults: list[dict] | None = None,
 ) -> dict:
     """The jobs on 4 workers; under `setup` if given, else the program's for the config and policy."""
-    data = {"workers": 4, "duration": duration, "jobs": jobs}
+    data = {"workers": 4, "duration": duration, "jobs": jobs, "faults": faults or []}
     return sim.Run(setup or program.setup(dev(*config), policy), scenario.parse(data)).run()
 
 
@@ -137,7 +138,8 @@ def test_no_shipped_scenario_has_a_slurm_job_longer_than_the_default_limit():
 def test_a_job_after_one_that_timed_out_is_cancelled_and_slurmd_stops_cycling_for_it():
     """e depends on a (afterok), which outlasts its 1-minute --time: e can never run. With the
     rendered DependencyParameters=kill_invalid_depend slurmctld cancels it and slurmd goes for good;
-    without it e pends for ever, and slurmd starts for it each time the stall memory runs out."""
+    without it e pends for ever, which the runnable-jobs exporter leaves out, and with the exporter
+    lost slurmd starts for it each time the stall memory runs out."""
     jobs = [
         {"name": "a", "kind": "slurm", "submit": 0, "runtime": 300, "time": 1},
         {"name": "e", "kind": "slurm", "submit": 0, "runtime": 60, "after": "a"},
@@ -148,9 +150,14 @@ def test_a_job_after_one_that_timed_out_is_cancelled_and_slurmd_stops_cycling_fo
     before = dataclasses.replace(setup, slurm=dataclasses.replace(setup.slurm, kill_invalid_depend=False))
     now, then = run(jobs, duration=duration), run(jobs, duration=duration, setup=before)
     assert by_name(now)["e"]["outcome"] == "cancelled" and "DependencyNeverSatisfied" in by_name(now)["e"]["reason"]
-    # one pod for a, one for e while it waited on a (pending work counts until found stalled), none after
-    assert now["slurmd_starts"] == 2 and now["end"]["slurmd_replicas"] == 0
+    # one pod for a; e, waiting on a, brings none (the runnable-jobs exporter reads its dependency)
+    assert now["slurmd_starts"] == 1 and now["end"]["slurmd_replicas"] == 0
     assert by_name(then)["e"]["outcome"] == "unfinished"
-    # then a fresh start each time the stall memory runs out, about every 32 minutes
+    # pending for good (DependencyNeverSatisfied), e holds no GPU either; with the exporter lost, a
+    # fresh start each time the stall memory runs out, about every 32 minutes
+    assert then["slurmd_starts"] == now["slurmd_starts"]
+    lost = run(
+        jobs, duration=duration, setup=before, faults=[{"kind": "runnable-exporter-down", "start": 0, "end": duration}]
+    )
     cycle = scaling.STALL_MEMORY_SECONDS + scaling.STALL_SECONDS
-    assert then["slurmd_starts"] >= now["slurmd_starts"] + (duration - 80) // cycle - 1
+    assert lost["slurmd_starts"] >= now["slurmd_starts"] + (duration - 80) // cycle
