@@ -25,6 +25,8 @@ from components.monitoring import service_monitor_labels
 from core.names import SLURMRESTD_PORT, Names
 
 NAME = "slurm-runnable-jobs"
+MISSING_ALERT = "SlurmRunnableJobsMissing"
+MISSING_FOR = "2m"  # as the other inputs' alerts (components/slurmd_scaling.py INPUT_LOST_FOR)
 TOKEN_USER = "nobody"
 TOKEN_LIFETIME = "15m"
 CODE = Path(runnable_jobs.__file__)
@@ -128,3 +130,31 @@ def manifests(n: Names, image: str) -> list[dict]:
         },
     }
     return [token, code, deployment, service, monitor]
+
+
+def alert_rules(n: Names) -> dict:
+    """A Prometheus rule group: the alert that fires while the exporter's series are missing (it,
+    slurmrestd or its token is down), naming what the scaler does meanwhile. For the stack's
+    additionalPrometheusRulesMap once the exporter is deployed: before, it would always fire."""
+    partition = slurmd_scaling.scaling_target(n).partitions[0]
+    return {
+        "name": "testbed-runnable-jobs",
+        "rules": [
+            {
+                "alert": MISSING_ALERT,
+                "expr": f'absent({runnable_jobs.RUNNABLE_JOBS}{{partition="{partition}"}})',
+                "for": MISSING_FOR,
+                "labels": {"severity": "warning"},
+                "annotations": {
+                    "summary": "The runnable-jobs exporter's metrics are missing: slurmd scaling counts every pending job",
+                    "description": (
+                        f"No {runnable_jobs.RUNNABLE_JOBS}: the exporter, slurmrestd or its token ({token_secret_name()}) "
+                        "is down. The scaler falls back to slurmctld's pending counts and the stall term: work "
+                        "waiting for its --begin, a dependency or an array throttle may bring up a slurmd pod for "
+                        "about 4 minutes, then not for 30, and work that becomes runnable in those 30 minutes "
+                        "waits for them."
+                    ),
+                },
+            }
+        ],
+    }

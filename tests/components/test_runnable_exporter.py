@@ -74,3 +74,39 @@ def test_the_pod_runs_the_module_the_twin_runs_restricted(rendered):
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
     }
+
+
+@pytest.mark.engine
+def test_the_missing_alert_fires_when_the_series_go_and_not_before(tmp_path, rendered):
+    """promtool 3.5.3 on the rule: the exporter's series present, then stale (a failed scrape)."""
+    import yaml
+
+    from tests.engines import harness
+
+    names, _ = rendered
+    group = runnable_exporter.alert_rules(names)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [group]}))
+    series = f'{runnable_jobs.RUNNABLE_JOBS}{{partition="all"}}'
+    test = {
+        "interval": "30s",
+        "input_series": [{"series": series, "values": "1x10 stale"}],
+        "alert_rule_test": [
+            {"eval_time": "4m", "alertname": runnable_exporter.MISSING_ALERT, "exp_alerts": []},
+            {
+                "eval_time": "9m",
+                "alertname": runnable_exporter.MISSING_ALERT,
+                "exp_alerts": [
+                    {
+                        "exp_labels": {"severity": "warning", "partition": "all"},  # absent() keeps the matcher
+                        "exp_annotations": group["rules"][0]["annotations"],
+                    }
+                ],
+            },
+        ],
+    }
+    test_file = tmp_path / "test.yaml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": [test]}))
+    import subprocess
+
+    done = subprocess.run([harness.promtool(), "test", "rules", str(test_file)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
