@@ -33,7 +33,7 @@ from cli import as_typed, typed_command
 from cli.progress import Progress
 from components import slurmd_scaling
 from core import user_files
-from core.names import DEFAULT_PARTITION
+from core.names import DEFAULT_PARTITION, Names
 from core.settings import Settings, SettingsError, escaped, redacted, show
 from stacks import offline
 from twin import program, scenario, sim, tables
@@ -281,6 +281,7 @@ def main(argv: list[str]) -> int:
     if not problems and settings is not None:  # None only after a SettingsError, which is a problem
         try:
             settings = scenario_settings(args.stack, args.config, sc, settings)
+            problems += scenario.node_problems(sc, Names.from_settings(settings).gpus_total)
         except SettingsError as error:
             problems += error.problems
     if args.out is not None and (problem := user_files.out_dir_problem("--out", args.out)):

@@ -9,8 +9,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import pytest
-
 from components import keda, slurmd_scaling
 from core.names import Names
 from stacks import offline
@@ -222,8 +220,9 @@ def _after(m: Mirror, seconds: float) -> dict[str, str]:
 def test_backfill_for_a_wide_job_at_the_head_while_dynamic_nodes_join(slurm):
     """Conformance row (issue 28): a 3-node job pending at the head with two 1-node jobs behind it
     while dynamic nodes join one by one: does sched/backfill hold the joining nodes for the wide
-    job? The twin's Slurm does not (first fit in priority order: twin/slurm.py); the real
-    slurmctld 26.05.5 must show the same states 45 s after each join."""
+    job? No: a head wider than the nodes there are is never runnable now, so the main scheduler
+    passes it and backfill plans nothing for it (twin/slurm.py); the real slurmctld 26.05.5 must
+    show the twin's states 45 s after each join."""
     m = Mirror(slurm, Slurmctld(program.setup(_settings()).slurm))
     m.submit(JobSpec("wide", "slurm", m.now, 600, nodes=3, time=10), "-N", "3", "--time=10")
     m.submit(JobSpec("small-a", "slurm", m.now, 600, nodes=1, time=10), "-N", "1", "--time=10")
@@ -235,19 +234,15 @@ def test_backfill_for_a_wide_job_at_the_head_while_dynamic_nodes_join(slurm):
         assert real == m.twin_states(), f"after {node} joined: real {real}, twin {m.twin_states()}"
 
 
-# Measured on slurmctld 26.05.5: `late` stays PENDING (backfill keeps the 2 idle nodes for the head,
-# planned when run-a and run-b reach their limits); the twin starts it. Strict: a twin that models
-# the reservation passes, and this mark must go.
-NO_BACKFILL_RESERVATION = pytest.mark.xfail(
-    strict=True, reason="the twin's Slurm starts `late` on idle nodes the real backfill keeps for the 4-node head"
-)
-
-
-@NO_BACKFILL_RESERVATION
 def test_backfill_for_a_wide_job_at_the_head_whose_nodes_are_busy(slurm):
     """Conformance row (issue 28): all 4 nodes present, 2 running 1-node jobs, a 4-node job pending
     at the head, then a 1-node job behind it whose --time would end after the running ones: does
-    sched/backfill keep the 2 idle nodes for the head? The real slurmctld 26.05.5 does."""
+    sched/backfill keep the 2 idle nodes for the head? The real slurmctld 26.05.5 does (`late`
+    stays PENDING: its 10 min would reach the head's planned start, when run-a and run-b reach
+    their 5 min limits), and so does the twin's backfill plan (twin/slurm.py). Before the twin
+    modelled the plan it started `late` here (a strict xfail recorded it). And `short`, behind
+    both, whose 1 min ends before that start, does start on an idle node (backfill, not strict
+    order: a twin that held every later job behind the head fails here)."""
     m = Mirror(slurm, Slurmctld(program.setup(_settings()).slurm))
     for node in ("slinky-0", "slinky-1", "slinky-2", "slinky-3"):
         m.node_up(node)
@@ -256,6 +251,8 @@ def test_backfill_for_a_wide_job_at_the_head_whose_nodes_are_busy(slurm):
     m.settle("2 running")
     m.submit(JobSpec("wide", "slurm", m.now, 600, nodes=4, time=10), "-N", "4", "--time=10")
     m.submit(JobSpec("late", "slurm", m.now, 600, nodes=1, time=10), "-N", "1", "--time=10")
+    m.submit(JobSpec("short", "slurm", m.now, 600, nodes=1, time=1), "-N", "1", "--time=1")
     real = _after(m, 45)
     m.twin.step(m.now)
     assert real == m.twin_states(), f"real {real}, twin {m.twin_states()}"
+    assert (real["late"], real["short"]) == ("PENDING", "RUNNING"), real

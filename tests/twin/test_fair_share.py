@@ -138,8 +138,9 @@ def test_under_overload_width_decides_who_runs_under_the_default():
     assert r["sides"]["slurm"]["share"] < 0.5 - BAND and no_harm(r), r["sides"]["slurm"]["share"]  # 0.38
     four_wide = {j.name: j.kind for j in sc.jobs if j.gpus_wanted == 4}
     ran = [four_wide[j["name"]] for j in r["jobs"] if j["name"] in four_wide and j["started"] is not None]
-    # AI's 4-GPU gangs run (9 of 14 on Slinky 1.0.5), no 4-node Slurm job does (0 of 9)
-    assert "pytorchjob" in ran and "slurm" not in ran, ran
+    # AI's 4-GPU gangs run (9 of 14 on Slinky 1.0.5); of the 4-node Slurm jobs, 1 of 9 (0 before the
+    # twin's Slurm planned as sched/backfill does: twin/slurm.py)
+    assert ran.count("pytorchjob") >= 5 and ran.count("slurm") <= 1, ran
 
 
 @SWEEP
