@@ -123,10 +123,15 @@ def summary(result: dict) -> str:
         + (f", started {j['started']:g}" if j["started"] is not None else "")
         + (f", finished {j['finished']:g}" if j["finished"] is not None and j["outcome"] != "refused" else "")
         + (f": {j['reason']}" if "reason" in j else "")
+        + (f", requeued {j['requeued_by_node_failure']}x: its node failed" if "requeued_by_node_failure" in j else "")
         for j in result["jobs"]
     ]
     lat = result["latency"]
     lines += side_lines(result["sides"])
+    if result["failure_events"]:
+        lines.append(
+            "node failure: " + "; ".join(f"{what} {name} at {t:g} s" for t, what, name in result["failure_events"])
+        )
     lines.append(
         f"killed: {', '.join(result['killed']) or 'none'}; double-held GPUs: {len(result['double_held'])}; "
         f"slurmd starts: {result['slurmd_starts']}; end: {result['end']['slurmd_replicas']} replicas, "

@@ -100,3 +100,11 @@ def test_nothing_binds_to_a_failed_idle_node():
     run.run(lambda t, last: on_zero.extend(t for p in run.kube.live_pods() if p.gpu == 0 and t < 1000))
     *first, last = sorted(run.kube.jobs, key=lambda j: j.started or 0)
     assert on_zero == [] and last.started is not None and last.started > max(j.finished or 0 for j in first) - 600
+
+
+def test_simulate_says_what_the_failure_did(watched):
+    from cli import simulate
+
+    text = simulate.summary(watched[1])
+    assert "s0               slurm       completed" in text and "requeued 1x: its node failed" in text
+    assert "requeued s0 at 600 s; evicted k0-0 at 650 s" in text and "node back GPU 2 at 1500 s" in text
