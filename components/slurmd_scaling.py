@@ -340,12 +340,35 @@ def _safe_queries(t: Target, sep: str = "-") -> list[tuple[str, str]]:
 RECENTLY_BUSY, SLURMD_PODS, AI_WAITING = "recently_busy", "slurmd_pods", "ai_waiting"
 AI_HELD, AI_PENDING, AI_RESERVE, BUSY = "ai_held", "ai_pending", "ai_reserve", "busy_nodes"
 AI_QUOTA = "ai_quota"
+SLURM_METRICS = "slurm_metrics"  # 1 while slurmctld's partition metrics are there, else 0 (lend-and-reclaim)
 
 
-def _kueue(metric: str, t: Target) -> str:
-    # No Kueue series (its metrics down) is 0: AI is then taken to hold and want nothing, and
-    # Kueue's quota, not this cap, keeps slurmd off AI's GPUs.
-    return f'(max({metric}{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}) or vector(0))'
+def _kueue(metric: str, t: Target, lost: int = 0) -> str:
+    # No Kueue series (its metrics lost) reads as `lost`: 0 for what waits, AI's share for what it
+    # holds (`_ai_held_when_kueue_lost`), so the cap leaves AI its share through the outage.
+    return f'(max({metric}{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}) or vector({lost}))'
+
+
+def _ai_held_when_kueue_lost(t: Target) -> int:
+    """What AI counts as holding while Kueue's metrics are lost: its guaranteed share. Its claim is
+    then that share (held and waiting, up to the share), so slurmd stays within HPC's share and the
+    nodes drained for AI stay drained; reading 0 (before issue 28) let the cap rise to every GPU and
+    un-drain them for new Slurm jobs."""
+    return t.ai_share
+
+
+def _zero_when_slurm_lost(query: str) -> str:
+    """A Slurm trigger of lend-and-reclaim: 0 instead of an error when slurmctld's metrics are lost,
+    so the formula still runs and takes its outage branch (`_unless_slurm_lost`) on SLURM_METRICS."""
+    return f"({query}) or vector(0)"
+
+
+def _unless_slurm_lost(capped: str, cap: str) -> str:
+    """The formula's value: the capped wish while slurmctld's metrics are there; while they are
+    lost, the slurmd pods that exist capped at what AI does not claim. Slurm's demand is unknown, so
+    nothing is added, and what AI claims is drained as usual: drain-first scale-in deletes a pod only
+    once the operator's client reads its node drained and idle (see the module docstring)."""
+    return f"({SLURM_METRICS} > 0 ? {capped} : min({SLURMD_PODS}, {cap}))"
 
 
 def _ai_quota(t: Target) -> str:
@@ -354,15 +377,17 @@ def _ai_quota(t: Target) -> str:
 
 
 def _lend_and_reclaim_queries(t: Target, warm_seconds: int, follow_quota: bool = False) -> list[tuple[str, str]]:
-    held, pending = _kueue(KUEUE_USAGE, t), _kueue(KUEUE_PENDING, t)
+    held, pending = _kueue(KUEUE_USAGE, t, _ai_held_when_kueue_lost(t)), _kueue(KUEUE_PENDING, t)
     share = _ai_quota(t) if follow_quota else str(t.ai_share)
     # fair-share: AI reserves every GPU for a job first in line only on its turn, while the
     # controller has raised its quota above its guaranteed share (AI behind on GPU time).
     turn = f" * ({share} > bool {t.ai_share})" if follow_quota else ""
     first_in_line = f"(({held} < bool {share}) * ({pending} > bool 0){turn})"
+    slurm = [*_demand_aware_queries(t, warm_seconds), (BUSY, _busy(t))]
     return [
-        *_demand_aware_queries(t, warm_seconds),
-        (BUSY, _busy(t)),
+        *((name, _zero_when_slurm_lost(q) if "slurm_partition_" in q else q) for name, q in slurm),
+        # count() of one partition's series: 0 (`or vector(0)`) once the target is gone or stale.
+        (SLURM_METRICS, f'(count({PENDING_JOBS}{{partition="{t.partitions[0]}"}}) > bool 0) or vector(0)'),
         (AI_HELD, held),
         (AI_PENDING, pending),
         (AI_RESERVE, f"min_over_time({first_in_line}{_window(t, RESERVE_AFTER_SECONDS)})"),
@@ -392,8 +417,9 @@ def formula(t: Target, policy: str = DEMAND_AWARE) -> str:
 
     demand-aware: the safe demand, and warmth (never more pods than exist) only while no AI work waits.
     lend-and-reclaim: the same, capped at the GPUs AI does not claim (see `lend_and_reclaim_replicas`),
-    where a multi-node job's nodes are asked for only if all of them fit under the cap; the
-    restapi-down hold is never capped (a scale-in then deletes busy pods)."""
+    where a multi-node job's nodes are asked for only if all of them fit under the cap; while
+    slurmctld's metrics are lost, the pods that exist under the same cap; the restapi-down hold is
+    never capped (a scale-in then deletes busy pods)."""
     safe = [name for name, _ in _safe_queries(t, "_")]
     if policy == DEMAND_AWARE:
         return f"max({', '.join(safe)}, {_warmth()})"
@@ -405,7 +431,7 @@ def formula(t: Target, policy: str = DEMAND_AWARE) -> str:
     gangs = [f"({fit} ? {term} : 0.0)" for fit, term in zip(fits, largest, strict=True)]
     too_wide = " + ".join(f"({fit} ? 0.0 : 1.0)" for fit in fits)
     wanted = f"max({runnable} - ({too_wide}), {', '.join(gangs)}, {_warmth()})"
-    return f"max(min({wanted}, {cap}), {restapi_hold})"
+    return f"max({_unless_slurm_lost(f'min({wanted}, {cap})', cap)}, {restapi_hold})"
 
 
 def _cap_expression(t: Target, ai_share: str) -> str:
@@ -439,12 +465,17 @@ def lend_and_reclaim_replicas(
     gpus_total: int,
     stalled_pending: int = 0,
     restapi_down_pods: int = 0,
+    slurm_metrics: bool = True,
 ) -> int:
     """The lend-and-reclaim policy as a table: the demand-aware wish (a multi-node job's nodes only
     if they all fit), capped at the GPUs AI does not claim. Above the cap, the NodeSet drains the
-    pods it condemns and deletes each once its Slurm job has ended: nothing is killed."""
-    busy = m.nodes_alloc + m.nodes_mixed
+    pods it condemns and deletes each once its Slurm job has ended: nothing is killed. Without
+    slurmctld's metrics (`slurm_metrics` False, `m` unknown) the wish is the pods that exist."""
     cap = gpus_total - ai_claim_gpus
+    if not slurm_metrics:
+        value = max(min(pods, cap), restapi_down_pods)
+        return 0 if value <= 0 else max(min_replicas, min(max_replicas, value))
+    busy = m.nodes_alloc + m.nodes_mixed
     runnable = max(0, m.jobs_pending - m.jobs_hold - stalled_pending)
     largest = m.largest_pending_job_nodes if runnable > 0 else 0
     fits = largest <= cap
