@@ -187,12 +187,8 @@ def reclaim_bounds(
 
 
 def bounds_lines(b: ReclaimBounds, slurm_job_max_minutes: int, ai_job_max_minutes: int) -> list[str]:
-    """The bounds in words, as `plan` prints them."""
-
-    def minutes(seconds: int) -> str:
-        whole, rest = divmod(seconds, 60)
-        return f"{seconds} s" if seconds < 600 else f"{whole} min {rest} s" if rest else f"{whole} min"
-
+    """The bounds in words, as `plan` prints them, then under one lost input (`outage_lines`)."""
+    minutes = _minutes
     return [
         "lend and reclaim (policy lend-and-reclaim): either side uses the other's idle GPUs; nothing is killed",
         f"  AI gets its share back within {minutes(b.ai_share_back_s)}: slurmd's borrowed nodes are drained and go "
@@ -201,7 +197,99 @@ def bounds_lines(b: ReclaimBounds, slurm_job_max_minutes: int, ai_job_max_minute
         f"(aiJobMaxMinutes {ai_job_max_minutes}), then Kueue admits the waiting slurmd pods first",
         f"  an AI job first in line (wider than what is free) starts within {minutes(b.ai_gang_start_s)}",
         f"  a freed GPU reaches waiting work within {b.handoff_s} s (two scrapes, a poll, an HPA sync, a termination)",
+        *outage_lines(b),
     ]
+
+
+AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK = "ai_share_back_s", "ai_gang_start_s", "hpc_share_back_s"
+
+
+@dataclass(frozen=True)
+class OutageBound:
+    """The bounds of lend and reclaim while one input of the scaler is lost (docs/handoff.md, "One
+    input lost"; `plan` prints them): each is its ReclaimBounds value, plus the outage's length for
+    the waits in `plus_outage` (those the scaler cannot serve until the input is back)."""
+
+    lost: str  # the input
+    alert: str  # the alert that names it
+    scaler: str  # what the scaler does meanwhile
+    ai_share_back_s: int
+    ai_gang_start_s: int
+    hpc_share_back_s: int
+    plus_outage: tuple[str, ...]  # of AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK
+
+    def wait(self, which: str, outage_s: float) -> float:
+        """The bound on wait `which` (a field name) for an outage of `outage_s` seconds."""
+        return getattr(self, which) + (outage_s if which in self.plus_outage else 0)
+
+
+def outage_bounds(b: ReclaimBounds) -> tuple[OutageBound, ...]:
+    """One row per lost input, under lend-and-reclaim (and fair-share, whose controller then sets
+    the guaranteed split). A scale-in stays drain-first in every row: the operator deletes a slurmd
+    pod only once its client reads the node drained and idle, or with no client at all, which the
+    restapi-down hold prevents (SlinkyProject/slurm-operator@v1.0.5: internal/controller/nodeset/
+    nodeset_sync.go processCondemned, slurmcontrol/slurmcontrol.go IsNodeDrained)."""
+    every = (AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK)
+    base = (b.ai_share_back_s, b.ai_gang_start_s, b.hpc_share_back_s)
+    return (
+        OutageBound(
+            "slurmctld's metrics (slurmctld up)",
+            METRICS_MISSING_ALERT,
+            "keeps the slurmd pods it has, none added, capped at what AI claims: AI's GPUs are drained as usual",
+            *base,
+            (HPC_SHARE_BACK,),  # HPC's new work gets no pod until its demand is seen again
+        ),
+        OutageBound(
+            "slurmctld (down: no metrics, no drain)",
+            METRICS_MISSING_ALERT,
+            "as above, but the operator's drain requests fail and it deletes no pod until slurmctld is back",
+            *base,
+            every,
+        ),
+        OutageBound(
+            "Kueue's metrics",
+            KUEUE_METRICS_MISSING_ALERT,
+            "counts AI as claiming its guaranteed share: slurmd stays within HPC's share, drained nodes stay drained",
+            *base,
+            (AI_GANG_START,),  # a reservation needs Kueue's pending GPUs: it forms again after the outage
+        ),
+        OutageBound(
+            "kube-state-metrics",
+            KUBE_STATE_METRICS_MISSING_ALERT,
+            "freezes the scale (it cannot see whether slurmrestd is up, so it scales nothing in)",
+            *base,
+            every,
+        ),
+        OutageBound(
+            "slurmrestd",
+            RESTAPI_DOWN_ALERT,
+            "keeps every slurmd pod (without a Slurm client the operator would delete busy ones); scale-out goes on",
+            *base,
+            (AI_SHARE_BACK, AI_GANG_START),
+        ),
+    )
+
+
+def outage_lines(b: ReclaimBounds) -> list[str]:
+    """The bounds under one lost input, as `plan` prints them (D: the outage's length)."""
+
+    def said(row: OutageBound, which: str) -> str:
+        value = _minutes(getattr(row, which))
+        return f"D + {value}" if which in row.plus_outage else value
+
+    lines = ["  one input lost for D s (policy lend-and-reclaim; the alert after 2 min names it):"]
+    for row in outage_bounds(b):
+        lines.append(
+            f"    {row.lost} ({row.alert}): the scaler {row.scaler}; AI's share back within "
+            f"{said(row, AI_SHARE_BACK)}, a first-in-line AI job within {said(row, AI_GANG_START)}, "
+            f"HPC's share back within {said(row, HPC_SHARE_BACK)}"
+        )
+    return lines
+
+
+def _minutes(seconds: int) -> str:
+    whole, rest = divmod(seconds, 60)
+    return f"{seconds} s" if seconds < 600 else f"{whole} min {rest} s" if rest else f"{whole} min"
 
 
 @dataclass(frozen=True)
@@ -536,11 +624,14 @@ def metrics_alert_rules(t: Target) -> dict:
                 "for": METRICS_MISSING_FOR,
                 "labels": {"severity": "critical"},
                 "annotations": {
-                    "summary": "slurmctld's partition metrics are missing: slurmd scaling is frozen",
+                    "summary": "slurmctld's partition metrics are missing: slurmd adds no pod, AI's GPUs still come back",
                     "description": (
-                        "No slurm_partition_* series: slurmctld is not scraped, or it runs without "
-                        "MetricsType=metrics/openmetrics (any PrivateData hides them too). KEDA's Slurm "
-                        "triggers err and the NodeSet keeps its size until the metrics are back."
+                        "No slurm_partition_* series: slurmctld is down or not scraped, or it runs without "
+                        "MetricsType=metrics/openmetrics (any PrivateData hides them too). Until they are back "
+                        "the scaler keeps the slurmd pods that exist, capped at what AI claims: new Slurm work "
+                        "gets no pod, and the nodes AI claims are drained and go as their jobs end (with "
+                        "slurmctld itself down the drain fails and no pod goes). Under the policies before "
+                        "lend-and-reclaim the scale is frozen. Bounds: `plan`, docs/handoff.md 'One input lost'."
                     ),
                 },
             }
@@ -576,27 +667,32 @@ def input_alert_rules(t: Target) -> dict:
             rule(
                 KUEUE_METRICS_MISSING_ALERT,
                 f"absent({KUEUE_USAGE}{kueue})",
-                "Kueue's ClusterQueue metrics are missing: the scaler reads AI as holding and wanting nothing",
+                "Kueue's ClusterQueue metrics are missing: the scaler counts AI as claiming its guaranteed share",
                 "No kueue_cluster_queue_resource_usage for the AI queue: Kueue's metrics endpoint is not "
-                "scraped, or metrics.enableClusterQueueResources is off. slurmd's cap then lets Slurm keep "
-                "AI's idle GPUs (Kueue's quota still admits AI within its share first); the fair-share "
-                "controller holds the guaranteed split.",
+                "scraped, or metrics.enableClusterQueueResources is off. Until they are back slurmd is "
+                "capped at HPC's share, whatever AI uses: nodes drained for AI stay drained, Slurm does "
+                "not borrow AI's idle GPUs, and an AI job wider than its share gets no reservation (it "
+                "forms again after the outage); the fair-share controller holds the guaranteed split. "
+                "Bounds: `plan`, docs/handoff.md 'One input lost'.",
             ),
             rule(
                 KUBE_STATE_METRICS_MISSING_ALERT,
                 f"absent({restapi})",
                 "kube-state-metrics is missing: slurmd's scale is frozen",
                 "No kube_deployment_status_replicas_available for slurmrestd: kube-state-metrics is not "
-                "scraped. The restapi-down trigger errs, so KEDA leaves the NodeSet's size as it is until "
-                "it is back; nothing is scaled in.",
+                "scraped. The scaler cannot tell whether slurmrestd is up, without which a scale-in would "
+                "delete busy slurmd pods, so its restapi-down trigger errs and KEDA leaves the NodeSet's "
+                "size as it is until it is back: nothing is scaled in or out, and every wait for a lent "
+                "GPU grows by the outage. Bounds: `plan`, docs/handoff.md 'One input lost'.",
             ),
             rule(
                 RESTAPI_DOWN_ALERT,
                 f"max({restapi}) < 1",
                 "slurmrestd has no available replica: slurmd keeps every pod it has",
                 "The NodeSet controller has no Slurm client without slurmrestd, so a scale-in would pick "
-                "busy pods; the scaler asks for every slurmd pod that exists until it is back, and GPUs "
-                "lent to Slurm come back only after.",
+                "busy pods; the scaler asks for every slurmd pod that exists until it is back (scale-out "
+                "goes on), and GPUs lent to Slurm come back only after: AI's waits grow by the outage. "
+                "Bounds: `plan`, docs/handoff.md 'One input lost'.",
             ),
         ],
     }

@@ -113,6 +113,7 @@ class NodeSetController:
     _requeue_at: float | None = None  # the earliest delayed add waiting in the work queue
     _failures: int = 0  # failed syncs since the last one that succeeded
     _draining: bool = False  # the last sync left a condemned pod draining
+    undrained: list[tuple[float, str]] = field(default_factory=list)  # (when, Slurm node) of each un-drain
 
     def pods(self) -> list[Pod]:
         """The NodeSet's pods as a sync lists them: every live one, terminating ones included."""
@@ -201,7 +202,7 @@ class NodeSetController:
         self._draining = False
         if len(pods) < self.replicas:
             for pod in pods:
-                self._uncordon(pod, client)
+                self._uncordon(pod, client, now)
             if refused:
                 return killed, True
             used = {self._ordinal(p) for p in pods}
@@ -218,7 +219,7 @@ class NodeSetController:
             ordered = sorted(pods, key=lambda p: keys[p.name])
             condemned, kept = ordered[: len(pods) - self.replicas], ordered[len(pods) - self.replicas :]
             for pod in kept:
-                self._uncordon(pod, client)
+                self._uncordon(pod, client, now)
             for pod in condemned:
                 if pod.terminating_at is not None:
                     continue
@@ -232,11 +233,14 @@ class NodeSetController:
                 killed += [j.spec.name for j in self.slurm.node_gone(pod.owner, now)]
         else:
             for pod in pods:
-                self._uncordon(pod, client)
+                self._uncordon(pod, client, now)
         return killed, False
 
-    def _uncordon(self, pod: Pod, client: bool) -> None:
+    def _uncordon(self, pod: Pod, client: bool, now: float) -> None:
         pod.cordon = False
+        node = self.slurm.nodes.get(pod.owner)
+        if client and node is not None and node.drain:
+            self.undrained.append((now, pod.owner))
         self._set_drain(pod, False, client)
 
     def _set_drain(self, pod: Pod, drain: bool, client: bool) -> None:
