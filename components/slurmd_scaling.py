@@ -427,7 +427,7 @@ def _safe_queries(t: Target, sep: str = "-") -> list[tuple[str, str]]:
 # The formula policies' extra triggers, named for the formula.
 RECENTLY_BUSY, SLURMD_PODS, AI_WAITING = "recently_busy", "slurmd_pods", "ai_waiting"
 AI_HELD, AI_PENDING, AI_RESERVE, BUSY = "ai_held", "ai_pending", "ai_reserve", "busy_nodes"
-AI_QUOTA = "ai_quota"
+AI_QUOTA, AI_RESERVE_AT_SHARE = "ai_quota", "ai_reserve_at_share"
 SLURM_METRICS = "slurm_metrics"  # 1 while slurmctld's partition metrics are there, else 0 (lend-and-reclaim)
 
 
@@ -445,18 +445,24 @@ def _ai_held_when_kueue_lost(t: Target) -> int:
     return t.ai_share
 
 
+def _slurm_present(t: Target) -> str:
+    # count() of one partition's series: 0 (`or vector(0)`) once the target is gone or stale.
+    return f'((count({PENDING_JOBS}{{partition="{t.partitions[0]}"}}) > bool 0) or vector(0))'
+
+
 def _zero_when_slurm_lost(query: str) -> str:
     """A Slurm trigger of lend-and-reclaim: 0 instead of an error when slurmctld's metrics are lost,
     so the formula still runs and takes its outage branch (`_unless_slurm_lost`) on SLURM_METRICS."""
     return f"({query}) or vector(0)"
 
 
-def _unless_slurm_lost(capped: str, cap: str) -> str:
+def _unless_slurm_lost(capped: str, lost_cap: str) -> str:
     """The formula's value: the capped wish while slurmctld's metrics are there; while they are
-    lost, the slurmd pods that exist capped at what AI does not claim. Slurm's demand is unknown, so
-    nothing is added, and what AI claims is drained as usual: drain-first scale-in deletes a pod only
-    once the operator's client reads its node drained and idle (see the module docstring)."""
-    return f"({SLURM_METRICS} > 0 ? {capped} : min({SLURMD_PODS}, {cap}))"
+    lost, the slurmd pods that exist capped at what AI does not claim (`lost_cap`: lend-and-reclaim's
+    cap, under fair-share too). Slurm's demand is unknown, so nothing is added, and what AI claims is
+    drained as usual: drain-first scale-in deletes a pod only once the operator's client reads its
+    node drained and idle (see the module docstring)."""
+    return f"({SLURM_METRICS} > 0 ? {capped} : min({SLURMD_PODS}, {lost_cap}))"
 
 
 def _ai_quota(t: Target) -> str:
@@ -471,15 +477,22 @@ def _lend_and_reclaim_queries(t: Target, warm_seconds: int, follow_quota: bool =
     # controller has raised its quota above its guaranteed share (AI behind on GPU time).
     turn = f" * ({share} > bool {t.ai_share})" if follow_quota else ""
     first_in_line = f"(({held} < bool {share}) * ({pending} > bool 0){turn})"
+    # fair-share while slurmctld's metrics are lost: lend-and-reclaim's reservation (no turn, the
+    # guaranteed share). The controller then sets the split; a job first in line keeps its bound.
+    at_share = f"(({held} < bool {t.ai_share}) * ({pending} > bool 0))"
     slurm = [*_demand_aware_queries(t, warm_seconds), (BUSY, _busy(t))]
     return [
         *((name, _zero_when_slurm_lost(q) if "slurm_partition_" in q else q) for name, q in slurm),
-        # count() of one partition's series: 0 (`or vector(0)`) once the target is gone or stale.
-        (SLURM_METRICS, f'(count({PENDING_JOBS}{{partition="{t.partitions[0]}"}}) > bool 0) or vector(0)'),
+        (SLURM_METRICS, _slurm_present(t)),
         (AI_HELD, held),
         (AI_PENDING, pending),
         (AI_RESERVE, f"min_over_time({first_in_line}{_window(t, RESERVE_AFTER_SECONDS)})"),
         *([(AI_QUOTA, share)] if follow_quota else []),
+        *(
+            [(AI_RESERVE_AT_SHARE, f"min_over_time({at_share}{_window(t, RESERVE_AFTER_SECONDS)})")]
+            if follow_quota
+            else []
+        ),
     ]
 
 
@@ -512,24 +525,27 @@ def formula(t: Target, policy: str = DEMAND_AWARE) -> str:
     if policy == DEMAND_AWARE:
         return f"max({', '.join(safe)}, {_warmth()})"
     runnable, *largest, restapi_hold = safe
-    cap = _cap_expression(t, AI_QUOTA if policy in QUOTA_POLICIES else str(float(t.ai_share)))
+    at_share = _cap_expression(t, str(float(t.ai_share)), AI_RESERVE)
+    cap = _cap_expression(t, AI_QUOTA, AI_RESERVE) if policy in QUOTA_POLICIES else at_share
+    # while slurmctld's metrics are lost, fair-share's cap is lend-and-reclaim's
+    lost_cap = _cap_expression(t, str(float(t.ai_share)), AI_RESERVE_AT_SHARE) if policy in QUOTA_POLICIES else at_share
     # A job fits if its nodes fit under the cap (the busy ones may be among them); one that does
     # not gets no pod at all: it counts as one runnable job, whose pod would idle.
     fits = [f"({term} - {BUSY} <= {cap})" for term in largest]
     gangs = [f"({fit} ? {term} : 0.0)" for fit, term in zip(fits, largest, strict=True)]
     too_wide = " + ".join(f"({fit} ? 0.0 : 1.0)" for fit in fits)
     wanted = f"max({runnable} - ({too_wide}), {', '.join(gangs)}, {_warmth()})"
-    return f"max({_unless_slurm_lost(f'min({wanted}, {cap})', cap)}, {restapi_hold})"
+    return f"max({_unless_slurm_lost(f'min({wanted}, {cap})', lost_cap)}, {restapi_hold})"
 
 
-def _cap_expression(t: Target, ai_share: str) -> str:
+def _cap_expression(t: Target, ai_share: str, reserve: str) -> str:
     # Float literals: min() returns the argument it picks, so an int GPU count would make the whole
     # formula an int when AI claims every GPU, and KEDA 2.20 refuses a result that is not a float64
     # (kedacore/keda@v2.20.2:pkg/scaling/modifiers/formula.go; 2.16.1 converted it). `ai_share` is
     # a float literal or a trigger's name (fair-share's quota), whose value KEDA passes as a float64.
     total = float(t.gpus_total)
     held_and_waiting = f"({AI_HELD} + {AI_PENDING})"
-    claim = f"({AI_RESERVE} > 0 ? min({total}, {held_and_waiting}) : min({ai_share}, {held_and_waiting}))"
+    claim = f"({reserve} > 0 ? min({total}, {held_and_waiting}) : min({ai_share}, {held_and_waiting}))"
     return f"({total} - {claim})"
 
 

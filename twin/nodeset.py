@@ -113,7 +113,10 @@ class NodeSetController:
     _requeue_at: float | None = None  # the earliest delayed add waiting in the work queue
     _failures: int = 0  # failed syncs since the last one that succeeded
     _draining: bool = False  # the last sync left a condemned pod draining
-    undrained: list[tuple[float, str]] = field(default_factory=list)  # (when, Slurm node) of each un-drain
+    # (when, Slurm node) of each un-drain that gives a condemned node back to Slurm: fewer pods are
+    # condemned than at the last sync. One for one re-chosen victims (a swap) is left out.
+    undrained: list[tuple[float, str]] = field(default_factory=list)
+    _condemned: int = 0  # pods the last sync condemned
 
     def pods(self) -> list[Pod]:
         """The NodeSet's pods as a sync lists them: every live one, terminating ones included."""
@@ -200,6 +203,7 @@ class NodeSetController:
         """syncNodeSet: (the jobs killed, whether a create was refused)."""
         killed: list[str] = []
         self._draining = False
+        condemned_before, self._condemned = self._condemned, max(0, len(pods) - self.replicas)
         if len(pods) < self.replicas:
             for pod in pods:
                 self._uncordon(pod, client, now)
@@ -219,7 +223,7 @@ class NodeSetController:
             ordered = sorted(pods, key=lambda p: keys[p.name])
             condemned, kept = ordered[: len(pods) - self.replicas], ordered[len(pods) - self.replicas :]
             for pod in kept:
-                self._uncordon(pod, client, now)
+                self._uncordon(pod, client, now, swap=len(condemned) >= condemned_before)
             for pod in condemned:
                 if pod.terminating_at is not None:
                     continue
@@ -236,10 +240,10 @@ class NodeSetController:
                 self._uncordon(pod, client, now)
         return killed, False
 
-    def _uncordon(self, pod: Pod, client: bool, now: float) -> None:
+    def _uncordon(self, pod: Pod, client: bool, now: float, swap: bool = False) -> None:
         pod.cordon = False
         node = self.slurm.nodes.get(pod.owner)
-        if client and node is not None and node.drain:
+        if client and node is not None and node.drain and not swap:
             self.undrained.append((now, pod.owner))
         self._set_drain(pod, False, client)
 
