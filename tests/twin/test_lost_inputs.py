@@ -160,3 +160,24 @@ def test_under_fair_share_a_turn_lost_with_slurms_metrics_costs_at_most_the_rese
     assert run.quota_changes and wait <= bound(name), (run.quota_changes, wait)
     assert undrained and late(undrained, name, scaling.FAIR_SHARE) == [], undrained
     assert ai_wait(name, policy=scaling.LEND_RECLAIM, outage_start=gang.submit + 100)[1] == []
+
+
+def test_the_handoff_doc_states_each_bound_under_one_lost_input_as_outage_bounds_gives_it():
+    """docs/handoff.md "One input lost": one row per lost input, its alert and each of its three
+    bounds as `outage_bounds` gives them for the default stack ("D + " where the outage counts)."""
+    s = dev()
+    b = scaling.reclaim_bounds(
+        s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
+    )
+    text = (Path(__file__).resolve().parents[2] / "docs" / "handoff.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and ("Missing`)" in line or "Down`)" in line)]
+    bounds = scaling.outage_bounds(b)
+    assert len(rows) == len(bounds)
+    for line, row in zip(rows, bounds, strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert f"(`{row.alert}`)" in cells[0], (cells[0], row.alert)
+        want = [
+            ("D + " if which in row.plus_outage else "") + scaling._minutes(getattr(row, which))
+            for which in (scaling.AI_SHARE_BACK, scaling.AI_GANG_START, scaling.HPC_SHARE_BACK)
+        ]
+        assert cells[2:] == want, (row.lost, cells[2:], want)
