@@ -29,7 +29,8 @@ runnable. On top of that:
   `fallback` KEDA leaves the scale alone (kedacore/keda@v2.20.2:pkg/scaling/executor/
   scale_scaledobjects.go) and the HPA does not scale down on an invalid metric
   (kubernetes/kubernetes@v1.34.0:pkg/controller/podautoscaler/horizontal.go
-  computeReplicasForMetrics): a metrics outage freezes the scale.
+  computeReplicasForMetrics): a metrics outage freezes the scale (policies safe and demand-aware;
+  lend-and-reclaim reads the loss instead, below).
 * While slurmrestd has no available replica, a fourth trigger asks for every slurmd pod that
   exists: the operator then has no Slurm client, `IsNodeDrained` says true and victims are
   picked by ordinal, so a scale-in would delete busy pods
@@ -70,6 +71,17 @@ claim (`ai_claim`: what AI holds and what waits in Kueue, up to its share, or ev
 job has waited RESERVE_AFTER_SECONDS although AI held less than its share). Above the cap the
 NodeSet drains and releases pods as their Slurm jobs end: nothing is killed. A multi-node job's
 nodes are asked for only when they all fit under the cap. The bounds are `reclaim_bounds`.
+
+One input lost (`outage_bounds`, docs/handoff.md "One input lost"): Kueue's usage reads as AI's
+guaranteed share, so slurmd stays within HPC's share and what was drained for AI stays drained.
+slurmctld's metrics lost: the Slurm triggers read 0, `slurm_metrics` says they are gone, and the
+formula asks for the pods that exist under the same cap, adding none. That is safe as scale-in is
+drain-first: the NodeSet deletes a running pod only once its Slurm client reads the node drained
+and idle, and with slurmctld unreachable the drain and the read fail with an error it does not
+tolerate, so nothing is deleted (SlinkyProject/slurm-operator@v1.0.5:internal/controller/nodeset/
+nodeset_sync.go processCondemned, slurmcontrol/slurmcontrol.go IsNodeDrained, tolerateError;
+SlinkyProject/slurm-client@v1.0.5:pkg/client/informer.go Get). Without a client the restapi-down
+hold keeps every pod; kube-state-metrics lost, that trigger errs and the scale freezes.
 
 Policies "previous" (busy + max(largest, pending) on `all`, `sum()` and `or vector(0)`) and
 "reference-triggers" (the reference testbed's three triggers: jobs pending, nodes allocated, the
