@@ -193,6 +193,8 @@ class World:
     def _target_down(self, target: Target, now: float) -> bool:
         if target.job == "kueue":  # its metrics endpoint is down too while Kueue is
             return self.scenario.fault_active("kueue-metrics-outage", now) or self._kueue_down(now)
+        if target.job == "kube-state-metrics":
+            return self.scenario.fault_active("kube-state-metrics-outage", now)
         if target.job != "slurm-controller":
             return False
         if self.scenario.fault_active("metrics-outage", now):
