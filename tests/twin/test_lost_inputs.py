@@ -184,12 +184,20 @@ def test_the_handoff_doc_states_each_bound_under_one_lost_input_as_outage_bounds
 
 
 @pytest.mark.parametrize("phase_set", [sim.DEFAULT_PHASE_SET, pytest.param(3, marks=pytest.mark.slow)])
-def test_with_kube_state_metrics_lost_the_scale_freezes_and_ais_wait_grows_by_the_outage_only(phase_set):
+@pytest.mark.parametrize(
+    "kind, lost", [("kube-state-metrics-outage", "kube-state-metrics"), ("restapi-down", "slurmrestd")]
+)
+def test_with_kube_state_metrics_or_slurmrestd_lost_nothing_is_scaled_in_and_ais_wait_grows_by_the_outage_only(
+    phase_set, kind, lost
+):
     """kube-state-metrics-lost: the restapi-down trigger errs, so nothing is scaled in while the
-    outage lasts (the scaler cannot see slurmrestd); the AI job runs after it, within D plus AI's
+    outage lasts (the scaler cannot see slurmrestd); with slurmrestd itself down instead, that
+    trigger asks for every pod. Either way the AI job runs after the outage, within D plus AI's
     share-back bound, and nothing is killed."""
     sc = load("kube-state-metrics-lost")
     (fault,) = sc.faults
+    fault = dataclasses.replace(fault, kind=kind)
+    sc = dataclasses.replace(sc, faults=(fault,))
     run = runs.run(setup(), sc, phase_set)
     r = run.result()
     (job,) = [j for j in r["jobs"] if j["name"] == "ai"]
@@ -197,7 +205,7 @@ def test_with_kube_state_metrics_lost_the_scale_freezes_and_ais_wait_grows_by_th
     b = scaling.reclaim_bounds(
         s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
     )
-    (row,) = [row for row in scaling.outage_bounds(b) if row.lost == "kube-state-metrics"]
+    (row,) = [row for row in scaling.outage_bounds(b) if row.lost == lost]
     assert fault.end <= job["started"], "frozen: the idle slurmd pods kept the GPUs through the outage"
     assert job["started"] - job["submitted"] <= row.wait(scaling.AI_SHARE_BACK, fault.end - fault.start)
     assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
