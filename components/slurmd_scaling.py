@@ -200,14 +200,13 @@ def reclaim_bounds(
 
 def bounds_lines(b: ReclaimBounds, slurm_job_max_minutes: int, ai_job_max_minutes: int) -> list[str]:
     """The bounds in words, as `plan` prints them, then under one lost input (`outage_lines`)."""
-    minutes = _minutes
     return [
         "lend and reclaim (policy lend-and-reclaim): either side uses the other's idle GPUs; nothing is killed",
-        f"  AI gets its share back within {minutes(b.ai_share_back_s)}: slurmd's borrowed nodes are drained and go "
+        f"  AI gets its share back within {_minutes(b.ai_share_back_s)}: slurmd's borrowed nodes are drained and go "
         f"when their Slurm job ends (slurmJobMaxMinutes {slurm_job_max_minutes})",
-        f"  HPC gets its share back within {minutes(b.hpc_share_back_s)}: an AI job on it ends by its limit "
+        f"  HPC gets its share back within {_minutes(b.hpc_share_back_s)}: an AI job on it ends by its limit "
         f"(aiJobMaxMinutes {ai_job_max_minutes}), then Kueue admits the waiting slurmd pods first",
-        f"  an AI job first in line (wider than what is free) starts within {minutes(b.ai_gang_start_s)}",
+        f"  an AI job first in line (wider than what is free) starts within {_minutes(b.ai_gang_start_s)}",
         f"  a freed GPU reaches waiting work within {b.handoff_s} s (two scrapes, a poll, an HPA sync, a termination)",
         *outage_lines(b),
     ]
@@ -289,7 +288,7 @@ def outage_lines(b: ReclaimBounds) -> list[str]:
         value = _minutes(getattr(row, which))
         return f"D + {value}" if which in row.plus_outage else value
 
-    lines = ["  one input lost for D s (policy lend-and-reclaim; the alert after 2 min names it):"]
+    lines = ["  one input lost for D s (policies lend-and-reclaim, fair-share; the alert after 2 min names it):"]
     for row in outage_bounds(b):
         lines.append(
             f"    {row.lost} ({row.alert}): the scaler {row.scaler}; AI's share back within "

@@ -161,7 +161,7 @@ def test_the_plan_states_each_bound_under_one_lost_input_and_its_alert(default_r
     text = " ".join(artifacts.plan_text(rec).split())  # unwrapped
     maxtime = int(re.search(r"partition all: MaxNodes=\d+, MaxTime=(\d+) minutes", text)[1])
     b = scaling.reclaim_bounds(30, 30, maxtime, 60)
-    assert "one input lost for D s (policy lend-and-reclaim; the alert after 2 min names it):" in text
+    assert "one input lost for D s (policies lend-and-reclaim, fair-share; the alert after 2 min names it):" in text
     for row in scaling.outage_bounds(b):
         line = text.split(f"{row.lost} ({row.alert}): the scaler ", 1)[1].split(" HPC's share back within ")[0]
         ai = scaling._minutes(b.ai_share_back_s)
