@@ -77,11 +77,12 @@ guaranteed share, so slurmd stays within HPC's share and what was drained for AI
 slurmctld's metrics lost: the Slurm triggers read 0, `slurm_metrics` says they are gone, and the
 formula asks for the pods that exist under the same cap, adding none. That is safe as scale-in is
 drain-first: the NodeSet deletes a running pod only once its Slurm client reads the node drained
-and idle, and with slurmctld unreachable the drain and the read fail with an error it does not
-tolerate, so nothing is deleted (SlinkyProject/slurm-operator@v1.0.5:internal/controller/nodeset/
-nodeset_sync.go processCondemned, slurmcontrol/slurmcontrol.go IsNodeDrained, tolerateError;
-SlinkyProject/slurm-client@v1.0.5:pkg/client/informer.go Get). Without a client the restapi-down
-hold keeps every pod; kube-state-metrics lost, that trigger errs and the scale freezes.
+and idle, and with slurmctld unreachable every sync fails at its first step, RefreshNodeCache,
+whose list fails, so nothing is drained or deleted (SlinkyProject/slurm-operator@v1.0.5:
+internal/controller/nodeset/nodeset_sync.go sync, processCondemned; slurmcontrol/slurmcontrol.go
+RefreshNodeCache, IsNodeDrained; SlinkyProject/slurm-client@v1.0.5:pkg/client/informer.go List).
+Without a client the restapi-down hold keeps every pod; kube-state-metrics lost, that trigger
+errs and the scale freezes.
 
 Policies "previous" (busy + max(largest, pending) on `all`, `sum()` and `or vector(0)`) and
 "reference-triggers" (the reference testbed's three triggers: jobs pending, nodes allocated, the
@@ -253,7 +254,7 @@ def outage_bounds(b: ReclaimBounds) -> tuple[OutageBound, ...]:
         OutageBound(
             "slurmctld (down: no metrics, no drain)",
             METRICS_MISSING_ALERT,
-            "as above, but the operator's drain requests fail and it deletes no pod until slurmctld is back",
+            "as above, but every NodeSet sync fails at its first step: no pod goes until slurmctld is back",
             *base,
             every,
         ),

@@ -152,6 +152,8 @@ class NodeSetController:
             self._client_since = now  # a new client lists at once: each node it finds is an event
         elif (now - self._client_since - self.informer_phase) % INFORMER_PERIOD:
             return
+        if not self.slurm.up:
+            return  # the list fails (slurmrestd cannot reach slurmctld): the caches stay as they were
         self._jobs_seen = self.slurm.deadlines()
         self._event |= self._list_nodes()
 
@@ -176,12 +178,18 @@ class NodeSetController:
     def _sync(self, now: float, client: bool, refused: bool, pods: list[Pod]) -> list[str]:
         self._event = False
         self._seen = self._observed(pods, now)
-        if client:
-            self._event |= self._list_nodes()  # RefreshNodeCache
+        # RefreshNodeCache, the sync's first step, lists the nodes afresh and waits for it; with
+        # slurmctld down the list fails and so does the sync, before it changes anything
+        # (SlinkyProject/slurm-operator@v1.0.5: internal/controller/nodeset/nodeset_sync.go sync,
+        # slurmcontrol/slurmcontrol.go RefreshNodeCache; SlinkyProject/slurm-client@v1.0.5:
+        # pkg/client/informer.go List, WaitForSyncList). Without a client it returns nil.
+        unreachable = client and not self.slurm.up
+        if client and not unreachable:
+            self._event |= self._list_nodes()
         # The sort reads the pods as listed: the deadlines the previous sync wrote.
         keys = {p.name: self._victim_key(p, now) for p in pods}
         killed: list[str] = []
-        failed = refused and bool(pods)  # syncSlurmDeadline's first patch is refused
+        failed = unreachable or (refused and bool(pods))  # or syncSlurmDeadline's first patch is refused
         if not failed:
             for pod in pods:
                 pod.deadline = self._jobs_seen.get(pod.owner) if client else None
@@ -259,7 +267,7 @@ class NodeSetController:
         NodeSet status and each pod's Slurm-state conditions; a change is an update event (one
         more sync). Returns whether they changed and CalculateNodeStatus's Total (the pods' Slurm
         nodes; none without a client)."""
-        if client:
+        if client and self.slurm.up:
             self._event |= self._list_nodes()
         states = tuple(self._nodes_seen.get(p.owner) for p in pods)
         status = (len(pods), sum(1 for p in pods if p.running(now)), states)

@@ -18,6 +18,7 @@ FAULTS = (
     "kueue-metrics-outage",
     "kube-state-metrics-outage",
     "kueue-down",
+    "slurmctld-down",
 )
 IMAGES = ("warm", "cold")
 # Size bounds (docs/input-limits.md): the twin steps every second, about 0.2 s of CPU per simulated

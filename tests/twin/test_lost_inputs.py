@@ -209,3 +209,26 @@ def test_with_kube_state_metrics_or_slurmrestd_lost_nothing_is_scaled_in_and_ais
     assert fault.end <= job["started"], "frozen: the idle slurmd pods kept the GPUs through the outage"
     assert job["started"] - job["submitted"] <= row.wait(scaling.AI_SHARE_BACK, fault.end - fault.start)
     assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
+
+
+@pytest.mark.parametrize(
+    "phase_set", [sim.DEFAULT_PHASE_SET, *(pytest.param(n, marks=pytest.mark.slow) for n in (1, 2, 3))]
+)
+def test_with_slurmctld_down_nothing_is_scaled_in_and_the_gang_waits_the_outage_plus_its_bound(phase_set):
+    """slurmctld-down-ai-waits: every NodeSet sync fails at RefreshNodeCache, so the idle slurmd
+    pods stay until slurmctld is back (the scaler's outage branch asks for none); the gang then
+    starts within D plus its first-in-line bound, the "slurmctld itself" row of outage_bounds."""
+    sc = load("slurmctld-down-ai-waits")
+    (fault,) = sc.faults
+    run = runs.run(setup(), sc, phase_set)
+    r = run.result()
+    (gang,) = [j for j in r["jobs"] if j["name"] == "gang"]
+    s = dev()
+    b = scaling.reclaim_bounds(
+        s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
+    )
+    (row,) = [row for row in scaling.outage_bounds(b) if row.lost.startswith("slurmctld (down")]
+    assert all(j["finished"] < fault.end for j in r["jobs"] if j["kind"] == "slurm"), "idle pods through the outage"
+    assert fault.end <= gang["started"], "no slurmd pod went while slurmctld was down"
+    assert gang["started"] - gang["submitted"] <= row.wait(scaling.AI_GANG_START, fault.end - fault.start)
+    assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
