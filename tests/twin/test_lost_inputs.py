@@ -187,8 +187,9 @@ def test_the_handoff_doc_states_each_bound_under_one_lost_input_as_outage_bounds
 @pytest.mark.parametrize(
     "kind, lost", [("kube-state-metrics-outage", "kube-state-metrics"), ("restapi-down", "slurmrestd")]
 )
+@pytest.mark.parametrize("policy", POLICIES)
 def test_with_kube_state_metrics_or_slurmrestd_lost_nothing_is_scaled_in_and_ais_wait_grows_by_the_outage_only(
-    phase_set, kind, lost
+    phase_set, kind, lost, policy
 ):
     """kube-state-metrics-lost: the restapi-down trigger errs, so nothing is scaled in while the
     outage lasts (the scaler cannot see slurmrestd); with slurmrestd itself down instead, that
@@ -198,7 +199,7 @@ def test_with_kube_state_metrics_or_slurmrestd_lost_nothing_is_scaled_in_and_ais
     (fault,) = sc.faults
     fault = dataclasses.replace(fault, kind=kind)
     sc = dataclasses.replace(sc, faults=(fault,))
-    run = runs.run(setup(), sc, phase_set)
+    run = runs.run(setup(policy), sc, phase_set)
     r = run.result()
     (job,) = [j for j in r["jobs"] if j["name"] == "ai"]
     s = dev()
@@ -214,13 +215,14 @@ def test_with_kube_state_metrics_or_slurmrestd_lost_nothing_is_scaled_in_and_ais
 @pytest.mark.parametrize(
     "phase_set", [sim.DEFAULT_PHASE_SET, *(pytest.param(n, marks=pytest.mark.slow) for n in (1, 2, 3))]
 )
-def test_with_slurmctld_down_nothing_is_scaled_in_and_the_gang_waits_the_outage_plus_its_bound(phase_set):
+@pytest.mark.parametrize("policy", POLICIES)
+def test_with_slurmctld_down_nothing_is_scaled_in_and_the_gang_waits_the_outage_plus_its_bound(phase_set, policy):
     """slurmctld-down-ai-waits: every NodeSet sync fails at RefreshNodeCache, so the idle slurmd
     pods stay until slurmctld is back (the scaler's outage branch asks for none); the gang then
     starts within D plus its first-in-line bound, the "slurmctld itself" row of outage_bounds."""
     sc = load("slurmctld-down-ai-waits")
     (fault,) = sc.faults
-    run = runs.run(setup(), sc, phase_set)
+    run = runs.run(setup(policy), sc, phase_set)
     r = run.result()
     (gang,) = [j for j in r["jobs"] if j["name"] == "gang"]
     s = dev()
