@@ -11,7 +11,16 @@ from core import user_files
 from core.settings import escaped, secret_kind, show
 
 KINDS = ("slurm", "pytorchjob", "job")
-FAULTS = ("restapi-down", "metrics-outage", "duplicate-scrape", "kueue-metrics-outage", "kueue-down", "node-failure")
+FAULTS = (
+    "restapi-down",
+    "metrics-outage",
+    "duplicate-scrape",
+    "kueue-metrics-outage",
+    "kube-state-metrics-outage",
+    "kueue-down",
+    "slurmctld-down",
+    "node-failure",
+)
 NODE_FAULTS = ("node-failure",)  # the faults that name a GPU worker (`node`: its index)
 IMAGES = ("warm", "cold")
 # Size bounds (docs/input-limits.md): the twin steps every second, about 0.2 s of CPU per simulated

@@ -244,6 +244,9 @@ class Slurmctld:
     unreachable: set[str] = field(default_factory=set)
     _stepped_at: float | None = None
     _backfilled_at: float | None = None
+    # False while slurmctld is down (fault slurmctld-down): it starts nothing and no slurmd
+    # registers; a job that ends meanwhile is counted as ended (slurmd reports it once it is back).
+    up: bool = True
 
     @property
     def partitions(self) -> tuple[str, str]:
@@ -311,8 +314,9 @@ class Slurmctld:
     def register(self, name: str, now: float) -> None:
         """slurmd registers; a DOWN node that registers again returns to service (ReturnToService=2,
         components/slurm_config.py; SchedMD/slurm@slurm-25-11-6-1 doc/man/man5/slurm.conf.5)."""
-        node = self.nodes.setdefault(name, SlurmNode(name, now))
-        node.down = False
+        if self.up:
+            node = self.nodes.setdefault(name, SlurmNode(name, now))
+            node.down = False
 
     def node_gone(self, name: str, now: float) -> list[SlurmJob]:
         """slurmd's preStop sets the node down, then deletes it (SlinkyProject/slurm-operator@v1.0.0:
@@ -398,6 +402,8 @@ class Slurmctld:
                 self._cancel_never_satisfied(now)
             self.open_jobs = [j for j in self.open_jobs if j.state in (PENDING, RUNNING)]
             self._closed = False
+        if not self.up:
+            return
         self._schedule(now)
         if self._backfilled_at is None:
             self._backfilled_at = self.backfill_phase - BF_INTERVAL
