@@ -186,6 +186,9 @@ class Slurmctld:
     by_name: dict[str, list[SlurmJob]] = field(default_factory=dict)
     completed_now: list[SlurmJob] = field(default_factory=list)  # ended (or timed out) at the latest time
     _stepped_at: float | None = None
+    # False while slurmctld is down (fault slurmctld-down): it starts nothing and no slurmd
+    # registers; a job that ends meanwhile is counted as ended (slurmd reports it once it is back).
+    up: bool = True
 
     @property
     def partitions(self) -> tuple[str, str]:
@@ -251,7 +254,8 @@ class Slurmctld:
     # ------------------------------------------------------------ nodes (slurmd registers / goes)
 
     def register(self, name: str, now: float) -> None:
-        self.nodes.setdefault(name, SlurmNode(name, now))
+        if self.up:
+            self.nodes.setdefault(name, SlurmNode(name, now))
 
     def node_gone(self, name: str, now: float) -> list[SlurmJob]:
         """slurmd's preStop sets the node down, then deletes it (SlinkyProject/slurm-operator@v1.0.0:
@@ -271,8 +275,9 @@ class Slurmctld:
         in service whatever the reason (node_mgr.c _node_did_resp). So on the real slurmctld 26.05.5 a
         node set down under a running job is back within about 2 s and runs the next job at the next
         scheduling pass, 3 to 28 s after the down (tests/engines/test_slurm_states.py). The twin's
-        slurmd always answers until node_gone, and it returns the node at once. A node set down with no job gets no kill, so it stays down here; the
-        real one returns at its next ping (ping_nodes.c), which no scenario waits for."""
+        slurmd always answers until node_gone, and it returns the node at once. A node set down with
+        no job gets no kill, so it stays down here; the real one returns at its next ping
+        (ping_nodes.c), which no scenario waits for."""
         node = self.nodes.get(name)
         if node is not None:
             node.down = True
@@ -345,6 +350,8 @@ class Slurmctld:
                 self._cancel_never_satisfied(now)
             self.open_jobs = [j for j in self.open_jobs if j.state in (PENDING, RUNNING)]
             self._closed = False
+        if not self.up:
+            return
         busy = self.busy_nodes()
         idle = sorted(
             (n.name for n in self.nodes.values() if not n.drain and not n.down and n.name not in busy),
