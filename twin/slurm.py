@@ -91,6 +91,7 @@ YEAR = 365 * 24 * 3600.0
 # (SchedMD/slurm@slurm-25-11-6-1:src/slurmctld/job_mgr.c _requeue_delay; the real slurmctld 26.05.5
 # requeued a job whose node the preStop set down and deleted, Restarts=1, EligibleTime 121 s later).
 REQUEUE_DELAY = 121
+RETURN_TO_SERVICE_ALL = 2  # ReturnToService=2: a DOWN node that answers is back (slurm.h RETURN_TO_SERVICE_ALL)
 
 
 @dataclass
@@ -158,6 +159,7 @@ class SlurmConfig:
     job_submit_lua: bool = False  # JobSubmitPlugins=lua with components/job_submit.lua
     max_minutes: int | None = None  # partition MaxTime (both partitions), None = UNLIMITED
     kill_invalid_depend: bool = False  # DependencyParameters=kill_invalid_depend
+    return_to_service: int = 0  # ReturnToService (Slurm's default 0, src/common/read_config.h)
 
 
 LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"
@@ -327,9 +329,21 @@ class Slurmctld:
 
     def set_down(self, name: str, now: float, failed: bool = False) -> list[SlurmJob]:
         """`scontrol update state=down` (or a failed node): its batch jobs are killed and requeued,
-        eligible again after REQUEUE_DELAY (src/slurmctld/job_mgr.c; seen on the real slurmctld)."""
-        if name in self.nodes:
-            self.nodes[name].down = True
+        eligible again after REQUEUE_DELAY (src/slurmctld/job_mgr.c; seen on the real slurmctld).
+
+        The kill goes to the DOWN node too (SchedMD/slurm@slurm-26-05-0-1 and @slurm-25-11-6-1:
+        src/slurmctld/node_scheduler.c deallocate_nodes, "Issue the KILL RPC, but don't verify
+        response"); its slurmd's answer marks the node responding (agent.c DSH_DONE, node_did_resp
+        from the 2 s node-update thread), and under ReturnToService=2 a responding DOWN node is back
+        in service whatever the reason (node_mgr.c _node_did_resp). So on the real slurmctld 26.05.5 a
+        node set down under a running job is back within about 2 s and runs the next job at the next
+        scheduling pass, 3 to 28 s after the down (tests/engines/test_slurm_states.py). The twin's
+        slurmd always answers until node_gone, and it returns the node at once. A node set down with
+        no job gets no kill, so it stays down here; the real one returns at its next ping
+        (ping_nodes.c), which no scenario waits for."""
+        node = self.nodes.get(name)
+        if node is not None:
+            node.down = True
         killed = [j for j in self.running if name in j.nodes]
         self.running = [j for j in self.running if name not in j.nodes]
         for job in killed:
@@ -337,6 +351,8 @@ class Slurmctld:
             job.restarts += 1
             job.failovers += failed
             job.eligible_at = now + REQUEUE_DELAY
+        if node is not None and killed and self.config.return_to_service == RETURN_TO_SERVICE_ALL:
+            node.down = False
         return killed
 
     def set_drain(self, name: str, drain: bool) -> None:
