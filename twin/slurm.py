@@ -340,7 +340,8 @@ class Slurmctld:
         scheduling pass, 3 to 28 s after the down (tests/engines/test_slurm_states.py). The twin's
         slurmd always answers until node_gone, and it returns the node at once. A node set down with
         no job gets no kill, so it stays down here; the real one returns at its next ping
-        (ping_nodes.c), which no scenario waits for."""
+        (ping_nodes.c), which no scenario waits for. A failed node (`failed`) has no slurmd to
+        answer the kill, so it stays down whatever ReturnToService says."""
         node = self.nodes.get(name)
         if node is not None:
             node.down = True
@@ -351,7 +352,7 @@ class Slurmctld:
             job.restarts += 1
             job.failovers += failed
             job.eligible_at = now + REQUEUE_DELAY
-        if node is not None and killed and self.config.return_to_service == RETURN_TO_SERVICE_ALL:
+        if node is not None and killed and not failed and self.config.return_to_service == RETURN_TO_SERVICE_ALL:
             node.down = False
         return killed
 
