@@ -731,7 +731,10 @@ class Settings:
             "0.19.2",
             "Kueue Helm chart version (oci://registry.k8s.io/kueue/charts/kueue), the admission point for Kubernetes GPU work.",
             "0.19",
-            "the tested minor: the v1beta2 queues and the manager configuration the program writes are those of 0.19",
+            "the tested minor: the v1beta2 queues and the manager configuration the program writes are those of 0.19; "
+            "0.19.0 lacks the fix of a permanently inflated pending-GPU metric the scaler reads "
+            "(kubernetes-sigs/kueue #13756, in 0.19.1)",
+            first_patch=1,
         )
     )
     # GPU fairness between HPC (slurmd pods) and AI (queued jobs), both admitted by Kueue: components/kueue.py

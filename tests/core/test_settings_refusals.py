@@ -987,6 +987,13 @@ WHOLE_LINES = [
         'kubePrometheusStackVersion: "79.0.0" is not allowed; expected a release 80.N.N (MAJOR.MINOR.PATCH in ASCII '
         "digits): the tested chart major (a new major changes CRDs and values); e.g. 80.14.4",
     ),
+    (
+        {"kueueVersion": "0.19.0"},
+        'kueueVersion: "0.19.0" is not allowed; expected a release 0.19.N (MAJOR.MINOR.PATCH in ASCII digits, N '
+        "from 1): the tested minor: the v1beta2 queues and the manager configuration the program writes are those "
+        "of 0.19; 0.19.0 lacks the fix of a permanently inflated pending-GPU metric the scaler reads "
+        "(kubernetes-sigs/kueue #13756, in 0.19.1); e.g. 0.19.2",
+    ),
     ({"zzzz": "1"}, 'zzzz: "1" is not a setting of gpu-testbed'),
     (
         {"aws:region": "eu-west-1"},
