@@ -18,6 +18,8 @@ from core import user_files
 from core.names import (
     AMP_WORKSPACE_TYPE_TOKEN,
     DEFAULT_PARTITION,
+    FAIR_SHARE_CONTROLLER,
+    FAIR_SHARE_NAMESPACE,
     INSTANCE_TYPE_TOKEN,
     REMOTE_COMMAND_TYPE_TOKEN,
     SLURM_CHART,
@@ -253,7 +255,10 @@ def plan_text(rec: Recording) -> str:
         for line in slurmd_scaling.bounds_lines(bounds, names.slurm_job_max_minutes, names.ai_job_max_minutes)
     ]
     contract = fair_share.contract_lines(
-        names.shares.hpc_gpus, names.shares.ai_guaranteed_gpus, slurmd_scaling.FAIR_SHARE, slurmd_scaling.DEFAULT_POLICY
+        names.shares.hpc_gpus,
+        names.shares.ai_guaranteed_gpus,
+        slurmd_scaling.DEFAULT_POLICY,
+        f"{FAIR_SHARE_NAMESPACE}/{FAIR_SHARE_CONTROLLER}",
     )
     lines += ["  " + line for line in contract]
     policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]
