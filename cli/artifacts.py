@@ -20,6 +20,7 @@ from core.names import (
     DEFAULT_PARTITION,
     FAIR_SHARE_CONTROLLER,
     FAIR_SHARE_NAMESPACE,
+    IAM_ROLE_TYPE_TOKEN,
     INSTANCE_TYPE_TOKEN,
     REMOTE_COMMAND_TYPE_TOKEN,
     SLURM_CHART,
@@ -172,12 +173,15 @@ def guard_lines(rec: Recording, cost: CostEstimate) -> list[str]:
     """Where the evidence lives and what watches the bill, as registered."""
     lines = []
     workspaces, grants = rec.of_type(AMP_WORKSPACE_TYPE_TOKEN), rec.of_type(IAM_ROLE_POLICY)
+    roles = rec.of_type(IAM_ROLE_TYPE_TOKEN)
     for workspace in workspaces:
         kept = "kept after `pulumi destroy`" if workspace.options.get("retainOnDelete") else "deleted with the stack"
         actions = sorted({s["Action"] for g in grants for s in json.loads(g.inputs["policy"])["Statement"]})
+        boundaries = sorted({r.inputs["permissionsBoundary"].rpartition(":policy/")[2] for r in roles})
         lines.append(
             f"evidence: AMP workspace {workspace.inputs['alias']} ({kept}); the control node's Prometheus "
-            f"remote-writes the evidence series with {', '.join(actions)} on that workspace only"
+            f"remote-writes the evidence series with {', '.join(actions)} on that workspace only, within the "
+            f"boundary {', '.join(boundaries)} an administrator creates once per account (preflight checks it)"
         )
     if not workspaces:
         lines.append(

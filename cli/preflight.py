@@ -9,16 +9,18 @@ connection to AWS.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cli import as_typed, checklist, typed_command
 from cli.checklist import FAIL, OK, UNKNOWN, WARN, Check
-from core.names import AMP_WORKSPACE_TYPE_TOKEN, INSTANCE_TYPE_TOKEN
+from core.names import AMP_WORKSPACE_TYPE_TOKEN, IAM_ROLE_TYPE_TOKEN, INSTANCE_TYPE_TOKEN
 from core.settings import PROJECT, Settings, SettingsError, redacted
 from stacks import offline
 from stacks.infrastructure import ZoneError, choose_zone
@@ -26,6 +28,8 @@ from stacks.infrastructure import ZoneError, choose_zone
 EXIT_BAD_INPUT = checklist.EXIT_BAD_INPUT
 
 GET_AMI = "aws:ec2/getAmi:getAmi"
+# The administrator's writer boundary as the repository ships it (docs/security-and-day2.md)
+WRITER_BOUNDARY_FILE = Path(__file__).resolve().parents[1] / "iam" / "writer-boundary.json"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class Needs:
     ami_lookup: dict[str, Any] | None  # the program's getAmi arguments; None when amiId is pinned
     stack: str = field(default="dev")
     workspaces: tuple[str, ...] = ()  # the AMP workspaces' aliases (managedPrometheus); none when false
+    boundaries: tuple[str, ...] = ()  # the policy names the program's roles take as boundary; none when false
 
 
 def needs(rec: offline.Recording) -> Needs:
@@ -88,6 +93,9 @@ def needs(rec: offline.Recording) -> Needs:
         ami_lookup=None if rec.settings.ami_id else rec.invoke_args.get(GET_AMI),
         stack=rec.settings.stack,
         workspaces=tuple(r.inputs["alias"] for r in rec.of_type(AMP_WORKSPACE_TYPE_TOKEN)),
+        boundaries=tuple(
+            r.inputs["permissionsBoundary"].rpartition(":policy/")[2] for r in rec.of_type(IAM_ROLE_TYPE_TOKEN)
+        ),
     )
 
 
@@ -194,6 +202,7 @@ class Preflight:
         self.s, self.need, self.session = s, need, session
         self.checks: list[Check] = []
         self.ec2 = self._client("ec2")
+        self.account = ""  # the caller's, from the identity check
 
     def _client(self, service: str) -> Any:
         """A client with the bounded waits, or Unreachable for a configuration botocore refuses
@@ -208,7 +217,7 @@ class Preflight:
     def run(self) -> list[Check]:
         self._identity()
         steps = (self._region, self._zone, self._ami, self._vcpus, self._addresses, self._vpcs, self._key_pair)
-        for step in (*steps, self._managed_prometheus):
+        for step in (*steps, self._managed_prometheus, self._writer_boundary):
             self._guarded(step)
         return self.checks
 
@@ -260,6 +269,7 @@ class Preflight:
             ) from None
         except BotoCoreError as error:  # credentials botocore cannot use: a key id without its secret
             raise Unreachable(f"aws configuration: {error}") from None
+        self.account = who["Account"]
         self.checks.append(Check("credentials", OK, f"account {who['Account']} as {who['Arn']}"))
 
     def _region(self) -> None:
@@ -439,6 +449,35 @@ class Preflight:
                         "managed prometheus", OK, f"answers in {self.s.region}; `pulumi up` creates workspace {alias}"
                     )
                 )
+
+    def _writer_boundary(self) -> None:
+        """The administrator created the writer role's boundary in this account, as the repository
+        ships it: without it `pulumi up` stops at CreateRole; with other content it allows what the
+        attack table says it refuses (docs/security-and-day2.md)."""
+        for name in self.need.boundaries:
+            arn = f"arn:aws:iam::{self.account}:policy/{name}"
+            create = (
+                f"aws iam create-policy --policy-name {name} "
+                "--policy-document file://iam/writer-boundary.json   # an administrator, once per account"
+            )
+            iam = self._client("iam")
+            try:
+                version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
+            except iam.exceptions.NoSuchEntityException:
+                self.checks.append(Check("writer boundary", FAIL, f"{arn} does not exist", create))
+                continue
+            # botocore decodes the URL-encoded document into a dict (botocore/handlers.py json_decode_policies)
+            document = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
+            if document != json.loads(WRITER_BOUNDARY_FILE.read_text()):
+                update = (
+                    f"aws iam create-policy-version --policy-arn {arn} --set-as-default "
+                    "--policy-document file://iam/writer-boundary.json   # an administrator"
+                )
+                self.checks.append(
+                    Check("writer boundary", FAIL, f"{arn} ({version}) differs from iam/writer-boundary.json", update)
+                )
+                continue
+            self.checks.append(Check("writer boundary", OK, f"{arn} ({version}) is iam/writer-boundary.json"))
 
 
 def verdict(checks: list[Check]) -> tuple[int, str]:

@@ -20,7 +20,8 @@ ADMIN_VALIDITY_HOURS = 365 * 24
 # Bound to cluster-admin by a ClusterRoleBinding `kubeadm init` creates (revocable, unlike
 # system:masters); the provider waits for the readiness gate, which comes after init.
 ADMIN_GROUP = "kubeadm:cluster-admins"
-ADMIN_USER = "testbed-admin"
+ADMIN_USER = "testbed-admin"  # the program's own (the Kubernetes provider's); never a stack output
+OPERATOR_USER = "testbed-operator"  # the operator's `kubeconfig` output: the same group, hours long
 
 
 def render_kubeconfig(
@@ -153,9 +154,25 @@ class ClusterIdentity(pulumi.ComponentResource):
             )
         )
 
-    def kubeconfig(self, cluster: str, server_ip: pulumi.Input[str], port: int) -> pulumi.Output[str]:
-        """The operator's: cluster-admin, for a year."""
+    def program_kubeconfig(self, cluster: str, server_ip: pulumi.Input[str], port: int) -> pulumi.Output[str]:
+        """The program's own, for the Kubernetes provider: cluster-admin for a year, never renewed by
+        `pulumi up`. A renewed certificate is unknown while `pulumi up` previews, and the provider
+        replaces itself, and so every Kubernetes object it manages, when its kubeconfig is unknown
+        (pulumi/pulumi-kubernetes provider/pkg/provider/provider.go DiffConfig: "We can't tell for
+        sure if a computed value has changed, so we make the conservative choice and force a
+        replacement"). It adds no exposure: the state that holds it holds the CA key too."""
         return self._render(cluster, server_ip, port, self._admin_key, self._admin_cert, ADMIN_USER)
+
+    def operator_kubeconfig(
+        self, validity_hours: int, cluster: str, server_ip: pulumi.Input[str], port: int
+    ) -> pulumi.Output[str]:
+        """The operator's: cluster-admin, for `validity_hours`, renewed by `pulumi up` after half
+        its life as the users' are (role_kubeconfig). Its own key and certificate, so renewing it
+        changes no input of the provider."""
+        key, cert = self._client_credentials(
+            "operator", OPERATOR_USER, ADMIN_GROUP, validity_hours, early_renewal_hours=validity_hours // 2
+        )
+        return self._render(cluster, server_ip, port, key, cert, OPERATOR_USER)
 
     def role_kubeconfig(
         self, role: UserRole, validity_hours: int, cluster: str, server_ip: pulumi.Input[str], port: int

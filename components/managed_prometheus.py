@@ -14,17 +14,13 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from core.names import writer_boundary_arn
+
 # The path a workspace's remote-write API lives under, below its prometheus_endpoint (which ends
 # in "/"): AWS "Amazon Managed Service for Prometheus User Guide", "Ingest Prometheus metrics to the
 # workspace" (https://aps-workspaces.REGION.amazonaws.com/workspaces/ID/api/v1/remote_write).
 REMOTE_WRITE_PATH = "api/v1/remote_write"
 WRITE_ACTION = "aps:RemoteWrite"
-# The role's permissions boundary: the AWS managed policy that allows aps:RemoteWrite and nothing
-# else. The deployer policy lets its holder create and change roles of this name only with this
-# boundary (iam/testbed-policy.json, condition iam:PermissionsBoundary), so those IAM rights can
-# never make a role that does more than write metrics: without it, CreateRole + PutRolePolicy +
-# PassRole on the name pattern would let the holder mint an administrator role.
-REMOTE_WRITE_BOUNDARY = "arn:aws:iam::aws:policy/AmazonPrometheusRemoteWriteAccess"
 
 
 def remote_write_url(prometheus_endpoint: str) -> str:
@@ -86,10 +82,17 @@ class ManagedPrometheus(pulumi.ComponentResource):
             alias=args.alias,
             opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.keep_on_destroy),
         )
+        # The boundary is the administrator's policy (core/names.py WRITER_BOUNDARY_POLICY, from
+        # iam/writer-boundary.json, once per account, in the account the provider deploys into):
+        # aps:RemoteWrite only into workspaces carrying the testbed's tag, with EC2 instance
+        # credentials only. The deployer may create this role only with it, and may neither edit
+        # nor drop it (iam/testbed-policy.json); IAM has no condition on a trust policy's content,
+        # so a role made with another trust, an outside account's say, gets no more than that.
+        account = aws.get_caller_identity_output(opts=pulumi.InvokeOptions(parent=self)).account_id
         self.role = aws.iam.Role(
             f"{name}-writer-role",
             assume_role_policy=trust_policy(),
-            permissions_boundary=REMOTE_WRITE_BOUNDARY,
+            permissions_boundary=account.apply(writer_boundary_arn),
             description="the testbed control node's Prometheus: remote-write to the stack's AMP workspace only",
             opts=child,
         )

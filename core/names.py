@@ -94,7 +94,17 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on
 # Pulumi resource types the program creates and the tools find again in a plan or a stack's state.
 INSTANCE_TYPE_TOKEN = "aws:ec2/instance:Instance"
 AMP_WORKSPACE_TYPE_TOKEN = "aws:amp/workspace:Workspace"
+IAM_ROLE_TYPE_TOKEN = "aws:iam/role:Role"
 REMOTE_COMMAND_TYPE_TOKEN = "command:remote:Command"
+
+# The evidence writer role's permissions boundary: a customer-managed policy an administrator
+# creates once per account from iam/writer-boundary.json (docs/security-and-day2.md); the program
+# names it, the deployer policy may create the role only with it, preflight checks it is there.
+WRITER_BOUNDARY_POLICY = "testbed-evidence-writer-boundary"
+
+
+def writer_boundary_arn(account: str) -> str:
+    return f"arn:aws:iam::{account}:policy/{WRITER_BOUNDARY_POLICY}"
 
 
 def helm_fullname(release: str, chart: str = SLURM_CHART) -> str:

@@ -803,12 +803,13 @@ class Settings:
             "true or false",
         )
     )
-    # The HPC and AI users' kubeconfigs (components/user_roles.py, docs/security-and-day2.md)
+    # The operator's, HPC and AI users' kubeconfigs (components/cluster_identity.py, user_roles.py,
+    # docs/security-and-day2.md)
     role_credential_hours: int = field(
         metadata=_declared(
             8,
-            "Hours the hpcKubeconfig and aiKubeconfig client certificates are valid; `pulumi up` issues new ones "
-            "once half of that has passed.",
+            "Hours the kubeconfig (the operator's cluster-admin), hpcKubeconfig and aiKubeconfig client "
+            "certificates are valid; `pulumi up` issues new ones once half of that has passed.",
             "1 to 168 (a week)",
             _int_range(1, 168),
         )

@@ -52,7 +52,7 @@ def lives_and_dies_with(node: pulumi.Resource) -> pulumi.ResourceTransformation:
 @dataclass
 class ClusterAccess:
     gate: ReadinessGate
-    kubeconfig: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]  # the operator's, short-lived; the provider has its own
     provider: k8s.Provider
     control_connection: command.remote.ConnectionArgs  # for later steps that run on the control node
     role_kubeconfigs: dict[str, pulumi.Output[str]]  # the HPC and AI users', by stack output name
@@ -161,7 +161,11 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
         ),
     )
     cluster_name, port = f"testbed-{s.stack}", host_layout.API_SERVER_PORT
-    kubeconfig = identity.kubeconfig(cluster_name, infra.control.public_ip, port)
+    # the provider's credential and the operator's differ: see ClusterIdentity.program_kubeconfig
+    program_kubeconfig = identity.program_kubeconfig(cluster_name, infra.control.public_ip, port)
+    operator_kubeconfig = identity.operator_kubeconfig(
+        s.role_credential_hours, cluster_name, infra.control.public_ip, port
+    )
     role_kubeconfigs = {
         role.output: identity.role_kubeconfig(
             role, s.role_credential_hours, cluster_name, infra.control.public_ip, port
@@ -170,14 +174,14 @@ def build_access(s: Settings, infra: Infrastructure, identity: ClusterIdentity) 
     }
     provider = k8s.Provider(
         "testbed-k8s",
-        kubeconfig=kubeconfig,
+        kubeconfig=program_kubeconfig,
         # a cluster that is already gone must not block `pulumi destroy`
         delete_unreachable=True,
         opts=pulumi.ResourceOptions(depends_on=[gate]),
     )
     return ClusterAccess(
         gate=gate,
-        kubeconfig=kubeconfig,
+        kubeconfig=operator_kubeconfig,
         provider=provider,
         control_connection=infra.control_connection(DIAL_ERROR_LIMIT),
         role_kubeconfigs=role_kubeconfigs,

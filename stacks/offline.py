@@ -228,6 +228,13 @@ class TestbedMocks(pulumi.runtime.Mocks):
                 "imageId": "ami-0placeholder000000",
                 "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-placeholder",
             }
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {
+                "id": PLACEHOLDER_ACCOUNT,
+                "accountId": PLACEHOLDER_ACCOUNT,
+                "arn": f"arn:aws:iam::{PLACEHOLDER_ACCOUNT}:user/placeholder",
+                "userId": "AIDAPLACEHOLDER",
+            }
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
             # Offline, nobody knows which zones offer the type: every zone the settings accept
             # does, so the plan refuses no zone on made-up data; preflight asks AWS (plan_header).

@@ -30,6 +30,7 @@ BUDGET = "aws:budgets/budget:Budget"
 # Invokes
 GET_AMI = "aws:ec2/getAmi:getAmi"
 GET_INSTANCE_TYPE_OFFERINGS = "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"
+GET_CALLER_IDENTITY = "aws:index/getCallerIdentity:getCallerIdentity"
 
 # Cluster identity (pulumi-tls, pulumi-random)
 PRIVATE_KEY = "tls:index/privateKey:PrivateKey"

@@ -5,6 +5,7 @@ backend; a quota they do not set reads as unknown, as an unreadable one does on 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from datetime import UTC, datetime
 
@@ -14,6 +15,7 @@ from botocore.exceptions import ClientError
 
 from cli import preflight
 from components import ec2 as ec2_component
+from core.names import WRITER_BOUNDARY_POLICY
 from core.settings import load
 from tests.conftest import config, run_program
 
@@ -91,6 +93,13 @@ def ubuntu_image(name_suffix: str = "20261120", image_id: str = "ami-0123456789a
     )
 
 
+def admin_boundary(session, document: dict | None = None) -> str:
+    """The writer boundary as the README's administrator step creates it (or with other content)."""
+    text = json.dumps(document) if document else preflight.WRITER_BOUNDARY_FILE.read_text()
+    iam = session.client("iam", region_name=REGION)
+    return iam.create_policy(PolicyName=WRITER_BOUNDARY_POLICY, PolicyDocument=text)["Policy"]["Arn"]
+
+
 def run(session, need, **settings) -> dict[str, preflight.Check]:
     """The checks by name; vCPU checks by name and quota."""
     checks = preflight.Preflight(load(config(**settings), offline=True), need, session).run()
@@ -110,6 +119,7 @@ def test_needs_come_from_the_program(recorded, spot_run):
 def test_a_ready_account(aws, recorded):
     session, _ = aws
     ubuntu_image()
+    admin_boundary(session)
     checks = run(session, recorded)
     assert {c.status for c in checks.values()} == {preflight.OK}, [c.lines() for c in checks.values()]
     assert "account 123456789012" in checks["credentials"].detail
@@ -152,6 +162,7 @@ def test_spot_workers_count_against_the_spot_quota(aws, recorded, spot_run):
 def test_unreadable_quota_is_unknown_not_a_crash(aws, recorded):
     session, quotas = aws
     ubuntu_image()
+    admin_boundary(session)
     del quotas["ec2", "L-0263D0A3"]
     checks = run(session, recorded)
     assert checks["elastic IPs"].status == preflight.UNKNOWN and "unreadable" in checks["elastic IPs"].detail
@@ -270,6 +281,7 @@ def test_cli_prints_one_line_per_check_and_the_verdict(aws, default_run, capsys,
     session, quotas = aws
     monkeypatch.setattr(preflight.offline, "run", lambda config, stack: default_run)  # the same program, recorded once
     ubuntu_image()
+    admin_boundary(session)
     quotas["ec2", "L-DB2E81BA"] = 0
     assert preflight.main(["--config", "adminCidr=1.2.3.4/32"], session=session) == 1
     lines = capsys.readouterr().out.splitlines()
@@ -283,6 +295,7 @@ def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, recorded
 
     session, _ = aws
     ubuntu_image()
+    admin_boundary(session)
     calls: set[str] = set()
 
     def note(model, **_):
@@ -340,3 +353,38 @@ def test_managed_prometheus_false_asks_nothing_of_amp(aws):
     need = preflight.needs(run_program(managedPrometheus=False))
     assert need.workspaces == ()
     assert "managed prometheus" not in run(session, need, managedPrometheus=False)
+
+
+def test_the_writer_boundary_the_program_names_is_checked_in_the_callers_account(aws, recorded):
+    """Missing: `pulumi up` would stop at CreateRole, so preflight fails with the administrator's
+    command. Present with other content (an older or hand-edited boundary): fails with the
+    command that makes iam/writer-boundary.json its default version. As shipped: ok."""
+    session, _ = aws
+    ubuntu_image()
+    (name,) = recorded.boundaries  # the policy the program's writer role takes as its boundary
+    assert name == WRITER_BOUNDARY_POLICY
+    missing = run(session, recorded)["writer boundary"]
+    arn = f"arn:aws:iam::123456789012:policy/{name}"  # moto's account, as the identity check read it
+    assert missing.status == preflight.FAIL and missing.detail == f"{arn} does not exist"
+    assert missing.remedy.startswith(
+        f"aws iam create-policy --policy-name {name} --policy-document file://iam/writer-boundary.json"
+    )
+    shipped = json.loads(preflight.WRITER_BOUNDARY_FILE.read_text())
+    (allow,) = shipped["Statement"]
+    wider = {**shipped, "Statement": [{**allow, "Condition": {}}]}  # remote-write into every workspace
+    assert admin_boundary(session, wider) == arn
+    check = run(session, recorded)["writer boundary"]
+    assert check.status == preflight.FAIL and check.detail == f"{arn} (v1) differs from iam/writer-boundary.json"
+    assert check.remedy.startswith(f"aws iam create-policy-version --policy-arn {arn} --set-as-default ")
+    iam = session.client("iam", region_name=REGION)
+    iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(shipped), SetAsDefault=True)
+    check = run(session, recorded)["writer boundary"]
+    assert (check.status, check.detail) == (preflight.OK, f"{arn} (v2) is iam/writer-boundary.json")
+
+
+def test_managed_prometheus_false_needs_no_writer_boundary(aws):
+    session, _ = aws
+    ubuntu_image()
+    need = preflight.needs(run_program(managedPrometheus=False))
+    assert need.boundaries == ()
+    assert "writer boundary" not in run(session, need, managedPrometheus=False)

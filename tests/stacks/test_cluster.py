@@ -43,16 +43,44 @@ def test_gate_runs_the_readiness_script_on_the_control_node_as_ubuntu(default_ru
 
 
 def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_client_cert(default_run):
+    """The `kubeconfig` output is the operator's: its own certificate, not the provider's."""
     kubeconfig = yaml.safe_load(default_run.outputs["kubeconfig"])
     (eip,) = by_type(default_run, tokens.EIP)
     (ca_cert,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
-    admin_cert = default_run.named("testbed-identity-admin-cert")
+    operator_cert = default_run.named("testbed-identity-operator-cert")
     cluster = kubeconfig["clusters"][0]["cluster"]
     assert cluster["server"] == f"https://{eip.outputs['publicIp']}:{host_layout.API_SERVER_PORT}"
     assert base64.b64decode(cluster["certificate-authority-data"]).decode() == ca_cert.outputs["certPem"]
     user = kubeconfig["users"][0]["user"]
-    assert base64.b64decode(user["client-certificate-data"]).decode() == admin_cert.outputs["certPem"]
+    assert base64.b64decode(user["client-certificate-data"]).decode() == operator_cert.outputs["certPem"]
     assert kubeconfig["current-context"] == kubeconfig["contexts"][0]["name"]
+
+
+def test_the_operators_certificate_is_short_lived_and_the_providers_is_not(default_run):
+    """The operator's lasts roleCredentialHours and `pulumi up` renews it after half; the
+    provider's lasts a year and nothing renews it, because a renewed certificate is unknown at
+    preview and pulumi-kubernetes replaces a provider whose kubeconfig is unknown, and with it
+    every object it manages (components/cluster_identity.py program_kubeconfig). So the provider's
+    kubeconfig holds the program's certificate and key, never the operator's."""
+    hours = default_run.settings.role_credential_hours
+    operator = default_run.named("testbed-identity-operator-cert")
+    assert operator.inputs["validityPeriodHours"] == hours < 24
+    assert 0 < operator.inputs["earlyRenewalHours"] < hours
+    operator_csr = default_run.named("testbed-identity-operator-csr")
+    assert reveal(operator_csr.inputs["subject"]) == {
+        "commonName": cluster_identity.OPERATOR_USER,
+        "organization": cluster_identity.ADMIN_GROUP,  # cluster-admin, as kubeadm binds it
+    }
+    program = default_run.named("testbed-identity-admin-cert")
+    assert "earlyRenewalHours" not in program.inputs and program.inputs["validityPeriodHours"] == 365 * 24
+    (provider,) = by_type(default_run, tokens.KUBERNETES_PROVIDER)
+    given = yaml.safe_load(reveal(provider.inputs["kubeconfig"]))["users"][0]["user"]
+    assert base64.b64decode(given["client-certificate-data"]).decode() == program.outputs["certPem"]
+    keys = {k.name: k.outputs["privateKeyPem"] for k in by_type(default_run, tokens.PRIVATE_KEY)}
+    assert base64.b64decode(given["client-key-data"]).decode() == keys["testbed-identity-admin-key"]
+    output = yaml.safe_load(default_run.outputs["kubeconfig"])["users"][0]["user"]
+    assert base64.b64decode(output["client-key-data"]).decode() == keys["testbed-identity-operator-key"]
+    assert keys["testbed-identity-operator-key"] != keys["testbed-identity-admin-key"]
 
 
 def test_admin_certificate_is_a_revocable_cluster_admin_signed_by_the_cluster_ca(default_run):
@@ -190,7 +218,7 @@ def test_the_kubeconfig_loads_in_the_kubernetes_client_with_every_credential(def
     keys = {k.name: k for k in by_type(default_run, tokens.PRIVATE_KEY)}
     (eip,) = by_type(default_run, tokens.EIP)
     (ca_cert,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
-    admin_cert = default_run.named("testbed-identity-admin-cert")
+    operator_cert = default_run.named("testbed-identity-operator-cert")
     assert loaded.host == f"https://{eip.outputs['publicIp']}:6443"
     assert loaded.verify_ssl is True
     # the loader decodes each *-data field into a file of its own
@@ -198,8 +226,8 @@ def test_the_kubeconfig_loads_in_the_kubernetes_client_with_every_credential(def
     read = {what: Path(path).read_text() for what, path in read.items()}
     assert read == {
         "ca": ca_cert.outputs["certPem"],
-        "cert": admin_cert.outputs["certPem"],
-        "key": keys["testbed-identity-admin-key"].outputs["privateKeyPem"],
+        "cert": operator_cert.outputs["certPem"],
+        "key": keys["testbed-identity-operator-key"].outputs["privateKeyPem"],
     }
 
 

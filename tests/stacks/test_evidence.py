@@ -68,6 +68,20 @@ def test_the_grant_is_remote_write_on_that_workspace_on_the_control_nodes_role_o
     assert holders and set(holders.values()) == {None}, "a GPU worker got AWS credentials"
 
 
+def test_the_role_is_bounded_by_the_administrators_policy_in_the_account_it_is_made_in(default_run):
+    """The boundary ARN is built from the account the stack's own provider answers with (its
+    caller identity), which is the account the workspace was made in; the policy name is the
+    one the deployer policy and preflight expect."""
+    (role,) = by_type(default_run, tokens.IAM_ROLE)
+    (workspace,) = by_type(default_run, tokens.AMP_WORKSPACE)
+    (provider,) = by_type(default_run, tokens.AWS_PROVIDER)
+    asked = [ref for token, ref in default_run.invokes if token == tokens.GET_CALLER_IDENTITY]
+    assert asked == [role.provider] and role.provider.startswith(provider.urn + "::")
+    account = workspace.outputs["arn"].split(":")[4]
+    assert role.inputs["permissionsBoundary"] == f"arn:aws:iam::{account}:policy/testbed-evidence-writer-boundary"
+    assert account == offline.PLACEHOLDER_ACCOUNT  # what the engine's identity answered, not a setting
+
+
 def test_hop_limit_1_on_every_node_and_prometheus_in_the_control_nodes_network(default_run):
     roles = {i.inputs["tags"]["testbed:role"]: i for i in by_type(default_run, tokens.INSTANCE)}
     assert set(roles) == {"control-plane", "gpu-worker"}
@@ -227,7 +241,8 @@ def test_plan_says_where_the_evidence_lives_and_what_watches_the_bill(default_ru
     lines = artifacts.guard_lines(default_run, pricing.estimate(default_run.settings))
     assert lines == [
         "evidence: AMP workspace gpu-testbed-dev (kept after `pulumi destroy`); the control node's Prometheus "
-        "remote-writes the evidence series with aps:RemoteWrite on that workspace only",
+        "remote-writes the evidence series with aps:RemoteWrite on that workspace only, within the boundary "
+        "testbed-evidence-writer-boundary an administrator creates once per account (preflight checks it)",
         "budget: none (set budgetMonthlyUsd and budgetEmail for a cost alarm)",
     ]
     assert artifacts.guard_lines(without_evidence, pricing.estimate(without_evidence.settings))[0].startswith(

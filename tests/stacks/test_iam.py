@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.names import WRITER_BOUNDARY_POLICY
 from tests.conftest import run_program
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,10 +57,12 @@ def statements_granting(action: str) -> list[dict]:
 
 def test_iam_and_budget_actions_reach_only_the_programs_own_role_profile_and_budget(default_run, budget_run):
     """Resource patterns are the Pulumi names the program registers plus the engine's auto-name suffix."""
+    boundary = default_run.named("testbed-evidence-writer-role").inputs["permissionsBoundary"]
     registered = {
-        "role": default_run.named("testbed-evidence-writer-role"),
-        "instance-profile": default_run.named("testbed-evidence-writer-profile"),
-        "budget": budget_run.of_type("aws:budgets/budget:Budget")[0],
+        "role": default_run.named("testbed-evidence-writer-role").name,
+        "instance-profile": default_run.named("testbed-evidence-writer-profile").name,
+        "budget": budget_run.of_type("aws:budgets/budget:Budget")[0].name,
+        "policy": boundary.rpartition(":policy/")[2],  # the administrator's, which the role names
     }
     for s in POLICY["Statement"]:
         services = {a.split(":")[0] for a in s["Action"]}
@@ -67,26 +70,38 @@ def test_iam_and_budget_actions_reach_only_the_programs_own_role_profile_and_bud
             continue  # the spot statement, checked by its own condition
         if services & {"iam", "budgets"}:
             assert len(services) == 1, s["Sid"]
-            (kind, name) = re.fullmatch(r"arn:aws:(?:iam|budgets)::\*:([a-z-]+)/(.+)-\*", s["Resource"]).groups()
-            assert name == registered[kind].name, s["Sid"]
+            (kind, name) = re.fullmatch(r"arn:aws:(?:iam|budgets)::\*:([a-z-]+)/(.+?)(?:-\*)?", s["Resource"]).groups()
+            assert name == registered[kind], s["Sid"]
+            # a policy by its exact name (the boundary), nothing else by name without the auto-name suffix
+            assert (kind == "policy") == (not s["Resource"].endswith("-*")), s["Sid"]
     (passing,) = statements_granting("iam:PassRole")
     assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
     # the nodes' role may only write to the workspace, which is the program's, not this policy's, grant
     assert "aps:RemoteWrite" not in granted()
 
 
-def test_roles_are_created_and_given_policies_only_within_the_remote_write_boundary(default_run):
-    """CreateRole, PutRolePolicy and DeleteRolePolicy only with the boundary the program's role carries,
-    and nothing that changes or drops a boundary: the deployer can never mint a role that does more
-    than remote-write metrics (AWS IAM condition key iam:PermissionsBoundary)."""
-    boundary = default_run.named("testbed-evidence-writer-role").inputs["permissionsBoundary"]
-    assert boundary.endswith(":policy/AmazonPrometheusRemoteWriteAccess")
-    for action in ("iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy"):
-        for s in statements_granting(action):
-            assert s["Condition"] == {"StringEquals": {"iam:PermissionsBoundary": boundary}}, (action, s["Sid"])
-    assert (
-        not {"iam:PutRolePermissionsBoundary", "iam:DeleteRolePermissionsBoundary", "iam:AttachRolePolicy"} & granted()
-    )
+def test_roles_are_created_and_given_policies_only_within_the_administrators_boundary(default_run):
+    """CreateRole, PutRolePolicy, DeleteRolePolicy and PutRolePermissionsBoundary only with the
+    boundary the program's role carries, in the caller's own account (the policy variable
+    aws:PrincipalAccount), and nothing that drops a boundary, attaches a policy or writes one: the
+    deployer can never mint a role that does more than the boundary allows (AWS IAM condition
+    key iam:PermissionsBoundary; test_iam_attacks.py evaluates it)."""
+    role = default_run.named("testbed-evidence-writer-role")
+    boundary = role.inputs["permissionsBoundary"]
+    (workspace,) = default_run.of_type("aws:amp/workspace:Workspace")
+    account = workspace.outputs["arn"].split(":")[4]  # where the workspace lives, as the engine returned it
+    assert "aws:index/getCallerIdentity:getCallerIdentity" in default_run.invoke_args  # the deploying account
+    assert boundary == f"arn:aws:iam::{account}:policy/{WRITER_BOUNDARY_POLICY}"
+    as_the_policy_names_it = boundary.replace(f"::{account}:", "::${aws:PrincipalAccount}:")
+    for action in ("iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:PutRolePermissionsBoundary"):
+        (s,) = statements_granting(action)
+        assert s["Condition"] == {"StringEquals": {"iam:PermissionsBoundary": as_the_policy_names_it}}, action
+    assert not {"iam:DeleteRolePermissionsBoundary", "iam:AttachRolePolicy"} & granted()
+    # on policies: read the boundary (preflight), nothing else
+    on_policies = {a for s in POLICY["Statement"] if ":policy/" in str(s["Resource"]) for a in s["Action"]}
+    assert on_policies == {"iam:GetPolicy", "iam:GetPolicyVersion"}
+    written = {a for a in granted() if re.fullmatch(r"iam:(Create|Delete|Set|Put|Attach)\w*Polic\w*", a)}
+    assert written == {"iam:PutRolePolicy", "iam:DeleteRolePolicy"}  # inline, on the bounded role only
 
 
 def test_every_change_create_and_delete_is_limited_to_the_providers_default_tag(default_run):

@@ -1,44 +1,70 @@
 """The deployer policy reaches only the testbed: each attack path of issue 30 is refused, and the
 program's own calls are allowed, as moto's IAM policy evaluator decides them, statement by statement.
+The writer role's boundary (iam/writer-boundary.json) is evaluated the same way, with the role's
+own policy, for what any session of that role may do, whoever its trust lets in.
 
 Where moto's evaluator ends (moto 5.2.5 moto/iam/access_control.py IAMPolicyStatement and
 moto/iam/policy_conditions.py), and what this module does past it:
-* moto implements one condition operator, StringEquals, and passes any other: the policy may use
-  only StringEquals (checked below), so no condition is waved through;
+* moto implements one condition operator, StringEquals, and passes any other: the deployer policy
+  may use only StringEquals (checked below), so no condition is waved through; the boundary also
+  uses Null, which `permits` evaluates here (AWS: "true" holds when the key is absent, "false"
+  when it is present) before moto sees the statement;
+* moto compares a policy variable such as ${aws:PrincipalAccount} as literal text: `permits`
+  resolves the one variable the policies use to the caller's account first, as AWS does (IAM User
+  Guide, "IAM policy elements: Variables and tags": variables in string condition values);
 * moto reads only sts:ExternalId from a request, and skips a key the request lacks: here every
-  request carries every condition key the policy names, an absent one as a value no policy holds
-  (in AWS a missing key fails StringEquals);
+  request carries every condition key the policies name, an absent one as a value no policy holds
+  (in AWS a missing key fails StringEquals); so iam:PermissionsBoundary is the value the request
+  names (CreateRole, PutRolePermissionsBoundary) or the role already has (PutRolePolicy,
+  DeleteRolePolicy), as the Service Authorization Reference describes the key;
 * moto treats an Allow statement whose condition fails as an explicit deny of the whole request:
   here each statement is asked alone and, as AWS does, any statement that allows it allows it;
 * AWS authorises a call once per resource it touches (RunInstances: the instance, its volume,
   interface, subnet, security group, key pair and image): a request here lists each resource ARN
-  with its own context, and is allowed only when each one is.
+  with its own context, and is allowed only when each one is;
+* moto never reads a role's permissions boundary (access_control.py has no mention of one), and
+  fills iam:PermissionsBoundary from no request (utils.py format_incoming_conditional_values):
+  a role's session is allowed what both its own policy and its boundary allow (IAM User Guide,
+  "Permissions boundaries for IAM entities"), so `role_may` asks moto about both.
 What only AWS shows: which resources and context keys each call really carries (Service
-Authorization Reference tables), and the Terraform provider tagging on create, which this
-module takes as the reference lists them.
+Authorization Reference tables), the Terraform provider tagging on create, which this module takes
+as the reference lists them, and that AMP's RemoteWrite sees aws:Ec2InstanceSourceVPC in the
+request context of the control node's instance credentials.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import parliament
 import pytest
 from moto.iam.access_control import IAMPolicyStatement, PermissionResult
 
 from components.ec2 import UBUNTU_OWNER
+from components.managed_prometheus import write_policy
+from core.names import writer_boundary_arn
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = json.loads((ROOT / "iam" / "testbed-policy.json").read_text())
+BOUNDARY_POLICY = json.loads((ROOT / "iam" / "writer-boundary.json").read_text())
 TAG_KEY, TAG_VALUE = "testbed:project", "gpu-testbed"
 ABSENT = "<absent>"
 ACCOUNT = "123456789012"
-BOUNDARY = "arn:aws:iam::aws:policy/AmazonPrometheusRemoteWriteAccess"
+OUTSIDE_ACCOUNT = "999988887777"
+BOUNDARY = writer_boundary_arn(ACCOUNT)  # what the program names (tests/stacks/test_iam.py)
+OLD_BOUNDARY = "arn:aws:iam::aws:policy/AmazonPrometheusRemoteWriteAccess"  # aps:RemoteWrite on "*"
+ADMIN = "arn:aws:iam::aws:policy/AdministratorAccess"
+WRITER_ROLE = f"arn:aws:iam::{ACCOUNT}:role/testbed-evidence-writer-role-1a2b"
+VARIABLES = {"${aws:PrincipalAccount}": ACCOUNT}  # the caller's account, in every request
+INSTANCE_CREDENTIALS = {"aws:Ec2InstanceSourceVPC": "vpc-1"}  # credentials IMDS handed to an instance
 
 
 def condition_keys() -> set[str]:
-    return {key for s in POLICY["Statement"] for op in s.get("Condition", {}).values() for key in op}
+    policies = (POLICY, BOUNDARY_POLICY)
+    return {key for p in policies for s in p["Statement"] for op in s.get("Condition", {}).values() for key in op}
 
 
 def arn(kind: str, ident: str, service="ec2") -> str:
@@ -63,12 +89,34 @@ class On:
         return {key: known.get(key, ABSENT) for key in condition_keys()}
 
 
+def resolved(value: str | list[str]) -> str | list[str]:
+    if isinstance(value, list):
+        return [resolved(v) for v in value]
+    for variable, known in VARIABLES.items():
+        value = value.replace(variable, known)
+    assert "${" not in value, value  # a variable this evaluator does not know
+    return value
+
+
+def permits(statement: dict, action: str, on: On) -> bool:
+    """One Allow statement, as AWS evaluates it: Null and the policy variables here, the rest by moto."""
+    condition = statement.get("Condition", {})
+    context = on.context()
+    for key, absent in condition.get("Null", {}).items():
+        if (context[key] == ABSENT) != (absent == "true"):
+            return False
+    strings = {key: resolved(value) for key, value in condition.get("StringEquals", {}).items()}
+    asked = {**statement, "Condition": {"StringEquals": strings}} if strings else dict(statement, Condition={})
+    return IAMPolicyStatement(asked).is_action_permitted(action, on.arn, None, context) == PermissionResult.PERMITTED
+
+
 def allowed(action: str, *resources: On) -> bool:
-    statements = [IAMPolicyStatement(s) for s in POLICY["Statement"]]
-    return all(
-        any(s.is_action_permitted(action, r.arn, None, r.context()) == PermissionResult.PERMITTED for s in statements)
-        for r in resources
-    )
+    return all(any(permits(s, action, r) for s in POLICY["Statement"]) for r in resources)
+
+
+def role_may(action: str, on: On, own_policy: dict) -> bool:
+    """A session of the writer role: what its own policy allows, within its boundary."""
+    return all(any(permits(s, action, on) for s in p["Statement"]) for p in (own_policy, BOUNDARY_POLICY))
 
 
 def instance(tagged=True, **keys) -> On:
@@ -90,10 +138,14 @@ def launch(
     )
 
 
-def test_the_policy_uses_only_what_the_evaluator_enforces():
+def test_the_policies_use_only_what_the_evaluator_enforces():
     operators = {op for s in POLICY["Statement"] for op in s.get("Condition", {})}
     assert operators == {"StringEquals"}
-    assert all(s["Effect"] == "Allow" for s in POLICY["Statement"])  # no Deny for moto to misjudge
+    assert {op for s in BOUNDARY_POLICY["Statement"] for op in s["Condition"]} == {"StringEquals", "Null"}
+    for policy in (POLICY, BOUNDARY_POLICY):
+        assert all(s["Effect"] == "Allow" for s in policy["Statement"])  # no Deny for moto to misjudge
+        variables = set(re.findall(r"\$\{[^}]*\}", json.dumps(policy)))
+        assert variables <= set(VARIABLES)
 
 
 # The program's own calls: deploy, change and destroy still work
@@ -123,12 +175,16 @@ DEPLOYS = {
     "terminate": ("ec2:TerminateInstances", instance()),
     "create the workspace": ("aps:CreateWorkspace", On(arn("workspace", "*", "aps"), request_tagged=True)),
     "delete the workspace": ("aps:DeleteWorkspace", On(arn("workspace", "ws-1", "aps"), tagged=True)),
-    "the writer role, bounded": (
-        "iam:CreateRole",
-        On(
-            f"arn:aws:iam::{ACCOUNT}:role/testbed-evidence-writer-role-1a2b", keys={"iam:PermissionsBoundary": BOUNDARY}
-        ),
+    "the writer role, bounded": ("iam:CreateRole", On(WRITER_ROLE, keys={"iam:PermissionsBoundary": BOUNDARY})),
+    "its write grant": ("iam:PutRolePolicy", On(WRITER_ROLE, keys={"iam:PermissionsBoundary": BOUNDARY})),
+    "pass it to the control node": ("iam:PassRole", On(WRITER_ROLE, keys={"iam:PassedToService": "ec2.amazonaws.com"})),
+    "a stack deployed with the old boundary takes the new one in place": (
+        "iam:PutRolePermissionsBoundary",
+        On(WRITER_ROLE, keys={"iam:PermissionsBoundary": BOUNDARY}),
     ),
+    "destroy: its grant": ("iam:DeleteRolePolicy", On(WRITER_ROLE, keys={"iam:PermissionsBoundary": BOUNDARY})),
+    "destroy: the role": ("iam:DeleteRole", On(WRITER_ROLE)),
+    "preflight reads the boundary": ("iam:GetPolicyVersion", On(BOUNDARY)),
 }
 
 
@@ -175,14 +231,52 @@ ATTACKS = {
     ),
     "read any instance's user-data": ("ec2:DescribeInstanceAttribute", FOREIGN_INSTANCE),
     "read any instance's console": ("ec2:GetConsoleOutput", FOREIGN_INSTANCE),
-    "give the writer role another trust": (
-        "iam:UpdateAssumeRolePolicy",
-        On(f"arn:aws:iam::{ACCOUNT}:role/testbed-evidence-writer-role-1a2b"),
-    ),
+    "give the writer role another trust": ("iam:UpdateAssumeRolePolicy", On(WRITER_ROLE)),
     "create the writer role without its boundary": (
         "iam:CreateRole",
-        On(f"arn:aws:iam::{ACCOUNT}:role/testbed-evidence-writer-role-1a2b", keys={"iam:PermissionsBoundary": ABSENT}),
+        On(WRITER_ROLE, keys={"iam:PermissionsBoundary": ABSENT}),
     ),
+    "create it within the AWS managed remote-write policy (every workspace)": (
+        "iam:CreateRole",
+        On(WRITER_ROLE, keys={"iam:PermissionsBoundary": OLD_BOUNDARY}),
+    ),
+    "create it within AdministratorAccess": (
+        "iam:CreateRole",
+        On(WRITER_ROLE, keys={"iam:PermissionsBoundary": ADMIN}),
+    ),
+    "create it within a same-named policy of another account": (
+        "iam:CreateRole",
+        On(WRITER_ROLE, keys={"iam:PermissionsBoundary": writer_boundary_arn(OUTSIDE_ACCOUNT)}),
+    ),
+    "create another role within the boundary": (
+        "iam:CreateRole",
+        On(f"arn:aws:iam::{ACCOUNT}:role/admin", keys={"iam:PermissionsBoundary": BOUNDARY}),
+    ),
+    "grant a role that has another boundary": (
+        "iam:PutRolePolicy",
+        On(WRITER_ROLE, keys={"iam:PermissionsBoundary": OLD_BOUNDARY}),
+    ),
+    "delete the role's boundary": (
+        "iam:DeleteRolePermissionsBoundary",
+        On(WRITER_ROLE, keys={"iam:PermissionsBoundary": BOUNDARY}),
+    ),
+    "replace the role's boundary with AdministratorAccess": (
+        "iam:PutRolePermissionsBoundary",
+        On(WRITER_ROLE, keys={"iam:PermissionsBoundary": ADMIN}),
+    ),
+    "attach a managed policy to the role": (
+        "iam:AttachRolePolicy",
+        On(WRITER_ROLE, keys={"iam:PermissionsBoundary": BOUNDARY, "iam:PolicyARN": ADMIN}),
+    ),
+    "pass the role to another service": (
+        "iam:PassRole",
+        On(WRITER_ROLE, keys={"iam:PassedToService": "lambda.amazonaws.com"}),
+    ),
+    "edit the boundary: a new default version": ("iam:CreatePolicyVersion", On(BOUNDARY)),
+    "edit the boundary: an older version as default": ("iam:SetDefaultPolicyVersion", On(BOUNDARY)),
+    "edit the boundary: drop a version": ("iam:DeletePolicyVersion", On(BOUNDARY)),
+    "delete the boundary": ("iam:DeletePolicy", On(BOUNDARY)),
+    "create it again with other content": ("iam:CreatePolicy", On(BOUNDARY)),
     "create a VPC without the tag": ("ec2:CreateVpc", On(arn("vpc", "*"))),
     "create a workspace without the tag": ("aps:CreateWorkspace", On(arn("workspace", "*", "aps"))),
 }
@@ -192,3 +286,70 @@ ATTACKS = {
 def test_each_attack_path_is_refused(path):
     action, *resources = ATTACKS[path]
     assert not allowed(action, *resources)
+
+
+def test_no_iam_condition_reads_a_trust_policy():
+    """So no deployer policy can refuse CreateRole with an outside account in the trust: the
+    Service Authorization Reference (parliament 1.6.4 ships it as iam_definition.json) lists for
+    CreateRole only the boundary and the tags, for UpdateAssumeRolePolicy nothing. The boundary
+    (below) is what makes such a trust worthless."""
+    reference = json.loads((Path(parliament.__file__).parent / "iam_definition.json").read_text())
+
+    def condition_keys_of(prefix: str, action: str) -> set[str]:
+        return {  # the reference lists IAM twice (two service names): both entries count
+            key
+            for service in reference
+            if service["prefix"] == prefix
+            for p in service["privileges"]
+            if p["privilege"] == action
+            for r in p["resource_types"]
+            for key in r["condition_keys"]
+        }
+
+    assert condition_keys_of("iam", "CreateRole") == {
+        "iam:PermissionsBoundary",
+        "aws:TagKeys",
+        "aws:RequestTag/${TagKey}",
+    }
+    assert condition_keys_of("iam", "UpdateAssumeRolePolicy") == set()
+    # and the boundary's tag condition is one RemoteWrite takes: the workspace's aws:ResourceTag
+    assert "aws:ResourceTag/${TagKey}" in condition_keys_of("aps", "RemoteWrite")
+    (aps,) = [service for service in reference if service["prefix"] == "aps"]
+    (workspace,) = [r for r in aps["resources"] if r["resource"] == "workspace"]
+    assert "aws:ResourceTag/${TagKey}" in workspace["condition_keys"]
+
+
+WORKSPACE = arn("workspace", "ws-testbed", "aps")
+OWN_POLICY = json.loads(write_policy(WORKSPACE))  # the grant the program gives the role
+ANYTHING = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+
+
+def test_prometheus_on_the_control_node_writes_into_its_workspace():
+    on = On(WORKSPACE, tagged=True, keys=INSTANCE_CREDENTIALS)
+    assert role_may("aps:RemoteWrite", on, OWN_POLICY)
+
+
+# What a session of a writer role can do, whatever its trust and whatever grant the deployer
+# puts on it (ANYTHING: PutRolePolicy is the deployer's): the boundary refuses each
+OUTSIDE_SESSION = {}  # assumed through sts:AssumeRole by whoever the trust names: no instance credentials
+BOUNDED = {
+    "an outside account trusted by the role writes into the testbed's workspace": (
+        "aps:RemoteWrite",
+        On(WORKSPACE, tagged=True, keys=OUTSIDE_SESSION),
+    ),
+    "the instance writes into a workspace not the testbed's": (
+        "aps:RemoteWrite",
+        On(arn("workspace", "ws-foreign", "aps"), keys=INSTANCE_CREDENTIALS),
+    ),
+    "it reads the workspace": ("aps:QueryMetrics", On(WORKSPACE, tagged=True, keys=INSTANCE_CREDENTIALS)),
+    "it deletes the workspace": ("aps:DeleteWorkspace", On(WORKSPACE, tagged=True, keys=INSTANCE_CREDENTIALS)),
+    "it makes itself a user": ("iam:CreateUser", On(f"arn:aws:iam::{ACCOUNT}:user/x", keys=INSTANCE_CREDENTIALS)),
+    "it reads a bucket": ("s3:GetObject", On("arn:aws:s3:::any-bucket/key", keys=INSTANCE_CREDENTIALS)),
+}
+
+
+@pytest.mark.parametrize("path", BOUNDED)
+def test_the_boundary_refuses_whatever_the_trust_and_the_grant(path):
+    action, on = BOUNDED[path]
+    assert not role_may(action, on, ANYTHING)
+    assert not role_may(action, on, OWN_POLICY)

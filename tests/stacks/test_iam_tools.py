@@ -14,9 +14,12 @@ from pathlib import Path
 from cloudsplaining.scan.policy_document import PolicyDocument
 from parliament import analyze_policy_string
 
+from core.names import writer_boundary_arn
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "iam" / "testbed-policy.json").read_text()
 POLICY = json.loads(TEXT)
+BOUNDARY_TEXT = (ROOT / "iam" / "writer-boundary.json").read_text()
 
 
 def statement(sid: str) -> dict:
@@ -33,8 +36,9 @@ def high_findings() -> list:
 def test_parliaments_one_high_finding_is_the_bounded_writer_role_passed_to_the_instances():
     """CreateEC2WithExistingIP (iam:PassRole + ec2:RunInstances): an instance launched with a role
     acts as the role. The only role the deployer may pass is the writer role, only to EC2, and
-    that role can never do more than its boundary, remote-write to AMP: CreateRole and
-    PutRolePolicy need the boundary, and nothing may change or drop it."""
+    that role can never do more than its boundary, the administrator's iam/writer-boundary.json
+    (remote-write into the testbed's workspaces): CreateRole, PutRolePolicy and
+    PutRolePermissionsBoundary need that boundary, and nothing may drop it or edit the policy."""
     (escalation,) = high_findings()
     assert escalation.issue == "PRIVILEGE_ESCALATION"
     assert escalation.location["type"] == "CreateEC2WithExistingIP"  # parliament puts it there
@@ -43,11 +47,11 @@ def test_parliaments_one_high_finding_is_the_bounded_writer_role_passed_to_the_i
     assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
     bounded = statement("TheControlNodeRoleOnlyWithinItsBoundary")
     assert bounded["Resource"] == passing["Resource"]
-    assert bounded["Condition"]["StringEquals"]["iam:PermissionsBoundary"].endswith(
-        ":policy/AmazonPrometheusRemoteWriteAccess"
+    assert bounded["Condition"]["StringEquals"]["iam:PermissionsBoundary"] == writer_boundary_arn(
+        "${aws:PrincipalAccount}"
     )
     granted = {a for s in POLICY["Statement"] for a in s["Action"]}
-    assert not {"iam:PutRolePermissionsBoundary", "iam:DeleteRolePermissionsBoundary", "iam:AttachRolePolicy"} & granted
+    assert not {"iam:DeleteRolePermissionsBoundary", "iam:AttachRolePolicy", "iam:CreatePolicyVersion"} & granted
 
 
 def test_cloudsplaining_finds_no_escalation_exposure_exfiltration_or_unconstrained_write():
@@ -68,3 +72,13 @@ def test_cloudsplainings_one_tagging_finding_is_tagging_only_inside_a_create():
     assert (
         condition["aws:RequestTag/testbed:project"] == "gpu-testbed" and "RunInstances" in condition["ec2:CreateAction"]
     )
+
+
+def test_the_writer_boundary_is_clean_in_both_tools():
+    """parliament finds nothing at all in the boundary (its condition keys are ones RemoteWrite and
+    every request take); cloudsplaining finds no write, escalation or exposure in it."""
+    assert analyze_policy_string(BOUNDARY_TEXT, include_community_auditors=True).findings == []
+    document = PolicyDocument(json.loads(BOUNDARY_TEXT))
+    assert document.allows_privilege_escalation == [] and document.permissions_management_without_constraints == []
+    assert document.write_actions_without_constraints == [] and document.allows_data_exfiltration_actions == []
+    assert document.tagging_actions_without_constraints == [] and document.credentials_exposure == []

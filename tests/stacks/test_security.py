@@ -20,6 +20,7 @@ def secret_values(rec) -> dict[str, str]:
     return {
         "cluster CA key": keys["testbed-identity-ca-key"]["privateKeyPem"],
         "admin client key": keys["testbed-identity-admin-key"]["privateKeyPem"],
+        "operator client key": keys["testbed-identity-operator-key"]["privateKeyPem"],
         "ssh private key": keys["testbed-ssh-key"]["privateKeyOpenssh"],
         "bootstrap token secret": token.outputs["result"],
         "grafana password": grafana.outputs["result"],
@@ -58,6 +59,7 @@ def test_every_aws_resource_uses_the_region_pinned_provider(default_run):
     assert {token for token, _ in default_run.invokes} == {
         tokens.GET_AMI,
         tokens.GET_INSTANCE_TYPE_OFFERINGS,
+        tokens.GET_CALLER_IDENTITY,  # the account of the writer role's boundary
     }
     assert all(ref.startswith(provider.urn + "::") for _, ref in default_run.invokes), default_run.invokes
 
