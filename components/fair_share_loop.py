@@ -71,31 +71,45 @@ def _shown(text: str) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
+class QueryFailed(Exception):
+    pass
+
+
 class Prometheus:
     def __init__(self, url: str, log: Callable[[str], None]):
         self.url = url.rstrip("/")
         self.log = log
 
     def value(self, query: str) -> float | None:
-        """The one sample's value of an instant query; None (and a log line) when the input is lost."""
+        """The one sample's value of an instant query; None when the result is empty or holds
+        several series; QueryFailed when Prometheus gives no result."""
         url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
         try:
             with urllib.request.urlopen(url, timeout=TIMEOUT_S) as answer:
                 body = json.load(answer)
         except (OSError, ValueError) as e:  # URLError, HTTPError and timeouts are OSErrors
-            self.log(f"prometheus: {_shown(str(e))}")
-            return None
+            raise QueryFailed(str(e)) from None
         data = body.get("data") or {}
         if body.get("status") != "success" or data.get("resultType") != "vector":
-            self.log(f"prometheus: {_shown(json.dumps(body))}")
-            return None
+            raise QueryFailed(json.dumps(body))
         samples = data.get("result") or []
         if len(samples) != 1:
             return None  # empty: the input is lost; several: not one reading
         return float(samples[0]["value"][1])
 
     def read(self, queries: dict[str, str]) -> dict[str, float | None]:
-        return {name: self.value(query) for name, query in queries.items()}
+        """Every input, None where lost; one log line for the queries Prometheus gave no result."""
+        values: dict[str, float | None] = {}
+        failed: list[str] = []
+        for name, query in queries.items():
+            try:
+                values[name] = self.value(query)
+            except QueryFailed as e:
+                values[name] = None
+                failed.append(f"{name}: {e}")
+        if failed:
+            self.log(f"prometheus: {len(failed)} of {len(queries)} queries failed; {_shown(failed[0])}")
+        return values
 
 
 class Kubernetes:
@@ -194,7 +208,8 @@ class Controller:
         sleep: Callable[[float], None] = time.sleep,
         periods: int | None = None,
     ) -> None:
-        """Every period_s from the first, `periods` times (forever by default); an error is a log line."""
+        """Every period_s from the first, `periods` times (forever by default); an error is a log
+        line. A period that overran starts the next at once, and the schedule goes on from there."""
         due, done = clock(), 0
         while periods is None or done < periods:
             try:
@@ -202,7 +217,7 @@ class Controller:
             except Exception as e:  # any failure: say it, keep running, try again next period
                 self.log(f"period failed: {_shown(str(e) or type(e).__name__)}")
             done += 1
-            due += self.config.period_s
+            due = max(due + self.config.period_s, clock())
             sleep(max(0.0, due - clock()))
 
 

@@ -336,11 +336,27 @@ def test_errors_are_one_line_each_and_the_loop_goes_on(cluster):
     assert TOKEN not in "".join(lines)
     prom.down = True  # every input lost: the split, which the queues still hold
     controller.run(clock, clock.sleep, periods=1)
-    assert lines[-1].startswith("prometheus: HTTP Error 503")
+    asked = len(controller.config.queries)
+    assert lines[-1].startswith(f"prometheus: {asked} of {asked} queries failed; ") and "Error 503" in lines[-1]
+    assert sum(line.startswith("prometheus: ") for line in lines) == 1, "one line a period"
     prom.down, kube.refuse_patches = False, False
     controller.run(clock, clock.sleep, periods=1)
     assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 3), "the next period patches"
     assert clock.slept == [fair_share.PERIOD_S] * 4
+
+
+def test_a_period_that_overruns_starts_the_next_at_once_without_catching_up(cluster):
+    controller, _, _, _ = cluster
+    clock = Clock()
+    period = controller.period
+
+    def slow(now):
+        clock.now += 2.5 * fair_share.PERIOD_S if len(clock.slept) == 0 else 0
+        return period(now)
+
+    controller.period = slow
+    controller.run(clock, clock.sleep, periods=3)
+    assert clock.slept == [0.0, fair_share.PERIOD_S, fair_share.PERIOD_S]
 
 
 def test_a_queue_changed_since_it_was_read_is_not_overwritten(cluster):
