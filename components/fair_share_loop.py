@@ -37,6 +37,7 @@ from components import fair_share
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2/clusterqueues"
 JSON_PATCH = "application/json-patch+json"
+FIELD_MANAGER = "fair-share-controller"
 TIMEOUT_S = 10  # one request: well under a period
 SHOWN_CHARS = 300  # of an error body in a log line
 
@@ -145,7 +146,8 @@ class Kubernetes:
         return self._request("GET", f"{KUEUE_API}/{name}")
 
     def patch(self, name: str, operations: list[dict]) -> dict:
-        return self._request("PATCH", f"{KUEUE_API}/{name}", operations)
+        # Named in the queue's managedFields, so `kubectl get -o yaml --show-managed-fields` says who moved it.
+        return self._request("PATCH", f"{KUEUE_API}/{name}?fieldManager={FIELD_MANAGER}", operations)
 
 
 def gpu_entry(queue: dict, resource: str) -> tuple[str, dict]:

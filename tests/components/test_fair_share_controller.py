@@ -138,6 +138,7 @@ class FakeKubernetes:
         if method == "GET":
             return 200, self.queues[name]
         assert headers["Content-Type"] == fair_share_loop.JSON_PATCH
+        assert query == {"fieldManager": [fair_share_loop.FIELD_MANAGER]}
         operations = json.loads(body)
         self.patches.append((name, operations))
         if self.refuse_patches:
