@@ -596,3 +596,10 @@ def test_a_changed_controller_image_reaches_the_deployment():
     rec = run_program(fairShareImage=image)
     (deployment,) = by_type(rec, tokens.DEPLOYMENT)
     assert reveal(deployment.inputs)["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+
+def test_doctor_checks_that_the_controller_s_pod_is_ready(default_run):
+    from cli import doctor
+
+    (deployment,) = by_type(default_run, tokens.DEPLOYMENT)
+    assert reveal(deployment.inputs)["metadata"]["namespace"] in doctor.PLATFORM_NAMESPACES
