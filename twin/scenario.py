@@ -11,7 +11,15 @@ from core import user_files
 from core.settings import escaped, secret_kind, show
 
 KINDS = ("slurm", "pytorchjob", "job")
-FAULTS = ("restapi-down", "metrics-outage", "duplicate-scrape", "kueue-metrics-outage", "kueue-down")
+FAULTS = (
+    "restapi-down",
+    "metrics-outage",
+    "duplicate-scrape",
+    "kueue-metrics-outage",
+    "kube-state-metrics-outage",
+    "kueue-down",
+    "slurmctld-down",
+)
 IMAGES = ("warm", "cold")
 # Size bounds (docs/input-limits.md): the twin steps every second, about 0.2 s of CPU per simulated
 # hour plus up to 0.005 s per queued task (job, array task, replica) and hour: these keep a run

@@ -184,6 +184,9 @@ class Slurmctld:
     by_name: dict[str, list[SlurmJob]] = field(default_factory=dict)
     completed_now: list[SlurmJob] = field(default_factory=list)  # ended (or timed out) at the latest time
     _stepped_at: float | None = None
+    # False while slurmctld is down (fault slurmctld-down): it starts nothing and no slurmd
+    # registers; a job that ends meanwhile is counted as ended (slurmd reports it once it is back).
+    up: bool = True
 
     @property
     def partitions(self) -> tuple[str, str]:
@@ -249,7 +252,8 @@ class Slurmctld:
     # ------------------------------------------------------------ nodes (slurmd registers / goes)
 
     def register(self, name: str, now: float) -> None:
-        self.nodes.setdefault(name, SlurmNode(name, now))
+        if self.up:
+            self.nodes.setdefault(name, SlurmNode(name, now))
 
     def node_gone(self, name: str, now: float) -> list[SlurmJob]:
         """slurmd's preStop sets the node down, then deletes it (SlinkyProject/slurm-operator@v1.0.0:
@@ -330,6 +334,8 @@ class Slurmctld:
                 self._cancel_never_satisfied(now)
             self.open_jobs = [j for j in self.open_jobs if j.state in (PENDING, RUNNING)]
             self._closed = False
+        if not self.up:
+            return
         busy = self.busy_nodes()
         idle = sorted(
             (n.name for n in self.nodes.values() if not n.drain and not n.down and n.name not in busy),

@@ -121,7 +121,7 @@ class World:
         )
         self.slurmd_queued = self.kueue is not None and QUEUE_NAME_LABEL in s.slurmd_labels
         self._pods_seen_by_kueue = 0  # kube.pods is append-only: the pods before this index are seen
-        self._refused: list[JobSpec] = []  # Kubernetes jobs whose create was refused (Kueue down)
+        self._refused: list[JobSpec] = []  # jobs refused at submit (Kueue down, slurmctld down), submitted again
         self.denied: dict[str, str] = {}  # Kubernetes jobs the run-limit policies refused, with why
         self.prom = Prometheus(interval=s.scrape_interval)
         self.prom.targets = [
@@ -193,9 +193,11 @@ class World:
     def _target_down(self, target: Target, now: float) -> bool:
         if target.job == "kueue":  # its metrics endpoint is down too while Kueue is
             return self.scenario.fault_active("kueue-metrics-outage", now) or self._kueue_down(now)
+        if target.job == "kube-state-metrics":
+            return self.scenario.fault_active("kube-state-metrics-outage", now)
         if target.job != "slurm-controller":
             return False
-        if self.scenario.fault_active("metrics-outage", now):
+        if self.scenario.fault_active("metrics-outage", now) or self.scenario.fault_active("slurmctld-down", now):
             return True
         return target.instance.startswith("slurm-controller-dup") and not self.scenario.fault_active(
             "duplicate-scrape", now
@@ -204,7 +206,9 @@ class World:
     # ------------------------------------------------------------ submissions and one second
 
     def submit(self, spec: JobSpec, now: float) -> None:
-        if spec.kind == "slurm":
+        if spec.kind == "slurm" and not self.slurm.up:
+            self._refused.append(spec)  # sbatch cannot reach slurmctld; the user submits it again
+        elif spec.kind == "slurm":
             self.slurm_jobs[spec.name] = self.slurm.submit(spec, now)
         elif self.kueue is not None and self._kueue_down(now):
             self._refused.append(spec)  # the job webhook fails closed; the user submits it again
@@ -241,6 +245,7 @@ class World:
     def advance(self, tick: int) -> float:
         """One second of submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
         now = self.now = float(tick)
+        self.slurm.up = not self.scenario.fault_active("slurmctld-down", now)
         retry, self._refused = self._refused, []
         for spec in retry:
             self.submit(spec, now)

@@ -155,6 +155,23 @@ def test_the_plan_states_each_reclaim_bound_from_the_limits_the_engines_enforce(
     assert f"a freed GPU reaches waiting work within {handoff} s" in text
 
 
+@pytest.mark.parametrize("slurm_minutes", [None, 90])
+def test_the_plan_states_each_bound_under_one_lost_input_and_its_alert(default_run, slurm_minutes):
+    """One line per lost input of the scaler, with the alert that names it and the three waits,
+    "D + " where the outage counts: derived from the rendered MaxTime like the bounds above it."""
+    rec = run_program(slurmJobMaxMinutes=slurm_minutes) if slurm_minutes else default_run
+    text = " ".join(artifacts.plan_text(rec).split())  # unwrapped
+    maxtime = int(re.search(r"partition all: MaxNodes=\d+, MaxTime=(\d+) minutes", text)[1])
+    b = scaling.reclaim_bounds(30, 30, maxtime, 60)
+    assert "one input lost for D s (policies lend-and-reclaim, fair-share; the alert after 2 min names it):" in text
+    for row in scaling.outage_bounds(b):
+        line = text.split(f"{row.lost} ({row.alert}): the scaler ", 1)[1].split(" HPC's share back within ")[0]
+        ai = scaling._minutes(b.ai_share_back_s)
+        assert f"AI's share back within {'D + ' if scaling.AI_SHARE_BACK in row.plus_outage else ''}{ai}," in line
+    kueue = text.split("Kueue's metrics (KueueMetricsMissing): ", 1)[1]
+    assert kueue.split(";")[0].endswith("stay drained") and "a first-in-line AI job within D + " in kueue
+
+
 @pytest.mark.parametrize("ai_gpus", [None, 1])
 def test_the_plan_states_the_fair_share_contract_beside_the_bounds(default_run, ai_gpus):
     """Beside today's bounds, the contract of the program's policy, fair-share: named as the policy

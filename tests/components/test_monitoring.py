@@ -109,6 +109,20 @@ def test_each_lost_input_has_an_alert_on_the_series_the_triggers_read():
         assert rule["for"] == "2m" and rule["labels"] == {"severity": "critical"}
 
 
+def test_each_alert_names_its_outage_and_what_the_scaler_then_does():
+    """The descriptions say what lend-and-reclaim does while the input is lost (docs/handoff.md "One
+    input lost"): keeps the pods it has, AI at its guaranteed share, a freeze, every pod kept."""
+    n = _names()
+    (slurm,) = monitoring.stack_values("80.9.2", n)["additionalPrometheusRulesMap"]["testbed-slurm-metrics"]["groups"]
+    said = {rule["alert"]: rule["annotations"]["description"] for rule in slurm["rules"]}
+    said |= {name: rule["annotations"]["description"] for name, rule in _input_alerts(n).items()}
+    assert "keeps the slurmd pods that exist, capped at what AI claims" in said["SlurmMetricsMissing"]
+    assert "capped at HPC's share" in said["KueueMetricsMissing"] and "stay drained" in said["KueueMetricsMissing"]
+    assert "nothing is scaled in or out" in said["KubeStateMetricsMissing"]
+    assert "asks for every slurmd pod that exists" in said["SlurmrestdDown"]
+    assert all("'One input lost'" in text for text in said.values())
+
+
 @pytest.mark.engine
 def test_promtool_fires_each_input_alert_after_two_minutes_of_its_outage(tmp_path):
     import subprocess
