@@ -265,6 +265,11 @@ def plan_text(rec: Recording) -> str:
         f"{FAIR_SHARE_NAMESPACE}/{FAIR_SHARE_CONTROLLER}",
     )
     lines += ["  " + line for line in contract]
+    slurm_run_s = bounds.ai_share_back_s - bounds.handoff_s  # a Slurm job's limit, check and KillWait
+    starvation = fair_share.no_starvation_bounds(
+        slurm_run_s, bounds.hpc_share_back_s - bounds.handoff_s, bounds.handoff_s
+    )
+    lines += ["  " + line for line in fair_share.no_starvation_lines(starvation, slurmd_scaling.FAIR_SHARE)]
     policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]
     lines += ["  " + line for line in ai_run_limit.policy_lines(ai_run_limit.limits(policies))]
     lines.append("Slurm limits (slurm.conf; job_submit.lua refuses a job over one at submit):")

@@ -131,6 +131,8 @@ class NodeSetController:
         `client`: slurmrestd has a ready replica; `refused`: Kueue's pod webhooks, failing closed,
         refuse every create and update of a slurmd pod."""
         for pod in self.pods():
+            if pod.gpu in self.kube.failed:
+                continue  # its node is NotReady: slurmd is not there to register
             running_at = pod.running_at if pod.running(now) else None
             if pod.terminating_at is None and running_at is not None and now >= running_at + self.register_delay:
                 self.slurm.register(pod.owner, now)

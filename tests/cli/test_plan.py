@@ -153,6 +153,9 @@ def test_the_plan_states_each_reclaim_bound_from_the_limits_the_engines_enforce(
     assert f"HPC gets its share back within {said(ai_limit + handoff)}:" in text
     assert f"starts within {said(120 + max(maxtime * 60 + 60, ai_limit) + handoff)}" in text
     assert f"a freed GPU reaches waiting work within {handoff} s" in text
+    # The no-starvation bounds beside the fair-share contract (components/fair_share.py)
+    assert f"starts within {ai_limit + maxtime * 60 + 60 + handoff} s of that side's turn" in text
+    assert f"a GPU held idle for a Slurm backfill plan is held at most {maxtime * 60 + 60} s" in text
 
 
 @pytest.mark.parametrize("slurm_minutes", [None, 90])
