@@ -40,6 +40,7 @@ PLATFORM_NAMESPACES = (
     names.SLURM_NAMESPACE,
     names.KEDA_NAMESPACE,
     names.TRAINING_NAMESPACE,
+    names.FAIR_SHARE_NAMESPACE,  # the fair-share controller (components/fair_share_controller.py)
 )
 
 

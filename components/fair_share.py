@@ -66,14 +66,14 @@ CONTENDED_ENOUGH = 0.5
 JOB_WINDOW_FRACTION = 1 / 8
 
 
-def contract_lines(hpc_gpus: int, ai_gpus: int, policy: str, default_policy: str) -> list[str]:
-    """The contract in words, as `plan` prints it for the stack's split, under `policy` (fair-share)."""
+def contract_lines(hpc_gpus: int, ai_gpus: int, policy: str, controller: str) -> list[str]:
+    """The contract in words, as `plan` prints it for the stack's split, under `policy` (the
+    program's, fair-share), whose controller runs as `controller` (namespace/Deployment)."""
     total = hpc_gpus + ai_gpus
     job_gpu_s = WINDOW_S * total * JOB_WINDOW_FRACTION
     widest_min, one_gpu_min = round(job_gpu_s / total / 60), round(job_gpu_s / 60)
     return [
-        f"fair share over time (policy {policy}, not the default {default_policy}; "
-        "the twin runs its controller, the program does not deploy it yet):",
+        f"fair share over time (policy {policy}: its controller runs as {controller}, the code the twin runs):",
         f"  while both sides have work, each gets its guaranteed share of the contended GPU time within "
         f"{round(BAND * 100)} points: HPC {hpc_gpus / total:.0%} ({hpc_gpus} of {total} GPUs), "
         f"AI {ai_gpus / total:.0%} ({ai_gpus} of {total})",
@@ -129,6 +129,14 @@ def reading(values: dict[str, float | None]) -> Reading:
         used={HPC: values["hpc_used"], AI: values["ai_used"]},
         waiting={HPC: hpc_waiting, AI: values["ai_waiting"]},
     )
+
+
+def lending_limit(nominal: int, lending: int, new_nominal: int) -> int:
+    """A queue's lendingLimit once its nominalQuota moves: one that lent all of the old quota lends
+    all of the new one, another stays, at most the new quota (Kueue's ClusterQueue webhook refuses
+    a lendingLimit above the nominalQuota: kubernetes-sigs/kueue@v0.19.2 pkg/webhooks/
+    clusterqueue_webhook.go validateLendingLimit)."""
+    return new_nominal if lending == nominal else min(lending, new_nominal)
 
 
 @dataclass(frozen=True)

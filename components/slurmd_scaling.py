@@ -66,8 +66,8 @@ waiting, slurmd stays for the cooldown as under "safe".
   the composite metric an error for the HPA and the ScaledObject inactive-with-error for KEDA
   (pkg/scaling/scale_handler.go GetScaledObjectMetrics, getScaledObjectState): the freeze holds.
 
-Policy "lend-and-reclaim" (the default) is demand-aware's wish capped at the GPUs AI does not
-claim (`ai_claim`: what AI holds and what waits in Kueue, up to its share, or every GPU once an AI
+Policy "lend-and-reclaim" is demand-aware's wish capped at the GPUs AI does not claim
+(`ai_claim`: what AI holds and what waits in Kueue, up to its share, or every GPU once an AI
 job has waited RESERVE_AFTER_SECONDS although AI held less than its share). Above the cap the
 NodeSet drains and releases pods as their Slurm jobs end: nothing is killed. A multi-node job's
 nodes are asked for only when they all fit under the cap. The bounds are `reclaim_bounds`.
@@ -83,6 +83,13 @@ internal/controller/nodeset/nodeset_sync.go sync, processCondemned; slurmcontrol
 RefreshNodeCache, IsNodeDrained; SlinkyProject/slurm-client@v1.0.5:pkg/client/informer.go List).
 Without a client the restapi-down hold keeps every pod; kube-state-metrics lost, that trigger
 errs and the scale freezes.
+
+Policy "fair-share" (the default) is lend-and-reclaim whose cap follows AI's nominalQuota as
+Kueue reports it (trigger `ai_quota`), which the fair-share controller moves toward the side
+behind its share of the contended GPU time (components/fair_share.py; the program deploys it,
+components/fair_share_controller.py); AI reserves every GPU for a job first in line only while
+its quota is above its guaranteed share. "lend-and-reclaim", the default before it, stays
+selectable in the twin for comparison.
 
 Policies "previous" (busy + max(largest, pending) on `all`, `sum()` and `or vector(0)`) and
 "reference-triggers" (the reference testbed's three triggers: jobs pending, nodes allocated, the
@@ -133,8 +140,8 @@ LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE, FAIR_SHARE = (
     "reference-triggers",
     "fair-share",
 )
-POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE, FAIR_SHARE)
-DEFAULT_POLICY = LEND_RECLAIM
+POLICIES = (FAIR_SHARE, LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE)
+DEFAULT_POLICY = FAIR_SHARE
 # Policies that count held/stalled work, every partition, and refuse jobs that can never fit.
 GUARDED_POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE, FAIR_SHARE)
 # Policies whose triggers a KEDA scalingModifiers formula combines.
@@ -202,7 +209,8 @@ def reclaim_bounds(
 def bounds_lines(b: ReclaimBounds, slurm_job_max_minutes: int, ai_job_max_minutes: int) -> list[str]:
     """The bounds in words, as `plan` prints them, then under one lost input (`outage_lines`)."""
     return [
-        "lend and reclaim (policy lend-and-reclaim): either side uses the other's idle GPUs; nothing is killed",
+        "lend and reclaim (the rule fair-share keeps; these bounds at the guaranteed split): either side uses "
+        "the other's idle GPUs; nothing is killed",
         f"  AI gets its share back within {_minutes(b.ai_share_back_s)}: slurmd's borrowed nodes are drained and go "
         f"when their Slurm job ends (slurmJobMaxMinutes {slurm_job_max_minutes})",
         f"  HPC gets its share back within {_minutes(b.hpc_share_back_s)}: an AI job on it ends by its limit "

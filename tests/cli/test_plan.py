@@ -11,7 +11,9 @@ import pytest
 from cli import artifacts
 from components import slurmd_scaling as scaling
 from stacks import pricing
-from tests.conftest import ADMIN_CIDR, depends, run_program
+from stacks.offline import reveal
+from tests import tokens
+from tests.conftest import ADMIN_CIDR, by_type, depends, run_program
 from twin import report
 
 
@@ -175,9 +177,10 @@ def test_the_plan_states_each_bound_under_one_lost_input_and_its_alert(default_r
 
 @pytest.mark.parametrize("ai_gpus", [None, 1])
 def test_the_plan_states_the_fair_share_contract_beside_the_bounds(default_run, ai_gpus):
-    """Beside today's bounds, the contract of policy fair-share (named as not the default): each
-    side's guaranteed share from the plan's own Kueue split, the twin's report window, 5 points, and
-    the widest job the window allows (an eighth of its GPU time)."""
+    """Beside today's bounds, the contract of the program's policy, fair-share: named as the policy
+    whose quota trigger the recorded ScaledObject carries and whose controller the program deploys
+    (the recorded Deployment); each side's guaranteed share from the plan's own Kueue split, the
+    twin's report window, 5 points, and the widest job the window allows (an eighth of its GPU time)."""
     rec = run_program(aiGuaranteedGpus=ai_gpus) if ai_gpus else default_run
     text = artifacts.plan_text(rec)
     total = int(re.search(r"GPUs: (\d+) \(cohort", text)[1])
@@ -186,7 +189,12 @@ def test_the_plan_states_the_fair_share_contract_beside_the_bounds(default_run, 
     assert (hpc + ai, ai) == (total, ai_gpus or total // 2)
     hours = report.FAIR_WINDOW_S / 3600  # the window the twin's fairness report slides
     contract = text.split("a freed GPU reaches waiting work within")[1]
-    assert f"(policy fair-share, not the default {scaling.DEFAULT_POLICY};" in contract
+    (scaled_object,) = by_type(rec, tokens.SCALED_OBJECT)
+    triggers = {tr["name"] for tr in reveal(scaled_object.inputs)["spec"]["triggers"]}
+    assert scaling.AI_QUOTA in triggers, "the deployed scaler follows the controller's quota"
+    (deployment,) = by_type(rec, tokens.DEPLOYMENT)
+    meta = reveal(deployment.inputs)["metadata"]
+    assert f"(policy {scaling.FAIR_SHARE}: its controller runs as {meta['namespace']}/{meta['name']}," in contract
     assert f"within 5 points: HPC {100 * hpc // total}% ({hpc} of {total} GPUs), AI {100 * ai // total}%" in contract
     assert f"over every {hours:g} h window in which both had work at least 50% of the time" in contract
     minutes = hours * 60 * total / 8  # an eighth of the window's GPU time, in GPU-minutes

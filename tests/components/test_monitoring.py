@@ -15,8 +15,15 @@ def test_dashboards_become_configmaps_the_grafana_sidecar_loads(default_run):
     )
     sidecar = stack_values["values"]["grafana"]["sidecar"]["dashboards"]
     assert sidecar["enabled"] is True
-    maps = by_type(default_run, tokens.CONFIG_MAP)
+    monitoring = default_run.named("testbed-monitoring")
+    maps = [m for m in by_type(default_run, tokens.CONFIG_MAP) if m.parent == monitoring.urn]
     assert [m.inputs["metadata"]["name"] for m in maps] == [f"dashboard-{dashboard.UID}"]
+    labelled = [
+        m
+        for m in by_type(default_run, tokens.CONFIG_MAP)
+        if "grafana_dashboard" in m.inputs["metadata"].get("labels", {})
+    ]
+    assert labelled == maps, "no other ConfigMap is a dashboard"
     for m in maps:
         # the sidecar's default label, in Grafana's own namespace (its default search scope)
         assert m.inputs["metadata"]["labels"] == {"grafana_dashboard": "1"}
