@@ -18,6 +18,8 @@ from core import user_files
 from core.names import (
     AMP_WORKSPACE_TYPE_TOKEN,
     DEFAULT_PARTITION,
+    FAIR_SHARE_CONTROLLER,
+    FAIR_SHARE_NAMESPACE,
     IAM_ROLE_TYPE_TOKEN,
     INSTANCE_TYPE_TOKEN,
     REMOTE_COMMAND_TYPE_TOKEN,
@@ -257,9 +259,17 @@ def plan_text(rec: Recording) -> str:
         for line in slurmd_scaling.bounds_lines(bounds, names.slurm_job_max_minutes, names.ai_job_max_minutes)
     ]
     contract = fair_share.contract_lines(
-        names.shares.hpc_gpus, names.shares.ai_guaranteed_gpus, slurmd_scaling.FAIR_SHARE, slurmd_scaling.DEFAULT_POLICY
+        names.shares.hpc_gpus,
+        names.shares.ai_guaranteed_gpus,
+        slurmd_scaling.DEFAULT_POLICY,
+        f"{FAIR_SHARE_NAMESPACE}/{FAIR_SHARE_CONTROLLER}",
     )
     lines += ["  " + line for line in contract]
+    slurm_run_s = bounds.ai_share_back_s - bounds.handoff_s  # a Slurm job's limit, check and KillWait
+    starvation = fair_share.no_starvation_bounds(
+        slurm_run_s, bounds.hpc_share_back_s - bounds.handoff_s, bounds.handoff_s
+    )
+    lines += ["  " + line for line in fair_share.no_starvation_lines(starvation, slurmd_scaling.FAIR_SHARE)]
     policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]
     lines += ["  " + line for line in ai_run_limit.policy_lines(ai_run_limit.limits(policies))]
     lines.append("Slurm limits (slurm.conf; job_submit.lua refuses a job over one at submit):")

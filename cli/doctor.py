@@ -40,6 +40,7 @@ PLATFORM_NAMESPACES = (
     names.SLURM_NAMESPACE,
     names.KEDA_NAMESPACE,
     names.TRAINING_NAMESPACE,
+    names.FAIR_SHARE_NAMESPACE,  # the fair-share controller (components/fair_share_controller.py)
 )
 
 
@@ -273,8 +274,9 @@ class Doctor:
         # stack's cooldown as the warmth window). slurmctld
         # emits every metric for every partition, zeros included, so an empty result means
         # Prometheus lacks a target (SchedMD/slurm@slurm-25-11-0-1:
-        # src/plugins/metrics/openmetrics/openmetrics.c), and KEDA's trigger errors.
-        from components import keda
+        # src/plugins/metrics/openmetrics/openmetrics.c), and KEDA's trigger errors; lend-and-reclaim
+        # and fair-share read that as 0 and say it in their slurm_metrics trigger (0: lost).
+        from components import keda, slurmd_scaling
 
         empty, values = [], []
         for trigger in keda.triggers(self.n):
@@ -282,7 +284,7 @@ class Doctor:
             result = self.kube.prometheus(query)
             if result:
                 values.append(f"{name}={result[0]['value'][1]}")
-            else:
+            if not result or (name == slurmd_scaling.SLURM_METRICS and float(result[0]["value"][1]) == 0):
                 empty.append(name)
         if empty:
             self.checks.append(
@@ -291,7 +293,8 @@ class Doctor:
                     FAIL,
                     f"no series for {', '.join(empty)}: slurmctld's metrics are missing in Prometheus (its "
                     "target is down, or slurmctld runs without MetricsType=metrics/openmetrics and serves "
-                    "/metrics/partitions empty); slurmd scaling is frozen (alert SlurmMetricsMissing)",
+                    "/metrics/partitions empty); slurmd scaling cannot see Slurm's demand (alert "
+                    "SlurmMetricsMissing; docs/handoff.md 'One input lost')",
                 )
             )
         else:

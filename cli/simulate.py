@@ -33,7 +33,7 @@ from cli import as_typed, typed_command
 from cli.progress import Progress
 from components import slurmd_scaling
 from core import user_files
-from core.names import DEFAULT_PARTITION
+from core.names import DEFAULT_PARTITION, Names
 from core.settings import Settings, SettingsError, escaped, redacted, show
 from stacks import offline
 from twin import program, scenario, sim, tables
@@ -123,10 +123,15 @@ def summary(result: dict) -> str:
         + (f", started {j['started']:g}" if j["started"] is not None else "")
         + (f", finished {j['finished']:g}" if j["finished"] is not None and j["outcome"] != "refused" else "")
         + (f": {j['reason']}" if "reason" in j else "")
+        + (f", requeued {j['requeued_by_node_failure']}x: its node failed" if "requeued_by_node_failure" in j else "")
         for j in result["jobs"]
     ]
     lat = result["latency"]
     lines += side_lines(result["sides"])
+    if result["failure_events"]:
+        lines.append(
+            "node failure: " + "; ".join(f"{what} {name} at {t:g} s" for t, what, name in result["failure_events"])
+        )
     lines.append(
         f"killed: {', '.join(result['killed']) or 'none'}; double-held GPUs: {len(result['double_held'])}; "
         f"slurmd starts: {result['slurmd_starts']}; end: {result['end']['slurmd_replicas']} replicas, "
@@ -281,6 +286,7 @@ def main(argv: list[str]) -> int:
     if not problems and settings is not None:  # None only after a SettingsError, which is a problem
         try:
             settings = scenario_settings(args.stack, args.config, sc, settings)
+            problems += scenario.node_problems(sc, Names.from_settings(settings).gpus_total)
         except SettingsError as error:
             problems += error.problems
     if args.out is not None and (problem := user_files.out_dir_problem("--out", args.out)):

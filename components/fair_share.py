@@ -28,6 +28,16 @@ Rule, every `period_s`:
   less `margin`, and it has work waiting. The side behind gets a nominal quota of what it holds
   plus what waits (at least its guaranteed share, at most every GPU); the other gets the rest.
   Reservations for wide jobs alternate this way: the side that got the last one is ahead by it.
+* The side behind keeps that quota (its turn) until it holds it or has nothing waiting, even once
+  its share is back over the margin: a wide job needs every node of its claim at once, and the
+  nodes come one by one as the other side's jobs end. Slinky's slurmd are dynamic nodes, so a
+  Slurm job wider than the nodes registered is passed over (no backfill plan holds a node that is
+  yet to join: SchedMD/slurm@slurm-25-11-6-1 src/slurmctld/node_scheduler.c _pick_best_nodes,
+  seen on slurmctld 26.05.5 in tests/engines/test_slurm_states.py) and a narrower job behind it
+  takes the nodes there are; the next node's arrival lets sched/backfill plan the wide job on them
+  all, and the turn keeps those nodes until it starts, at the latest when the job on them reaches
+  its limit. Without the turn the quota went back to the split as soon as the narrower job raised
+  the side's share, the planned node was scaled in and the 4-node jobs never ran (issue 28).
 * Neither behind: each side's guaranteed share (the program's split).
 * An input lost (no reading from slurmctld's metrics or from Kueue's): the guaranteed split, the
   decayed usage kept as it was. Drain-first scale-in never kills, so moving back to the split only
@@ -56,14 +66,14 @@ CONTENDED_ENOUGH = 0.5
 JOB_WINDOW_FRACTION = 1 / 8
 
 
-def contract_lines(hpc_gpus: int, ai_gpus: int, policy: str, default_policy: str) -> list[str]:
-    """The contract in words, as `plan` prints it for the stack's split, under `policy` (fair-share)."""
+def contract_lines(hpc_gpus: int, ai_gpus: int, policy: str, controller: str) -> list[str]:
+    """The contract in words, as `plan` prints it for the stack's split, under `policy` (the
+    program's, fair-share), whose controller runs as `controller` (namespace/Deployment)."""
     total = hpc_gpus + ai_gpus
     job_gpu_s = WINDOW_S * total * JOB_WINDOW_FRACTION
     widest_min, one_gpu_min = round(job_gpu_s / total / 60), round(job_gpu_s / 60)
     return [
-        f"fair share over time (policy {policy}, not the default {default_policy}; "
-        "the twin runs its controller, the program does not deploy it yet):",
+        f"fair share over time (policy {policy}: its controller runs as {controller}, the code the twin runs):",
         f"  while both sides have work, each gets its guaranteed share of the contended GPU time within "
         f"{round(BAND * 100)} points: HPC {hpc_gpus / total:.0%} ({hpc_gpus} of {total} GPUs), "
         f"AI {ai_gpus / total:.0%} ({ai_gpus} of {total})",
@@ -71,6 +81,30 @@ def contract_lines(hpc_gpus: int, ai_gpus: int, policy: str, default_policy: str
         f"{CONTENDED_ENOUGH:.0%} of the time",
         f"  when no job holds more than 1/{round(1 / JOB_WINDOW_FRACTION)} of a window's GPU time: "
         f"a {total}-GPU job up to {widest_min} min, a 1-GPU job up to {one_gpu_min} min",
+    ]
+
+
+def no_starvation_bounds(slurm_run_s: int, ai_run_s: int, handoff_s: int) -> dict[str, int]:
+    """The waits the turn bounds, from the run limits the engines enforce (a Slurm job ends by its
+    MaxTime plus a limit check and KillWait, an AI job by its max-exec-time) and the hand-off's
+    latency (components/slurmd_scaling.py reclaim_bounds):
+    * turn_start_s: a job first in line on the side behind, wide or not, starts within it of that
+      side's turn: the other side's jobs on its GPUs end by their limits and the GPUs come over,
+      then a narrower job of its own side that took the GPUs there were ends by its limit, the
+      backfill plan holding them for it meanwhile (twin/slurm.py).
+    * plan_hold_s: a Slurm node idles inside the plan of the job first in line at most until the
+      jobs on the plan's other nodes reach their limits, all started before the hold began."""
+    return {"turn_start_s": ai_run_s + slurm_run_s + handoff_s, "plan_hold_s": slurm_run_s}
+
+
+def no_starvation_lines(bounds: dict[str, int], policy: str) -> list[str]:
+    """The bounds in words, as `plan` prints them beside the contract."""
+    return [
+        f"no starvation (policy {policy}): a job first in line on the side behind its share, wide ones "
+        f"included, starts within {bounds['turn_start_s']} s of that side's turn; a GPU held idle for a "
+        f"Slurm backfill plan is held at most {bounds['plan_hold_s']} s",
+        "  not bounded: how long a side takes to fall behind (its decayed usage), and jobs behind the "
+        "first in line of a side whose own work exceeds its share",
     ]
 
 
@@ -97,6 +131,14 @@ def reading(values: dict[str, float | None]) -> Reading:
     )
 
 
+def lending_limit(nominal: int, lending: int, new_nominal: int) -> int:
+    """A queue's lendingLimit once its nominalQuota moves: one that lent all of the old quota lends
+    all of the new one, another stays, at most the new quota (Kueue's ClusterQueue webhook refuses
+    a lendingLimit above the nominalQuota: kubernetes-sigs/kueue@v0.19.2 pkg/webhooks/
+    clusterqueue_webhook.go validateLendingLimit)."""
+    return new_nominal if lending == nominal else min(lending, new_nominal)
+
+
 @dataclass(frozen=True)
 class Quotas:
     """Each side's nominalQuota (GPUs), and why."""
@@ -113,6 +155,7 @@ class FairShare:
     margin: float = MARGIN
     usage: dict[str, float] = field(default_factory=lambda: {HPC: 0.0, AI: 0.0})
     last: float | None = None
+    turn: tuple[str, int] | None = None  # the side whose claim holds until it holds it, and the claim
 
     def split(self) -> Quotas:
         return Quotas(dict(self.guaranteed), "the guaranteed split")
@@ -134,6 +177,7 @@ class FairShare:
         dt = 0.0 if self.last is None else now - self.last
         self.last = now
         if lost:
+            self.turn = None
             return Quotas(dict(self.guaranteed), "input lost: " + ", ".join(lost))
         used = {side: float(r.used[side] or 0) for side in SIDES}
         waiting = {side: float(r.waiting[side] or 0) for side in SIDES}
@@ -142,6 +186,11 @@ class FairShare:
         for side in SIDES:
             self.usage[side] = self.usage[side] * decay + (used[side] * dt if contended else 0.0)
         shares = self.shares()
+        if self.turn is not None:
+            side, claim = self.turn
+            if waiting[side] > 0 and used[side] < claim:
+                return self._claim(side, claim, f"{side}'s turn: holds {used[side]:g} of its {claim} GPUs")
+            self.turn = None
         behind = [
             side
             for side in SIDES
@@ -150,10 +199,15 @@ class FairShare:
         if not behind:
             return self.split()
         side = behind[0]  # two sides cannot both be under their shares
-        other = AI if side == HPC else HPC
         claim = int(min(self.gpus_total, max(self.guaranteed[side], used[side] + waiting[side])))
-        return Quotas(
-            {side: claim, other: self.gpus_total - claim},
+        self.turn = (side, claim)
+        return self._claim(
+            side,
+            claim,
             f"{side} behind: {100 * shares[side]:.0f} % of the contended GPU time against "
             f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %",
         )
+
+    def _claim(self, side: str, claim: int, reason: str) -> Quotas:
+        other = AI if side == HPC else HPC
+        return Quotas({side: claim, other: self.gpus_total - claim}, reason)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,14 @@ def deep_merge(base: Any, override: Any) -> Any:
 
 
 def base_values(chart: Chart) -> dict:
-    return yaml.safe_load(chart.values_file.read_text()) or {}
+    """The chart's values file, a copy of its own for each caller."""
+    return copy.deepcopy(_values_file(chart.values_file))
+
+
+@functools.cache
+def _values_file(path: Path) -> dict:
+    # parsed once per process: the program, plan and the twin ask for the same few files many times
+    return yaml.safe_load(path.read_text()) or {}
 
 
 def merged_values(chart: Chart, computed: dict) -> dict:

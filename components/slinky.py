@@ -35,6 +35,8 @@ GPU_GRES = "gpu:tesla:1"  # one Tesla T4 per slurmd pod
 SHARED_VOLUME = "shared"
 # slurmctld's job_submit/lua script: a job sized only in GPUs gets one node per GPU, or a refusal.
 JOB_SUBMIT_LUA = Path(__file__).with_name("job_submit.lua")
+# slurmctld's EpilogSlurmctld: the sha256 of each ended job's output, which `validate` checks.
+OUTPUT_DIGEST_SCRIPT = Path(__file__).with_name("scripts") / "output-digest.sh"
 
 
 def gpu_types() -> tuple[str, ...]:
@@ -220,6 +222,9 @@ def slurm_values(
         },
         "restapi": {"slurmrestd": {"image": _image("slurmrestd", image_tag)}},
         "nodesets": nodesets,
+        # The operator writes EpilogSlurmctld=/etc/slurm/<key> per entry and mounts it there
+        # (SlinkyProject/slurm-operator internal/builder/controller_config.go buildSlurmConf).
+        "epilogSlurmctldScripts": {OUTPUT_DIGEST_SCRIPT.name: OUTPUT_DIGEST_SCRIPT.read_text()},
     }
     if limits:
         computed["controller"]["extraConfMap"] = {

@@ -111,6 +111,9 @@ def slurm_conf(values: dict, n: SlurmNames) -> str:
         "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none",
     ]
+    epilogs = sorted(values.get("epilogSlurmctldScripts") or {})
+    if epilogs:  # buildSlurmConf: one EpilogSlurmctld=/etc/slurm/<key> per entry, keys sorted
+        lines += ["#", "### SLURMCTLD PROLOG & EPILOG ###", *(f"EpilogSlurmctld={SLURM_ETC}/{e}" for e in epilogs)]
     enabled = {k: v for k, v in values.get("nodesets", {}).items() if v.get("enabled")}
     if enabled:
         lines += ["#", "### COMPUTE & PARTITION ###"]
@@ -143,8 +146,8 @@ def slurmd_conf_arg(values: dict, nodeset: str) -> str:
 
 def slurm_files(values: dict, n: SlurmNames) -> dict[str, str]:
     """Every file slurmctld reads from /etc/slurm: slurm.conf, cgroup.conf and the chart's configFiles
-    (gres.conf, job_submit.lua)."""
-    files = {"slurm.conf": slurm_conf(values, n)}
+    (gres.conf, job_submit.lua) and the EpilogSlurmctld scripts."""
+    files = {"slurm.conf": slurm_conf(values, n), **(values.get("epilogSlurmctldScripts") or {})}
     config_files = dict(values.get("configFiles") or {})
     if CGROUP_CONF not in config_files:
         files[CGROUP_CONF] = cgroup_conf()

@@ -29,7 +29,8 @@ runnable. On top of that:
   `fallback` KEDA leaves the scale alone (kedacore/keda@v2.20.2:pkg/scaling/executor/
   scale_scaledobjects.go) and the HPA does not scale down on an invalid metric
   (kubernetes/kubernetes@v1.34.0:pkg/controller/podautoscaler/horizontal.go
-  computeReplicasForMetrics): a metrics outage freezes the scale.
+  computeReplicasForMetrics): a metrics outage freezes the scale (policies safe and demand-aware;
+  lend-and-reclaim reads the loss instead, below).
 * While slurmrestd has no available replica, a fourth trigger asks for every slurmd pod that
   exists: the operator then has no Slurm client, `IsNodeDrained` says true and victims are
   picked by ordinal, so a scale-in would delete busy pods
@@ -65,11 +66,30 @@ waiting, slurmd stays for the cooldown as under "safe".
   the composite metric an error for the HPA and the ScaledObject inactive-with-error for KEDA
   (pkg/scaling/scale_handler.go GetScaledObjectMetrics, getScaledObjectState): the freeze holds.
 
-Policy "lend-and-reclaim" (the default) is demand-aware's wish capped at the GPUs AI does not
-claim (`ai_claim`: what AI holds and what waits in Kueue, up to its share, or every GPU once an AI
+Policy "lend-and-reclaim" is demand-aware's wish capped at the GPUs AI does not claim
+(`ai_claim`: what AI holds and what waits in Kueue, up to its share, or every GPU once an AI
 job has waited RESERVE_AFTER_SECONDS although AI held less than its share). Above the cap the
 NodeSet drains and releases pods as their Slurm jobs end: nothing is killed. A multi-node job's
 nodes are asked for only when they all fit under the cap. The bounds are `reclaim_bounds`.
+
+One input lost (`outage_bounds`, docs/handoff.md "One input lost"): Kueue's usage reads as AI's
+guaranteed share, so slurmd stays within HPC's share and what was drained for AI stays drained.
+slurmctld's metrics lost: the Slurm triggers read 0, `slurm_metrics` says they are gone, and the
+formula asks for the pods that exist under the same cap, adding none. That is safe as scale-in is
+drain-first: the NodeSet deletes a running pod only once its Slurm client reads the node drained
+and idle, and with slurmctld unreachable every sync fails at its first step, RefreshNodeCache,
+whose list fails, so nothing is drained or deleted (SlinkyProject/slurm-operator@v1.0.5:
+internal/controller/nodeset/nodeset_sync.go sync, processCondemned; slurmcontrol/slurmcontrol.go
+RefreshNodeCache, IsNodeDrained; SlinkyProject/slurm-client@v1.0.5:pkg/client/informer.go List).
+Without a client the restapi-down hold keeps every pod; kube-state-metrics lost, that trigger
+errs and the scale freezes.
+
+Policy "fair-share" (the default) is lend-and-reclaim whose cap follows AI's nominalQuota as
+Kueue reports it (trigger `ai_quota`), which the fair-share controller moves toward the side
+behind its share of the contended GPU time (components/fair_share.py; the program deploys it,
+components/fair_share_controller.py); AI reserves every GPU for a job first in line only while
+its quota is above its guaranteed share. "lend-and-reclaim", the default before it, stays
+selectable in the twin for comparison.
 
 Policies "previous" (busy + max(largest, pending) on `all`, `sum()` and `or vector(0)`) and
 "reference-triggers" (the reference testbed's three triggers: jobs pending, nodes allocated, the
@@ -121,8 +141,8 @@ LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE, FAIR_SHARE = (
     "reference-triggers",
     "fair-share",
 )
-POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE, FAIR_SHARE)
-DEFAULT_POLICY = LEND_RECLAIM
+POLICIES = (FAIR_SHARE, LEND_RECLAIM, DEMAND_AWARE, SAFE, PREVIOUS, REFERENCE)
+DEFAULT_POLICY = FAIR_SHARE
 # Policies that count held/stalled work, every partition, and refuse jobs that can never fit.
 GUARDED_POLICIES = (LEND_RECLAIM, DEMAND_AWARE, SAFE, FAIR_SHARE)
 # Policies whose triggers a KEDA scalingModifiers formula combines.
@@ -188,21 +208,109 @@ def reclaim_bounds(
 
 
 def bounds_lines(b: ReclaimBounds, slurm_job_max_minutes: int, ai_job_max_minutes: int) -> list[str]:
-    """The bounds in words, as `plan` prints them."""
-
-    def minutes(seconds: int) -> str:
-        whole, rest = divmod(seconds, 60)
-        return f"{seconds} s" if seconds < 600 else f"{whole} min {rest} s" if rest else f"{whole} min"
-
+    """The bounds in words, as `plan` prints them, then under one lost input (`outage_lines`)."""
     return [
-        "lend and reclaim (policy lend-and-reclaim): either side uses the other's idle GPUs; nothing is killed",
-        f"  AI gets its share back within {minutes(b.ai_share_back_s)}: slurmd's borrowed nodes are drained and go "
+        "lend and reclaim (the rule fair-share keeps; these bounds at the guaranteed split): either side uses "
+        "the other's idle GPUs; nothing is killed",
+        f"  AI gets its share back within {_minutes(b.ai_share_back_s)}: slurmd's borrowed nodes are drained and go "
         f"when their Slurm job ends (slurmJobMaxMinutes {slurm_job_max_minutes})",
-        f"  HPC gets its share back within {minutes(b.hpc_share_back_s)}: an AI job on it ends by its limit "
+        f"  HPC gets its share back within {_minutes(b.hpc_share_back_s)}: an AI job on it ends by its limit "
         f"(aiJobMaxMinutes {ai_job_max_minutes}), then Kueue admits the waiting slurmd pods first",
-        f"  an AI job first in line (wider than what is free) starts within {minutes(b.ai_gang_start_s)}",
+        f"  an AI job first in line (wider than what is free) starts within {_minutes(b.ai_gang_start_s)}",
         f"  a freed GPU reaches waiting work within {b.handoff_s} s (two scrapes, a poll, an HPA sync, a termination)",
+        *outage_lines(b),
     ]
+
+
+AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK = "ai_share_back_s", "ai_gang_start_s", "hpc_share_back_s"
+
+
+@dataclass(frozen=True)
+class OutageBound:
+    """The bounds of lend and reclaim while one input of the scaler is lost (docs/handoff.md, "One
+    input lost"; `plan` prints them): each is its ReclaimBounds value, plus the outage's length for
+    the waits in `plus_outage` (those the scaler cannot serve until the input is back)."""
+
+    lost: str  # the input
+    alert: str  # the alert that names it
+    scaler: str  # what the scaler does meanwhile
+    ai_share_back_s: int
+    ai_gang_start_s: int
+    hpc_share_back_s: int
+    plus_outage: tuple[str, ...]  # of AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK
+
+    def wait(self, which: str, outage_s: float) -> float:
+        """The bound on wait `which` (a field name) for an outage of `outage_s` seconds."""
+        return getattr(self, which) + (outage_s if which in self.plus_outage else 0)
+
+
+def outage_bounds(b: ReclaimBounds) -> tuple[OutageBound, ...]:
+    """One row per lost input, under lend-and-reclaim (and fair-share, whose controller then sets
+    the guaranteed split). A scale-in stays drain-first in every row: the operator deletes a slurmd
+    pod only once its client reads the node drained and idle, or with no client at all, which the
+    restapi-down hold prevents (SlinkyProject/slurm-operator@v1.0.5: internal/controller/nodeset/
+    nodeset_sync.go processCondemned, slurmcontrol/slurmcontrol.go IsNodeDrained)."""
+    every = (AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK)
+    base = (b.ai_share_back_s, b.ai_gang_start_s, b.hpc_share_back_s)
+    return (
+        OutageBound(
+            "slurmctld's metrics (slurmctld up)",
+            METRICS_MISSING_ALERT,
+            "keeps the slurmd pods it has, none added, capped at what AI claims: AI's GPUs are drained as usual",
+            *base,
+            (HPC_SHARE_BACK,),  # HPC's new work gets no pod until its demand is seen again
+        ),
+        OutageBound(
+            "slurmctld (down: no metrics, no drain)",
+            METRICS_MISSING_ALERT,
+            "as above, but every NodeSet sync fails at its first step: no pod goes until slurmctld is back",
+            *base,
+            every,
+        ),
+        OutageBound(
+            "Kueue's metrics",
+            KUEUE_METRICS_MISSING_ALERT,
+            "counts AI as claiming its guaranteed share: slurmd stays within HPC's share, drained nodes stay drained",
+            *base,
+            (AI_GANG_START,),  # a reservation needs Kueue's pending GPUs: it forms again after the outage
+        ),
+        OutageBound(
+            "kube-state-metrics",
+            KUBE_STATE_METRICS_MISSING_ALERT,
+            "freezes the scale (it cannot see whether slurmrestd is up, so it scales nothing in)",
+            *base,
+            every,
+        ),
+        OutageBound(
+            "slurmrestd",
+            RESTAPI_DOWN_ALERT,
+            "keeps every slurmd pod (without a Slurm client the operator would delete busy ones); scale-out goes on",
+            *base,
+            (AI_SHARE_BACK, AI_GANG_START),
+        ),
+    )
+
+
+def outage_lines(b: ReclaimBounds) -> list[str]:
+    """The bounds under one lost input, as `plan` prints them (D: the outage's length)."""
+
+    def said(row: OutageBound, which: str) -> str:
+        value = _minutes(getattr(row, which))
+        return f"D + {value}" if which in row.plus_outage else value
+
+    lines = ["  one input lost for D s (policies lend-and-reclaim, fair-share; the alert after 2 min names it):"]
+    for row in outage_bounds(b):
+        lines.append(
+            f"    {row.lost} ({row.alert}): the scaler {row.scaler}; AI's share back within "
+            f"{said(row, AI_SHARE_BACK)}, a first-in-line AI job within {said(row, AI_GANG_START)}, "
+            f"HPC's share back within {said(row, HPC_SHARE_BACK)}"
+        )
+    return lines
+
+
+def _minutes(seconds: int) -> str:
+    whole, rest = divmod(seconds, 60)
+    return f"{seconds} s" if seconds < 600 else f"{whole} min {rest} s" if rest else f"{whole} min"
 
 
 @dataclass(frozen=True)
@@ -351,13 +459,42 @@ def _safe_queries(t: Target, sep: str = "-") -> list[tuple[str, str]]:
 # The formula policies' extra triggers, named for the formula.
 RECENTLY_BUSY, SLURMD_PODS, AI_WAITING = "recently_busy", "slurmd_pods", "ai_waiting"
 AI_HELD, AI_PENDING, AI_RESERVE, BUSY = "ai_held", "ai_pending", "ai_reserve", "busy_nodes"
-AI_QUOTA = "ai_quota"
+AI_QUOTA, AI_RESERVE_AT_SHARE = "ai_quota", "ai_reserve_at_share"
+SLURM_METRICS = "slurm_metrics"  # 1 while slurmctld's partition metrics are there, else 0 (lend-and-reclaim)
 
 
-def _kueue(metric: str, t: Target) -> str:
-    # No Kueue series (its metrics down) is 0: AI is then taken to hold and want nothing, and
-    # Kueue's quota, not this cap, keeps slurmd off AI's GPUs.
-    return f'(max({metric}{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}) or vector(0))'
+def _kueue(metric: str, t: Target, lost: int = 0) -> str:
+    # No Kueue series (its metrics lost) reads as `lost`: 0 for what waits, AI's share for what it
+    # holds (`_ai_held_when_kueue_lost`), so the cap leaves AI its share through the outage.
+    return f'(max({metric}{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}) or vector({lost}))'
+
+
+def _ai_held_when_kueue_lost(t: Target) -> int:
+    """What AI counts as holding while Kueue's metrics are lost: its guaranteed share. Its claim is
+    then that share (held and waiting, up to the share), so slurmd stays within HPC's share and the
+    nodes drained for AI stay drained; reading 0 (before issue 28) let the cap rise to every GPU and
+    un-drain them for new Slurm jobs."""
+    return t.ai_share
+
+
+def _slurm_present(t: Target) -> str:
+    # count() of one partition's series: 0 (`or vector(0)`) once the target is gone or stale.
+    return f'((count({PENDING_JOBS}{{partition="{t.partitions[0]}"}}) > bool 0) or vector(0))'
+
+
+def _zero_when_slurm_lost(query: str) -> str:
+    """A Slurm trigger of lend-and-reclaim: 0 instead of an error when slurmctld's metrics are lost,
+    so the formula still runs and takes its outage branch (`_unless_slurm_lost`) on SLURM_METRICS."""
+    return f"({query}) or vector(0)"
+
+
+def _unless_slurm_lost(capped: str, lost_cap: str) -> str:
+    """The formula's value: the capped wish while slurmctld's metrics are there; while they are
+    lost, the slurmd pods that exist capped at what AI does not claim (`lost_cap`: lend-and-reclaim's
+    cap, under fair-share too). Slurm's demand is unknown, so nothing is added, and what AI claims is
+    drained as usual: drain-first scale-in deletes a pod only once the operator's client reads its
+    node drained and idle (see the module docstring)."""
+    return f"({SLURM_METRICS} > 0 ? {capped} : min({SLURMD_PODS}, {lost_cap}))"
 
 
 def _ai_quota(t: Target) -> str:
@@ -366,19 +503,28 @@ def _ai_quota(t: Target) -> str:
 
 
 def _lend_and_reclaim_queries(t: Target, warm_seconds: int, follow_quota: bool = False) -> list[tuple[str, str]]:
-    held, pending = _kueue(KUEUE_USAGE, t), _kueue(KUEUE_PENDING, t)
+    held, pending = _kueue(KUEUE_USAGE, t, _ai_held_when_kueue_lost(t)), _kueue(KUEUE_PENDING, t)
     share = _ai_quota(t) if follow_quota else str(t.ai_share)
     # fair-share: AI reserves every GPU for a job first in line only on its turn, while the
     # controller has raised its quota above its guaranteed share (AI behind on GPU time).
     turn = f" * ({share} > bool {t.ai_share})" if follow_quota else ""
     first_in_line = f"(({held} < bool {share}) * ({pending} > bool 0){turn})"
+    # fair-share while slurmctld's metrics are lost: lend-and-reclaim's reservation (no turn, the
+    # guaranteed share). The controller then sets the split; a job first in line keeps its bound.
+    at_share = f"(({held} < bool {t.ai_share}) * ({pending} > bool 0))"
+    slurm = [*_demand_aware_queries(t, warm_seconds), (BUSY, _busy(t))]
     return [
-        *_demand_aware_queries(t, warm_seconds),
-        (BUSY, _busy(t)),
+        *((name, _zero_when_slurm_lost(q) if "slurm_partition_" in q else q) for name, q in slurm),
+        (SLURM_METRICS, _slurm_present(t)),
         (AI_HELD, held),
         (AI_PENDING, pending),
         (AI_RESERVE, f"min_over_time({first_in_line}{_window(t, RESERVE_AFTER_SECONDS)})"),
         *([(AI_QUOTA, share)] if follow_quota else []),
+        *(
+            [(AI_RESERVE_AT_SHARE, f"min_over_time({at_share}{_window(t, RESERVE_AFTER_SECONDS)})")]
+            if follow_quota
+            else []
+        ),
     ]
 
 
@@ -404,30 +550,34 @@ def formula(t: Target, policy: str = DEMAND_AWARE) -> str:
 
     demand-aware: the safe demand, and warmth (never more pods than exist) only while no AI work waits.
     lend-and-reclaim: the same, capped at the GPUs AI does not claim (see `lend_and_reclaim_replicas`),
-    where a multi-node job's nodes are asked for only if all of them fit under the cap; the
-    restapi-down hold is never capped (a scale-in then deletes busy pods)."""
+    where a multi-node job's nodes are asked for only if all of them fit under the cap; while
+    slurmctld's metrics are lost, the pods that exist under the same cap; the restapi-down hold is
+    never capped (a scale-in then deletes busy pods)."""
     safe = [name for name, _ in _safe_queries(t, "_")]
     if policy == DEMAND_AWARE:
         return f"max({', '.join(safe)}, {_warmth()})"
     runnable, *largest, restapi_hold = safe
-    cap = _cap_expression(t, AI_QUOTA if policy in QUOTA_POLICIES else str(float(t.ai_share)))
+    at_share = _cap_expression(t, str(float(t.ai_share)), AI_RESERVE)
+    cap = _cap_expression(t, AI_QUOTA, AI_RESERVE) if policy in QUOTA_POLICIES else at_share
+    # while slurmctld's metrics are lost, fair-share's cap is lend-and-reclaim's
+    lost_cap = _cap_expression(t, str(float(t.ai_share)), AI_RESERVE_AT_SHARE) if policy in QUOTA_POLICIES else at_share
     # A job fits if its nodes fit under the cap (the busy ones may be among them); one that does
     # not gets no pod at all: it counts as one runnable job, whose pod would idle.
     fits = [f"({term} - {BUSY} <= {cap})" for term in largest]
     gangs = [f"({fit} ? {term} : 0.0)" for fit, term in zip(fits, largest, strict=True)]
     too_wide = " + ".join(f"({fit} ? 0.0 : 1.0)" for fit in fits)
     wanted = f"max({runnable} - ({too_wide}), {', '.join(gangs)}, {_warmth()})"
-    return f"max(min({wanted}, {cap}), {restapi_hold})"
+    return f"max({_unless_slurm_lost(f'min({wanted}, {cap})', lost_cap)}, {restapi_hold})"
 
 
-def _cap_expression(t: Target, ai_share: str) -> str:
+def _cap_expression(t: Target, ai_share: str, reserve: str) -> str:
     # Float literals: min() returns the argument it picks, so an int GPU count would make the whole
     # formula an int when AI claims every GPU, and KEDA 2.20 refuses a result that is not a float64
     # (kedacore/keda@v2.20.2:pkg/scaling/modifiers/formula.go; 2.16.1 converted it). `ai_share` is
     # a float literal or a trigger's name (fair-share's quota), whose value KEDA passes as a float64.
     total = float(t.gpus_total)
     held_and_waiting = f"({AI_HELD} + {AI_PENDING})"
-    claim = f"({AI_RESERVE} > 0 ? min({total}, {held_and_waiting}) : min({ai_share}, {held_and_waiting}))"
+    claim = f"({reserve} > 0 ? min({total}, {held_and_waiting}) : min({ai_share}, {held_and_waiting}))"
     return f"({total} - {claim})"
 
 
@@ -451,12 +601,17 @@ def lend_and_reclaim_replicas(
     gpus_total: int,
     stalled_pending: int = 0,
     restapi_down_pods: int = 0,
+    slurm_metrics: bool = True,
 ) -> int:
     """The lend-and-reclaim policy as a table: the demand-aware wish (a multi-node job's nodes only
     if they all fit), capped at the GPUs AI does not claim. Above the cap, the NodeSet drains the
-    pods it condemns and deletes each once its Slurm job has ended: nothing is killed."""
-    busy = m.nodes_alloc + m.nodes_mixed
+    pods it condemns and deletes each once its Slurm job has ended: nothing is killed. Without
+    slurmctld's metrics (`slurm_metrics` False, `m` unknown) the wish is the pods that exist."""
     cap = gpus_total - ai_claim_gpus
+    if not slurm_metrics:
+        value = max(min(pods, cap), restapi_down_pods)
+        return 0 if value <= 0 else max(min_replicas, min(max_replicas, value))
+    busy = m.nodes_alloc + m.nodes_mixed
     runnable = max(0, m.jobs_pending - m.jobs_hold - stalled_pending)
     largest = m.largest_pending_job_nodes if runnable > 0 else 0
     fits = largest <= cap
@@ -517,11 +672,14 @@ def metrics_alert_rules(t: Target) -> dict:
                 "for": METRICS_MISSING_FOR,
                 "labels": {"severity": "critical"},
                 "annotations": {
-                    "summary": "slurmctld's partition metrics are missing: slurmd scaling is frozen",
+                    "summary": "slurmctld's partition metrics are missing: slurmd adds no pod, AI's GPUs still come back",
                     "description": (
-                        "No slurm_partition_* series: slurmctld is not scraped, or it runs without "
-                        "MetricsType=metrics/openmetrics (any PrivateData hides them too). KEDA's Slurm "
-                        "triggers err and the NodeSet keeps its size until the metrics are back."
+                        "No slurm_partition_* series: slurmctld is down or not scraped, or it runs without "
+                        "MetricsType=metrics/openmetrics (any PrivateData hides them too). Until they are back "
+                        "the scaler keeps the slurmd pods that exist, capped at what AI claims: new Slurm work "
+                        "gets no pod, and the nodes AI claims are drained and go as their jobs end (with "
+                        "slurmctld itself down the drain fails and no pod goes). Under the policies before "
+                        "lend-and-reclaim the scale is frozen. Bounds: `plan`, docs/handoff.md 'One input lost'."
                     ),
                 },
             }
@@ -557,27 +715,32 @@ def input_alert_rules(t: Target) -> dict:
             rule(
                 KUEUE_METRICS_MISSING_ALERT,
                 f"absent({KUEUE_USAGE}{kueue})",
-                "Kueue's ClusterQueue metrics are missing: the scaler reads AI as holding and wanting nothing",
+                "Kueue's ClusterQueue metrics are missing: the scaler counts AI as claiming its guaranteed share",
                 "No kueue_cluster_queue_resource_usage for the AI queue: Kueue's metrics endpoint is not "
-                "scraped, or metrics.enableClusterQueueResources is off. slurmd's cap then lets Slurm keep "
-                "AI's idle GPUs (Kueue's quota still admits AI within its share first); the fair-share "
-                "controller holds the guaranteed split.",
+                "scraped, or metrics.enableClusterQueueResources is off. Until they are back slurmd is "
+                "capped at HPC's share, whatever AI uses: nodes drained for AI stay drained, Slurm does "
+                "not borrow AI's idle GPUs, and an AI job wider than its share gets no reservation (it "
+                "forms again after the outage); the fair-share controller holds the guaranteed split. "
+                "Bounds: `plan`, docs/handoff.md 'One input lost'.",
             ),
             rule(
                 KUBE_STATE_METRICS_MISSING_ALERT,
                 f"absent({restapi})",
                 "kube-state-metrics is missing: slurmd's scale is frozen",
                 "No kube_deployment_status_replicas_available for slurmrestd: kube-state-metrics is not "
-                "scraped. The restapi-down trigger errs, so KEDA leaves the NodeSet's size as it is until "
-                "it is back; nothing is scaled in.",
+                "scraped. The scaler cannot tell whether slurmrestd is up, without which a scale-in would "
+                "delete busy slurmd pods, so its restapi-down trigger errs and KEDA leaves the NodeSet's "
+                "size as it is until it is back: nothing is scaled in or out, and every wait for a lent "
+                "GPU grows by the outage. Bounds: `plan`, docs/handoff.md 'One input lost'.",
             ),
             rule(
                 RESTAPI_DOWN_ALERT,
                 f"max({restapi}) < 1",
                 "slurmrestd has no available replica: slurmd keeps every pod it has",
                 "The NodeSet controller has no Slurm client without slurmrestd, so a scale-in would pick "
-                "busy pods; the scaler asks for every slurmd pod that exists until it is back, and GPUs "
-                "lent to Slurm come back only after.",
+                "busy pods; the scaler asks for every slurmd pod that exists until it is back (scale-out "
+                "goes on), and GPUs lent to Slurm come back only after: AI's waits grow by the outage. "
+                "Bounds: `plan`, docs/handoff.md 'One input lost'.",
             ),
         ],
     }

@@ -9,6 +9,9 @@ SHARE_SLURM_DIR = f"{SHARE_DIR}/slurm"  # control-plane.sh makes both, under SHA
 SHARE_TOOLS_DIR = f"{SHARE_DIR}/tools"
 SHARE_TOOLS_UID = 402  # no user in the Slinky or CUDA images; the build job's copy step runs as it
 SLURM_STATE_DIR = "/var/spool/slurmctld"  # on the control node, owned by SLURM_UID
+# <job id>.sha256 per ended Slurm job, written by slurmctld's EpilogSlurmctld as SLURM_UID
+# (components/scripts/output-digest.sh): no job and no share user can rewrite it.
+OUTPUT_DIGEST_DIR = f"{SLURM_STATE_DIR}/output-digests"
 SLURM_UID = 401  # the slurm user in the Slinky 25.11 images
 POD_CIDR = "10.244.0.0/16"  # Flannel's default Network
 # kubeadm's default service network, set explicitly (kubernetes/kubernetes@v1.34.0:

@@ -79,6 +79,10 @@ HPC_PRIORITY_CLASS = "hpc-slurmd"  # the slurmd pods' WorkloadPriorityClass
 AI_CLUSTER_QUEUE = "ai"
 AI_LOCAL_QUEUE = "ai"  # in JOBS_NAMESPACE; never `default`, which Kueue treats as a catch-all
 GPU_FLAVOR = "gpu-worker"
+# The fair-share controller (components/fair_share_controller.py): its namespace, and the one name
+# of its Deployment, ServiceAccount, ConfigMap and RBAC objects.
+FAIR_SHARE_NAMESPACE = "fair-share"
+FAIR_SHARE_CONTROLLER = "fair-share-controller"
 AI_PRIORITY_CLASSES = ("ai-normal", "ai-high")  # lowest first; the example jobs use the first
 # The chart's webhook configurations, `<kueue.fullname>-{mutating,validating}-webhook-configuration`,
 # and its two pod webhooks (charts/kueue/templates/webhook/manifests.yaml).

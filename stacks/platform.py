@@ -6,6 +6,7 @@ PyTorchJob CRD) -> Kueue (its own certificates, no cert-manager) -> its pod webh
 (checked) and its webhook gate -> queues -> slurm chart: every slurmd pod is a Kueue workload, so
 none may be created before the narrowed webhooks and its LocalQueue exist; Kueue -> the AI run
 limit (its policies refuse a queued job without a limit, which the gate's probe must not meet first);
+Kueue's queues and monitoring -> the fair-share controller, which patches the queues' quotas;
 everything else -> KEDA (its metrics API disturbs discovery while it starts) -> ScaledObject.
 The device plugin and the Training Operator need only the cluster."""
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from components.ai_run_limit import AiRunLimit, AiRunLimitArgs
 from components.cert_manager import CertManager, CertManagerArgs
 from components.device_plugin import DevicePlugin, DevicePluginArgs
+from components.fair_share_controller import FairShareController, FairShareControllerArgs
 from components.keda import Keda, KedaArgs
 from components.kueue import Kueue, KueueArgs
 from components.managed_prometheus import ManagedPrometheus
@@ -40,6 +42,7 @@ class Platform:
     training_operator: TrainingOperator
     kueue: Kueue
     ai_run_limit: AiRunLimit
+    fair_share: FairShareController
     tenant_volumes: TenantVolumes
     user_roles: UserRoles
 
@@ -87,6 +90,18 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             max_minutes=names.ai_job_max_minutes, gpus=names.shares.ai_max_gpus, provider=provider, after=kueue.ready
         ),
     )
+    # The fair-share controller patches Kueue's ClusterQueues (after its webhook gate and the
+    # queues) from what Prometheus reads (components/fair_share_controller.py)
+    fair_share = FairShareController(
+        "testbed-fair-share",
+        FairShareControllerArgs(
+            names=names,
+            image=s.fair_share_image,
+            kubernetes_minor=s.kubernetes_minor,
+            provider=provider,
+            after=[*kueue.ready, monitoring.stack],
+        ),
+    )
     # Tenants' pods keep off the share and the nodes' files from the first pod on (components/tenant_volumes.py)
     tenant_volumes = TenantVolumes("testbed-tenant-volumes", TenantVolumesArgs(provider=provider, after=[access.gate]))
     # what the hpcKubeconfig and aiKubeconfig outputs may do (components/user_roles.py)
@@ -127,6 +142,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
                 training_operator,
                 kueue,
                 ai_run_limit,
+                fair_share,
                 tenant_volumes,
                 user_roles,
             ],
@@ -142,6 +158,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
         training_operator,
         kueue,
         ai_run_limit,
+        fair_share,
         tenant_volumes,
         user_roles,
     )

@@ -14,7 +14,13 @@ from stacks import cluster, infrastructure, platform, pricing, workloads
 
 def settings_from_pulumi(offline: bool = False) -> Settings:
     """Settings from the running Pulumi program's config (the only reader of it; here, not in
-    core/, which stays free of Pulumi)."""
+    core/, which stays free of Pulumi).
+
+    Every key is read, to refuse the unknown ones. The public API cannot list them (pulumi 3.272.0:
+    pulumi.Config and runtime.get_config read one named key; runtime.get_config_env is only the
+    PULUMI_CONFIG the CLI passes), and config a host sets with runtime.set_all_config (the
+    automation API's inline programs, automation/_server.py; the mocks) is kept only in the
+    private runtime/config.py CONFIG, so it is read there."""
     config = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
     return settings.load(config, stack=pulumi.get_stack(), offline=offline)
 

@@ -60,6 +60,11 @@ VALIDATING_ADMISSION_POLICY = "kubernetes:admissionregistration.k8s.io/v1:Valida
 VALIDATING_ADMISSION_POLICY_BINDING = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
 # Tenants' volumes (components/tenant_volumes.py)
 TENANT_VOLUMES = "testbed:platform:TenantVolumes"
+# The fair-share controller (components/fair_share_controller.py): its component and workload
+FAIR_SHARE_CONTROLLER = "testbed:platform:FairShareController"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+SERVICE_ACCOUNT = "kubernetes:core/v1:ServiceAccount"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 
 # Every AWS type the default program registers: a new one must come with its checks.
 AWS_TYPES = frozenset(

@@ -128,6 +128,9 @@ class Kubernetes:
     # each step, so one that finished in the latest step may still be there).
     _live: list[Pod] = field(default_factory=list)
     open_jobs: list[KubeJob] = field(default_factory=list)
+    # GPUs whose node is NotReady (fault node-failure; one GPU per node): nothing binds there, and a
+    # pod on it neither runs its work nor goes, even deleted, until its kubelet is back to stop it.
+    failed: set[int] = field(default_factory=set)
 
     def create_pod(self, pod: Pod) -> Pod:
         self.pods.append(pod)
@@ -202,11 +205,12 @@ class Kubernetes:
             # an unbound pod goes at once; a bound one after its termination
             took = self.slurmd_termination if pod.holder == SLURMD else TERMINATION
             gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + took)
+            gone = gone and pod.gpu not in self.failed
             if gone and pod.gone_at is None:
                 pod.gone_at = now
         held = Counter(p.gpu for p in pods if p.live and p.gpu is not None)
         # the free devices, one entry per device, lowest-numbered node first
-        free = [g for g in range(self.gpus) for _ in range(self.gpu_replicas - held[g])]
+        free = [g for g in range(self.gpus) if g not in self.failed for _ in range(self.gpu_replicas - held[g])]
         for pod in sorted(
             (p for p in pods if p.gpu is None and p.live and p.terminating_at is None and not p.gated),
             key=lambda p: p.created,
@@ -225,6 +229,19 @@ class Kubernetes:
         self.double_held |= {g for g in bound if bound.count(g) > 1}
         self._init_containers(now)
         self._jobs(now)
+
+    def replace_pod(self, job: KubeJob, pod: Pod, now: float) -> Pod:
+        """The job's controller replaces a pod deleted under it (the batch Job's default
+        podReplacementPolicy TerminatingOrFailed, kubernetes/kubernetes@v1.34.0 pkg/controller/job;
+        the Training Operator recreates a missing replica's pod): a new pod, unbound, and the job's
+        work starts over once every pod runs again."""
+        new = Pod(f"{pod.name}-r{len(self.pods)}", pod.holder, pod.owner, pod.image, now, own_image=pod.own_image)
+        job.pods = [new if p is pod else p for p in job.pods]
+        for other in job.pods:
+            if other.wait_for == pod.name:
+                other.wait_for = new.name
+        job.started = None
+        return self.create_pod(new)
 
     def _pulls(self, pod: Pod) -> tuple[float, float]:
         """Seconds of pulls on the pod's node before its init container runs and before its main
@@ -268,7 +285,8 @@ class Kubernetes:
         for job in self.open_jobs:
             if job.started is None and job.pods and all(p.running(now) for p in job.pods):
                 job.started = now
-            if job.started is not None and now >= job.started + job.runtime:
+            stalled = any(p.gpu in self.failed for p in job.pods)  # its node is down: its work stands still
+            if job.started is not None and now >= job.started + job.runtime and not stalled:
                 job.finished = now
                 for pod in job.pods:
                     pod.gone_at = now  # Succeeded: the GPU goes back

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from components import fair_share
 from core.names import (
     AI_LOCAL_QUEUE,
     AI_PRIORITY_CLASSES,
@@ -210,14 +211,14 @@ class Kueue:
         return self.usage(w.cluster_queue) + w.gpus > self.queues[w.cluster_queue].nominal
 
     def set_nominal(self, cluster_queue: str, nominal: int) -> None:
-        """A patch of the queue's nominalQuota (the fair-share controller's); a lendingLimit that
-        lent all of the old quota lends all of the new one (Kueue requires lendingLimit <= nominalQuota)."""
+        """A patch of the queue's nominalQuota (the fair-share controller's), its lendingLimit as the
+        controller patches it (fair_share.lending_limit)."""
         cq = self.queues[cluster_queue]
         if cq.nominal == nominal:
             return
         lending = cq.lending_limit
         if lending is not None:
-            lending = nominal if lending == cq.nominal else min(lending, nominal)
+            lending = fair_share.lending_limit(cq.nominal, lending, nominal)
         self.queues[cluster_queue] = replace(cq, nominal=nominal, lending_limit=lending)
         self._idle_state = None  # the quotas changed: the next cycle decides again
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from core.names import AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE
 from twin import kube as k8s
-from twin.slurm import SlurmJob
+from twin.slurm import PENDING, SlurmJob
 from twin.world import World
 
 
@@ -43,6 +43,10 @@ class Ledger:
         # work: idle slurmd nodes while a Slurm job waits, free GPUs while an AI job waits.
         self.idle_while_waiting = {"slurm": 0.0, "kubernetes": 0.0}
         self.held_for_reservation = {"slurm": 0.0, "kubernetes": 0.0}
+        # Each stretch a registered Slurm node stayed idle inside a pending job's backfill plan
+        # (twin/slurm.py Plan): since when, by node, and the longest (a bound holds it: fair_share).
+        self.plan_hold_since: dict[str, float] = {}
+        self.plan_hold_max_s = 0.0
 
     def note_ends(self, now: float) -> None:
         """Each Slurm job that ends while a Kubernetes job waits (queued in Kueue or Pending)."""
@@ -101,9 +105,28 @@ class Ledger:
                 self.zero_spans[-1][1] = now
             else:
                 self.zero_spans.append([now, now])
+        self._plan_holds(busy, now)
         if self.shares is not None:
             self._reclaim_wait("slurm", held, ai_held, self.shares, now)
             self._reclaim_wait("kubernetes", ai_held, held, self.shares, now)
+
+    def _plan_holds(self, busy: set[str], now: float) -> None:
+        slurm = self.world.slurm
+        held = {
+            n
+            for p in slurm.plans
+            if p.job.state == PENDING
+            for n in p.nodes
+            if n not in busy and n in slurm.nodes and not slurm.nodes[n].down
+        }
+        for node in held - set(self.plan_hold_since):
+            self.plan_hold_since[node] = now
+        for node in set(self.plan_hold_since) - held:
+            self.plan_hold_max_s = max(self.plan_hold_max_s, now - self.plan_hold_since.pop(node))
+
+    def longest_plan_hold(self, now: float) -> float:
+        """The longest stretch a node idled in a plan, stretches still open at `now` included."""
+        return max([self.plan_hold_max_s, *(now - since for since in self.plan_hold_since.values())])
 
     def _reclaim_wait(self, side: str, mine: int, theirs: int, shares: dict[str, int], now: float) -> None:
         """A side waits for its lent share while it has work waiting, holds less than its share

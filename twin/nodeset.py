@@ -113,6 +113,10 @@ class NodeSetController:
     _requeue_at: float | None = None  # the earliest delayed add waiting in the work queue
     _failures: int = 0  # failed syncs since the last one that succeeded
     _draining: bool = False  # the last sync left a condemned pod draining
+    # (when, Slurm node) of each un-drain that gives a condemned node back to Slurm: fewer pods are
+    # condemned than at the last sync. One for one re-chosen victims (a swap) is left out.
+    undrained: list[tuple[float, str]] = field(default_factory=list)
+    _condemned: int = 0  # pods the last sync condemned
 
     def pods(self) -> list[Pod]:
         """The NodeSet's pods as a sync lists them: every live one, terminating ones included."""
@@ -127,6 +131,8 @@ class NodeSetController:
         `client`: slurmrestd has a ready replica; `refused`: Kueue's pod webhooks, failing closed,
         refuse every create and update of a slurmd pod."""
         for pod in self.pods():
+            if pod.gpu in self.kube.failed:
+                continue  # its node is NotReady: slurmd is not there to register
             running_at = pod.running_at if pod.running(now) else None
             if pod.terminating_at is None and running_at is not None and now >= running_at + self.register_delay:
                 self.slurm.register(pod.owner, now)
@@ -148,6 +154,8 @@ class NodeSetController:
             self._client_since = now  # a new client lists at once: each node it finds is an event
         elif (now - self._client_since - self.informer_phase) % INFORMER_PERIOD:
             return
+        if not self.slurm.up:
+            return  # the list fails (slurmrestd cannot reach slurmctld): the caches stay as they were
         self._jobs_seen = self.slurm.deadlines()
         self._event |= self._list_nodes()
 
@@ -172,12 +180,18 @@ class NodeSetController:
     def _sync(self, now: float, client: bool, refused: bool, pods: list[Pod]) -> list[str]:
         self._event = False
         self._seen = self._observed(pods, now)
-        if client:
-            self._event |= self._list_nodes()  # RefreshNodeCache
+        # RefreshNodeCache, the sync's first step, lists the nodes afresh and waits for it; with
+        # slurmctld down the list fails and so does the sync, before it changes anything
+        # (SlinkyProject/slurm-operator@v1.0.5: internal/controller/nodeset/nodeset_sync.go sync,
+        # slurmcontrol/slurmcontrol.go RefreshNodeCache; SlinkyProject/slurm-client@v1.0.5:
+        # pkg/client/informer.go List, WaitForSyncList). Without a client it returns nil.
+        unreachable = client and not self.slurm.up
+        if client and not unreachable:
+            self._event |= self._list_nodes()
         # The sort reads the pods as listed: the deadlines the previous sync wrote.
         keys = {p.name: self._victim_key(p, now) for p in pods}
         killed: list[str] = []
-        failed = refused and bool(pods)  # syncSlurmDeadline's first patch is refused
+        failed = unreachable or (refused and bool(pods))  # or syncSlurmDeadline's first patch is refused
         if not failed:
             for pod in pods:
                 pod.deadline = self._jobs_seen.get(pod.owner) if client else None
@@ -199,9 +213,10 @@ class NodeSetController:
         """syncNodeSet: (the jobs killed, whether a create was refused)."""
         killed: list[str] = []
         self._draining = False
+        condemned_before, self._condemned = self._condemned, max(0, len(pods) - self.replicas)
         if len(pods) < self.replicas:
             for pod in pods:
-                self._uncordon(pod, client)
+                self._uncordon(pod, client, now)
             if refused:
                 return killed, True
             used = {self._ordinal(p) for p in pods}
@@ -218,7 +233,7 @@ class NodeSetController:
             ordered = sorted(pods, key=lambda p: keys[p.name])
             condemned, kept = ordered[: len(pods) - self.replicas], ordered[len(pods) - self.replicas :]
             for pod in kept:
-                self._uncordon(pod, client)
+                self._uncordon(pod, client, now, swap=len(condemned) >= condemned_before)
             for pod in condemned:
                 if pod.terminating_at is not None:
                     continue
@@ -232,11 +247,14 @@ class NodeSetController:
                 killed += [j.spec.name for j in self.slurm.node_gone(pod.owner, now)]
         else:
             for pod in pods:
-                self._uncordon(pod, client)
+                self._uncordon(pod, client, now)
         return killed, False
 
-    def _uncordon(self, pod: Pod, client: bool) -> None:
+    def _uncordon(self, pod: Pod, client: bool, now: float, swap: bool = False) -> None:
         pod.cordon = False
+        node = self.slurm.nodes.get(pod.owner)
+        if client and node is not None and node.drain and not swap:
+            self.undrained.append((now, pod.owner))
         self._set_drain(pod, False, client)
 
     def _set_drain(self, pod: Pod, drain: bool, client: bool) -> None:
@@ -251,7 +269,7 @@ class NodeSetController:
         NodeSet status and each pod's Slurm-state conditions; a change is an update event (one
         more sync). Returns whether they changed and CalculateNodeStatus's Total (the pods' Slurm
         nodes; none without a client)."""
-        if client:
+        if client and self.slurm.up:
             self._event |= self._list_nodes()
         states = tuple(self._nodes_seen.get(p.owner) for p in pods)
         status = (len(pods), sum(1 for p in pods if p.running(now)), states)

@@ -125,11 +125,19 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
         slinky.JOB_SUBMIT_LUA.name in conf
     )
     kill_invalid_depend = "kill_invalid_depend" in slurm_config.global_setting(slurm_conf, "DependencyParameters", "")
+    return_to_service = int(slurm_config.global_setting(slurm_conf, "ReturnToService", "0"))
     target = slurmd_scaling.scaling_target(names)
     return Setup(
         scaled_object=keda.scaled_object(names, s.keda_min_replicas, policy),
         slurm=SlurmConfig(
-            DEFAULT_PARTITION, target.nodeset_partition, limit, enforce, lua, minutes, kill_invalid_depend
+            DEFAULT_PARTITION,
+            target.nodeset_partition,
+            limit,
+            enforce,
+            lua,
+            minutes,
+            kill_invalid_depend,
+            return_to_service,
         ),
         namespace=target.namespace,
         nodeset=target.nodeset,

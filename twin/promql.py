@@ -38,6 +38,10 @@ class Series:
     labels: dict[str, str]
     times: list[float] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
+    key: Labels = field(init=False)  # the labels an instant selector returns it under: built once
+
+    def __post_init__(self) -> None:
+        self.key = frozenset((k, v) for k, v in self.labels.items() if k != "__name__")
 
 
 class TSDB:
@@ -254,6 +258,9 @@ def _arith(op: str, a: float, b: float) -> float:
     return a / b if b else math.copysign(math.inf, a) if a else math.nan
 
 
+_REUSED = ("bin", "func")  # inside a query, the nodes whose last result is worth keeping (Evaluator._reused)
+
+
 class Evaluator:
     def __init__(self, db: TSDB):
         self.db = db
@@ -264,8 +271,10 @@ class Evaluator:
         # *_over_time results by their steps, once every step is final: evaluations at different
         # times within one step (a KEDA poll, an HPA sync) share them.
         self._windows: dict[tuple[str, int, float, int], Vector] = {}
-        # Each query's last result, and what it was computed from (see instant).
-        self._results: dict[str, tuple[tuple, float, float, Vector | float]] = {}
+        # Each query's and operator's last result, and what it was computed from (see instant).
+        self._results: dict[int, tuple[tuple, float, float, Vector | float]] = {}
+        # Each selector's matching series, in the TSDB's order, and how many of its name's it has seen.
+        self._matching: dict[tuple[str, tuple], tuple[int, list[Series]]] = {}
 
     @property
     def final_before(self) -> float:
@@ -283,34 +292,48 @@ class Evaluator:
         approximation (a KEDA poll and an HPA sync between two scrapes, or after scrapes that
         read the same values). Kept only when computed at or after the latest sample, so every
         sample after it was counted."""
-        node = parse(query)
+        return self._reused(parse(query), t)
+
+    def _reused(self, node: tuple, t: float) -> Vector | float:
+        """The expression at t, its last result while it is the same (see instant): for a whole
+        query, and for each operator and function inside one, so that a query re-evaluated
+        because one of its metrics changed reuses its parts that read others."""
         names, windows = _inputs(node)
         key = (tuple(self.db.changes.get(n, 0) for n in names), tuple(_steps(t, r, s) for r, s in windows))
-        last = self._results.get(query)
+        last = self._results.get(id(node))
         if last is not None and last[0] == key and last[1] <= t < last[2]:
             return last[3]
-        value = self._eval(node, t)
+        value = self._eval_node(node, t)
         if t >= self.db.latest:
-            self._results[query] = (key, t, self.db.visible_until(names), value)
+            self._results[id(node)] = (key, t, self.db.visible_until(names), value)
         return value
 
     def _select(self, name: str, matchers: tuple, t: float) -> Vector:
         out: Vector = {}
-        for s in self.db.by_name.get(name, ()):
-            if any(s.labels.get(k) != v for k, v in matchers):
+        for s in self._series(name, matchers):
+            times = s.times
+            i = bisect.bisect_right(times, t) - 1
+            if i < 0 or times[i] <= t - LOOKBACK or math.isnan(s.values[i]):
                 continue
-            i = bisect.bisect_right(s.times, t) - 1
-            if i < 0 or s.times[i] <= t - LOOKBACK or math.isnan(s.values[i]):
-                continue
-            out[frozenset((k, v) for k, v in s.labels.items() if k != "__name__")] = s.values[i]
+            out[s.key] = s.values[i]
         return out
+
+    def _series(self, name: str, matchers: tuple) -> list[Series]:
+        """The series a selector matches, in the TSDB's order: a name's series are only ever
+        appended, so only the ones added since the last call are matched."""
+        every = self.db.by_name.get(name, ())
+        seen, found = self._matching.get((name, matchers), (0, []))
+        if seen < len(every):
+            found = found + [s for s in every[seen:] if all(s.labels.get(k) == v for k, v in matchers)]
+            self._matching[(name, matchers)] = (len(every), found)
+        return found
 
     def _eval(self, node: tuple, t: float):
         key = (id(node), t)
         memo = self._memo if t < self._final_before else self._now_memo
         value = memo.get(key)
         if value is None:
-            value = memo[key] = self._eval_node(node, t)
+            value = memo[key] = self._reused(node, t) if node[0] in _REUSED else self._eval_node(node, t)
         return value
 
     def _eval_node(self, node: tuple, t: float):

@@ -27,7 +27,7 @@ def result(world: World, ledger: Ledger) -> dict:
                 outcome = "timed_out"  # its own time limit (--time or MaxTime), not the hand-off
             if tasks and all(t.reason == NEVER_SATISFIED for t in tasks):
                 outcome = "cancelled"  # by slurmctld: what it depends on did not complete
-            if any(t.restarts for t in tasks):  # requeued: the work it had done was lost
+            if any(t.restarts > t.failovers for t in tasks):  # requeued by the hand-off: its work was lost
                 outcome = "killed"
             starts = [t.started for t in tasks if t.started is not None]
             ends = [t.finished for t in tasks if t.finished is not None]
@@ -37,6 +37,8 @@ def result(world: World, ledger: Ledger) -> dict:
             }
             if outcome == "refused":
                 row["reason"] = tasks[0].reason
+            if any(t.failovers for t in tasks):  # requeued when its node failed (a fault, not the hand-off)
+                row["requeued_by_node_failure"] = sum(t.failovers for t in tasks)
             if outcome == "cancelled":
                 row["reason"] = f"{spec.after} did not complete: {NEVER_SATISFIED}, cancelled (kill_invalid_depend)"
             if outcome == "timed_out":
@@ -90,6 +92,10 @@ def result(world: World, ledger: Ledger) -> dict:
             for side, waits in ledger.reclaim_waits.items()
         },
         "sides": _sides(world, ledger),
+        # Fault node-failure: when the node failed and came back, the Slurm jobs requeued, the pods evicted
+        "failure_events": [[t, what, name] for t, what, name in world.failure_events],
+        # The longest a Slurm node idled inside a pending job's backfill plan (twin/slurm.py)
+        "slurm_plan_hold_max_s": ledger.longest_plan_hold(world.now),
     }
 
 

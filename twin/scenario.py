@@ -16,15 +16,20 @@ FAULTS = (
     "metrics-outage",
     "duplicate-scrape",
     "kueue-metrics-outage",
+    "kube-state-metrics-outage",
     "kueue-down",
+    "slurmctld-down",
+    "node-failure",
     "runnable-exporter-down",
 )
+NODE_FAULTS = ("node-failure",)  # the faults that name a GPU worker (`node`: its index)
 IMAGES = ("warm", "cold")
 # Size bounds (docs/input-limits.md): the twin steps every second, about 0.2 s of CPU per simulated
 # hour plus up to 0.005 s per queued task (job, array task, replica) and hour: these keep a run
 # under a minute (41 s measured at the bounds: two 1,000-task arrays queued for 2 hours).
 MAX_DURATION = 24 * 3600
 MAX_JOBS = 500
+MAX_WORKERS = 64
 MAX_FAULTS = 100  # each is checked every simulated second
 MAX_TASKS = 2000  # jobs, each Slurm array task and each PyTorchJob replica counted
 MAX_TASK_HOURS = 10000  # each task's hours from its submit to the run's end, summed: the most it can be open
@@ -76,6 +81,7 @@ class Fault:
     kind: str
     start: float
     end: float
+    node: int | None = None  # node-failure: the GPU worker that goes NotReady (0 .. workers - 1)
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,7 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
     for key in _extra(data, {"workers", "duration", "images", "kueue", "jobs", "faults"}):
         c.bad(f"scenario.{_label(key)}", data[key], "one of workers, duration, images, kueue, jobs, faults")
     duration = c.number("duration", data.get("duration"), 1, MAX_DURATION)
-    workers = None if "workers" not in data else c.integer("workers", data["workers"], 1, 64)
+    workers = None if "workers" not in data else c.integer("workers", data["workers"], 1, MAX_WORKERS)
     images = data.get("images", "warm")
     if images not in IMAGES:
         c.bad("images", images, " or ".join(IMAGES))
@@ -301,16 +307,25 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         if not isinstance(raw, dict):
             c.bad(where, raw, "a mapping")
             continue
-        for key in _extra(raw, {"kind", "start", "end"}):
-            c.bad(f"{where}.{_label(key)}", raw[key], "kind, start, end")
+        for key in _extra(raw, {"kind", "start", "end", "node"}):
+            c.bad(f"{where}.{_label(key)}", raw[key], "kind, start, end, node")
         kind = raw.get("kind")
         if kind not in FAULTS:
             c.bad(f"{where}.kind", kind, " | ".join(FAULTS))
+        node = None
+        if kind in NODE_FAULTS:
+            top = (workers if isinstance(workers, int) else MAX_WORKERS) - 1
+            if "node" not in raw:
+                c.bad(f"{where}.node", None, f"the index of the GPU worker that fails, an integer from 0 to {top}")
+            else:
+                node = c.integer(f"{where}.node", raw["node"], 0, top)
+        elif "node" in raw:
+            c.bad(f"{where}.node", raw["node"], f"node only on {' or '.join(NODE_FAULTS)}")
         start = c.number(f"{where}.start", raw.get("start"), 0, MAX_DURATION)
         end = c.number(f"{where}.end", raw.get("end"), 0, MAX_DURATION)
         if start is not None and end is not None and end <= start:
             c.bad(f"{where}.end", raw.get("end"), f"a time after start ({start:g})")
-        faults.append(Fault(str(kind), start or 0.0, end or 0.0))
+        faults.append(Fault(str(kind), start or 0.0, end or 0.0, node))
     if duration is not None:
         c.problems += _outside(duration, jobs, faults)
         c.problems += _too_big(duration, jobs)
@@ -324,6 +339,17 @@ def parse(data: Any, partitions: tuple[str, ...] = ("all", "slinky")) -> Scenari
         jobs=tuple(jobs),
         faults=tuple(faults),
     )
+
+
+def node_problems(sc: Scenario, workers: int) -> list[str]:
+    """A node fault naming a GPU worker the stack does not have (its workers known only with the
+    stack, when the file does not set `workers`)."""
+    return [
+        f"faults[{i}].node: {_show(f.node)} is not allowed; expected an integer from 0 to {workers - 1} "
+        f"(the stack has {workers} GPU workers)"
+        for i, f in enumerate(sc.faults)
+        if f.node is not None and f.node >= workers
+    ]
 
 
 def _cycles(jobs: list[JobSpec]) -> list[str]:

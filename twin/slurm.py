@@ -29,8 +29,32 @@ Followed: SchedMD/slurm@slurm-25-11-0-1
   ignores SIGTERM: the twin ends it at the first check at or after its limit (checks every 30 s
   from the run's start), then holds its nodes KillWait longer, the worst case. A --time over MaxTime pends forever under
   EnforcePartLimits=NO (job_limits_check: PartitionTimeLimit), which job_submit.lua prevents.
-Scheduling is modelled as priority (submit) order with first-fit backfill on every tick: a job
-starts as soon as enough idle, undrained nodes exist (one GPU per node, `gpu:tesla:1`).
+Scheduling (one GPU per node, `gpu:tesla:1`), as slurm.conf sets it: the program sets no
+SchedulerType, SchedulerParameters or PriorityWeight*, so the defaults rule (SchedMD/slurm@
+slurm-25-11-6-1: src/common/read_config.h DEFAULT_SCHEDTYPE "sched/backfill", DEFAULT_PRIORITY_TYPE
+"priority/multifactor" with every PriorityWeight* 0 in src/common/read_config.c): every job has
+the same priority, so the queue is submission order (src/slurmctld/job_scheduler.c sort_job_queue2:
+submit_time, which a requeue keeps, job_mgr.c). Two schedulers share it:
+* The main scheduler (job_scheduler.c _schedule), on every event (the twin: every tick), walks it
+  in order and starts each job that fits the idle nodes. The first that does not fit because nodes
+  are busy (ESLURM_NODES_BUSY: the usable nodes, up and not drained, could hold it) stops it for
+  the partition and its nodes (PART_FLAG_SCHED_FAILED): both partitions hold every node, so no
+  later job starts in that pass. A job wider than the registered nodes (ESLURM_REQUESTED_NODE_
+  CONFIG_UNAVAILABLE) or than the usable ones with the rest not busy (ESLURM_NODE_NOT_AVAIL:
+  a 1-GPU job leaves its node MIXED, shareable, so node_scheduler.c _pick_best_nodes counts no busy
+  node) does not stop it (node_scheduler.c _pick_best_nodes).
+* sched/backfill (src/plugins/sched/backfill/backfill.c, the same at slurm-26-05-0-1 but for locks
+  and logging) runs every bf_interval (30 s) and tests the queue in the same order, at most
+  bf_max_job_test (500) jobs: a job that fits now on nodes no earlier plan needs during its time
+  limit starts; one that does not gets a planned start, the earliest time its -N nodes are free
+  by the running jobs' time limits (start + --time, else MaxTime; not their real end, which no one
+  knows) and by the plans already made, and those nodes are planned for it from then to its own
+  limit, times rounded to bf_resolution (60 s: _set_slot_time). Every tested job plans, not only
+  the head (conservative backfill, _add_reservation), unless the start is past bf_window (1 day),
+  its -N exceeds the usable nodes (it is skipped: no node that may join is held), or an array
+  already has bf_max_job_array_resv (20) tasks planned. So a lower job starts early only if it
+  ends, by its own limit, before the planned start of every job ahead whose nodes it would take
+  (or takes nodes outside them). Nothing here is set in slurm.conf: the defaults above apply.
 """
 
 from __future__ import annotations
@@ -46,11 +70,29 @@ from twin.scenario import JobSpec
 PENDING, RUNNING, COMPLETED, REFUSED = "PENDING", "RUNNING", "COMPLETED", "REFUSED"
 CANCELLED, TIMEOUT = "CANCELLED", "TIMEOUT"
 NEVER_SATISFIED = "DependencyNeverSatisfied"
+# sched/backfill's SchedulerParameters, none of which the program sets (components/slurm_config.py),
+# at their defaults (SchedMD/slurm@slurm-25-11-6-1: src/plugins/sched/backfill/backfill.c
+# BACKFILL_INTERVAL, BACKFILL_WINDOW, BACKFILL_RESOLUTION, DEF_BF_MAX_JOB_TEST, BF_MAX_JOB_ARRAY_RESV).
+BF_INTERVAL = 30.0
+BF_WINDOW = 24 * 3600.0
+BF_RESOLUTION = 60
+BF_MAX_JOB_TEST = 500
+BF_MAX_JOB_ARRAY_RESV = 20
+# slurmctld sets a node that stopped answering DOWN once its last answer is SlurmdTimeout old, at a
+# ping round (every SlurmdTimeout / 3): 300 s, the default, the program setting none
+# (SchedMD/slurm@slurm-25-11-6-1: src/common/read_config.h DEFAULT_SLURMD_TIMEOUT, src/slurmctld/
+# ping_nodes.c ping_nodes "Not responding", controller.c ping_interval). Its batch jobs are requeued
+# (JobRequeue defaults to 1: src/common/read_config.c), as `set_down` does. The last answer came up
+# to one round before the failure, so DOWN falls between 200 and 400 s after it; the twin takes 300.
+SLURMD_TIMEOUT = 300.0
+# A job with no limit (MaxTime UNLIMITED) plans a year (backfill.c YEAR_MINUTES, YEAR_SECONDS).
+YEAR = 365 * 24 * 3600.0
 # A batch job whose node goes down is requeued, eligible again after the requeue delay: the
 # SchedulerParameters requeue_delay, else the credential lifetime, 120 s, plus 1
 # (SchedMD/slurm@slurm-25-11-6-1:src/slurmctld/job_mgr.c _requeue_delay; the real slurmctld 26.05.5
 # requeued a job whose node the preStop set down and deleted, Restarts=1, EligibleTime 121 s later).
 REQUEUE_DELAY = 121
+RETURN_TO_SERVICE_ALL = 2  # ReturnToService=2: a DOWN node that answers is back (slurm.h RETURN_TO_SERVICE_ALL)
 
 
 @dataclass
@@ -66,6 +108,7 @@ class SlurmJob:
     reason: str = ""
     sized: int | None = None  # min_nodes = max_nodes as job_submit.lua set them
     restarts: int = 0  # times its node went down under it: its work was lost each time
+    failovers: int = 0  # of those, times its node had failed (fault node-failure), not been scaled in
     eligible_at: float = 0.0  # a requeued job waits for the requeue delay
     seq: int = 0  # its place among every job record submitted
     time_limit: float | None = None  # seconds: its --time, else the partition's MaxTime; None: UNLIMITED
@@ -117,6 +160,7 @@ class SlurmConfig:
     job_submit_lua: bool = False  # JobSubmitPlugins=lua with components/job_submit.lua
     max_minutes: int | None = None  # partition MaxTime (both partitions), None = UNLIMITED
     kill_invalid_depend: bool = False  # DependencyParameters=kill_invalid_depend
+    return_to_service: int = 0  # ReturnToService (Slurm's default 0, src/common/read_config.h)
 
 
 LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"
@@ -172,9 +216,21 @@ def job_submit(
     return (None, refusal) if refusal else (need, "")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A backfill plan: nodes held for a pending job from `start` to `end` (bf_resolution steps)."""
+
+    job: SlurmJob
+    nodes: frozenset[str]
+    start: float
+    end: float
+
+
 @dataclass
 class Slurmctld:
     config: SlurmConfig
+    # Where sched/backfill's 30 s cycle falls (its thread started with slurmctld, before the run)
+    backfill_phase: float = 0.0
     jobs: list[SlurmJob] = field(default_factory=list)
     nodes: dict[str, SlurmNode] = field(default_factory=dict)
     # The jobs still PENDING or RUNNING, in submission order (pruned each step), and every job by
@@ -184,7 +240,16 @@ class Slurmctld:
     _closed: bool = False  # a job left open_jobs' states since the last prune
     by_name: dict[str, list[SlurmJob]] = field(default_factory=dict)
     completed_now: list[SlurmJob] = field(default_factory=list)  # ended (or timed out) at the latest time
+    plans: list[Plan] = field(default_factory=list)  # the last backfill cycle's plans
+    # Nodes whose slurmd stopped answering (fault node-failure) and not yet set DOWN: no job is
+    # started there (the first ping that fails marks it NOT_RESPONDING, off avail_node_bitmap;
+    # a ping round is SlurmdTimeout / 3), and a job on it cannot end until the node goes DOWN.
+    unreachable: set[str] = field(default_factory=set)
     _stepped_at: float | None = None
+    _backfilled_at: float | None = None
+    # False while slurmctld is down (fault slurmctld-down): it starts nothing and no slurmd
+    # registers; a job that ends meanwhile is counted as ended (slurmd reports it once it is back).
+    up: bool = True
 
     @property
     def partitions(self) -> tuple[str, str]:
@@ -250,7 +315,11 @@ class Slurmctld:
     # ------------------------------------------------------------ nodes (slurmd registers / goes)
 
     def register(self, name: str, now: float) -> None:
-        self.nodes.setdefault(name, SlurmNode(name, now))
+        """slurmd registers; a DOWN node that registers again returns to service (ReturnToService=2,
+        components/slurm_config.py; SchedMD/slurm@slurm-25-11-6-1 doc/man/man5/slurm.conf.5)."""
+        if self.up:
+            node = self.nodes.setdefault(name, SlurmNode(name, now))
+            node.down = False
 
     def node_gone(self, name: str, now: float) -> list[SlurmJob]:
         """slurmd's preStop sets the node down, then deletes it (SlinkyProject/slurm-operator@v1.0.0:
@@ -259,17 +328,33 @@ class Slurmctld:
         self.nodes.pop(name, None)
         return killed
 
-    def set_down(self, name: str, now: float) -> list[SlurmJob]:
+    def set_down(self, name: str, now: float, failed: bool = False) -> list[SlurmJob]:
         """`scontrol update state=down` (or a failed node): its batch jobs are killed and requeued,
-        eligible again after REQUEUE_DELAY (src/slurmctld/job_mgr.c; seen on the real slurmctld)."""
-        if name in self.nodes:
-            self.nodes[name].down = True
+        eligible again after REQUEUE_DELAY (src/slurmctld/job_mgr.c; seen on the real slurmctld).
+
+        The kill goes to the DOWN node too (SchedMD/slurm@slurm-26-05-0-1 and @slurm-25-11-6-1:
+        src/slurmctld/node_scheduler.c deallocate_nodes, "Issue the KILL RPC, but don't verify
+        response"); its slurmd's answer marks the node responding (agent.c DSH_DONE, node_did_resp
+        from the 2 s node-update thread), and under ReturnToService=2 a responding DOWN node is back
+        in service whatever the reason (node_mgr.c _node_did_resp). So on the real slurmctld 26.05.5 a
+        node set down under a running job is back within about 2 s and runs the next job at the next
+        scheduling pass, 3 to 28 s after the down (tests/engines/test_slurm_states.py). The twin's
+        slurmd always answers until node_gone, and it returns the node at once. A node set down with
+        no job gets no kill, so it stays down here; the real one returns at its next ping
+        (ping_nodes.c), which no scenario waits for. A failed node (`failed`) has no slurmd to
+        answer the kill, so it stays down whatever ReturnToService says."""
+        node = self.nodes.get(name)
+        if node is not None:
+            node.down = True
         killed = [j for j in self.running if name in j.nodes]
         self.running = [j for j in self.running if name not in j.nodes]
         for job in killed:
             job.state, job.nodes, job.started = PENDING, (), None
             job.restarts += 1
+            job.failovers += failed
             job.eligible_at = now + REQUEUE_DELAY
+        if node is not None and killed and not failed and self.config.return_to_service == RETURN_TO_SERVICE_ALL:
+            node.down = False
         return killed
 
     def set_drain(self, name: str, drain: bool) -> None:
@@ -319,7 +404,11 @@ class Slurmctld:
     def step(self, now: float) -> None:
         if now != self._stepped_at:
             self.completed_now, self._stepped_at = [], now
-        ended = [j for j in self.running if j.started is not None and now >= j.ends_at]
+        ended = [
+            j
+            for j in self.running
+            if j.started is not None and now >= j.ends_at and not self.unreachable.intersection(j.nodes)
+        ]
         for job in ended:
             job.state, job.finished = TIMEOUT if job.times_out else COMPLETED, now
         if ended:
@@ -331,18 +420,110 @@ class Slurmctld:
                 self._cancel_never_satisfied(now)
             self.open_jobs = [j for j in self.open_jobs if j.state in (PENDING, RUNNING)]
             self._closed = False
-        busy = self.busy_nodes()
-        idle = sorted(
-            (n.name for n in self.nodes.values() if not n.drain and not n.down and n.name not in busy),
+        if not self.up:
+            return
+        self._schedule(now)
+        if self._backfilled_at is None:
+            self._backfilled_at = self.backfill_phase - BF_INTERVAL
+        if now >= self._backfilled_at + BF_INTERVAL:
+            self._backfilled_at = now
+            self._backfill(now)
+
+    def _usable(self) -> list[str]:
+        """The nodes a job may be given: up, answering and not drained (avail_node_bitmap), by ordinal."""
+        return sorted(
+            (n.name for n in self.nodes.values() if not n.drain and not n.down and n.name not in self.unreachable),
             key=_ordinal,
         )
-        if not idle:
+
+    def _start(self, job: SlurmJob, nodes: list[str], now: float) -> None:
+        job.nodes, job.state, job.started = tuple(nodes), RUNNING, now
+        self.running.append(job)
+
+    def _schedule(self, now: float) -> None:
+        """The main scheduler: in queue order, until a job waits for busy nodes (module docstring)."""
+        busy = self.busy_nodes()
+        if all(n.drain or n.down or n.name in busy or n.name in self.unreachable for n in self.nodes.values()):
             return  # every job needs at least one node
+        usable = self._usable()
+        idle = [n for n in usable if n not in busy]
         for job in self.open_jobs:
-            if self.eligible(job, now) and len(idle) >= job.nodes_needed:
-                job.nodes, idle = tuple(idle[: job.nodes_needed]), idle[job.nodes_needed :]
-                job.state, job.started = RUNNING, now
-                self.running.append(job)
+            if not self.eligible(job, now):
+                continue
+            need = job.nodes_needed
+            if len(idle) >= need:
+                self._start(job, idle[:need], now)
+                idle = idle[need:]
+                if not idle:
+                    return
+            elif need <= len(usable):
+                return  # ESLURM_NODES_BUSY: the partition takes no later job this pass
+
+    def _backfill(self, now: float) -> None:
+        """One sched/backfill cycle (module docstring): start what fits around the plans, plan the rest."""
+        self.plans = []
+        usable = self._usable()
+        idle = set(usable) - self.busy_nodes()
+        if not idle:
+            return  # nothing can start now; the plans only matter for what starts
+        res = BF_RESOLUTION
+        # When each usable node is free by the running jobs' limits; one in KillWait past its
+        # limit is completing, free a second from now (backfill.c: start_time = now + 1).
+        free_at = dict.fromkeys(usable, now)
+        for job in self.running:
+            assert job.started is not None
+            end = job.started + (YEAR if job.time_limit is None else job.time_limit)
+            for node in job.nodes:
+                if node in free_at:
+                    free_at[node] = max(free_at[node], end, now + 1)
+        window_end = (now + BF_WINDOW) // res * res
+        tested, planned_tasks = 0, dict[int, int]()
+        for job in self.open_jobs:
+            if not self.eligible(job, now):
+                continue
+            need = job.nodes_needed
+            if job.spec.array is not None:
+                if planned_tasks.get(job.job_id, 0) >= BF_MAX_JOB_ARRAY_RESV:
+                    continue
+                planned_tasks[job.job_id] = planned_tasks.get(job.job_id, 0) + 1
+            tested += 1
+            if tested > BF_MAX_JOB_TEST:
+                return
+            if need > len(usable):
+                continue  # insufficient nodes: skipped, nothing planned
+            length = YEAR if job.time_limit is None else job.time_limit
+            start, nodes = self._earliest(need, length, now, free_at, usable)
+            if start is None or start > window_end:
+                continue  # no plan past the window
+            if start <= now:
+                self._start(job, nodes, now)
+                for node in nodes:
+                    free_at[node] = now + length
+                idle -= set(nodes)
+                if not idle:
+                    return
+                continue
+            end = (start + length + res - 1) // res * res
+            self.plans.append(Plan(job, frozenset(nodes), start // res * res, end))
+
+    def _earliest(
+        self, need: int, length: float, now: float, free_at: dict[str, float], usable: list[str]
+    ) -> tuple[float | None, list[str]]:
+        """The earliest time `need` usable nodes are free for `length` seconds by the running jobs'
+        limits and clear of every plan (a plan blocks a job whose end reaches its start: backfill.c's
+        node_space test `begin_time <= end_time`), and the lowest-numbered such nodes."""
+        times = sorted({now, *free_at.values(), *(p.end for p in self.plans)})
+        for t in times:
+            if t < now:
+                continue
+            nodes = [
+                n
+                for n in usable
+                if free_at[n] <= t and not any(n in p.nodes and p.end > t and p.start <= t + length for p in self.plans)
+            ]
+            if len(nodes) >= need:
+                return t, nodes[:need]
+        return None, []
 
     def _cancel_never_satisfied(self, now: float) -> None:
         """afterok on a job that ended otherwise (TIMEOUT, CANCELLED) can never be satisfied: with

@@ -27,9 +27,19 @@ from twin.nodeset import NodeSetController
 from twin.prometheus import SCRAPE_INTERVAL, Prometheus, Target
 from twin.promql import Evaluator, PromQLError, scalar_result
 from twin.scenario import JobSpec, Scenario
-from twin.slurm import SlurmConfig, Slurmctld, SlurmJob
+from twin.slurm import BF_INTERVAL, SLURMD_TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
 
 DEFAULT_PHASE_SET = 0  # the phases of `simulate` and the README's tables; --phases N sweeps sets 0..N-1
+# Fault node-failure, on Kubernetes' side: kube-controller-manager marks a node that stopped posting
+# its status NotReady (Unknown) after --node-monitor-grace-period, 50 s since v1.29 (the program
+# sets none; kubernetes/kubernetes#121793), and taints it unreachable:NoExecute; every pod carries
+# the toleration the DefaultTolerationSeconds admission plugin adds, 300 s
+# (plugin/pkg/admission/defaulttolerationseconds/admission.go, default-unreachable-toleration-
+# seconds), so the taint-eviction controller deletes them 300 s later. Deleted, they stay
+# Terminating, bound to the node's GPU, until its kubelet is back to stop them (PodGC removes them
+# sooner only from a node tainted out-of-service, which nothing here sets).
+NODE_NOT_READY_S = 50.0
+UNREACHABLE_TOLERATION_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,9 @@ class Phases:
     scrape: tuple[int, ...]  # per scrape target, in Run's target order
     poll: int
     sync: int
+    # slurmctld's sched/backfill cycle, every bf_interval from when its thread started
+    # (SchedMD/slurm@slurm-25-11-6-1: src/plugins/sched/backfill/backfill.c backfill_agent)
+    backfill: int = 0
 
     @classmethod
     def drawn(cls, phase_set: int, targets: int, scrape_interval: int, polling: int, later_targets: int = 0) -> Phases:
@@ -91,8 +104,9 @@ class Phases:
         rng = random.Random(phase_set)
         scrape = tuple(rng.randrange(scrape_interval) for _ in range(targets))
         poll, sync = rng.randrange(polling), rng.randrange(HPA_SYNC)
+        backfill = rng.randrange(int(BF_INTERVAL))  # drawn after those: their phases stay
         later = tuple(rng.randrange(scrape_interval) for _ in range(later_targets))
-        return cls(scrape + later, poll, sync)
+        return cls(scrape + later, poll, sync, backfill)
 
 
 def gpu_uuid(i: int) -> str:
@@ -109,7 +123,7 @@ class World:
 
     def __post_init__(self) -> None:
         s = self.setup
-        self.slurm = Slurmctld(s.slurm)
+        self.slurm = Slurmctld(s.slurm)  # its backfill phase is drawn with the others below
         self.kube = k8s.Kubernetes(
             gpus=self.scenario.workers or s.workers,
             cold=self.scenario.images == "cold",
@@ -129,7 +143,7 @@ class World:
         )
         self.slurmd_queued = self.kueue is not None and QUEUE_NAME_LABEL in s.slurmd_labels
         self._pods_seen_by_kueue = 0  # kube.pods is append-only: the pods before this index are seen
-        self._refused: list[JobSpec] = []  # Kubernetes jobs whose create was refused (Kueue down)
+        self._refused: list[JobSpec] = []  # jobs refused at submit (Kueue down, slurmctld down), submitted again
         self.denied: dict[str, str] = {}  # Kubernetes jobs the run-limit policies refused, with why
         self.prom = Prometheus(interval=s.scrape_interval)
         self.prom.targets = [
@@ -149,6 +163,7 @@ class World:
         )
         for target, offset in zip(self.prom.targets, self.phases.scrape, strict=True):
             target.offset = offset
+        self.slurm.backfill_phase = float(self.phases.backfill)
         self.ev = Evaluator(self.prom.db)
         self.fair = (
             fair_share.FairShare(self.kube.gpus, dict(s.guaranteed))
@@ -157,6 +172,10 @@ class World:
         )
         self.quota_changes: list[tuple[float, dict[str, int], str]] = []  # the controller's patches
         self.killed: list[str] = []
+        # Fault node-failure: what it did, by time (the Slurm jobs its DOWN node requeued, the pods
+        # evicted), and each fault's progress (its index -> the steps taken).
+        self.failure_events: list[tuple[float, str, str]] = []
+        self._failure_steps: dict[int, set[str]] = {}
         self.kube_jobs: dict[str, k8s.KubeJob] = {}
         self.slurm_jobs: dict[str, list[SlurmJob]] = {}  # by scenario name: one record, or one per array task
         self._events = sorted(self.scenario.jobs, key=lambda j: j.submit)
@@ -209,6 +228,8 @@ class World:
     def _job_list(self) -> list[dict]:
         if self.scenario.fault_active("restapi-down", self.now):
             raise OSError("slurmrestd has no available replica")
+        if self.scenario.fault_active("slurmctld-down", self.now):
+            raise OSError("slurmrestd cannot reach slurmctld")
         return self.slurm.job_list(self.now)
 
     def _runnable_metrics(self, now: float) -> list[tuple[dict, float]]:
@@ -225,9 +246,11 @@ class World:
             return self.scenario.fault_active("runnable-exporter-down", now)
         if target.job == "kueue":  # its metrics endpoint is down too while Kueue is
             return self.scenario.fault_active("kueue-metrics-outage", now) or self._kueue_down(now)
+        if target.job == "kube-state-metrics":
+            return self.scenario.fault_active("kube-state-metrics-outage", now)
         if target.job != "slurm-controller":
             return False
-        if self.scenario.fault_active("metrics-outage", now):
+        if self.scenario.fault_active("metrics-outage", now) or self.scenario.fault_active("slurmctld-down", now):
             return True
         return target.instance.startswith("slurm-controller-dup") and not self.scenario.fault_active(
             "duplicate-scrape", now
@@ -236,7 +259,9 @@ class World:
     # ------------------------------------------------------------ submissions and one second
 
     def submit(self, spec: JobSpec, now: float) -> None:
-        if spec.kind == "slurm":
+        if spec.kind == "slurm" and not self.slurm.up:
+            self._refused.append(spec)  # sbatch cannot reach slurmctld; the user submits it again
+        elif spec.kind == "slurm":
             self.slurm_jobs[spec.name] = self.slurm.submit(spec, now)
         elif self.kueue is not None and self._kueue_down(now):
             self._refused.append(spec)  # the job webhook fails closed; the user submits it again
@@ -273,6 +298,7 @@ class World:
     def advance(self, tick: int) -> float:
         """One second of submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
         now = self.now = float(tick)
+        self.slurm.up = not self.scenario.fault_active("slurmctld-down", now)
         retry, self._refused = self._refused, []
         for spec in retry:
             self.submit(spec, now)
@@ -280,6 +306,7 @@ class World:
             self.submit(self._events.pop(0), now)
         while self._releases and self._releases[0][0] <= now:
             self.slurm.release(self._releases.pop(0)[1])
+        self._node_failures(now)
         self.slurm.step(now)
         self.prom.scrape(now, self.prom.due(tick), self._target_down)
         self.ev.final_before = now
@@ -316,6 +343,58 @@ class World:
             for side, nominal in quotas.nominal.items():
                 self.kueue.set_nominal(queues[side], nominal)
             self.quota_changes.append((now, dict(quotas.nominal), quotas.reason))
+
+    def _node_failures(self, now: float) -> None:
+        """Fault node-failure on GPU worker `node`, from `start` to `end`: the node stops (its pods'
+        work stands still, nothing binds there), Slurm sets its node DOWN after SLURMD_TIMEOUT and
+        requeues the job on it, Kubernetes evicts its pods NODE_NOT_READY_S +
+        UNREACHABLE_TOLERATION_S after the start, and they go, freeing the GPU, only once the node
+        is back at `end`. A Kubernetes job's controller replaces its evicted pod elsewhere; Kueue
+        keeps the workload's quota meanwhile (the job stays admitted, and a stopped slurmd pod is
+        counted until it is gone: twin/kueue.py)."""
+        for i, fault in enumerate(self.scenario.faults):
+            if fault.kind != "node-failure" or fault.node is None or fault.node >= self.kube.gpus:
+                continue
+            done = self._failure_steps.setdefault(i, set())
+            gpu = fault.node
+            on_it = [p for p in self.kube.live_pods() if p.gpu == gpu]
+            slurm_nodes = {p.owner for p in on_it if p.holder == k8s.SLURMD}
+            if now >= fault.end:
+                if "start" in done and "end" not in done:
+                    done.add("end")
+                    self.kube.failed.discard(gpu)
+                    self.slurm.unreachable -= slurm_nodes
+                    self.failure_events.append((now, "node back", f"GPU {gpu}"))
+                continue
+            if now < fault.start:
+                continue
+            if "start" not in done:
+                done.add("start")
+                self.kube.failed.add(gpu)
+                self.slurm.unreachable |= slurm_nodes
+                self.failure_events.append((now, "node failed", f"GPU {gpu}"))
+            if "down" not in done and now >= fault.start + SLURMD_TIMEOUT:
+                done.add("down")
+                for node in sorted(slurm_nodes):
+                    self.slurm.unreachable.discard(node)
+                    for job in self.slurm.set_down(node, now, failed=True):
+                        self.failure_events.append((now, "requeued", job.spec.name))
+            if "evict" not in done and now >= fault.start + NODE_NOT_READY_S + UNREACHABLE_TOLERATION_S:
+                done.add("evict")
+                for pod in on_it:
+                    self._evict_from_failed_node(pod, now)
+
+    def _evict_from_failed_node(self, pod: k8s.Pod, now: float) -> None:
+        self.kube.delete(pod, now)
+        self.failure_events.append((now, "evicted", pod.name))
+        job = next((j for j in self.kube.open_jobs if pod in j.pods), None)
+        if job is None:
+            return  # a slurmd pod: the NodeSet replaces it once it is gone
+        self.kube.replace_pod(job, pod, now)
+        if self.kueue is not None:
+            for w in self.kueue.open_workloads:
+                if w.job is job:
+                    w.stopping = (*w.stopping, pod)  # the Job ends only once this pod is gone
 
     def _kueue_down(self, now: float) -> bool:
         return self.scenario.fault_active("kueue-down", now)

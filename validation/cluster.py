@@ -8,6 +8,7 @@ the API. Tests pass a fake that simulates a tiny cluster instead.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import sys
@@ -93,10 +94,25 @@ class Cluster(Protocol):
         """dcgm-exporter's pod label per GPU over the run, from Prometheus (times since t0)."""
 
     def job_output(self, kind: str, name: str, ref: str) -> str:
-        """What a finished job wrote: a Slurm job's --output file, a PyTorchJob's Master log."""
+        """What a finished job wrote: a Slurm job's --output file (ClusterError unless it has the digest
+        recorded when the job ended: check_output_digest), a PyTorchJob's Master log."""
 
     def check_reachable(self) -> None:
         """Raise ClusterError unless the API server answers and the NodeSet exists."""
+
+
+def check_output_digest(path: str, output: str, recorded: str | None) -> None:
+    """Raise ClusterError unless `output` (read from `path`) has the sha256 that slurmctld's
+    EpilogSlurmctld recorded when the job ended (components/scripts/output-digest.sh): the share's
+    owner or a later job may have rewritten it since, and then it is no evidence."""
+    if recorded is None or not recorded.strip():
+        raise ClusterError(f"{path}: no output digest recorded when the job ended; its output is not evidence")
+    actual = hashlib.sha256(output.encode()).hexdigest()
+    if actual != recorded.strip():
+        raise ClusterError(
+            f"{path}: sha256 {actual[:16]} differs from the digest recorded when the job ended "
+            f"({escaped(recorded.strip(), 16)}): the output was rewritten; it is not evidence"
+        )
 
 
 class Clock(Protocol):
@@ -399,7 +415,14 @@ class KubeCluster:
 
     def job_output(self, kind: str, name: str, ref: str) -> str:
         if kind == SLURM:  # slurmctld mounts the share the example scripts write --output to
-            return self._slurmctld(["cat", f"{SLURM_OUTPUT_DIR}/{name}-{ref}.out"])
+            path = f"{SLURM_OUTPUT_DIR}/{name}-{ref}.out"
+            output = self._slurmctld(["cat", path])
+            try:
+                recorded: str | None = self._slurmctld(["cat", f"{host_layout.OUTPUT_DIGEST_DIR}/{ref}.sha256"])
+            except ClusterError:
+                recorded = None
+            check_output_digest(path, output, recorded)
+            return output
         if kind != "PyTorchJob":
             raise ClusterError(f"no output is read for a {kind}")
         pod = f"{name}-master-0"  # the Training Operator's pod name for the Master replica

@@ -7,12 +7,14 @@ copies of one job can run side by side and every row in squeue or the API is our
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -260,8 +262,15 @@ def limit_problems(scenario: Scenario, planned: list[Planned], names: Names) -> 
 
 def load_objects(path: Path) -> list[dict]:
     # YAML anchors (the PyTorchJob shares one pod template) load as one shared object,
-    # and deepcopy keeps the sharing; a JSON round trip gives each replica its own copy.
-    return [json.loads(json.dumps(d)) for d in yaml.safe_load_all(path.read_text()) if d]
+    # and deepcopy keeps the sharing; a JSON round trip gives each replica its own copy
+    # (and each caller its own objects).
+    return [json.loads(json.dumps(d)) for d in _documents(path.read_text())]
+
+
+@functools.cache
+def _documents(text: str) -> tuple[Any, ...]:
+    # parsed once per text: a run of every scenario reads the same few job files many times
+    return tuple(d for d in yaml.safe_load_all(text) if d)
 
 
 def unique_name(source: str, run_id: str, index: int) -> str:

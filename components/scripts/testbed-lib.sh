@@ -8,7 +8,15 @@
 ROOT=${TESTBED_ROOT:-}
 TESTBED_ENV=${TESTBED_ENV:-${ROOT}/etc/testbed/bootstrap.env}
 
-log() { printf '%s testbed: %s\n' "$(date -u +%FT%TZ)" "$*"; }
+# The time in UTC, into the variable named $1: bash's own strftime (printf %()T), not a `date`
+# process for every line (a bootstrap logs and records a few dozen times).
+utc_now() { TZ=UTC0 printf -v "$1" '%(%FT%TZ)T' -1; }
+
+log() {
+  local now
+  utc_now now
+  printf '%s testbed: %s\n' "$now" "$*"
+}
 
 # stop EXIT MESSAGE: the one way a script gives up; during a node's bootstrap it also records
 # the failed step (see record).
@@ -39,9 +47,10 @@ STEP=start
 # record STATE [EXIT MESSAGE]: STATE is running, failed or succeeded.
 record() {
   [ -n "$STATUS_FILE" ] || return 0
-  local message=${3:-}
+  local message=${3:-} now
+  utc_now now
   (umask 077 && printf 'state=%s\nscript=%s\nstep=%s\nexit=%s\ntime=%s\nmessage=%s\n' \
-    "$1" "${0##*/}" "$STEP" "${2:-}" "$(date -u +%FT%TZ)" "${message//$'\n'/ }" >"$STATUS_FILE") \
+    "$1" "${0##*/}" "$STEP" "${2:-}" "$now" "${message//$'\n'/ }" >"$STATUS_FILE") \
     || log "cannot record the bootstrap status in ${STATUS_FILE}" # the log still says it all
 }
 

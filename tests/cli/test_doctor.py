@@ -14,6 +14,7 @@ from urllib3.exceptions import MaxRetryError
 from cli import doctor
 from cli.checklist import FAIL, OK
 from components import ai_run_limit, keda, kueue, readiness_gate
+from components import slurmd_scaling as scaling
 from core import host_layout, names
 from core.settings import load
 from stacks import offline
@@ -82,6 +83,8 @@ class FakeKube:
             },
         }
         self.series = {name: [{"value": [0, "0"]}] for name in self.queries}
+        if scaling.SLURM_METRICS in self.series:  # slurmctld's metrics are there
+            self.series[scaling.SLURM_METRICS] = [{"value": [0, "1"]}]
         # Kueue's objects and the run-limit policies as the program creates them, as the API server
         # returns them: quantities as strings, conditions in status
         self.objects = {("scaledobjects", self.n.slurm.namespace, self.n.scaled_object): self.scaled}
@@ -306,6 +309,19 @@ def test_scaled_object_not_ready_and_prometheus_without_slurmctld():
     assert failed["scaledobject"] == "slurmd not Ready: Ready=False : trigger error"
     assert failed["prometheus"].startswith(f"no series for {last}:")
     assert "MetricsType=metrics/openmetrics" in failed["prometheus"], "names the cause seen on the real slurmctld"
+
+
+def test_a_lost_slurm_target_that_the_default_policy_reads_as_0_still_fails_the_doctor():
+    """lend-and-reclaim's Slurm triggers read 0, not empty, when slurmctld's metrics are lost; its
+    slurm_metrics trigger (0) is what says so (mutation: the doctor looking at empty results only
+    passes this)."""
+    s = settings()
+    kube = FakeKube(s)
+    assert scaling.SLURM_METRICS in kube.series, "the default policy reads the loss"
+    kube.series[scaling.SLURM_METRICS] = [{"value": [0, "0"]}]
+    failed = {c.name: c.detail for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL}
+    assert failed["prometheus"].startswith(f"no series for {scaling.SLURM_METRICS}:")
+    assert "SlurmMetricsMissing" in failed["prometheus"]
 
 
 def test_prometheus_is_asked_the_deployed_queries_with_the_stacks_cooldown():

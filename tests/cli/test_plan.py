@@ -11,7 +11,9 @@ import pytest
 from cli import artifacts
 from components import slurmd_scaling as scaling
 from stacks import pricing
-from tests.conftest import ADMIN_CIDR, depends, run_program
+from stacks.offline import reveal
+from tests import tokens
+from tests.conftest import ADMIN_CIDR, by_type, depends, run_program
 from twin import report
 
 
@@ -151,13 +153,34 @@ def test_the_plan_states_each_reclaim_bound_from_the_limits_the_engines_enforce(
     assert f"HPC gets its share back within {said(ai_limit + handoff)}:" in text
     assert f"starts within {said(120 + max(maxtime * 60 + 60, ai_limit) + handoff)}" in text
     assert f"a freed GPU reaches waiting work within {handoff} s" in text
+    # The no-starvation bounds beside the fair-share contract (components/fair_share.py)
+    assert f"starts within {ai_limit + maxtime * 60 + 60 + handoff} s of that side's turn" in text
+    assert f"a GPU held idle for a Slurm backfill plan is held at most {maxtime * 60 + 60} s" in text
+
+
+@pytest.mark.parametrize("slurm_minutes", [None, 90])
+def test_the_plan_states_each_bound_under_one_lost_input_and_its_alert(default_run, slurm_minutes):
+    """One line per lost input of the scaler, with the alert that names it and the three waits,
+    "D + " where the outage counts: derived from the rendered MaxTime like the bounds above it."""
+    rec = run_program(slurmJobMaxMinutes=slurm_minutes) if slurm_minutes else default_run
+    text = " ".join(artifacts.plan_text(rec).split())  # unwrapped
+    maxtime = int(re.search(r"partition all: MaxNodes=\d+, MaxTime=(\d+) minutes", text)[1])
+    b = scaling.reclaim_bounds(30, 30, maxtime, 60)
+    assert "one input lost for D s (policies lend-and-reclaim, fair-share; the alert after 2 min names it):" in text
+    for row in scaling.outage_bounds(b):
+        line = text.split(f"{row.lost} ({row.alert}): the scaler ", 1)[1].split(" HPC's share back within ")[0]
+        ai = scaling._minutes(b.ai_share_back_s)
+        assert f"AI's share back within {'D + ' if scaling.AI_SHARE_BACK in row.plus_outage else ''}{ai}," in line
+    kueue = text.split("Kueue's metrics (KueueMetricsMissing): ", 1)[1]
+    assert kueue.split(";")[0].endswith("stay drained") and "a first-in-line AI job within D + " in kueue
 
 
 @pytest.mark.parametrize("ai_gpus", [None, 1])
 def test_the_plan_states_the_fair_share_contract_beside_the_bounds(default_run, ai_gpus):
-    """Beside today's bounds, the contract of policy fair-share (named as not the default): each
-    side's guaranteed share from the plan's own Kueue split, the twin's report window, 5 points, and
-    the widest job the window allows (an eighth of its GPU time)."""
+    """Beside today's bounds, the contract of the program's policy, fair-share: named as the policy
+    whose quota trigger the recorded ScaledObject carries and whose controller the program deploys
+    (the recorded Deployment); each side's guaranteed share from the plan's own Kueue split, the
+    twin's report window, 5 points, and the widest job the window allows (an eighth of its GPU time)."""
     rec = run_program(aiGuaranteedGpus=ai_gpus) if ai_gpus else default_run
     text = artifacts.plan_text(rec)
     total = int(re.search(r"GPUs: (\d+) \(cohort", text)[1])
@@ -166,7 +189,12 @@ def test_the_plan_states_the_fair_share_contract_beside_the_bounds(default_run, 
     assert (hpc + ai, ai) == (total, ai_gpus or total // 2)
     hours = report.FAIR_WINDOW_S / 3600  # the window the twin's fairness report slides
     contract = text.split("a freed GPU reaches waiting work within")[1]
-    assert f"(policy fair-share, not the default {scaling.DEFAULT_POLICY};" in contract
+    (scaled_object,) = by_type(rec, tokens.SCALED_OBJECT)
+    triggers = {tr["name"] for tr in reveal(scaled_object.inputs)["spec"]["triggers"]}
+    assert scaling.AI_QUOTA in triggers, "the deployed scaler follows the controller's quota"
+    (deployment,) = by_type(rec, tokens.DEPLOYMENT)
+    meta = reveal(deployment.inputs)["metadata"]
+    assert f"(policy {scaling.FAIR_SHARE}: its controller runs as {meta['namespace']}/{meta['name']}," in contract
     assert f"within 5 points: HPC {100 * hpc // total}% ({hpc} of {total} GPUs), AI {100 * ai // total}%" in contract
     assert f"over every {hours:g} h window in which both had work at least 50% of the time" in contract
     minutes = hours * 60 * total / 8  # an eighth of the window's GPU time, in GPU-minutes

@@ -17,6 +17,7 @@ What celpy does not do that the API server does: type-check an expression agains
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -101,8 +102,11 @@ FUNCTIONS = {
 ENV = celpy.Environment()
 
 
+@functools.cache
 def compile_expression(expression: str):
-    """Parse an expression, or raise celpy's CELParseError."""
+    """Parse an expression, or raise celpy's CELParseError. Once per expression: a policy's few
+    expressions are evaluated for every request the tests make, and a compiled program keeps no
+    state between evaluations (each `evaluate` builds its own activation)."""
     return ENV.program(ENV.compile(expression), functions=FUNCTIONS)
 
 

@@ -207,7 +207,7 @@ exec {chmod} "$@"
 # where cloud-init's ssh module leaves the host key, and the serial console (control-plane.sh)
 HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
 CONSOLE = "/dev/console"
-REAL_TOOLS = ("bash", "env", "cat", "cut", "date", "dirname", "grep", "mkdir", "rm", "tee")
+REAL_TOOLS = ("bash", "env", "cat", "cut", "dirname", "grep", "mkdir", "rm", "tee")
 
 
 def redirect_targets_outside_root(text: str) -> list[str]:

@@ -15,8 +15,15 @@ def test_dashboards_become_configmaps_the_grafana_sidecar_loads(default_run):
     )
     sidecar = stack_values["values"]["grafana"]["sidecar"]["dashboards"]
     assert sidecar["enabled"] is True
-    maps = by_type(default_run, tokens.CONFIG_MAP)
+    monitoring = default_run.named("testbed-monitoring")
+    maps = [m for m in by_type(default_run, tokens.CONFIG_MAP) if m.parent == monitoring.urn]
     assert [m.inputs["metadata"]["name"] for m in maps] == [f"dashboard-{dashboard.UID}"]
+    labelled = [
+        m
+        for m in by_type(default_run, tokens.CONFIG_MAP)
+        if "grafana_dashboard" in m.inputs["metadata"].get("labels", {})
+    ]
+    assert labelled == maps, "no other ConfigMap is a dashboard"
     for m in maps:
         # the sidecar's default label, in Grafana's own namespace (its default search scope)
         assert m.inputs["metadata"]["labels"] == {"grafana_dashboard": "1"}
@@ -100,6 +107,20 @@ def test_each_lost_input_has_an_alert_on_the_series_the_triggers_read():
         selector = rule["expr"].split("(", 1)[1].split(")", 1)[0]
         assert selector in triggers, (rule["alert"], selector)
         assert rule["for"] == "2m" and rule["labels"] == {"severity": "critical"}
+
+
+def test_each_alert_names_its_outage_and_what_the_scaler_then_does():
+    """The descriptions say what lend-and-reclaim does while the input is lost (docs/handoff.md "One
+    input lost"): keeps the pods it has, AI at its guaranteed share, a freeze, every pod kept."""
+    n = _names()
+    (slurm,) = monitoring.stack_values("80.9.2", n)["additionalPrometheusRulesMap"]["testbed-slurm-metrics"]["groups"]
+    said = {rule["alert"]: rule["annotations"]["description"] for rule in slurm["rules"]}
+    said |= {name: rule["annotations"]["description"] for name, rule in _input_alerts(n).items()}
+    assert "keeps the slurmd pods that exist, capped at what AI claims" in said["SlurmMetricsMissing"]
+    assert "capped at HPC's share" in said["KueueMetricsMissing"] and "stay drained" in said["KueueMetricsMissing"]
+    assert "nothing is scaled in or out" in said["KubeStateMetricsMissing"]
+    assert "asks for every slurmd pod that exists" in said["SlurmrestdDown"]
+    assert all("'One input lost'" in text for text in said.values())
 
 
 @pytest.mark.engine

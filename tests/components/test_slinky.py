@@ -1,6 +1,6 @@
 import pytest
 
-from components import slinky
+from components import slinky, slurm_config
 from core import host_layout
 from core.names import SLURM_NAMESPACE, SlurmNames, helm_fullname, slurm_names
 
@@ -173,3 +173,17 @@ def test_partition_limits_given_alone_still_bring_the_submit_check():
     assert v["nodesets"]["slinky"]["partition"]["configMap"] == {"MaxTime": 30}
     assert v["controller"]["extraConfMap"]["JobSubmitPlugins"] == "lua" and "job_submit.lua" in v["configFiles"]
     assert values()["partitions"]["all"]["configMap"]["MaxTime"] == "UNLIMITED"
+
+
+def test_slurmctld_records_each_jobs_output_digest_where_validate_reads_it():
+    """One EpilogSlurmctld, the script the operator mounts in /etc/slurm, writing the directory
+    validate reads (core/host_layout.py); tests/engines/test_output_digest.py runs it on slurmctld."""
+    v = values()
+    files = slurm_config.slurm_files(v, slurm_names("slinky"))
+    epilogs = [
+        line["epilogslurmctld"] for line in slurm_config.conf_lines(files["slurm.conf"]) if "epilogslurmctld" in line
+    ]
+    assert epilogs == [f"{slurm_config.SLURM_ETC}/{slinky.OUTPUT_DIGEST_SCRIPT.name}"]
+    script = files[slinky.OUTPUT_DIGEST_SCRIPT.name]
+    assert f"\nDIGEST_DIR={host_layout.OUTPUT_DIGEST_DIR}\n" in script
+    assert host_layout.OUTPUT_DIGEST_DIR.startswith(host_layout.SLURM_STATE_DIR + "/")

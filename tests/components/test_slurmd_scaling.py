@@ -243,13 +243,18 @@ AI = [
 
 # Lend and reclaim (AI's share 2 of 4): (case, series, replicas). "kueue" is what AI waits for,
 # "ai_held" what it holds; a constant series has waited the whole 8 minutes (first in line).
+IDLE_AI = {"kueue": 0, "ai_held": 0}  # Kueue's series there: AI holds and waits for nothing
 RECLAIM = [
     (
         "Slurm alone takes every GPU",
-        {"nodes": M(nodes_alloc=3), ALL: M(jobs_pending=1, largest_pending_job_nodes=1)},
+        {"nodes": M(nodes_alloc=3), ALL: M(jobs_pending=1, largest_pending_job_nodes=1), **IDLE_AI},
         4,
     ),
-    ("a 4-node job on an idle testbed: all 4 at once", {ALL: M(jobs_pending=1, largest_pending_job_nodes=4)}, 4),
+    (
+        "a 4-node job on an idle testbed: all 4 at once",
+        {ALL: M(jobs_pending=1, largest_pending_job_nodes=4), **IDLE_AI},
+        4,
+    ),
     ("AI waits for 1 GPU, Slurm on all 4: one drained", {"nodes": M(nodes_alloc=4), "kueue": 1, "ai_held": 0}, 3),
     (
         "AI holds its share and waits for more: Slurm keeps its own",
@@ -282,8 +287,45 @@ RECLAIM = [
         {"nodes": M(nodes_mixed=1), "restapi_down": True, "pods": 3, "kueue": 4, "ai_held": 0},
         3,
     ),
-    ("Kueue's series absent: no cap, Kueue's quota still holds", {"nodes": M(nodes_alloc=4), "pods": 4}, 4),
-    ("AI waits, Slurm series absent: freeze", {"no_slurm": True, "pods": 2, "kueue": 1, "ai_held": 0}, None),
+]
+# One input lost (issue 28, "Bounds that survive one fault"): the outage branch of the formula.
+LOST = [
+    (
+        "Kueue's series absent during a reclaim: AI claims its share, the drained 2 stay drained",
+        {"nodes": M(nodes_alloc=4), ALL: M(jobs_pending=2, largest_pending_job_nodes=1), "pods": 4},
+        2,
+    ),
+    (
+        "Kueue's series absent, Slurm wants 1 more: HPC's share only",
+        {"nodes": M(nodes_alloc=2), ALL: M(jobs_pending=1, largest_pending_job_nodes=1)},
+        2,
+    ),
+    (
+        "Kueue's series vanished (stale) during a reclaim: AI's share still claimed",
+        {"nodes": M(nodes_alloc=4), "pods": 4, "kueue": "1x5 stale", "ai_held": "0x5 stale"},
+        2,
+    ),
+    (
+        "AI waits for 1, Slurm series absent: the pods that exist, one drained",
+        {"no_slurm": True, "pods": 4, **IDLE_AI, "kueue": 1},
+        3,
+    ),
+    (
+        "a gang first in line, Slurm series absent: every pod drained",
+        {"no_slurm": True, "pods": 4, "kueue": 4, "ai_held": 0},
+        0,
+    ),
+    (
+        "AI waits for 2, Slurm target vanished (stale): HPC's share",
+        {"nodes": M(nodes_mixed=4), "vanished": True, "pods": 4, "kueue": 2, "ai_held": 0},
+        2,
+    ),
+    ("nobody waits, Slurm series absent: every pod stays, none added", {"no_slurm": True, "pods": 3, **IDLE_AI}, 3),
+    (
+        "AI waits, Slurm series absent, restapi down: every pod stays",
+        {"no_slurm": True, "restapi_down": True, "pods": 4, "kueue": 2, "ai_held": 0},
+        4,
+    ),
 ]
 
 
@@ -311,11 +353,14 @@ RUNNABLE = [
         3,
     ),
     (
-        "exporter up, Slurm series absent: freeze",
-        {"no_slurm": True, "runnable": {ALL: (1, 1), OWN: (0, 0)}},
-        None,
+        "exporter up, slurmctld's series absent: the pods that exist (the outage branch), none added",
+        {"no_slurm": True, "runnable": {ALL: (2, 1), OWN: (0, 0)}, "pods": 1},
+        1,
     ),
 ]
+# Kueue's series there (AI holds and waits for nothing): the cap is every GPU, as Kueue's lost
+# series would read as AI's share (docs/handoff.md "One input lost").
+RUNNABLE = [(case, {"kueue": 0, "ai_held": 0} | metrics, want) for case, metrics, want in RUNNABLE]
 
 
 @pytest.mark.parametrize("case, metrics, want", RUNNABLE, ids=[t[0] for t in RUNNABLE])
@@ -370,20 +415,51 @@ def test_the_capped_formula_stays_a_float_when_ai_claims_every_gpu(policy):
     assert Formula(formula)(env) == 0.0
 
 
-@pytest.mark.parametrize("case, metrics, want", RECLAIM, ids=[t[0] for t in RECLAIM])
+@pytest.mark.parametrize("case, metrics, want", RECLAIM + LOST, ids=[t[0] for t in RECLAIM + LOST])
 def test_lend_and_reclaim_triggers_and_formula(case, metrics, want):
     assert wanted_demand_aware(metrics, scaling.LEND_RECLAIM) == want
+
+
+# fair-share reserves for a gang only on AI's turn (a quota above its share, absent here) or, as
+# lend-and-reclaim does, while slurmctld's metrics are lost: every LOST case gives the same answer.
+FAIR_LOST = LOST
+
+
+@pytest.mark.parametrize("case, metrics, want", FAIR_LOST, ids=[t[0] for t in FAIR_LOST])
+def test_fair_share_survives_a_lost_input_as_lend_and_reclaim_does(case, metrics, want):
+    """fair-share's cap follows Kueue's nominal quota, the guaranteed split when Kueue's series are lost."""
+    assert wanted_demand_aware(metrics, scaling.FAIR_SHARE) == want
 
 
 @pytest.mark.parametrize(
     "case, metrics, want", TABLE + EXTRA[:3] + AI[:9], ids=[t[0] for t in TABLE + EXTRA[:3] + AI[:9]]
 )
 def test_lend_and_reclaim_is_demand_aware_while_ai_holds_and_wants_nothing(case, metrics, want):
-    """Without Kueue series for AI's usage, AI holds nothing: the cap is every GPU."""
-    assert wanted_demand_aware(metrics, scaling.LEND_RECLAIM) == want
+    """With Kueue's series reading 0 held and (unless the case says) 0 waiting, the cap is every GPU."""
+    assert wanted_demand_aware(IDLE_AI | metrics, scaling.LEND_RECLAIM) == want
 
 
-@pytest.mark.parametrize("case, metrics, want", [r for r in RECLAIM if r[2] is not None], ids=lambda r: r)
+def test_a_lost_input_fails_the_formula_as_it_was_before_issue_28(monkeypatch):
+    """The pre-change formula (git main before this change): Kueue's usage lost read as 0 and the
+    Slurm triggers erred. Restored here, the lost-input cases give what the issue describes: the
+    cap rises to every GPU during a reclaim, and a lost Slurm target freezes the scale."""
+    monkeypatch.setattr(scaling, "_ai_held_when_kueue_lost", lambda t: 0)
+    monkeypatch.setattr(scaling, "_zero_when_slurm_lost", lambda query: query)
+    monkeypatch.setattr(scaling, "_unless_slurm_lost", lambda capped, lost_cap: capped)
+    got = {case: wanted_demand_aware(metrics, scaling.LEND_RECLAIM) for case, metrics, _ in LOST}
+    assert got == {
+        LOST[0][0]: 4,  # un-drained: 4 pods for 4 busy nodes and 2 pending jobs
+        LOST[1][0]: 3,
+        LOST[2][0]: 4,
+        LOST[3][0]: None,  # frozen
+        LOST[4][0]: None,
+        LOST[5][0]: None,
+        LOST[6][0]: None,
+        LOST[7][0]: None,
+    }
+
+
+@pytest.mark.parametrize("case, metrics, want", [r for r in RECLAIM + LOST if r[2] is not None], ids=lambda r: r)
 def test_lend_and_reclaim_rule_table_agrees_with_the_triggers(case, metrics, want):
     """The pure rule over the same cases (one partition, nothing stalled, reservation as the series say)."""
     m = _table_metrics(metrics)
@@ -397,9 +473,13 @@ def test_lend_and_reclaim_rule_table_agrees_with_the_triggers(case, metrics, wan
             m.largest_pending_job_nodes,
         )
     pending = metrics.get("kueue", 0)
+    if isinstance(pending, str) and pending.endswith("stale"):
+        pending = 0
     waiting_long = isinstance(pending, (int, float)) and pending > 0
     pending_now = pending if isinstance(pending, (int, float)) else float(pending.split()[-1].split("x")[0])
-    held = metrics.get("ai_held", 0)
+    held = metrics.get("ai_held", AI_SHARE)  # no Kueue series: AI holds its share
+    if isinstance(held, str):  # stale: lost
+        held, pending_now = AI_SHARE, 0
     claim = scaling.ai_claim(held, int(pending_now), AI_SHARE, WORKERS, waiting_long and held < AI_SHARE)
     restapi = metrics.get("pods", 0) if metrics.get("restapi_down") else 0
     pods = metrics.get("pods", 0)
@@ -413,6 +493,7 @@ def test_lend_and_reclaim_rule_table_agrees_with_the_triggers(case, metrics, wan
         ai_claim_gpus=claim,
         gpus_total=WORKERS,
         restapi_down_pods=restapi,
+        slurm_metrics=not (metrics.get("no_slurm") or metrics.get("vanished")),
     )
     assert got == want
 
@@ -511,7 +592,7 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
         (policy, c) for policy in (scaling.PREVIOUS, scaling.REFERENCE) for c in EXTRA[:1] + EXTRA[3:4] + TABLE[8:9]
     ]
     plan += [(scaling.DEMAND_AWARE, c) for c in AI + EXTRA]
-    plan += [(scaling.LEND_RECLAIM, c) for c in RECLAIM + RUNNABLE]
+    plan += [(scaling.LEND_RECLAIM, c) for c in RECLAIM + LOST + RUNNABLE] + [(scaling.FAIR_SHARE, c) for c in FAIR_LOST]
     for policy, (case, metrics, _) in plan:
         ev = evaluator(metrics)
         tests = []

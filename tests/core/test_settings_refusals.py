@@ -390,6 +390,16 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"slurmImageTag": "25.11.6-rockylinux9"}, "slurmImageTag", "25.11.N-ubuntu24.04"),
     ({"slurmImageTag": "latest"}, "slurmImageTag", "e.g. 25.11.6-ubuntu24.04"),
     ({"slurmImageTag": "25.11.6-ubuntu24.04@sha256:abc"}, "slurmImageTag", "25.11.N-ubuntu24.04"),
+    # the controller's image: by tag and a whole digest, of the tested Python line
+    ({"fairShareImage": "python:3.12-slim"}, "fairShareImage", "python:3.12.N-slim-bookworm@sha256:"),
+    ({"fairShareImage": "python:3.12.12-slim-bookworm"}, "fairShareImage", "by tag and digest"),
+    ({"fairShareImage": "python:3.12.12-slim-bookworm@sha256:abc"}, "fairShareImage", "<64 hex digits>"),
+    ({"fairShareImage": "python:3.13.1-slim-bookworm@sha256:" + "a" * 64}, "fairShareImage", "of 3.12"),
+    (
+        {"fairShareImage": "evil.example/python:3.12.12-slim-bookworm@sha256:" + "a" * 64},
+        "fairShareImage",
+        "Docker Official",
+    ),
     # --- nodesetName
     ({"nodesetName": "GPU_nodes"}, "nodesetName", "DNS label"),
     ({"nodesetName": "all"}, "nodesetName", "clashes with the Slurm partition `all`"),
@@ -986,6 +996,13 @@ WHOLE_LINES = [
         {"kubePrometheusStackVersion": "79.0.0"},
         'kubePrometheusStackVersion: "79.0.0" is not allowed; expected a release 80.N.N (MAJOR.MINOR.PATCH in ASCII '
         "digits): the tested chart major (a new major changes CRDs and values); e.g. 80.14.4",
+    ),
+    (
+        {"kueueVersion": "0.19.0"},
+        'kueueVersion: "0.19.0" is not allowed; expected a release 0.19.N (MAJOR.MINOR.PATCH in ASCII digits, N '
+        "from 1): the tested minor: the v1beta2 queues and the manager configuration the program writes are those "
+        "of 0.19; 0.19.0 lacks the fix of a permanently inflated pending-GPU metric the scaler reads "
+        "(kubernetes-sigs/kueue #13756, in 0.19.1); e.g. 0.19.2",
     ),
     ({"zzzz": "1"}, 'zzzz: "1" is not a setting of gpu-testbed'),
     (

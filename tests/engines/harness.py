@@ -279,6 +279,8 @@ class Engines:
             d.mkdir(parents=True, exist_ok=True)
         for name, text in self.files.items():
             (etc / name).write_text(text)
+            if name.endswith(".sh"):  # EpilogSlurmctld scripts: slurmctld runs only an executable file
+                (etc / name).chmod(0o755)
         # The operator's Secrets: auth/slurm's key (and the JWT key the image's slurmrestd uses).
         (etc / "slurm.key").write_bytes(secrets.token_bytes(64))
         (etc / "jwt_hs256.key").write_bytes(secrets.token_bytes(32))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from cli import doctor
-from components import slinky, slurmd_scaling
+from components import keda, slinky, slurmd_scaling
 from core.names import Names
 from stacks import offline
 from tests.engines import harness
@@ -275,5 +275,11 @@ def test_a_slurmctld_without_metrics_fires_the_alert_and_fails_the_doctor(engine
         assert list(e.query('up{job="slurm"}').values()) == [1.0], "the target answers"
         assert not e.query('{__name__=~"slurm_partition_.*"}'), "with no series"
         e.wait_for(lambda: bool(e.query('ALERTS{alertname="SlurmMetricsMissing"}')), 30, "the alert to go pending")
+        # lend-and-reclaim reads the loss (docs/handoff.md "One input lost"): slurm_metrics is 0 and
+        # every Slurm trigger 0, not empty (an error), so the formula takes its outage branch
+        triggers = {t["name"]: t["metadata"]["query"] for t in keda.triggers(names, slurmd_scaling.LEND_RECLAIM)}
+        assert e.query(triggers[slurmd_scaling.SLURM_METRICS]) == {frozenset(): 0.0}
+        slurm = [q for q in triggers.values() if "slurm_partition_" in q]
+        assert slurm and all(e.query(q) == {frozenset(): 0.0} for q in slurm), [e.query(q) for q in slurm]
         check = _doctor_prometheus(e, s)
         assert check.status == doctor.FAIL and "MetricsType" in check.detail

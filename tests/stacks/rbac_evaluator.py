@@ -61,7 +61,9 @@ def _subject_matches(subject: dict, user: str, groups: list[str]) -> bool:
         return subject["name"] == user
     if subject["kind"] == "Group":
         return subject["name"] in groups
-    return False  # a ServiceAccount subject is another user name, which no certificate here carries
+    if subject["kind"] == "ServiceAccount":  # rule.go appliesToUser: serviceaccount.MakeUsername
+        return user == f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+    return False
 
 
 def allowed(objects: list[dict], user: str, groups: list[str], r: Request) -> bool:

@@ -20,6 +20,7 @@ COMPONENTS = {
     "testbed-keda": "testbed:platform:Keda",
     "testbed-kueue": "testbed:platform:Kueue",
     "testbed-ai-run-limit": tokens.AI_RUN_LIMIT,
+    "testbed-fair-share": tokens.FAIR_SHARE_CONTROLLER,
     "testbed-tenant-volumes": tokens.TENANT_VOLUMES,
     "testbed-user-roles": "testbed:platform:UserRoles",
     "testbed-training-operator": "testbed:platform:TrainingOperator",

@@ -1,5 +1,6 @@
 """The platform layer as the engine sees it: install order, names that must agree, pins."""
 
+import json
 import re
 import shlex
 
@@ -503,3 +504,102 @@ def test_the_statesave_volume_does_not_hold_destroy_on_its_claim(default_run):
     """pulumi-kubernetes waits on no PV carrying skipAwait; the PVC outlives the release."""
     (pv,) = by_type(default_run, "kubernetes:core/v1:PersistentVolume")
     assert pv.inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
+
+
+# ------------------------------------------------------------------ the fair-share controller
+
+
+def _fair_share(rec):
+    component = rec.named("testbed-fair-share")
+    assert component.type == tokens.FAIR_SHARE_CONTROLLER
+    return [r for r in rec.resources if r.parent == component.urn]
+
+
+def _cluster_queues(rec):
+    queues = [r for r in rec.resources if r.type == f"kubernetes:{names.KUEUE_GROUP_VERSION}:ClusterQueue"]
+    assert len(queues) == 2
+    return queues
+
+
+def test_the_fair_share_controller_starts_after_kueue_s_queues_and_gate_and_prometheus(default_run):
+    (deployment,) = by_type(default_run, tokens.DEPLOYMENT)
+    assert deployment in _fair_share(default_run)
+    for before in [*_cluster_queues(default_run), command(default_run, "testbed-kueue-webhook-gate")]:
+        assert depends(default_run, deployment, before), before.name
+    assert depends(default_run, deployment, release(default_run, "monitoring"))
+    for part in _fair_share(default_run):  # its RBAC and code before it
+        assert part is deployment or depends(default_run, deployment, part) or part.type == tokens.NAMESPACE
+    assert depends(default_run, release(default_run, "keda"), deployment), "KEDA last, as ever"
+
+
+def test_the_controller_may_get_and_patch_the_two_queues_kueue_creates_and_nothing_else(default_run):
+    from tests.stacks import rbac_evaluator as rbac
+
+    parts = [reveal(r.inputs) for r in _fair_share(default_run)]
+    rbac_objects = [o for o in parts if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    (deployment,) = [o for o in parts if o["kind"] == "Deployment"]
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    namespace = deployment["metadata"]["namespace"]
+    user = f"system:serviceaccount:{namespace}:{account}"
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+    queues = sorted(reveal(q.inputs)["metadata"]["name"] for q in _cluster_queues(default_run))
+    group = names.KUEUE_GROUP_VERSION.split("/")[0]
+
+    def may(verb, resource, name="", where="", grp=group):
+        return rbac.allowed(rbac_objects, user, groups, rbac.Request(verb, grp, resource, where, name))
+
+    for queue in queues:
+        assert may("get", "clusterqueues", queue) and may("patch", "clusterqueues", queue), queue
+        assert not may("update", "clusterqueues", queue) and not may("delete", "clusterqueues", queue)
+    assert not may("patch", "clusterqueues", "other") and not may("list", "clusterqueues")
+    assert not may("patch", "localqueues", queues[0], "default")
+    assert not may("get", "secrets", "", namespace, "") and not may("list", "secrets", "", namespace, "")
+    assert not may("create", "pods", "", namespace, "") and not may("get", "pods", "", namespace, "")
+    config = json.loads(next(o for o in parts if o["kind"] == "ConfigMap")["data"]["config.json"])
+    assert sorted(config["clusterQueues"].values()) == queues, "it patches what it may patch"
+
+
+def test_the_controller_runs_the_repository_s_files_against_the_scaler_s_prometheus(default_run):
+    parts = {reveal(r.inputs)["kind"]: reveal(r.inputs) for r in _fair_share(default_run)}
+    data = parts["ConfigMap"]["data"]
+    for module in ("fair_share.py", "fair_share_loop.py"):
+        assert data[module] == (ROOT / "components" / module).read_text(), module
+    config = json.loads(data["config.json"])
+    (scaled_object,) = by_type(default_run, tokens.SCALED_OBJECT)
+    servers = {t["metadata"]["serverAddress"] for t in reveal(scaled_object.inputs)["spec"]["triggers"]}
+    assert servers == {config["prometheusUrl"]}, "the Prometheus the scaler reads"
+    (kueue_quota,) = [
+        t["metadata"]["query"] for t in reveal(scaled_object.inputs)["spec"]["triggers"] if t["name"] == "ai_quota"
+    ]
+    assert config["clusterQueues"]["ai"] in kueue_quota, "the scaler follows the quota the controller moves"
+    pod = parts["Deployment"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == default_run.settings.fair_share_image
+    assert "@sha256:" in pod["containers"][0]["image"]
+    assert pod["volumes"][0]["configMap"]["name"] == parts["ConfigMap"]["metadata"]["name"]
+
+
+def test_the_controller_s_namespace_is_restricted_and_outside_the_tenants_and_kueue_s_reach(default_run):
+    from components import kueue, tenant_volumes
+
+    parts = {reveal(r.inputs)["kind"]: reveal(r.inputs) for r in _fair_share(default_run)}
+    namespace = parts["Namespace"]["metadata"]
+    assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert {p["metadata"].get("namespace", namespace["name"]) for p in parts.values() if p["kind"] != "Namespace"} >= {
+        namespace["name"]
+    }
+    assert namespace["name"] not in tenant_volumes.TENANT_NAMESPACES
+    assert namespace["name"] not in kueue.managed_namespaces()
+
+
+def test_a_changed_controller_image_reaches_the_deployment():
+    image = "python:3.12.11-slim-bookworm@sha256:" + "b" * 64
+    rec = run_program(fairShareImage=image)
+    (deployment,) = by_type(rec, tokens.DEPLOYMENT)
+    assert reveal(deployment.inputs)["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+
+def test_doctor_checks_that_the_controller_s_pod_is_ready(default_run):
+    from cli import doctor
+
+    (deployment,) = by_type(default_run, tokens.DEPLOYMENT)
+    assert reveal(deployment.inputs)["metadata"]["namespace"] in doctor.PLATFORM_NAMESPACES

@@ -9,11 +9,13 @@ import pytest
 import yaml
 
 from cli.__main__ import main
+from stacks import offline
+from twin import program
 from twin.autoscale import Hpa, Keda, Trigger
 from twin.kube import KUBERNETES, SLURMD, Kubernetes, Pod
 from twin.promql import TSDB, Evaluator, PromQLError, parse
 from twin.scenario import JobSpec
-from twin.slurm import RUNNING, SlurmConfig, Slurmctld
+from twin.slurm import PENDING, REQUEUE_DELAY, RUNNING, SlurmConfig, Slurmctld
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_KEYS = {"jobs", "killed", "double_held", "unfinished", "end", "latency", "slurmd_starts"}
@@ -173,6 +175,28 @@ def test_a_throttled_array_counts_every_pending_task_and_runs_one_at_a_time():
     assert [t.state for t in tasks].count(RUNNING) == 1
     metrics = slurm.partition_metrics(0)["all"]
     assert metrics["slurm_partition_jobs_pending"] == 3 and metrics["slurm_partition_nodes_idle"] == 2
+
+
+@pytest.mark.parametrize("return_to_service", [0, 1, 2])
+def test_a_node_set_down_under_a_job_is_back_only_under_return_to_service_2(return_to_service):
+    """Its job requeued either way; the slurmd answering the kill brings it back only under
+    ReturnToService=2, and then the job waiting runs there (seen on slurmctld 26.05.5,
+    tests/engines/test_slurm_states.py)."""
+    slurm = Slurmctld(SlurmConfig("all", "slinky", return_to_service=return_to_service))
+    slurm.register("slinky-0", 0)
+    first = slurm.submit(JobSpec("first", "slurm", 0, 600), 0)[0]
+    slurm.step(0)
+    waits = slurm.submit(JobSpec("waits", "slurm", 1, 600), 1)[0]
+    assert slurm.set_down("slinky-0", 2) == [first]
+    slurm.step(2)
+    back = return_to_service == 2
+    assert (slurm.nodes["slinky-0"].down, waits.state) == (not back, RUNNING if back else PENDING)
+    assert first.state == PENDING and first.eligible_at == 2 + REQUEUE_DELAY
+
+
+def test_the_twin_returns_nodes_as_the_programs_slurm_conf_says():
+    """The twin reads ReturnToService from the slurm.conf the program renders (2: slurm_config.py)."""
+    assert program.setup(offline.stack_settings("dev", [])).slurm.return_to_service == 2
 
 
 def test_the_scenarios_workers_are_the_stacks_worker_count(capsys, tmp_path):

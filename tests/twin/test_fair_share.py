@@ -1,6 +1,7 @@
 """Fair share over time (issue 28), modelled: each shape of the issue's "Why" fails its contract
-under today's default (lend-and-reclaim) and holds under the fair-share policy, whose controller
-(components/fair_share.py) the twin runs as is, under a few phase sets. The contract is
+under the default before (lend-and-reclaim) and holds under the default, the fair-share policy,
+whose controller (components/fair_share.py) the twin runs as is and the program deploys
+(components/fair_share_controller.py), under a few phase sets. The contract is
 docs/handoff.md's "Fair share over time": while both sides have work, each side gets its share
 (half) of the contended GPU time within 5 points, overall and over every 2 h window at least half
 contended, when no single job holds more than an eighth of a window's GPU time."""
@@ -14,6 +15,7 @@ import pytest
 
 from components import fair_share
 from components import slurmd_scaling as scaling
+from core.names import Names
 from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
@@ -95,15 +97,15 @@ def no_harm(r: dict) -> bool:
 
 
 @SWEEP
-def test_gangs_first_in_line_take_most_of_the_time_under_the_default():
-    r = result(gangs_against_a_stream, scaling.DEFAULT_POLICY)
+def test_gangs_first_in_line_take_most_of_the_time_under_lend_and_reclaim():
+    r = result(gangs_against_a_stream, scaling.LEND_RECLAIM)
     assert r["sides"]["slurm"]["share"] < 0.5 - BAND and no_harm(r), r["sides"]["slurm"]["share"]  # 0.32
 
 
 @SWEEP
 @pytest.mark.parametrize("phase_set", PHASE_SETS)
 def test_gangs_and_a_stream_share_the_time_within_the_band_over_every_window(phase_set):
-    r = result(gangs_against_a_stream, scaling.FAIR_SHARE, phase_set)
+    r = result(gangs_against_a_stream, scaling.DEFAULT_POLICY, phase_set)
     slurm = r["sides"]["slurm"]
     assert within_band(slurm["share"]), slurm["share"]  # 0.48 at phase set 0
     assert slurm["window_share"]["windows"] > 100 and within_band(slurm["window_share"]["min"]), slurm
@@ -112,41 +114,70 @@ def test_gangs_and_a_stream_share_the_time_within_the_band_over_every_window(pha
 
 
 @SWEEP
-def test_wide_slurm_jobs_hardly_run_against_a_stream_of_small_ai_jobs_under_the_default():
+def test_wide_slurm_jobs_hardly_run_against_a_stream_of_small_ai_jobs_under_lend_and_reclaim():
     sc = wide_slurm_against_a_stream()
-    r = runs.result(setup(scaling.DEFAULT_POLICY), sc)
+    r = runs.result(setup(scaling.LEND_RECLAIM), sc)
     assert started(r, "w") <= 1 and r["sides"]["slurm"]["share"] < 0.2, r["sides"]["slurm"]  # 1 of 12; 0.10
     assert r["sides"]["slurm"]["held_for_reservation_gpu_s"] > 5 * 3600, "a slurmd pod held a GPU for hours"
+
+
+def starvation_bounds() -> dict[str, int]:
+    """components/fair_share.py's bounds for the dev stack's run limits, as `plan` prints them."""
+    names = Names.from_settings(offline.stack_settings("dev", []))
+    handoff = scaling.reclaim_bounds(
+        names.metrics_interval_seconds, names.polling_seconds, names.slurm_job_max_minutes, names.ai_job_max_minutes
+    ).handoff_s
+    slurm_run = 60 * names.slurm_job_max_minutes + scaling.SLURM_LIMIT_CHECK_SECONDS + scaling.SLURM_KILL_WAIT_SECONDS
+    return fair_share.no_starvation_bounds(slurm_run, 60 * names.ai_job_max_minutes, handoff)
 
 
 @SWEEP
 @pytest.mark.parametrize("phase_set", PHASE_SETS)
 def test_wide_slurm_jobs_get_their_turn_against_a_stream_of_small_ai_jobs(phase_set):
     sc = wide_slurm_against_a_stream()
-    r = runs.result(setup(scaling.FAIR_SHARE), sc, phase_set)
-    # The 4-node ones still wait: the twin's Slurm starts a 3-node job on the nodes the 4-node head
-    # waits for (no backfill reservation yet; docs/handoff.md, "What it does not guarantee").
-    assert started(r, "w") >= 5, r["sides"]["slurm"]["waits_by_width"]  # 6 of 12, against 1
-    # Short of the band while its 4-node jobs cannot start (0.45 and 0.447 at phase sets 0 and 1).
-    assert r["sides"]["slurm"]["share"] >= 0.4 and no_harm(r), r["sides"]["slurm"]["share"]
+    run = runs.run(setup(scaling.DEFAULT_POLICY), sc, phase_set)
+    r = run.result()
+    # 4-node jobs run now (3 of 6; 0 before the turn and the backfill plan): a 3-node job may still
+    # take the 3 nodes there are while the 4th is on its way (a dynamic node that has not joined
+    # is not planned for), but the turn keeps HPC's quota until the 4-node job holds all 4.
+    assert started(r, "w", 4, sc) >= 3 and started(r, "w", 3, sc) >= 3, r["sides"]["slurm"]["waits_by_width"]
+    # Above the band (0.566 at both phase sets): each turn holds a 3-node job's idle 4th node for the
+    # 4-node one behind it. These jobs (1.5-2 GPU-hours) are far over the contract's 1/8 of a window.
+    assert 0.45 <= r["sides"]["slurm"]["share"] <= 0.6 and no_harm(r), r["sides"]["slurm"]["share"]
+    # No starvation, as stated: each 4-node job first in line starts within the bound of HPC's turn
+    bounds = starvation_bounds()
+    turns = [t for t, _, why in run.quota_changes if why.startswith(f"{fair_share.HPC} behind")]
+    for job in run.slurm.jobs:
+        if job.nodes_needed == 4 and job.started is not None:
+            turn = max(t for t in turns if t <= job.started)
+            assert job.started - turn <= bounds["turn_start_s"], (job.spec.name, job.started, turn)
+    assert r["slurm_plan_hold_max_s"] <= bounds["plan_hold_s"], r["slurm_plan_hold_max_s"]  # 1732 s
 
 
 @SWEEP
-def test_under_overload_width_decides_who_runs_under_the_default():
+@pytest.mark.parametrize("policy", [scaling.LEND_RECLAIM, scaling.DEFAULT_POLICY])
+def test_a_gpu_held_idle_for_a_backfill_plan_is_held_within_the_bound(policy):
+    r = result(busy_day, policy)
+    assert 0 < r["slurm_plan_hold_max_s"] <= starvation_bounds()["plan_hold_s"], r["slurm_plan_hold_max_s"]
+
+
+@SWEEP
+def test_under_overload_width_decides_who_runs_under_lend_and_reclaim():
     sc = busy_day()
-    r = runs.result(setup(scaling.DEFAULT_POLICY), sc)
+    r = runs.result(setup(scaling.LEND_RECLAIM), sc)
     assert r["sides"]["slurm"]["share"] < 0.5 - BAND and no_harm(r), r["sides"]["slurm"]["share"]  # 0.38
     four_wide = {j.name: j.kind for j in sc.jobs if j.gpus_wanted == 4}
     ran = [four_wide[j["name"]] for j in r["jobs"] if j["name"] in four_wide and j["started"] is not None]
-    # AI's 4-GPU gangs run (9 of 14 on Slinky 1.0.5), no 4-node Slurm job does (0 of 9)
-    assert "pytorchjob" in ran and "slurm" not in ran, ran
+    # AI's 4-GPU gangs run (9 of 14 on Slinky 1.0.5); of the 4-node Slurm jobs, 1 of 9 (0 before the
+    # twin's Slurm planned as sched/backfill does: twin/slurm.py)
+    assert ran.count("pytorchjob") >= 5 and ran.count("slurm") <= 1, ran
 
 
 @SWEEP
 @pytest.mark.parametrize("phase_set", PHASE_SETS)
 def test_under_overload_each_side_gets_its_share_of_the_day(phase_set):
     sc = busy_day()
-    r = runs.result(setup(scaling.FAIR_SHARE), sc, phase_set)
+    r = runs.result(setup(scaling.DEFAULT_POLICY), sc, phase_set)
     assert within_band(r["sides"]["slurm"]["share"]) and no_harm(r), r["sides"]["slurm"]["share"]  # 0.49
     assert r["sides"]["slurm"]["waits_by_width"].get("3", {}).get("jobs", 0) >= 2, "3-node Slurm jobs ran"
 

@@ -187,29 +187,38 @@ def test_issue_11_scenarios_complete_with_nothing_killed_and_one_owner_per_gpu(n
 
 # A guaranteed share lost in a gap, at the start: AI's jobs, submitted with Slurm's, are admitted
 # onto HPC's idle half at once, and slurmd's first pods come a scrape, a KEDA poll and an HPA sync
-# later. Nothing is preempted, so HPC gets its half back when those jobs end, within its bound,
-# but these contentions last only a few AI runs: Slurm gets 36 % in both-full on Slinky 1.0.5, the
-# default. On 1.0.0, whose slurmd pods hold their GPU for the 30 s grace, both-full holds the band
-# at 42 %. With
-# the loops aligned on the submissions' tick, the pods came first and hid it. Strict: if the band
-# holds, docs/handoff.md's figures are stale.
+# later (45 s at the default phase set). Nothing is preempted, so HPC gets its half back when those
+# jobs end, within its bound, but these contentions last only a few AI runs: under lend-and-reclaim
+# Slurm gets 33 % in both-full and 17 % in heavy-mix on Slinky 1.0.5, the default (heavy-mix stays
+# at 17 % on 1.0.0). Under fair-share, the default policy, the controller gives HPC, behind, the
+# quota for what waits: both-full holds the band (56 % on either release, plans included);
+# heavy-mix stays at 17 % (its contention ends before HPC catches up). With the loops aligned on
+# the submissions' tick, the pods came first and hid it. Strict: if the band holds,
+# docs/handoff.md's figures are stale.
 LOST_IN_A_GAP = pytest.mark.xfail(strict=True, reason="HPC's idle half is lent before slurmd's first pods exist")
+# On 1.0.0 too since the twin's Slurm plans as sched/backfill does (twin/slurm.py): both-full's
+# Slurm jobs alternate 1 and 2 nodes with no --time, so each 2-node job is planned at the 1-node
+# job's 60 min MaxTime and the other node of HPC's half idles for it until that job ends (10 min):
+# 23 min of a GPU held for plans, and Slurm gets 33 % (42 % with greedy starts). The real
+# slurmctld 26.05.5 keeps an idle node so (tests/engines/test_slurm_states.py). Strict, as above.
+HELD_FOR_A_PLAN = pytest.mark.xfail(strict=True, reason="HPC's idle node is held for a 2-node job's backfill plan")
 
 
 @pytest.mark.parametrize(
-    "name, overrides",
+    "name, overrides, policy",
     [
-        ("starvation", ()),
-        pytest.param("both-full", (), marks=LOST_IN_A_GAP),
-        ("both-full", ("slinkyVersion=1.0.0",)),
-        # heavy-mix's Slurm work is seen first by the runnable-jobs exporter, scraped 19 s before
-        # slurmctld at the default phase set: slurmd's first pods (35 s) come before AI's jobs
-        # are admitted onto HPC's half, and the band holds.
-        ("heavy-mix", ()),
+        ("starvation", (), scaling.DEFAULT_POLICY),
+        ("starvation", (), scaling.LEND_RECLAIM),
+        ("both-full", (), scaling.DEFAULT_POLICY),
+        ("both-full", ("slinkyVersion=1.0.0",), scaling.DEFAULT_POLICY),
+        pytest.param("both-full", (), scaling.LEND_RECLAIM, marks=LOST_IN_A_GAP),
+        pytest.param("both-full", ("slinkyVersion=1.0.0",), scaling.LEND_RECLAIM, marks=HELD_FOR_A_PLAN),
+        pytest.param("heavy-mix", (), scaling.DEFAULT_POLICY, marks=LOST_IN_A_GAP),
+        pytest.param("heavy-mix", (), scaling.LEND_RECLAIM, marks=LOST_IN_A_GAP),
     ],
 )
-def test_neither_side_starves_under_contention(name, overrides):
-    share = result(name, *overrides)["contention"]["share"]
+def test_neither_side_starves_under_contention(name, overrides, policy):
+    share = result(name, *overrides, policy=policy)["contention"]["share"]
     low, high = SHARE_BOUND
     assert low <= share["slurm"] <= high and low <= share["kubernetes"] <= high, share
 

@@ -1,6 +1,7 @@
-"""Lend and reclaim, the default, against the previous default (the demand-aware policy with slurmd
-kept to HPC's half and AI's queue BestEffortFIFO): each scenario shows what went wrong before and
-passes now. Modelled, from the program's own rendered objects."""
+"""Lend and reclaim, the rule the default (fair-share) keeps, against the default before it (the
+demand-aware policy with slurmd kept to HPC's half and AI's queue BestEffortFIFO): each scenario
+shows what went wrong before and passes now, under the default. Modelled, from the program's own
+rendered objects."""
 
 import dataclasses
 import functools
@@ -30,8 +31,8 @@ def dev(*overrides: str) -> settings.Settings:
 
 
 @functools.cache
-def default_setup() -> sim.Setup:
-    return program.setup(dev(), scaling.DEFAULT_POLICY)
+def default_setup(policy: str = scaling.DEFAULT_POLICY) -> sim.Setup:
+    return program.setup(dev(), policy)
 
 
 @functools.cache
@@ -47,8 +48,8 @@ def previous_setup() -> sim.Setup:
     return dataclasses.replace(s, kueue_objects=objects, run_limit=None)  # no run-limit policy then
 
 
-def result(name: str, previous: bool = False) -> dict:
-    setup = previous_setup() if previous else default_setup()
+def result(name: str, previous: bool = False, policy: str = scaling.DEFAULT_POLICY) -> dict:
+    setup = previous_setup() if previous else default_setup(policy)
     return runs.result(setup, scenario.load(SCENARIOS / f"{name}.yaml"))
 
 
@@ -87,17 +88,27 @@ def test_a_gang_wider_than_ais_share_starts_within_the_bound_while_slurm_has_a_s
     assert all(j["outcome"] == "completed" for j in now["jobs"] if j["kind"] == "slurm")
 
 
-def test_a_slurm_job_wider_than_what_ai_leaves_gets_no_pod_that_would_idle():
-    now, before = jobs(result("wide-slurm-job")), jobs(result("wide-slurm-job", previous=True))
+@pytest.mark.parametrize("policy", [scaling.LEND_RECLAIM, scaling.FAIR_SHARE])
+def test_a_slurm_job_wider_than_what_ai_leaves_waits_for_ai_s_jobs_and_idles_only_on_its_turn(policy):
+    r = result("wide-slurm-job", policy=policy)
+    now, before = jobs(r), jobs(result("wide-slurm-job", previous=True))
     assert before["mpi4"]["outcome"] == "refused"
     handoff = bounds().handoff_s
     assert now["post"]["started"] - now["post"]["submitted"] <= handoff, "the 1-node job runs on HPC's idle half"
-    ai_end = max(now[k]["finished"] for k in ("k1", "k2"))
+    ai = ("k1", "k2")
+    ai_end = max(now[k]["finished"] for k in ai)
     assert now["mpi4"]["outcome"] == "completed" and ai_end <= now["mpi4"]["started"] <= ai_end + handoff
-    # slurmd's idle GPU time is the warm tails only (1 pod after the 1-node job, 4 after the 4-node
-    # one; nobody waits for them): no pod for the 4-node job while AI holds its half
-    r = result("wide-slurm-job")
-    assert r["slurmd_idle_gpu_s"] <= 5 * (dev().keda_cooldown_seconds + handoff) and sim.ok(r)
+    # Beyond the warm tails (1 pod after the 1-node job, 4 after the 4-node one; nobody waits for
+    # them): lend-and-reclaim gives the 4-node job no pod while AI holds its half. Under fair-share
+    # HPC is behind (it waits, AI runs), so its quota covers the 4 nodes and it reserves them: at
+    # most AI's 2 GPUs idle from the job's submit until AI's jobs end (the other side's limit).
+    tails = 5 * (dev().keda_cooldown_seconds + handoff)
+    reserved = 0 if policy == scaling.LEND_RECLAIM else len(ai) * (ai_end - now["mpi4"]["submitted"])
+    assert r["sides"]["slurm"]["held_for_reservation_gpu_s"] <= reserved + tails
+    assert r["slurmd_idle_gpu_s"] <= tails + reserved and sim.ok(r)
+    if policy == scaling.FAIR_SHARE:
+        wait = ai_end - now["mpi4"]["submitted"]
+        assert r["sides"]["slurm"]["held_for_reservation_gpu_s"] > wait, "its turn: more than a GPU reserved throughout"
 
 
 def test_a_gap_in_hpcs_work_costs_it_its_share_at_most_for_the_stated_bound():

@@ -7,6 +7,7 @@ condemns is drained, not deleted. Modelled figures, from the program's own objec
 import functools
 from pathlib import Path
 
+from components import slurmd_scaling as scaling
 from stacks import offline
 from twin import program, scenario, sim
 from twin.kube import GRACE_PERIOD, KUBERNETES, SLURMD, TERMINATION, Kubernetes, Pod
@@ -174,11 +175,15 @@ def test_while_kueue_is_down_the_nodeset_changes_no_pod_and_nothing_is_killed():
 
 
 def test_after_kueue_is_back_the_nodeset_waits_for_its_retry_or_the_next_event():
-    """With slurmd allowed every GPU, b (2 nodes, from 600) needs a third pod, refused during the
-    outage. When Kueue is back (1200) nothing enqueues the NodeSet: its retry has backed off (5 ms
-    doubling per failed sync, at most 1000 s) and the next event is a's end (1500), seen by the
-    informer. b runs then, on a's node; the third pod is never made."""
-    run = sim.Run(setup("hpcBorrowsAiGpus=true"), scenario.load(SCENARIOS / "kueue-down.yaml"))
+    """With slurmd allowed every GPU (policy demand-aware: no cap, so Kueue's metrics going with
+    Kueue change nothing), b (2 nodes, from 600) needs a third pod, refused during the outage. When
+    Kueue is back (1200) nothing enqueues the NodeSet: its retry has backed off (5 ms doubling per
+    failed sync, at most 1000 s) and the next event is a's end (1500), seen by the informer. b runs
+    then, on a's node; the third pod is never made. (Under lend-and-reclaim the cap, at HPC's share
+    while Kueue's metrics are gone, leaves b without pods until they are back, and that change of
+    the NodeSet is an event: b starts at once.)"""
+    s = program.setup(offline.stack_settings("dev", ["hpcBorrowsAiGpus=true"]), scaling.DEMAND_AWARE)
+    run = sim.Run(s, scenario.load(SCENARIOS / "kueue-down.yaml"))
     ticks = _tick_by_tick(run)
     short = [t for t, replicas, pods, _ in ticks if replicas > len(pods)]
     assert short and min(short) < 1200 and all(t in short for t in range(1200, 1500)), "unanswered after 1200"

@@ -16,6 +16,8 @@ QUERIES = [
     "(count(m) or vector(0)) + max(n)",
     "max_over_time((max(m) - max(n))[60s:20s])",
     "min_over_time((max(m) / max(m))[60s:20s])",  # NaN (0 / 0) where every m is 0
+    "(count(n) > bool 0) or vector(0)",  # lend-and-reclaim's slurm_metrics: n is gone for 6 minutes
+    "(max_over_time(max(n)[60s:15s])) or vector(0)",  # a Slurm trigger, 0 once its target is gone
 ]
 
 

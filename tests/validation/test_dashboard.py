@@ -153,7 +153,11 @@ def test_the_check_catches_wrong_names():
 
 
 def test_the_program_deploys_the_dashboard_as_a_sidecar_config_map(default_run):
-    (config_map,) = by_type(default_run, "kubernetes:core/v1:ConfigMap")
+    (config_map,) = [
+        m
+        for m in by_type(default_run, "kubernetes:core/v1:ConfigMap")
+        if m.parent == default_run.named("testbed-monitoring").urn
+    ]
     (text,) = config_map.inputs["data"].values()
     assert json.loads(text) == dashboard.handoff_dashboard(DEFAULT_NAMES)
 

@@ -1,5 +1,6 @@
 """The real cluster layer with the network cut out: the commands it runs and what it reads back."""
 
+import hashlib
 import os
 import subprocess
 from types import SimpleNamespace
@@ -8,8 +9,10 @@ import pytest
 from kubernetes import client
 
 from components import device_plugin
+from core import host_layout
 from core.names import slurm_names
 from validation.cluster import SQUEUE, UUID_QUERY, ClusterError, KubeCluster
+from validation.scenarios import SLURM, SLURM_OUTPUT_DIR
 from validation.timeline import RUNNING, SUCCEEDED, GpuPod
 
 
@@ -128,3 +131,39 @@ def test_gpu_pods_are_read_from_every_namespace():
         "ddp",
         "pytorch",
     )
+
+
+def slurm_output_cluster(files: dict[str, str]):
+    """A cluster whose slurmctld `cat`s the files given (path -> text); any other path fails."""
+    cluster, _ = cluster_with()
+
+    def fake_exec(namespace, pod, container, command):
+        assert command[0] == "cat" and (namespace, container) == ("slurm", "slurmctld")
+        return (0, files[command[1]], "") if command[1] in files else (1, "", f"cat: {command[1]}: No such file\n")
+
+    cluster.exec_in_pod = fake_exec
+    return cluster
+
+
+OUT, DIGEST = f"{SLURM_OUTPUT_DIR}/allreduce-r1-7.out", f"{host_layout.OUTPUT_DIGEST_DIR}/7.sha256"
+RESULT = "# Avg bus bandwidth    : 1.50\n"
+
+
+def test_slurm_output_is_evidence_only_with_the_digest_recorded_when_the_job_ended():
+    recorded = hashlib.sha256(RESULT.encode()).hexdigest() + "\n"
+    assert slurm_output_cluster({OUT: RESULT, DIGEST: recorded}).job_output(SLURM, "allreduce-r1", "7") == RESULT
+
+
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        ({OUT: RESULT.replace("1.50", "9.99"), DIGEST: hashlib.sha256(RESULT.encode()).hexdigest()}, "rewritten"),
+        ({OUT: RESULT}, "no output digest recorded when the job ended"),
+        ({OUT: RESULT, DIGEST: "\n"}, "no output digest recorded when the job ended"),
+    ],
+    ids=["rewritten", "no-digest", "empty-digest"],
+)
+def test_slurm_output_is_refused_in_one_line_when_rewritten_or_unrecorded(files, why):
+    with pytest.raises(ClusterError, match=why) as refused:
+        slurm_output_cluster(files).job_output(SLURM, "allreduce-r1", "7")
+    assert str(refused.value).startswith(OUT) and "\n" not in str(refused.value)

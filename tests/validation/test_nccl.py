@@ -3,6 +3,8 @@ simulated cluster, read back and checked."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import yaml
 from kubernetes import client
@@ -157,12 +159,14 @@ def test_a_nan_bandwidth_fails():
 def test_the_live_cluster_reads_the_slurm_output_on_the_share_and_the_masters_log():
     cluster = KubeCluster(client.ApiClient(), slurm_names("slinky"))
     calls = []
+    digest = hashlib.sha256(b"out").hexdigest()
     cluster.exec_in_pod = lambda ns, pod, container, command: (
-        calls.append((ns, pod, container, command)) or (0, "out", "")
+        calls.append((ns, pod, container, command)) or (0, digest if command[1].endswith(".sha256") else "out", "")
     )
     assert cluster.job_output("slurm", "nccl-allreduce-r1-2", "4242") == "out"
     assert calls == [
-        ("slurm", "slurm-controller-0", "slurmctld", ["cat", "/mnt/share/slurm/nccl-allreduce-r1-2-4242.out"])
+        ("slurm", "slurm-controller-0", "slurmctld", ["cat", "/mnt/share/slurm/nccl-allreduce-r1-2-4242.out"]),
+        ("slurm", "slurm-controller-0", "slurmctld", ["cat", "/var/spool/slurmctld/output-digests/4242.sha256"]),
     ]
     logs = []
     cluster.core = type("Core", (), {"read_namespaced_pod_log": lambda self, *a, **k: logs.append((a, k)) or "log"})()

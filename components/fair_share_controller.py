@@ -1,0 +1,236 @@
+"""The fair-share controller in the cluster: the code the twin runs (components/fair_share.py) and
+its loop (components/fair_share_loop.py), shipped as they are in a ConfigMap to a stock Python
+image, which runs them as one non-root pod on the control node.
+
+What it may do is all it needs: get and patch the two ClusterQueues it moves, by name (a
+ClusterRole with resourceNames; kubernetes/kubernetes@v1.34.0 staging/src/k8s.io/api/rbac/v1/
+types.go PolicyRule), nothing else; it reads Prometheus over plain HTTP as every in-cluster
+reader does (the Service the KEDA triggers read). Its namespace enforces Pod Security
+`restricted` (kubernetes/pod-security-admission@v0.34.0: api/constants.go labels), which the pod
+meets: non-root, no privilege escalation, every capability dropped, seccomp RuntimeDefault, a
+read-only root and only a ConfigMap and its token mounted. It serves nothing, so no NetworkPolicy
+guards a port; Flannel, the cluster's network, enforces none anyway (flannel-io/flannel@v0.27.4
+README.md: "For network policy, other projects such as Calico can be used").
+
+Kueue's ClusterQueue webhook accepts the patch: on an update it validates the new spec as on a
+create (lendingLimit at most nominalQuota, no negative quota; the resource groups are mutable)
+and keeps only concurrentAdmissionPolicy immutable (kubernetes-sigs/kueue@v0.19.2:
+pkg/webhooks/clusterqueue_webhook.go ValidateClusterQueueUpdate, validateFlavorQuotas,
+validateLendingLimit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import fair_share, slurmd_scaling
+from core import host_layout
+from core.names import (
+    AI_CLUSTER_QUEUE,
+    FAIR_SHARE_CONTROLLER,
+    FAIR_SHARE_NAMESPACE,
+    GPU_RESOURCE,
+    HPC_CLUSTER_QUEUE,
+    KUEUE_GROUP_VERSION,
+    Names,
+)
+
+HERE = Path(__file__).resolve().parent
+# The modules the pod runs, as the repository holds them; the loop imports the rule as
+# `components.fair_share`, so both sit under components/ in the mount (a namespace package).
+CODE = (HERE / "fair_share.py", HERE / "fair_share_loop.py")
+APP_DIR = "/opt/fair-share"
+CONFIG_KEY = "config.json"
+CODE_HASH_ANNOTATION = "testbed/code-sha256"  # a changed file or config rolls the pod
+POD_SECURITY = "restricted"
+RUN_AS = 65534  # nobody in the Debian-based python image
+RESOURCES = {"requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"cpu": "200m", "memory": "96Mi"}}
+KUEUE_GROUP = KUEUE_GROUP_VERSION.split("/")[0]
+
+
+def sides() -> dict[str, str]:
+    """Side -> the ClusterQueue whose nominalQuota is that side's share."""
+    return {fair_share.HPC: HPC_CLUSTER_QUEUE, fair_share.AI: AI_CLUSTER_QUEUE}
+
+
+def controller_config(n: Names) -> dict:
+    """What the loop reads (fair_share_loop.Config.from_json): the stack's queries, queues and split."""
+    target = slurmd_scaling.scaling_target(n)
+    return {
+        "prometheusUrl": n.prometheus_url,
+        "queries": slurmd_scaling.fair_share_queries(target),
+        "clusterQueues": sides(),
+        "gpuResource": GPU_RESOURCE,
+        "gpusTotal": n.shares.gpus_total,
+        "guaranteed": {fair_share.HPC: n.shares.hpc_gpus, fair_share.AI: n.shares.ai_guaranteed_gpus},
+        "periodSeconds": fair_share.PERIOD_S,
+    }
+
+
+def config_map_data(n: Names) -> dict[str, str]:
+    return {
+        **{path.name: path.read_text() for path in CODE},
+        CONFIG_KEY: json.dumps(controller_config(n), indent=2, sort_keys=True) + "\n",
+    }
+
+
+def _metadata(namespaced: bool = True) -> dict:
+    labels = {"app.kubernetes.io/name": FAIR_SHARE_CONTROLLER}
+    return {"name": FAIR_SHARE_CONTROLLER, "labels": labels} | (
+        {"namespace": FAIR_SHARE_NAMESPACE} if namespaced else {}
+    )
+
+
+def namespace(kubernetes_minor: str) -> dict:
+    version = f"v{kubernetes_minor}"
+    labels = {
+        f"pod-security.kubernetes.io/{mode}{suffix}": value
+        for mode in ("enforce", "audit", "warn")
+        for suffix, value in (("", POD_SECURITY), ("-version", version))
+    }
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FAIR_SHARE_NAMESPACE, "labels": labels}}
+
+
+def service_account() -> dict:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata()}
+
+
+def cluster_role() -> dict:
+    """get and patch on the two ClusterQueues, by name: nothing else."""
+    rule = {
+        "apiGroups": [KUEUE_GROUP],
+        "resources": ["clusterqueues"],
+        "resourceNames": sorted(sides().values()),
+        "verbs": ["get", "patch"],
+    }
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": _metadata(False),
+        "rules": [rule],
+    }
+
+
+def cluster_role_binding() -> dict:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": _metadata(False),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": FAIR_SHARE_CONTROLLER},
+        "subjects": [{"kind": "ServiceAccount", "name": FAIR_SHARE_CONTROLLER, "namespace": FAIR_SHARE_NAMESPACE}],
+    }
+
+
+def config_map(n: Names) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(), "data": config_map_data(n)}
+
+
+def deployment(n: Names, image: str) -> dict:
+    data = config_map_data(n)
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    items = [{"key": path.name, "path": f"components/{path.name}"} for path in CODE]
+    items.append({"key": CONFIG_KEY, "path": CONFIG_KEY})
+    labels = {"app.kubernetes.io/name": FAIR_SHARE_CONTROLLER}
+    container = {
+        "name": "controller",
+        "image": image,
+        "command": ["python", "-m", "components.fair_share_loop", f"{APP_DIR}/{CONFIG_KEY}"],
+        "workingDir": APP_DIR,
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": RESOURCES,
+        "volumeMounts": [{"name": "code", "mountPath": APP_DIR, "readOnly": True}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    pod = {
+        "serviceAccountName": FAIR_SHARE_CONTROLLER,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # Beside Prometheus and slurmctld, off the GPU workers.
+        "nodeSelector": {host_layout.CONTROL_PLANE_NODE_LABEL: ""},
+        "tolerations": [{"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [container],
+        "volumes": [{"name": "code", "configMap": {"name": FAIR_SHARE_CONTROLLER, "items": items}}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(),
+        "spec": {
+            "replicas": 1,
+            # Never two at once: each would patch the queues from its own usage.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels, "annotations": {CODE_HASH_ANNOTATION: digest}}, "spec": pod},
+        },
+    }
+
+
+def objects(n: Names, image: str, kubernetes_minor: str) -> list[dict]:
+    """Every object, in the order they may be created."""
+    return [
+        namespace(kubernetes_minor),
+        service_account(),
+        cluster_role(),
+        cluster_role_binding(),
+        config_map(n),
+        deployment(n, image),
+    ]
+
+
+@dataclass
+class FairShareControllerArgs:
+    names: Names
+    image: str
+    kubernetes_minor: str
+    provider: k8s.Provider
+    # Kueue's webhook gate and ClusterQueues (the queues it patches), and Prometheus (what it reads)
+    after: Sequence[pulumi.Resource]
+
+
+class FairShareController(pulumi.ComponentResource):
+    """The namespace, the service account and its RBAC, the code, then the Deployment."""
+
+    def __init__(self, name: str, args: FairShareControllerArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("testbed:platform:FairShareController", name, None, opts)
+        ns, sa, role, binding, code, deploy = objects(args.names, args.image, args.kubernetes_minor)
+        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+
+        def after(*resources: pulumi.Resource) -> pulumi.ResourceOptions:
+            return pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=list(resources)))
+
+        namespace_ = k8s.core.v1.Namespace(f"{name}-namespace", metadata=ns["metadata"], opts=child)
+        account = k8s.core.v1.ServiceAccount(f"{name}-account", metadata=sa["metadata"], opts=after(namespace_))
+        role_ = k8s.rbac.v1.ClusterRole(f"{name}-role", metadata=role["metadata"], rules=role["rules"], opts=child)
+        binding_ = k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-binding",
+            metadata=binding["metadata"],
+            role_ref=binding["roleRef"],
+            subjects=binding["subjects"],
+            opts=after(role_, account),
+        )
+        code_ = k8s.core.v1.ConfigMap(
+            f"{name}-code", metadata=code["metadata"], data=code["data"], opts=after(namespace_)
+        )
+        self.deployment = k8s.apps.v1.Deployment(
+            f"{name}-deployment",
+            metadata=deploy["metadata"],
+            spec=deploy["spec"],
+            opts=after(binding_, code_, *args.after),
+        )
+        self.register_outputs({"deployment": f"{FAIR_SHARE_NAMESPACE}/{FAIR_SHARE_CONTROLLER}"})

@@ -1,0 +1,497 @@
+"""The fair-share controller as the cluster runs it: its loop (components/fair_share_loop.py)
+against an in-process Prometheus HTTP API and Kubernetes API (http.server, no sleeps: the clock
+is injected), its ClusterQueue patches against Kueue 0.19.2's CRD schema and webhook rules, its
+queries on a real Prometheus 3 (promtool), and its objects (components/fair_share_controller.py)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from components import fair_share, fair_share_controller, fair_share_loop, kueue
+from components import slurmd_scaling as scaling
+from core.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, HPC_CLUSTER_QUEUE, Names
+from stacks import offline
+from tests.components import cel_policy
+from tests.engines import harness
+from twin.prometheus import TSDB
+from twin.promql import Evaluator, PromQLError, scalar_result
+
+FIXTURE = Path(__file__).parent / "fixtures" / "kueue-v0.19.2-clusterqueue-v1beta2.schema.json"
+TOKEN = "token-of-the-pod"
+HPC, AI = fair_share.HPC, fair_share.AI
+
+
+def names(*overrides: str) -> Names:
+    return Names.from_settings(offline.stack_settings("dev", list(overrides)))
+
+
+# ------------------------------------------------------------------ the fakes
+
+
+class _Server:
+    """An HTTP server on a free local port, answering with `handle(method, path, query, headers, body)`."""
+
+    def __init__(self, handle):
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, method: str) -> None:
+                url = urlparse(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                status, answer = handle(method, url.path, parse_qs(url.query), self.headers, body)
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._answer("GET")
+
+            def do_PATCH(self):
+                self._answer("PATCH")
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=outer.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FakePrometheus:
+    """`/api/v1/query` as Prometheus 3 answers it (docs/querying/api.md): a vector, one sample per
+    query whose value is set, none for a query set to None; `down` answers 503."""
+
+    def __init__(self, values: dict[str, str], readings: dict[str, float | None]):
+        self.by_query = {query: name for name, query in values.items()}
+        self.readings = dict(readings)
+        self.down = False
+        self.asked: list[str] = []
+        self.server = _Server(self.handle)
+
+    def handle(self, method, path, query, headers, body):
+        assert (method, path) == ("GET", "/api/v1/query")
+        (promql,) = query["query"]
+        self.asked.append(promql)
+        if self.down:
+            return 503, {"status": "error", "errorType": "unavailable", "error": "down"}
+        value = self.readings[self.by_query[promql]]
+        result = [] if value is None else [{"metric": {}, "value": [1700000000.0, f"{value:g}"]}]
+        return 200, {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+def apply_json_patch(obj: dict, operations: list[dict]) -> dict:
+    """RFC 6902 `test` and `replace`, all or nothing, as the API server applies a JSON patch."""
+    out = copy.deepcopy(obj)
+    for op in operations:
+        *parents, last = [p for p in op["path"].split("/")[1:]]
+        node = out
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        key = int(last) if isinstance(node, list) else last
+        if op["op"] == "test":
+            if node[key] != op["value"]:
+                raise ValueError(f"test failed at {op['path']}")
+        elif op["op"] == "replace":
+            node[key] = op["value"]
+        else:
+            raise ValueError(f"unexpected op {op['op']}")
+    return out
+
+
+class FakeKubernetes:
+    """The two ClusterQueues the program creates, behind a Kubernetes API that checks the bearer
+    token, applies JSON patches and, like Kueue's webhook, refuses a queue it would refuse."""
+
+    def __init__(self, queues: list[dict]):
+        self.queues = {q["metadata"]["name"]: copy.deepcopy(q) for q in queues}
+        self.patches: list[tuple[str, list[dict]]] = []
+        self.refuse_patches = False
+        self.server = _Server(self.handle)
+
+    def handle(self, method, path, query, headers, body):
+        if headers["Authorization"] != f"Bearer {TOKEN}":
+            return 401, {"kind": "Status", "code": 401}
+        prefix = f"{fair_share_loop.KUEUE_API}/"
+        assert path.startswith(prefix), path
+        name = path.removeprefix(prefix)
+        if method == "GET":
+            return 200, self.queues[name]
+        assert headers["Content-Type"] == fair_share_loop.JSON_PATCH
+        assert query == {"fieldManager": [fair_share_loop.FIELD_MANAGER]}
+        operations = json.loads(body)
+        self.patches.append((name, operations))
+        if self.refuse_patches:
+            return 500, {"kind": "Status", "message": "Internal error occurred: failed calling webhook"}
+        try:
+            patched = apply_json_patch(self.queues[name], operations)
+        except ValueError as e:
+            return 422, {"kind": "Status", "message": str(e)}
+        problems = webhook_problems(patched) + schema_problems(patched)
+        if problems:
+            return 422, {"kind": "Status", "message": "; ".join(problems)}
+        self.queues[name] = patched
+        return 200, patched
+
+    def nominal(self, name: str) -> tuple[int, int | None]:
+        _, entry = fair_share_loop.gpu_entry(self.queues[name], GPU_RESOURCE)
+        return entry["nominalQuota"], entry.get("lendingLimit")
+
+
+# ------------------------------------------------------------------ Kueue 0.19.2's checks
+
+
+def _schema() -> dict:
+    return json.loads(FIXTURE.read_text())["schema"]
+
+
+def _holds(result) -> bool:
+    return isinstance(result, cel_policy.celtypes.BoolType) and bool(result)
+
+
+def _cel_rules(schema: dict, node, where: str = "") -> list[str]:
+    """Every x-kubernetes-validations rule of the schema that fails on `node`, evaluated in a real
+    CEL engine (cel-python) at the node it is declared on, as the API server does."""
+    failed = [
+        f"{where or '/'}: {rule['rule']}"
+        for rule in schema.get("x-kubernetes-validations", [])
+        if not _holds(cel_policy.run(rule["rule"], {"self": cel_policy.celpy.json_to_cel(node)}))
+    ]
+    if isinstance(node, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in node:
+                failed += _cel_rules(sub, node[key], f"{where}/{key}")
+    elif isinstance(node, list) and "items" in schema:
+        for i, item in enumerate(node):
+            failed += _cel_rules(schema["items"], item, f"{where}/{i}")
+    return failed
+
+
+def schema_problems(queue: dict) -> list[str]:
+    """The CRD's structural schema (unknown fields refused, as `kubectl --validate=strict`) and its CEL rules."""
+    schema = _schema()
+
+    def strict(node):
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node:
+                node.setdefault("additionalProperties", False)
+            for value in node.values():
+                strict(value)
+        elif isinstance(node, list):
+            for value in node:
+                strict(value)
+
+    strict(schema)
+    schema["properties"]["metadata"] = {"type": "object"}
+    errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(queue)]
+    return errors + _cel_rules(schema, queue)
+
+
+def webhook_problems(queue: dict) -> list[str]:
+    """What Kueue's ClusterQueue webhook refuses on an update of the quotas
+    (kubernetes-sigs/kueue@v0.19.2: pkg/webhooks/clusterqueue_webhook.go validateFlavorQuotas,
+    validateResourceQuantity, validateLimit, validateLendingLimit)."""
+    problems = []
+    for group in queue["spec"]["resourceGroups"]:
+        for flavor in group["flavors"]:
+            for covered, entry in zip(group["coveredResources"], flavor["resources"], strict=False):
+                nominal = fair_share_loop.whole(entry["nominalQuota"])
+                if entry["name"] != covered:
+                    problems.append("name must match the name in coveredResources")
+                if nominal < 0:
+                    problems.append("nominalQuota must be greater than or equal to 0")
+                if "lendingLimit" in entry:
+                    lending = fair_share_loop.whole(entry["lendingLimit"])
+                    if not queue["spec"].get("cohortName"):
+                        problems.append("lendingLimit must be nil when cohort is empty")
+                    if lending < 0 or lending > nominal:
+                        problems.append("lendingLimit must be less than or equal to the nominalQuota")
+    return problems
+
+
+def test_the_program_s_queues_pass_kueue_s_checks_and_a_bad_patch_does_not():
+    for queue in kueue.cluster_queues(names().shares):
+        assert schema_problems(queue) == [] and webhook_problems(queue) == [], queue["metadata"]["name"]
+    (hpc, _) = kueue.cluster_queues(names().shares)
+    path, _ = fair_share_loop.gpu_entry(hpc, GPU_RESOURCE)
+    too_much = apply_json_patch(hpc, [{"op": "replace", "path": f"{path}/lendingLimit", "value": 3}])
+    assert webhook_problems(too_much) == ["lendingLimit must be less than or equal to the nominalQuota"]
+    misspelt = apply_json_patch(hpc, [{"op": "replace", "path": f"{path}/nominalQuota", "value": 2}])
+    misspelt["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalquota"] = 2
+    assert any("nominalquota" in p for p in schema_problems(misspelt))
+    uneven = copy.deepcopy(hpc)
+    uneven["spec"]["resourceGroups"][0]["flavors"][0]["resources"].append({"name": "cpu", "nominalQuota": 1})
+    assert any("size(x.resources) == size(self.coveredResources)" in p for p in schema_problems(uneven))
+
+
+@pytest.mark.parametrize("nominal", [0, 1, 2, 3, 4])
+def test_every_quota_the_rule_can_set_is_a_patch_kueue_accepts(nominal):
+    for queue in kueue.cluster_queues(names().shares):
+        patched = apply_json_patch(queue, fair_share_loop.quota_patch(queue, GPU_RESOURCE, nominal))
+        _, entry = fair_share_loop.gpu_entry(patched, GPU_RESOURCE)
+        assert entry["nominalQuota"] == nominal
+        assert schema_problems(patched) == [] and webhook_problems(patched) == []
+
+
+def test_a_lending_limit_follows_the_quota_as_in_the_twin():
+    assert fair_share.lending_limit(2, 2, 3) == 3, "lent all of it: lends all of the new one"
+    assert fair_share.lending_limit(2, 0, 3) == 0, "lent none: still none"
+    assert fair_share.lending_limit(3, 1, 0) == 0, "never above the quota"
+
+
+# ------------------------------------------------------------------ the loop
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    n = names()
+    config = fair_share_loop.Config.from_json(
+        fair_share_controller.config_map_data(n)[fair_share_controller.CONFIG_KEY]
+    )
+    ai_only = {"hpc_used": 0, "hpc_runnable": 3, "ai_used": 4, "ai_waiting": 1}
+    ai_only |= {f"hpc_widest_{p}": 3 for p in n.slurm.partitions}
+    prom = FakePrometheus(config.queries, ai_only)
+    kube = FakeKubernetes(kueue.cluster_queues(n.shares))
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    lines: list[str] = []
+    config = dataclasses.replace(config, prometheus_url=prom.server.url)
+    controller = fair_share_loop.Controller(
+        config,
+        fair_share_loop.Prometheus(config.prometheus_url, lines.append),
+        fair_share_loop.Kubernetes(kube.server.url, str(token), None),
+        lines.append,
+    )
+    yield controller, prom, kube, lines
+    prom.server.close()
+    kube.server.close()
+
+
+class Clock:
+    """A clock that only a sleep moves."""
+
+    def __init__(self, start: float = 1000.0):
+        self.now = start
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_the_loop_asks_prometheus_the_stack_s_queries_and_moves_the_quotas_toward_the_side_behind(cluster):
+    controller, prom, kube, lines = cluster
+    clock = Clock()
+    controller.run(clock, clock.sleep, periods=2)
+    queries = scaling.fair_share_queries(scaling.scaling_target(names()))
+    assert sorted(prom.asked) == sorted(list(queries.values()) * 2), "each input once a period, as the twin reads"
+    assert clock.slept == [fair_share.PERIOD_S] * 2 and controller.fair.last == 1000.0 + fair_share.PERIOD_S
+    # HPC waits with none of the contended time: it gets what it holds and waits for, AI the rest,
+    # AI's quota lowered first; each lendingLimit lent all of its quota and still does.
+    assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 3) and kube.nominal(AI_CLUSTER_QUEUE) == (1, 1)
+    assert [name for name, _ in kube.patches] == [AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE]
+    (line,) = lines
+    assert line.startswith("nominalQuota hpc 2 -> 3, ai 2 -> 1: hpc behind: 0 % of the contended GPU time")
+
+
+def test_a_lost_input_sets_the_guaranteed_split_and_nothing_changes_while_it_holds(cluster):
+    controller, prom, kube, lines = cluster
+    clock = Clock()
+    controller.run(clock, clock.sleep, periods=2)
+    prom.readings["ai_used"] = None  # Kueue's series gone
+    controller.run(clock, clock.sleep, periods=2)
+    assert kube.nominal(HPC_CLUSTER_QUEUE) == (2, 2) and kube.nominal(AI_CLUSTER_QUEUE) == (2, 2)
+    assert lines[-1] == "nominalQuota hpc 3 -> 2, ai 1 -> 2: input lost: used of ai"
+    assert len(kube.patches) == 4, "the split once, then nothing to patch"
+
+
+def test_errors_are_one_line_each_and_the_loop_goes_on(cluster):
+    controller, prom, kube, lines = cluster
+    clock = Clock()
+    kube.refuse_patches = True  # Kueue's webhook down: the API server fails the patch
+    controller.run(clock, clock.sleep, periods=2)
+    assert lines[-1].startswith("period failed: PATCH ") and "failed calling webhook" in lines[-1]
+    assert TOKEN not in "".join(lines)
+    prom.down = True  # every input lost: the split, which the queues still hold
+    controller.run(clock, clock.sleep, periods=1)
+    asked = len(controller.config.queries)
+    assert lines[-1].startswith(f"prometheus: {asked} of {asked} queries failed; ") and "Error 503" in lines[-1]
+    assert sum(line.startswith("prometheus: ") for line in lines) == 1, "one line a period"
+    prom.down, kube.refuse_patches = False, False
+    controller.run(clock, clock.sleep, periods=1)
+    assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 3), "the next period patches"
+    assert clock.slept == [fair_share.PERIOD_S] * 4
+
+
+def test_a_period_that_overruns_starts_the_next_at_once_without_catching_up(cluster):
+    controller, _, _, _ = cluster
+    clock = Clock()
+    period = controller.period
+
+    def slow(now):
+        clock.now += 2.5 * fair_share.PERIOD_S if len(clock.slept) == 0 else 0
+        return period(now)
+
+    controller.period = slow
+    controller.run(clock, clock.sleep, periods=3)
+    assert clock.slept == [0.0, fair_share.PERIOD_S, fair_share.PERIOD_S]
+
+
+def test_a_queue_changed_since_it_was_read_is_not_overwritten(cluster):
+    _, _, kube, _ = cluster
+    queue = kube.queues[AI_CLUSTER_QUEUE]
+    stale = fair_share_loop.quota_patch(queue, GPU_RESOURCE, 1)
+    path, _ = fair_share_loop.gpu_entry(queue, GPU_RESOURCE)
+    kube.queues[AI_CLUSTER_QUEUE] = apply_json_patch(
+        queue, [{"op": "replace", "path": f"{path}/nominalQuota", "value": 3}]
+    )
+    with pytest.raises(ValueError, match="test failed"):
+        apply_json_patch(kube.queues[AI_CLUSTER_QUEUE], stale)
+
+
+def test_the_shipped_files_import_with_the_standard_library_alone(tmp_path):
+    """As the pod runs them: the ConfigMap's files under components/ (no __init__.py) and a Python
+    without site-packages."""
+    data = fair_share_controller.config_map_data(names())
+    for path in fair_share_controller.CODE:
+        target = tmp_path / "components" / path.name
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(data[path.name])
+    code = "import components.fair_share_loop as m; print(m.fair_share.__file__)"
+    done = subprocess.run(
+        [sys.executable, "-S", "-E", "-s", "-c", "import sys; sys.path.insert(0, '.'); " + code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "components" / "fair_share.py")
+
+
+# ------------------------------------------------------------------ the objects
+
+
+def test_the_config_map_holds_the_repository_s_files_and_the_stack_s_split():
+    n = names("workerCount=6", "aiGuaranteedGpus=2")
+    data = fair_share_controller.config_map_data(n)
+    for path in fair_share_controller.CODE:
+        assert data[path.name] == path.read_text()
+    config = fair_share_loop.Config.from_json(data[fair_share_controller.CONFIG_KEY])
+    assert config.guaranteed == {HPC: 4, AI: 2} and config.gpus_total == 6
+    assert config.queries == scaling.fair_share_queries(scaling.scaling_target(n))
+    assert config.cluster_queues == {HPC: HPC_CLUSTER_QUEUE, AI: AI_CLUSTER_QUEUE}
+    assert config.prometheus_url == n.prometheus_url
+
+
+def test_the_objects_pass_kubernetes_strict_schemas_and_the_pod_meets_restricted():
+    objs = fair_share_controller.objects(names(), "python:3.12.12-slim-bookworm@sha256:" + "a" * 64, "1.34")
+    for obj in objs:
+        kubernetes_validate.validate(obj, "1.34", strict=True)
+    ns, *_, deployment = objs
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert (
+        pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    )
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert not container["securityContext"]["allowPrivilegeEscalation"]
+    assert container["securityContext"]["readOnlyRootFilesystem"]
+    assert [v for v in pod["volumes"] if set(v) - {"name", "configMap"}] == [], "a ConfigMap only"
+    mounted = {i["path"] for i in pod["volumes"][0]["configMap"]["items"]}
+    assert mounted == {"components/fair_share.py", "components/fair_share_loop.py", "config.json"}
+    assert container["command"][-1] == f"{fair_share_controller.APP_DIR}/config.json"
+
+
+def test_a_changed_file_rolls_the_pod():
+    image = "python:3.12.12-slim-bookworm@sha256:" + "a" * 64
+
+    def digest(n: Names) -> str:
+        spec = fair_share_controller.deployment(n, image)["spec"]["template"]["metadata"]
+        return spec["annotations"][fair_share_controller.CODE_HASH_ANNOTATION]
+
+    assert digest(names()) != digest(names("aiGuaranteedGpus=1"))
+
+
+# ------------------------------------------------------------------ a real Prometheus
+
+
+@pytest.mark.engine
+def test_promtool_reads_the_controller_s_queries_as_the_twin_does(tmp_path):
+    """Each query the controller sends, on Slurm's and Kueue's series as they are scraped, has the
+    value the twin's evaluator gives it on Prometheus 3.5.3; with Kueue's series gone its AI
+    queries are empty (a lost input), not 0."""
+    target = scaling.scaling_target(names())
+    queries = scaling.fair_share_queries(target)
+    series = []
+    for partition, (alloc, mixed, pending, hold, widest) in zip(
+        target.partitions, [(1, 1, 3, 1, 2), (1, 1, 2, 0, 2)], strict=True
+    ):
+        for metric, value in (
+            (scaling.NODES_ALLOC, alloc),
+            (scaling.NODES_MIXED, mixed),
+            (scaling.NODES_IDLE, 0),
+            (scaling.NODES_DRAINED, 0),
+            (scaling.PENDING_JOBS, pending),
+            (scaling.HELD_JOBS, hold),
+            (scaling.LARGEST_PENDING_JOB_NODES, widest),
+        ):
+            series.append(({"__name__": metric, "partition": partition, "job": "slurm"}, value))
+    kueue_series = [
+        ({"__name__": metric, "cluster_queue": target.ai_cluster_queue, "resource": target.gpu_resource}, value)
+        for metric, value in ((scaling.KUEUE_USAGE, 2), (scaling.KUEUE_PENDING, 4))
+    ]
+    groups = []
+    for case, present in (("kueue up", series + kueue_series), ("kueue gone", series)):
+        db = TSDB()
+        for labels, value in present:
+            for i in range(21):
+                db.add(labels, 30.0 * i, float(value))
+        ev = Evaluator(db)
+        ev.final_before = 601
+        tests = []
+        for name, query in queries.items():
+            try:
+                value = scalar_result(ev.instant(query, 600))
+            except PromQLError:
+                value = None
+            if case == "kueue up":
+                assert value is not None, name
+            samples = [] if value is None else [{"labels": "{}", "value": value}]
+            tests.append({"expr": query, "eval_time": "600s", "exp_samples": samples})
+        inputs = [{"series": harness.series_selector(labels), "values": f"{value}x20"} for labels, value in present]
+        groups.append({"name": case, "interval": "30s", "input_series": inputs, "promql_expr_test": tests})
+        values = {
+            n: (None if not t["exp_samples"] else t["exp_samples"][0]["value"])
+            for n, t in zip(queries, tests, strict=True)
+        }
+        reading = fair_share.reading(values)
+        if case == "kueue up":
+            assert reading.used == {HPC: 2, AI: 2} and reading.waiting[AI] == 4 and reading.waiting[HPC] >= 2
+        else:
+            assert reading.used[AI] is None and reading.waiting[AI] is None
+    harness.promtool_test(tmp_path, groups)

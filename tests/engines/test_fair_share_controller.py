@@ -1,0 +1,99 @@
+"""The fair-share controller's loop (components/fair_share_loop.py) on real engines: the real
+slurmctld 26.05 with a 3-node job pending and no node yet, Prometheus 3.5.3 scraping it and a
+stand-in for Kueue's metrics (AI holding every GPU), the loop's own HTTP client asking the real
+Prometheus API, and the in-process Kubernetes API of tests/components/test_fair_share_controller.py
+taking its patches. HPC waits with none of the contended time: the loop gives it the quota for
+its job. The periods' times are given, not waited for: only the scrapes are real time."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import threading
+
+from components import fair_share, fair_share_controller, fair_share_loop, kueue, slinky, slurmd_scaling
+from core.names import AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE, Names
+from stacks import offline
+from tests.components.test_fair_share_controller import TOKEN, FakeKubernetes
+from tests.engines import harness
+from tests.engines.conftest import engine_marks, worker_index
+
+pytestmark = engine_marks(__name__)
+
+FAST = ["slurmMetricsIntervalSeconds=5"]
+KUEUE_PORT = 18443
+AI_HOLDS = 4
+
+
+class KueueMetrics(http.server.ThreadingHTTPServer):
+    """Kueue 0.19.2's ClusterQueue series (pkg/metrics/metrics.go) for the AI queue: it holds every GPU."""
+
+    def __init__(self, address: tuple[str, int], names: Names):
+        target = slurmd_scaling.scaling_target(names)
+        labels = f'cluster_queue="{target.ai_cluster_queue}",resource="{target.gpu_resource}",replica_role="leader"'
+        self.text = (
+            f"{slurmd_scaling.KUEUE_USAGE}{{{labels}}} {AI_HOLDS}\n"
+            f"{slurmd_scaling.KUEUE_PENDING}{{{labels}}} 0\n"
+            f"{slurmd_scaling.KUEUE_NOMINAL}{{{labels}}} {target.ai_share}\n"
+        )
+        super().__init__(address, _Handler)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = self.server.text.encode()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_loop_reads_the_real_slurmctld_through_prometheus_and_gives_hpc_its_turn(engine_root, tmp_path):
+    s = offline.stack_settings("dev", FAST)
+    names = Names.from_settings(s)
+    values = slinky.slurm_values(
+        s.slinky_version,
+        s.slurm_image_tag,
+        names.slurm,
+        max_nodes=names.slurmd_max_replicas,
+        metrics_interval_seconds=names.metrics_interval_seconds,
+    )
+    data = fair_share_controller.config_map_data(names)
+    config = fair_share_loop.Config.from_json(data[fair_share_controller.CONFIG_KEY])
+    with harness.engines(tmp_path, values, names.slurm, worker_index()) as e:
+        metrics = KueueMetrics((e.bridge_ip, KUEUE_PORT), names)
+        threading.Thread(target=metrics.serve_forever, daemon=True).start()
+        kube = FakeKubernetes(kueue.cluster_queues(names.shares))
+        try:
+            e.start_prometheus(names.metrics_interval_seconds, None, {"kueue": f"{e.bridge_ip}:{KUEUE_PORT}"})
+            done = e.client("sbatch", "--job-name=wide", "-N", "3", "--wrap", "sleep 600")
+            assert done.returncode == 0, done.stderr
+            url = f"http://{e.hosts['slurmctld'].ip}:9090"
+            config = dataclasses.replace(config, prometheus_url=url)
+            lines: list[str] = []
+            prometheus = fair_share_loop.Prometheus(url, lines.append)
+
+            def read() -> fair_share.Reading:
+                return fair_share.reading(prometheus.read(config.queries))
+
+            e.wait_for(lambda: read().waiting[fair_share.HPC] == 3, 120, "Prometheus to see the pending 3-node job")
+            reading = read()
+            assert reading.used == {fair_share.HPC: 0, fair_share.AI: AI_HOLDS}
+            assert reading.waiting == {fair_share.HPC: 3, fair_share.AI: 0}, "the widest pending job's nodes"
+            token = tmp_path / "token"
+            token.write_text(TOKEN)
+            controller = fair_share_loop.Controller(
+                config, prometheus, fair_share_loop.Kubernetes(kube.server.url, str(token), None), lines.append
+            )
+            controller.period(0.0)  # no history yet: the split, which the queues hold
+            assert kube.patches == []
+            controller.period(float(config.period_s))
+            assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 3) and kube.nominal(AI_CLUSTER_QUEUE) == (1, 1), lines
+            assert lines[-1].startswith("nominalQuota hpc 2 -> 3, ai 2 -> 1: hpc behind")
+        finally:
+            kube.server.close()
+            metrics.shutdown()
+            metrics.server_close()
