@@ -12,7 +12,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from components import dashboard, helm, slurmd_scaling
+from components import dashboard, helm, runnable_exporter, slurmd_scaling
 from core import host_layout
 from core.names import KUEUE_NAMESPACE, KUEUE_RELEASE, MONITORING_NAMESPACE, MONITORING_RELEASE, Names
 
@@ -54,7 +54,7 @@ def service_monitor_labels() -> dict[str, str]:
 
 def stack_values(version: str, n: Names) -> dict:
     """The stack's values, with the rules that alert while slurmctld's metrics, or another input of
-    the scaling rule (Kueue's metrics, kube-state-metrics, slurmrestd), are missing
+    the scaling rule (Kueue's metrics, kube-state-metrics, slurmrestd, the runnable-jobs exporter), are missing
     (`additionalPrometheusRulesMap` becomes PrometheusRule objects the stack's Prometheus selects:
     prometheus-community/helm-charts@kube-prometheus-stack-80.9.2:charts/kube-prometheus-stack/
     templates/prometheus/additionalPrometheusRules.yaml)."""
@@ -62,6 +62,7 @@ def stack_values(version: str, n: Names) -> dict:
     rules = {
         "testbed-slurm-metrics": {"groups": [slurmd_scaling.metrics_alert_rules(target)]},
         "testbed-handoff-inputs": {"groups": [slurmd_scaling.input_alert_rules(target)]},
+        "testbed-runnable-jobs": {"groups": [runnable_exporter.alert_rules(n)]},
     }
     return helm.merged_values(
         stack_chart(version), {"fullnameOverride": MONITORING_RELEASE, "additionalPrometheusRulesMap": rules}

@@ -1,7 +1,15 @@
 """The runnable-jobs exporter in the cluster (components/runnable_jobs.py, shipped as it is in a
-ConfigMap to a stock Python image): its manifests as pure renderers, for the program to create in
-the slurm namespace once the monitoring stack (the ServiceMonitor CRD) and the Slinky operator (the
-Token CRD) are up. The program does not create them yet.
+ConfigMap to the stock Python image the fair-share controller runs): pure renderers, then the
+component that creates them once the Slurm cluster (the Token CRD and the chart's JWT key) and the
+monitoring stack (the ServiceMonitor CRD) are up.
+
+* Its namespace is the slurm namespace: a Token reads its JWT key Secret, and writes its token
+  Secret, in its own namespace only (SlinkyProject/slurm-operator@v1.0.5: api/v1beta1/token_keys.go
+  JwtHs256Key and SecretKey take `o.Namespace`; internal/builder/token_secret.go), and the key is the
+  chart's, there. That namespace runs slurmd, so it enforces no Pod Security level; this pod meets
+  `restricted` anyway (below). It serves its metrics on a port, but no NetworkPolicy guards it, as
+  none guards the fair-share controller: Flannel enforces none (flannel-io/flannel@v0.27.4
+  README.md), and what it serves is counts of pending jobs.
 
 * Its token: slurm-operator's Token (slinky.slurm.net/v1beta1; SlinkyProject/slurm-operator@v1.0.5:
   api/v1beta1/token_types.go, token_keys.go, internal/builder/token_secret.go) signs a JWT for
@@ -18,10 +26,16 @@ Token CRD) are up. The program does not create them yet.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import pulumi
+import pulumi_kubernetes as k8s
+
 from components import runnable_jobs, slurmd_scaling
-from components.monitoring import service_monitor_labels
+from core import host_layout
 from core.names import SLURMRESTD_PORT, Names
 
 NAME = "slurm-runnable-jobs"
@@ -36,6 +50,7 @@ JWT_KEY = "SLURM_JWT"  # token_keys.go SecretRef's default key
 PORT = 8080
 RUN_AS = 65534
 LABELS = {"app.kubernetes.io/name": NAME}
+CODE_HASH_ANNOTATION = "testbed/code-sha256"  # a changed module rolls the pod
 
 
 def token_secret_name() -> str:
@@ -43,8 +58,10 @@ def token_secret_name() -> str:
     return f"{NAME}-jwt-{TOKEN_USER}"
 
 
-def manifests(n: Names, image: str) -> list[dict]:
-    """Token, ConfigMap (the code), Deployment, Service and ServiceMonitor, in the slurm namespace."""
+def manifests(n: Names, image: str, monitor_labels: dict[str, str]) -> list[dict]:
+    """Token, ConfigMap (the code), Deployment, Service and ServiceMonitor, in the slurm namespace;
+    `monitor_labels` are those the stack's Prometheus selects ServiceMonitors by
+    (components/monitoring.py service_monitor_labels)."""
     ns = n.slurm.namespace
     meta = {"name": NAME, "namespace": ns, "labels": LABELS}
     target = slurmd_scaling.scaling_target(n)
@@ -93,9 +110,17 @@ def manifests(n: Names, image: str) -> list[dict]:
             "replicas": 1,
             "selector": {"matchLabels": LABELS},
             "template": {
-                "metadata": {"labels": LABELS},
+                "metadata": {
+                    "labels": LABELS,
+                    "annotations": {CODE_HASH_ANNOTATION: hashlib.sha256(CODE.read_bytes()).hexdigest()},
+                },
                 "spec": {
                     "automountServiceAccountToken": False,
+                    # Beside slurmrestd and Prometheus, off the GPU workers, as the fair-share controller.
+                    "nodeSelector": {host_layout.CONTROL_PLANE_NODE_LABEL: ""},
+                    "tolerations": [
+                        {"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+                    ],
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": RUN_AS,
@@ -123,7 +148,7 @@ def manifests(n: Names, image: str) -> list[dict]:
     monitor = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": {**meta, "labels": {**LABELS, **service_monitor_labels()}},
+        "metadata": {**meta, "labels": {**LABELS, **monitor_labels}},
         "spec": {
             "selector": {"matchLabels": LABELS},
             "endpoints": [{"port": "metrics", "path": "/metrics", "interval": f"{n.metrics_interval_seconds}s"}],
@@ -134,8 +159,8 @@ def manifests(n: Names, image: str) -> list[dict]:
 
 def alert_rules(n: Names) -> dict:
     """A Prometheus rule group: the alert that fires while the exporter's series are missing (it,
-    slurmrestd or its token is down), naming what the scaler does meanwhile. For the stack's
-    additionalPrometheusRulesMap once the exporter is deployed: before, it would always fire."""
+    slurmrestd or its token is down), naming what the scaler does meanwhile; in the stack's
+    additionalPrometheusRulesMap (components/monitoring.py), with the exporter deployed."""
     partition = slurmd_scaling.scaling_target(n).partitions[0]
     return {
         "name": "testbed-runnable-jobs",
@@ -158,3 +183,48 @@ def alert_rules(n: Names) -> dict:
             }
         ],
     }
+
+
+@dataclass
+class RunnableExporterArgs:
+    names: Names
+    image: str  # the fair-share controller's (settings: one pinned stock Python)
+    monitor_labels: dict[str, str]
+    provider: k8s.Provider
+    slurm_after: Sequence[pulumi.Resource]  # the Slurm chart: the Token CRD's operator, the JWT key, slurmrestd
+    monitoring_after: Sequence[pulumi.Resource]  # the monitoring stack: the ServiceMonitor CRD
+
+
+class RunnableExporter(pulumi.ComponentResource):
+    """The Token, the code, the Deployment mounting both, its Service, then its ServiceMonitor."""
+
+    def __init__(self, name: str, args: RunnableExporterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("testbed:platform:RunnableExporter", name, None, opts)
+        token, code, deploy, svc, monitor = manifests(args.names, args.image, args.monitor_labels)
+        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+
+        def after(*resources: pulumi.Resource) -> pulumi.ResourceOptions:
+            return pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=list(resources)))
+
+        def custom(suffix: str, obj: dict, *before: pulumi.Resource) -> k8s.apiextensions.CustomResource:
+            return k8s.apiextensions.CustomResource(
+                f"{name}-{suffix}",
+                api_version=obj["apiVersion"],
+                kind=obj["kind"],
+                metadata=obj["metadata"],
+                spec=obj["spec"],
+                opts=after(*before),
+            )
+
+        token_ = custom("token", token, *args.slurm_after)
+        code_ = k8s.core.v1.ConfigMap(
+            f"{name}-code", metadata=code["metadata"], data=code["data"], opts=after(*args.slurm_after)
+        )
+        self.deployment = k8s.apps.v1.Deployment(
+            f"{name}-deployment", metadata=deploy["metadata"], spec=deploy["spec"], opts=after(token_, code_)
+        )
+        service = k8s.core.v1.Service(
+            f"{name}-service", metadata=svc["metadata"], spec=svc["spec"], opts=after(*args.slurm_after)
+        )
+        self.service_monitor = custom("service-monitor", monitor, service, *args.monitoring_after)
+        self.register_outputs({"deployment": f"{args.names.slurm.namespace}/{NAME}"})

@@ -7,6 +7,7 @@ PyTorchJob CRD) -> Kueue (its own certificates, no cert-manager) -> its pod webh
 none may be created before the narrowed webhooks and its LocalQueue exist; Kueue -> the AI run
 limit (its policies refuse a queued job without a limit, which the gate's probe must not meet first);
 Kueue's queues and monitoring -> the fair-share controller, which patches the queues' quotas;
+slurm chart (Token CRD, JWT key) and monitoring -> the runnable-jobs exporter the scaler reads;
 everything else -> KEDA (its metrics API disturbs discovery while it starts) -> ScaledObject.
 The device plugin and the Training Operator need only the cluster."""
 
@@ -22,6 +23,7 @@ from components.keda import Keda, KedaArgs
 from components.kueue import Kueue, KueueArgs
 from components.managed_prometheus import ManagedPrometheus
 from components.monitoring import Monitoring, MonitoringArgs, RemoteWrite, service_monitor_labels
+from components.runnable_exporter import RunnableExporter, RunnableExporterArgs
 from components.slinky import Slinky, SlinkyArgs
 from components.tenant_volumes import TenantVolumes, TenantVolumesArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
@@ -43,6 +45,7 @@ class Platform:
     kueue: Kueue
     ai_run_limit: AiRunLimit
     fair_share: FairShareController
+    runnable_exporter: RunnableExporter
     tenant_volumes: TenantVolumes
     user_roles: UserRoles
 
@@ -125,6 +128,19 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
             worker_type=names.worker_instance_type,
         ),
     )
+    # Runnable pending work read from slurmrestd for the scaler (components/runnable_exporter.py):
+    # its Token needs the Slurm chart's JWT key, its ServiceMonitor the monitoring stack's CRD
+    runnable_exporter = RunnableExporter(
+        "testbed-runnable-exporter",
+        RunnableExporterArgs(
+            names=names,
+            image=s.fair_share_image,
+            monitor_labels=service_monitor_labels(),
+            provider=provider,
+            slurm_after=[slinky.cluster],
+            monitoring_after=[monitoring.stack],
+        ),
+    )
     keda = Keda(
         "testbed-keda",
         KedaArgs(
@@ -143,6 +159,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
                 kueue,
                 ai_run_limit,
                 fair_share,
+                runnable_exporter,
                 tenant_volumes,
                 user_roles,
             ],
@@ -159,6 +176,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
         kueue,
         ai_run_limit,
         fair_share,
+        runnable_exporter,
         tenant_volumes,
         user_roles,
     )

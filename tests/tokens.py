@@ -65,6 +65,11 @@ FAIR_SHARE_CONTROLLER = "testbed:platform:FairShareController"
 NAMESPACE = "kubernetes:core/v1:Namespace"
 SERVICE_ACCOUNT = "kubernetes:core/v1:ServiceAccount"
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+# The runnable-jobs exporter (components/runnable_exporter.py): its component, Token and scrape
+RUNNABLE_EXPORTER = "testbed:platform:RunnableExporter"
+SLURM_TOKEN = "kubernetes:slinky.slurm.net/v1beta1:Token"
+SERVICE = "kubernetes:core/v1:Service"
+SERVICE_MONITOR = "kubernetes:monitoring.coreos.com/v1:ServiceMonitor"
 
 # Every AWS type the default program registers: a new one must come with its checks.
 AWS_TYPES = frozenset(

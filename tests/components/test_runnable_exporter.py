@@ -15,7 +15,7 @@ from stacks import offline
 @pytest.fixture(scope="module")
 def rendered():
     names = Names.from_settings(offline.stack_settings("dev", []))
-    objects = runnable_exporter.manifests(names, "python:3.12-slim")
+    objects = runnable_exporter.manifests(names, "python:3.12-slim", monitoring.service_monitor_labels())
     return names, {o["kind"]: o for o in objects}
 
 

@@ -592,7 +592,9 @@ def test_promtool_agrees_with_the_twin_evaluator(tmp_path):
         (policy, c) for policy in (scaling.PREVIOUS, scaling.REFERENCE) for c in EXTRA[:1] + EXTRA[3:4] + TABLE[8:9]
     ]
     plan += [(scaling.DEMAND_AWARE, c) for c in AI + EXTRA]
-    plan += [(scaling.LEND_RECLAIM, c) for c in RECLAIM + LOST + RUNNABLE] + [(scaling.FAIR_SHARE, c) for c in FAIR_LOST]
+    plan += [(scaling.LEND_RECLAIM, c) for c in RECLAIM + LOST + RUNNABLE] + [
+        (scaling.FAIR_SHARE, c) for c in FAIR_LOST
+    ]
     for policy, (case, metrics, _) in plan:
         ev = evaluator(metrics)
         tests = []

@@ -21,6 +21,7 @@ COMPONENTS = {
     "testbed-kueue": "testbed:platform:Kueue",
     "testbed-ai-run-limit": tokens.AI_RUN_LIMIT,
     "testbed-fair-share": tokens.FAIR_SHARE_CONTROLLER,
+    "testbed-runnable-exporter": tokens.RUNNABLE_EXPORTER,
     "testbed-tenant-volumes": tokens.TENANT_VOLUMES,
     "testbed-user-roles": "testbed:platform:UserRoles",
     "testbed-training-operator": "testbed:platform:TrainingOperator",

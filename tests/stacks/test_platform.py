@@ -521,9 +521,13 @@ def _cluster_queues(rec):
     return queues
 
 
+def _deployment(rec, parts):
+    (deployment,) = [r for r in parts if r.type == tokens.DEPLOYMENT]
+    return deployment
+
+
 def test_the_fair_share_controller_starts_after_kueue_s_queues_and_gate_and_prometheus(default_run):
-    (deployment,) = by_type(default_run, tokens.DEPLOYMENT)
-    assert deployment in _fair_share(default_run)
+    deployment = _deployment(default_run, _fair_share(default_run))
     for before in [*_cluster_queues(default_run), command(default_run, "testbed-kueue-webhook-gate")]:
         assert depends(default_run, deployment, before), before.name
     assert depends(default_run, deployment, release(default_run, "monitoring"))
@@ -594,12 +598,90 @@ def test_the_controller_s_namespace_is_restricted_and_outside_the_tenants_and_ku
 def test_a_changed_controller_image_reaches_the_deployment():
     image = "python:3.12.11-slim-bookworm@sha256:" + "b" * 64
     rec = run_program(fairShareImage=image)
-    (deployment,) = by_type(rec, tokens.DEPLOYMENT)
-    assert reveal(deployment.inputs)["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    for deployment in by_type(rec, tokens.DEPLOYMENT):  # the controller's and the runnable-jobs exporter's
+        assert reveal(deployment.inputs)["spec"]["template"]["spec"]["containers"][0]["image"] == image
 
 
 def test_doctor_checks_that_the_controller_s_pod_is_ready(default_run):
     from cli import doctor
 
-    (deployment,) = by_type(default_run, tokens.DEPLOYMENT)
+    deployment = _deployment(default_run, _fair_share(default_run))
     assert reveal(deployment.inputs)["metadata"]["namespace"] in doctor.PLATFORM_NAMESPACES
+
+
+# ------------------------------------------------------------------ the runnable-jobs exporter
+
+
+def _runnable_exporter(rec):
+    component = rec.named("testbed-runnable-exporter")
+    assert component.type == tokens.RUNNABLE_EXPORTER
+    return {r.type: r for r in rec.resources if r.parent == component.urn}
+
+
+def test_the_exporter_starts_after_the_slurm_chart_and_the_monitoring_stack(default_run):
+    parts = _runnable_exporter(default_run)
+    slurm, stack = release(default_run, "slurm"), release(default_run, "monitoring")
+    assert depends(default_run, parts[tokens.SLURM_TOKEN], slurm), "the Token CRD's operator and the JWT key"
+    assert depends(default_run, parts[tokens.CONFIG_MAP], slurm), "the slurm namespace"
+    deployment = parts[tokens.DEPLOYMENT]
+    assert depends(default_run, deployment, parts[tokens.SLURM_TOKEN]) and depends(
+        default_run, deployment, parts[tokens.CONFIG_MAP]
+    )
+    assert depends(default_run, parts[tokens.SERVICE_MONITOR], stack), "the ServiceMonitor CRD"
+    assert depends(default_run, release(default_run, "keda"), deployment), "KEDA last, as ever"
+
+
+def test_the_exporter_mounts_the_token_s_secret_signed_with_the_chart_s_key(default_run):
+    parts = {t: reveal(r.inputs) for t, r in _runnable_exporter(default_run).items()}
+    token, pod = parts[tokens.SLURM_TOKEN], parts[tokens.DEPLOYMENT]["spec"]["template"]["spec"]
+    slurm = release(default_run, "slurm").inputs
+    # token_keys.go (slurm-operator v1.0.5): key and written Secret in the Token's namespace, `<name>-jwt-<user>`
+    assert token["metadata"]["namespace"] == slurm["namespace"] == parts[tokens.DEPLOYMENT]["metadata"]["namespace"]
+    assert token["spec"]["jwtHs256KeyRef"]["name"] == f"{slurm['name']}-auth-jwths256"
+    (jwt,) = [v for v in pod["volumes"] if "secret" in v]
+    assert jwt["secret"]["secretName"] == f"{token['metadata']['name']}-jwt-{token['spec']['username']}"
+    assert token["spec"]["username"] == "nobody" and token["spec"]["lifetime"] == "15m"
+    assert pod["containers"][0]["image"] == default_run.settings.fair_share_image, "one pinned Python image"
+
+
+def test_the_exporter_runs_the_repository_s_module(default_run):
+    parts = {t: reveal(r.inputs) for t, r in _runnable_exporter(default_run).items()}
+    code = parts[tokens.CONFIG_MAP]
+    assert code["data"] == {"runnable_jobs.py": (ROOT / "components" / "runnable_jobs.py").read_text()}
+    pod = parts[tokens.DEPLOYMENT]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "configMap" in v]
+    assert volume["configMap"]["name"] == code["metadata"]["name"]
+    assert pod["containers"][0]["command"] == ["python", "-m", "components.runnable_jobs"]
+
+
+def test_prometheus_scrapes_the_exporter_and_the_scaler_reads_what_it_serves(default_run):
+    import dataclasses
+
+    from components import runnable_jobs
+
+    parts = {t: reveal(r.inputs) for t, r in _runnable_exporter(default_run).items()}
+    deployment, service, monitor = parts[tokens.DEPLOYMENT], parts[tokens.SERVICE], parts[tokens.SERVICE_MONITOR]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    stack = release(default_run, "monitoring")
+    assert {"release": stack.inputs["name"]}.items() <= monitor["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    assert monitor["spec"]["endpoints"][0]["port"] == port["name"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    exporter, listens = runnable_jobs.exporter_from_env({e["name"]: e["value"] for e in container["env"]})
+    assert listens == port["port"] and {"name": port["targetPort"], "containerPort": listens} in container["ports"]
+    served = {
+        line.split(" ")[0]
+        for line in dataclasses.replace(exporter, read=list).metrics().splitlines()
+        if not line.startswith("#")
+    }
+    (scaled_object,) = by_type(default_run, tokens.SCALED_OBJECT)
+    queries = " ".join(t["metadata"]["query"] for t in reveal(scaled_object.inputs)["spec"]["triggers"])
+    read = set(re.findall(r'testbed_slurm_\w+\{partition="[^"]*"\}', queries))
+    assert read and read == served, "the scaler reads each series the exporter serves, and only those"
+    rules = reveal(stack.inputs)["values"]["additionalPrometheusRulesMap"]
+    alerts = {r["alert"]: r["expr"] for m in rules.values() for g in m["groups"] for r in g["rules"]}
+    assert re.search(r"absent\((testbed_slurm_\w+\{[^}]*\})\)", alerts["SlurmRunnableJobsMissing"])[1] in served
