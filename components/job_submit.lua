@@ -46,6 +46,9 @@ slurm-25-11-6-1 and slurm-26-05-0-1. It also prints a note when Slurm's answer a
 slurmctld tries to start a pending job after every update, and with no node registered answers
 "Requested partition configuration not available now" and exit 1 although the change (a release
 too) was applied (seen on slurmctld 26.05.5, tests/engines/test_job_shapes.py).
+The user `nobody` (uid 65534 in the Debian-based Slurm image, base-passwd) submits nothing and changes
+nothing: it is the runnable-jobs exporter's token user (components/runnable_exporter.py), which only
+reads the job list, so a leaked token cannot queue work. A refusal (ESLURM_ACCESS_DENIED).
 A refusal prints the reason on the user's terminal (slurm.log_user; the client prints it as an
 error, src/common/slurm_protocol_pack.c) followed by the Slurm error of the return code.
 
@@ -70,6 +73,9 @@ local WORKER_TYPE = "g4dn.xlarge"
 local LIMIT_SETTINGS = "settings workerCount, aiGuaranteedGpus, hpcBorrowsAiGpus, kedaMaxReplicas"
 local TIME_SETTING = "setting slurmJobMaxMinutes"
 local SHAPE_SETTING = "setting workerInstanceType"
+-- The runnable-jobs exporter's token user (components/runnable_exporter.py TOKEN_USER), read-only.
+local READ_ONLY_UID = 65534
+local READ_ONLY_USER = "nobody"
 -- slurm.h's NO_VAL16, the unset value of 16-bit fields (cpus_per_task, ntasks_per_node, pn_min_cpus).
 local NO_VAL16 = 65534
 
@@ -302,7 +308,22 @@ local function note_node_names(job)
 	end
 end
 
+-- The read-only user: a refusal naming it, for a submission or an update alike.
+local function read_only(uid)
+	if uid == READ_ONLY_UID then
+		slurm.log_user(
+			"testbed: user %s only reads the job list (the runnable-jobs exporter's token); it may not submit or change jobs",
+			READ_ONLY_USER
+		)
+		return true
+	end
+	return false
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
+	if read_only(submit_uid) then
+		return slurm.ESLURM_ACCESS_DENIED
+	end
 	local partition = job_desc.partition
 	note_node_names(job_desc)
 	if over_time(job_desc.time_limit, partition, part_list) then
@@ -362,6 +383,9 @@ end
 -- An update (scontrol update): the same checks on what it changes, against the job record for the
 -- rest. The request's unset fields are NO_VAL (numbers) or nil (strings).
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+	if read_only(modify_uid) then
+		return slurm.ESLURM_ACCESS_DENIED
+	end
 	local partition = job_desc.partition or job_rec.partition
 	note_node_names(job_desc)
 	local time_limit = job_desc.time_limit

@@ -21,6 +21,7 @@ NO_VAL, INFINITE = 0xFFFFFFFE, 0xFFFFFFFF
 # Error numbers as slurm/slurm_errno.h numbers them (ESLURM_INVALID_PARTITION_NAME = 2000, ...).
 SUCCESS, ESLURM_INVALID_NODE_COUNT, ESLURM_INVALID_TIME_LIMIT, ESLURM_INVALID_GRES = 0, 2006, 2051, 2072
 ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE = 2014
+ESLURM_ACCESS_DENIED = 2002
 # name: (flag_default, max_nodes, max_time); UNLIMITED is INFINITE in the partition record
 PARTITIONS = {"all": (1, 4, 60), "slinky": (0, 4, 30), "wide": (0, INFINITE, INFINITE)}
 
@@ -29,7 +30,7 @@ local results = {}
 slurm = {
   SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294.0, INFINITE = 4294967295.0,
   ESLURM_INVALID_NODE_COUNT = 2006, ESLURM_INVALID_TIME_LIMIT = 2051, ESLURM_INVALID_GRES = 2072,
-  ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE = 2014,
+  ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE = 2014, ESLURM_ACCESS_DENIED = 2002,
   log_info = function(fmt, ...) string.format(fmt, ...) end,
   log_user = function(fmt, ...) results.msg = (results.msg and results.msg .. "|" or "") .. string.format(fmt, ...) end,
 }
@@ -46,8 +47,11 @@ for i, case in ipairs(CASES) do
     min_cpus = slurm.NO_VAL, cpus_per_task = 65534.0, ntasks_per_node = 65534.0, pn_min_cpus = 65534.0,
     priority = slurm.NO_VAL}
   local rec = nil
+  local uid = 1000.0
   for k, v in pairs(case) do
-    if k == "rec" then
+    if k == "uid" then
+      uid = v + 0.0
+    elseif k == "rec" then
       rec = {}
       for rk, rv in pairs(v) do rec[rk] = type(rv) == "number" and rv + 0.0 or rv end
     else
@@ -55,7 +59,7 @@ for i, case in ipairs(CASES) do
     end
   end
   local rc
-  if rec then rc = slurm_job_modify(job, rec, part_list, 1000.0) else rc = slurm_job_submit(job, part_list, 1000.0) end
+  if rec then rc = slurm_job_modify(job, rec, part_list, uid) else rc = slurm_job_submit(job, part_list, uid) end
   print(string.format("%d\t%d\t%d\t%s", rc, job.min_nodes, job.max_nodes, results.msg or ""))
 end
 """
@@ -380,3 +384,24 @@ def test_the_script_defaults_are_the_default_worker_and_rendering_sets_each_para
     assert 'local WORKER_TYPE = "g5.4xlarge"' in rendered
     with pytest.raises(ValueError, match="NO_SUCH"):
         slinky.job_submit_script({"NO_SUCH": 1})
+
+
+def test_the_exporter_s_token_user_may_not_submit_or_change_jobs(tmp_path):
+    """A leaked exporter token (user nobody, components/runnable_exporter.py) queues nothing."""
+    from components import runnable_exporter
+
+    assert runnable_exporter.TOKEN_USER == "nobody"  # uid 65534 in the Debian-based Slurm image
+    rec = {"min_nodes": 1, "max_nodes": 1, "partition": "all", "time_limit": 30}
+    rows = run_lua(
+        [
+            {"uid": 65534},
+            {"uid": 65534, "tres_per_job": "gres/gpu:1"},
+            {"uid": 65534, "time_limit": 10, "rec": rec},
+            {"uid": 1000},
+            {"uid": 1000, "time_limit": 10, "rec": rec},
+        ],
+        tmp_path,
+    )
+    for rc, _, _, msg in rows[:3]:
+        assert rc == ESLURM_ACCESS_DENIED and "user nobody only reads the job list" in msg, msg
+    assert [rc for rc, *_ in rows[3:]] == [SUCCESS, SUCCESS]
