@@ -13,7 +13,17 @@ from typing import Any
 
 import yaml
 
-from components import ai_run_limit, bootstrap, fair_share, keda, kueue, remote_script, slurm_config, slurmd_scaling
+from components import (
+    ai_run_limit,
+    bootstrap,
+    fair_share,
+    keda,
+    kueue,
+    remote_script,
+    runnable_exporter,
+    slurm_config,
+    slurmd_scaling,
+)
 from core import user_files
 from core.names import (
     AMP_WORKSPACE_TYPE_TOKEN,
@@ -201,6 +211,22 @@ def guard_lines(rec: Recording, cost: CostEstimate) -> list[str]:
     return lines
 
 
+def runnable_input_lines(rec: Recording) -> list[str]:
+    """Where the scaler reads runnable Slurm work (the exporter the program deploys, its token
+    user) and what it reads while that input is lost."""
+    (token,) = [reveal(r.inputs) for r in rec.resources if r.type == f"kubernetes:{runnable_exporter.TOKEN_API}:Token"]
+    meta = token["metadata"]
+    return [
+        f"runnable Slurm work: read from slurmrestd by {meta['namespace']}/{meta['name']} (the runnable-jobs "
+        f"exporter; token user {token['spec']['username']}, {token['spec']['lifetime']}, refreshed; job_submit.lua "
+        "refuses that user's jobs): pending jobs Slurm would start now, not --begin before its time, a dependency "
+        "unmet, a hold or an array throttle",
+        f"  its series missing ({runnable_exporter.MISSING_ALERT}): slurmctld's pending minus held jobs instead, work "
+        f"pending beside idle nodes for {slurmd_scaling.STALL_SECONDS} s left out for "
+        f"{slurmd_scaling.STALL_MEMORY_SECONDS // 60} min",
+    ]
+
+
 def slurm_limit_lines(rec: Recording) -> list[str]:
     """Each partition's MaxNodes and MaxTime as the rendered slurm.conf sets them, and how MaxTime applies."""
     conf = slurm_files(rec)["slurm.conf"]
@@ -265,6 +291,7 @@ def plan_text(rec: Recording) -> str:
         f"{FAIR_SHARE_NAMESPACE}/{FAIR_SHARE_CONTROLLER}",
     )
     lines += ["  " + line for line in contract]
+    lines += ["  " + line for line in runnable_input_lines(rec)]
     slurm_run_s = bounds.ai_share_back_s - bounds.handoff_s  # a Slurm job's limit, check and KillWait
     starvation = fair_share.no_starvation_bounds(
         slurm_run_s, bounds.hpc_share_back_s - bounds.handoff_s, bounds.handoff_s

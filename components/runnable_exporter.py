@@ -41,6 +41,7 @@ from core.names import SLURMRESTD_PORT, Names
 NAME = "slurm-runnable-jobs"
 MISSING_ALERT = "SlurmRunnableJobsMissing"
 MISSING_FOR = "2m"  # as the other inputs' alerts (components/slurmd_scaling.py INPUT_LOST_FOR)
+TOKEN_API = "slinky.slurm.net/v1beta1"
 TOKEN_USER = "nobody"
 TOKEN_LIFETIME = "15m"
 CODE = Path(runnable_jobs.__file__)
@@ -66,7 +67,7 @@ def manifests(n: Names, image: str, monitor_labels: dict[str, str]) -> list[dict
     meta = {"name": NAME, "namespace": ns, "labels": LABELS}
     target = slurmd_scaling.scaling_target(n)
     token = {
-        "apiVersion": "slinky.slurm.net/v1beta1",
+        "apiVersion": TOKEN_API,
         "kind": "Token",
         "metadata": meta,
         "spec": {

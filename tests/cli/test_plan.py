@@ -192,7 +192,7 @@ def test_the_plan_states_the_fair_share_contract_beside_the_bounds(default_run, 
     (scaled_object,) = by_type(rec, tokens.SCALED_OBJECT)
     triggers = {tr["name"] for tr in reveal(scaled_object.inputs)["spec"]["triggers"]}
     assert scaling.AI_QUOTA in triggers, "the deployed scaler follows the controller's quota"
-    (deployment,) = by_type(rec, tokens.DEPLOYMENT)
+    (deployment,) = [r for r in by_type(rec, tokens.DEPLOYMENT) if r.parent == rec.named("testbed-fair-share").urn]
     meta = reveal(deployment.inputs)["metadata"]
     assert f"(policy {scaling.FAIR_SHARE}: its controller runs as {meta['namespace']}/{meta['name']}," in contract
     assert f"within 5 points: HPC {100 * hpc // total}% ({hpc} of {total} GPUs), AI {100 * ai // total}%" in contract
@@ -220,3 +220,23 @@ def test_the_plan_fits_the_terminal_and_loses_no_word(default_run, monkeypatch, 
     assert out.split() == artifacts.plan_text(default_run).split()
     continued = [line for line in out.splitlines() if line.startswith("      testbed-")]
     assert continued, "an install step's long list of waits continues under its own indent"
+
+
+def test_the_plan_names_the_runnable_work_input_and_its_fallback(default_run):
+    """The exporter the program deploys (its recorded Token: namespace, name, user, lifetime), the
+    series the scaler reads from it, and what the scaler reads while they are missing."""
+    text = " ".join(artifacts.plan_text(default_run).split())  # unwrapped
+    (token,) = [reveal(r.inputs) for r in by_type(default_run, tokens.SLURM_TOKEN)]
+    meta, spec = token["metadata"], token["spec"]
+    assert (
+        f"runnable Slurm work: read from slurmrestd by {meta['namespace']}/{meta['name']} (the runnable-jobs "
+        f"exporter; token user {spec['username']}, {spec['lifetime']}, refreshed;" in text
+    )
+    (scaled_object,) = by_type(default_run, tokens.SCALED_OBJECT)
+    queries = " ".join(t["metadata"]["query"] for t in reveal(scaled_object.inputs)["spec"]["triggers"])
+    assert "testbed_slurm_runnable_jobs" in queries and "slurm_partition_jobs_pending" in queries
+    fallback = text.split("its series missing (SlurmRunnableJobsMissing): ")[1]
+    assert fallback.startswith(
+        f"slurmctld's pending minus held jobs instead, work pending beside idle nodes for "
+        f"{scaling.STALL_SECONDS} s left out for {scaling.STALL_MEMORY_SECONDS // 60} min"
+    )

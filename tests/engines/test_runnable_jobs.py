@@ -162,3 +162,12 @@ def test_the_token_s_user_reads_but_cannot_cancel_another_s_job(slurm):
     job = slurm.sbatch("-N", "1")
     status, body = slurmrestd(slurm, "DELETE", f"/slurm/v0.0.44/job/{job}")
     assert status == 403 and body["errors"][0]["error"] == "Operation not permitted", body
+
+
+def test_the_token_user_may_not_submit(slurm):
+    """The program's job_submit.lua refuses nobody, the exporter's token user, inside the real slurmctld."""
+    done = slurm.client(
+        "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sbatch", "--wrap", "sleep 1"
+    )
+    assert done.returncode != 0 and "user nobody only reads the job list" in done.stderr, done.stderr
+    assert "Access/permission denied" in done.stderr, done.stderr
