@@ -37,7 +37,7 @@ PLATFORM_NAMESPACES = (
     names.DEVICE_PLUGIN_NAMESPACE,
     names.MONITORING_NAMESPACE,
     names.SLINKY_OPERATOR_NAMESPACE,
-    names.SLURM_NAMESPACE,
+    names.SLURM_NAMESPACE,  # slurmctld, slurmrestd, the runnable-jobs exporter (components/runnable_exporter.py)
     names.KEDA_NAMESPACE,
     names.TRAINING_NAMESPACE,
     names.FAIR_SHARE_NAMESPACE,  # the fair-share controller (components/fair_share_controller.py)

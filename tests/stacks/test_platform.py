@@ -685,3 +685,10 @@ def test_prometheus_scrapes_the_exporter_and_the_scaler_reads_what_it_serves(def
     rules = reveal(stack.inputs)["values"]["additionalPrometheusRulesMap"]
     alerts = {r["alert"]: r["expr"] for m in rules.values() for g in m["groups"] for r in g["rules"]}
     assert re.search(r"absent\((testbed_slurm_\w+\{[^}]*\})\)", alerts["SlurmRunnableJobsMissing"])[1] in served
+
+
+def test_doctor_checks_that_the_exporter_s_pod_is_ready(default_run):
+    from cli import doctor
+
+    deployment = _runnable_exporter(default_run)[tokens.DEPLOYMENT]
+    assert reveal(deployment.inputs)["metadata"]["namespace"] in doctor.PLATFORM_NAMESPACES
