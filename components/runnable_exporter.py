@@ -189,7 +189,7 @@ def alert_rules(n: Names) -> dict:
 @dataclass
 class RunnableExporterArgs:
     names: Names
-    image: str  # the fair-share controller's (settings: one pinned stock Python)
+    image: str  # setting controllerImage: the pinned stock Python the fair-share controller runs too
     monitor_labels: dict[str, str]
     provider: k8s.Provider
     slurm_after: Sequence[pulumi.Resource]  # the Slurm chart: the Token CRD's operator, the JWT key, slurmrestd

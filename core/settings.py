@@ -37,10 +37,11 @@ ADMIN_MIN_PREFIX = 16  # an adminCidr wider than this needs allowOpenIngress
 MAX_INT_DIGITS = 9  # longer numbers are out of every range; int() refuses past 4300 digits anyway
 SHOWN_CHARS = 60  # longest value echoed in a problem
 MAX_BUDGET_USD = 100_000  # a testbed's monthly budget; more is a typo
-# The fair-share controller's image (components/fair_share_controller.py): the Docker Official
+# The image of the fair-share controller and the runnable-jobs exporter (components/fair_share_controller.py,
+# components/runnable_exporter.py): the Docker Official
 # python 3.12.12 slim image on Debian bookworm, its multi-platform index pinned by digest (as
 # several public projects pin this tag; docs/versions.md).
-FAIR_SHARE_IMAGE = (
+CONTROLLER_IMAGE = (
     "python:3.12.12-slim-bookworm@sha256:593bd06efe90efa80dc4eee3948be7c0fde4134606dd40d8dd8dbcade98e669c"
 )
 # An address AWS Budgets can mail: local@domain.tld, ASCII, no spaces or quotes (no display name).
@@ -743,16 +744,17 @@ class Settings:
             first_patch=1,
         )
     )
-    fair_share_image: str = field(
+    controller_image: str = field(
         metadata=_declared(
-            FAIR_SHARE_IMAGE,
-            "Image of the fair-share controller, by tag and digest (a stock Python that runs the repository's "
-            "own components/fair_share*.py, standard library only).",
+            CONTROLLER_IMAGE,
+            "Image of the testbed's own in-cluster programs, the fair-share controller and the runnable-jobs "
+            "exporter, by tag and digest (a stock Python that runs the repository's components/fair_share*.py and "
+            "runnable_jobs.py, standard library only).",
             "python:3.12.N-slim-bookworm@sha256:<64 hex digits>",
             _matches(
                 r"python:3\.12\.(0|[1-9][0-9]{0,3})-slim-bookworm@sha256:[0-9a-f]{64}",
                 "a Docker Official python image of 3.12 by tag and digest, python:3.12.N-slim-bookworm@sha256:<64 hex "
-                f"digits>, e.g. {FAIR_SHARE_IMAGE}",
+                f"digits>, e.g. {CONTROLLER_IMAGE}",
             ),
         )
     )

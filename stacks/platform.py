@@ -99,7 +99,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
         "testbed-fair-share",
         FairShareControllerArgs(
             names=names,
-            image=s.fair_share_image,
+            image=s.controller_image,
             kubernetes_minor=s.kubernetes_minor,
             provider=provider,
             after=[*kueue.ready, monitoring.stack],
@@ -134,7 +134,7 @@ def build(s: Settings, access: ClusterAccess, evidence: ManagedPrometheus | None
         "testbed-runnable-exporter",
         RunnableExporterArgs(
             names=names,
-            image=s.fair_share_image,
+            image=s.controller_image,
             monitor_labels=service_monitor_labels(),
             provider=provider,
             slurm_after=[slinky.cluster],

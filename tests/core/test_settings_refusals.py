@@ -391,13 +391,13 @@ ROWS: list[tuple[dict, str, str]] = [
     ({"slurmImageTag": "latest"}, "slurmImageTag", "e.g. 25.11.6-ubuntu24.04"),
     ({"slurmImageTag": "25.11.6-ubuntu24.04@sha256:abc"}, "slurmImageTag", "25.11.N-ubuntu24.04"),
     # the controller's image: by tag and a whole digest, of the tested Python line
-    ({"fairShareImage": "python:3.12-slim"}, "fairShareImage", "python:3.12.N-slim-bookworm@sha256:"),
-    ({"fairShareImage": "python:3.12.12-slim-bookworm"}, "fairShareImage", "by tag and digest"),
-    ({"fairShareImage": "python:3.12.12-slim-bookworm@sha256:abc"}, "fairShareImage", "<64 hex digits>"),
-    ({"fairShareImage": "python:3.13.1-slim-bookworm@sha256:" + "a" * 64}, "fairShareImage", "of 3.12"),
+    ({"controllerImage": "python:3.12-slim"}, "controllerImage", "python:3.12.N-slim-bookworm@sha256:"),
+    ({"controllerImage": "python:3.12.12-slim-bookworm"}, "controllerImage", "by tag and digest"),
+    ({"controllerImage": "python:3.12.12-slim-bookworm@sha256:abc"}, "controllerImage", "<64 hex digits>"),
+    ({"controllerImage": "python:3.13.1-slim-bookworm@sha256:" + "a" * 64}, "controllerImage", "of 3.12"),
     (
-        {"fairShareImage": "evil.example/python:3.12.12-slim-bookworm@sha256:" + "a" * 64},
-        "fairShareImage",
+        {"controllerImage": "evil.example/python:3.12.12-slim-bookworm@sha256:" + "a" * 64},
+        "controllerImage",
         "Docker Official",
     ),
     # --- nodesetName

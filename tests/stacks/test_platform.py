@@ -577,7 +577,7 @@ def test_the_controller_runs_the_repository_s_files_against_the_scaler_s_prometh
     ]
     assert config["clusterQueues"]["ai"] in kueue_quota, "the scaler follows the quota the controller moves"
     pod = parts["Deployment"]["spec"]["template"]["spec"]
-    assert pod["containers"][0]["image"] == default_run.settings.fair_share_image
+    assert pod["containers"][0]["image"] == default_run.settings.controller_image
     assert "@sha256:" in pod["containers"][0]["image"]
     assert pod["volumes"][0]["configMap"]["name"] == parts["ConfigMap"]["metadata"]["name"]
 
@@ -597,7 +597,7 @@ def test_the_controller_s_namespace_is_restricted_and_outside_the_tenants_and_ku
 
 def test_a_changed_controller_image_reaches_the_deployment():
     image = "python:3.12.11-slim-bookworm@sha256:" + "b" * 64
-    rec = run_program(fairShareImage=image)
+    rec = run_program(controllerImage=image)
     for deployment in by_type(rec, tokens.DEPLOYMENT):  # the controller's and the runnable-jobs exporter's
         assert reveal(deployment.inputs)["spec"]["template"]["spec"]["containers"][0]["image"] == image
 
@@ -641,7 +641,7 @@ def test_the_exporter_mounts_the_token_s_secret_signed_with_the_chart_s_key(defa
     (jwt,) = [v for v in pod["volumes"] if "secret" in v]
     assert jwt["secret"]["secretName"] == f"{token['metadata']['name']}-jwt-{token['spec']['username']}"
     assert token["spec"]["username"] == "nobody" and token["spec"]["lifetime"] == "15m"
-    assert pod["containers"][0]["image"] == default_run.settings.fair_share_image, "one pinned Python image"
+    assert pod["containers"][0]["image"] == default_run.settings.controller_image, "one pinned Python image"
 
 
 def test_the_exporter_runs_the_repository_s_module(default_run):
