@@ -34,6 +34,7 @@ from components import fair_share, slurmd_scaling
 from core import host_layout
 from core.names import (
     AI_CLUSTER_QUEUE,
+    CODE_HASH_ANNOTATION,
     FAIR_SHARE_CONTROLLER,
     FAIR_SHARE_NAMESPACE,
     GPU_RESOURCE,
@@ -48,7 +49,6 @@ HERE = Path(__file__).resolve().parent
 CODE = (HERE / "fair_share.py", HERE / "fair_share_loop.py")
 APP_DIR = "/opt/fair-share"
 CONFIG_KEY = "config.json"
-CODE_HASH_ANNOTATION = "testbed/code-sha256"  # a changed file or config rolls the pod
 POD_SECURITY = "restricted"
 RUN_AS = 65534  # nobody in the Debian-based python image
 RESOURCES = {"requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"cpu": "200m", "memory": "96Mi"}}

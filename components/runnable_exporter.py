@@ -36,12 +36,12 @@ import pulumi_kubernetes as k8s
 
 from components import runnable_jobs, slurmd_scaling
 from core import host_layout
-from core.names import SLURMRESTD_PORT, Names
+from core.names import CODE_HASH_ANNOTATION, NODESET_GROUP, NODESET_VERSION, SLURMRESTD_PORT, Names
 
 NAME = "slurm-runnable-jobs"
 MISSING_ALERT = "SlurmRunnableJobsMissing"
 MISSING_FOR = "2m"  # as the other inputs' alerts (components/slurmd_scaling.py INPUT_LOST_FOR)
-TOKEN_API = "slinky.slurm.net/v1beta1"
+TOKEN_API = f"{NODESET_GROUP}/{NODESET_VERSION}"  # slurm-operator's API group: NodeSet, Token
 TOKEN_USER = "nobody"
 TOKEN_LIFETIME = "15m"
 CODE = Path(runnable_jobs.__file__)
@@ -51,7 +51,6 @@ JWT_KEY = "SLURM_JWT"  # token_keys.go SecretRef's default key
 PORT = 8080
 RUN_AS = 65534
 LABELS = {"app.kubernetes.io/name": NAME}
-CODE_HASH_ANNOTATION = "testbed/code-sha256"  # a changed module rolls the pod
 
 
 def token_secret_name() -> str:

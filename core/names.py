@@ -54,6 +54,9 @@ MONITORING_NAMESPACE = "monitoring"
 MONITORING_RELEASE = "monitoring"  # also kube-prometheus-stack's fullnameOverride
 PROMETHEUS_PORT = 9090
 GRAFANA_PORT = 80
+# On the pod template of the testbed's own programs (fair-share controller, runnable-jobs
+# exporter): the hash of the code they run, so a changed file rolls the pod.
+CODE_HASH_ANNOTATION = "testbed/code-sha256"
 
 CERT_MANAGER_NAMESPACE = "cert-manager"
 CERT_MANAGER_RELEASE = "cert-manager"

@@ -5,10 +5,12 @@ module as the twin runs it, restricted."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from components import monitoring, runnable_exporter, runnable_jobs, slurmd_scaling
-from core.names import Names
+from core.names import CODE_HASH_ANNOTATION, Names
 from stacks import offline
 
 
@@ -64,6 +66,9 @@ def test_the_pod_runs_the_module_the_twin_runs_restricted(rendered):
     (container,) = spec["containers"]
     assert objects["ConfigMap"]["data"]["runnable_jobs.py"] == runnable_exporter.CODE.read_text()
     assert container["command"] == ["python", "-m", "components.runnable_jobs"]
+    # a changed module rolls the pod: the template carries its hash
+    annotations = objects["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[CODE_HASH_ANNOTATION] == hashlib.sha256(runnable_exporter.CODE.read_bytes()).hexdigest()
     assert {m["mountPath"] for m in container["volumeMounts"]} == {
         f"{runnable_exporter.APP_DIR}/components",
         runnable_exporter.JWT_DIR,
