@@ -237,7 +237,10 @@ class World:
         for line in self.exporter.metrics().splitlines():
             if not line.startswith("#"):
                 series, value = line.rsplit(" ", 1)
-                name, partition = re.fullmatch(r'(\w+)\{partition="([^"]*)"\}', series).groups()
+                parsed = re.fullmatch(r'(\w+)\{partition="([^"]*)"\}', series)
+                if parsed is None:  # the exporter serves only per-partition series
+                    raise ValueError(f"runnable-jobs exporter: unexpected series {series!r}")
+                name, partition = parsed.groups()
                 out.append(({"__name__": name, "partition": partition}, float(value)))
         return out
 
