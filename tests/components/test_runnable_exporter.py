@@ -115,3 +115,20 @@ def test_the_missing_alert_fires_when_the_series_go_and_not_before(tmp_path, ren
 
     done = subprocess.run([harness.promtool(), "test", "rules", str(test_file)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_native_objects_pass_kubernetes_strict_schemas_and_the_pod_meets_restricted(rendered):
+    """The slurm namespace enforces no Pod Security level (slurmd runs there); the pod meets
+    `restricted` all the same (kubernetes/pod-security-admission@v0.34.0 policy/check_*.go)."""
+    import kubernetes_validate
+
+    _, objects = rendered
+    for kind in ("ConfigMap", "Deployment", "Service"):
+        kubernetes_validate.validate(objects[kind], "1.34", strict=True)
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["securityContext"]["runAsUser"] != 0 and pod["securityContext"]["runAsNonRoot"]
+    assert {k for v in pod["volumes"] for k in v} <= {"name", "configMap", "secret"}, "restricted's volume types"
+    assert "hostNetwork" not in pod and "hostPID" not in pod and "ports" not in pod
+    assert all("hostPort" not in p for p in container["ports"])
