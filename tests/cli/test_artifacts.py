@@ -32,6 +32,8 @@ CUSTOM_RESOURCES = {
     ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("clusterQueue",),
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): (),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
+    # slurm-operator v1.0.5 CRD (helm/slurm-operator-crds/templates/slinky.slurm.net_tokens.yaml): required
+    ("slinky.slurm.net/v1beta1", "Token"): ("jwtHs256KeyRef", "username"),
 }
 # One worker runs the module, so `rendered` renders once, not once per worker that runs a test of it.
 pytestmark = pytest.mark.xdist_group("artifacts")
