@@ -222,8 +222,9 @@ def slurm_values(
         },
         "restapi": {"slurmrestd": {"image": _image("slurmrestd", image_tag)}},
         "nodesets": nodesets,
-        # The operator writes EpilogSlurmctld=/etc/slurm/<key> per entry and mounts it there
-        # (SlinkyProject/slurm-operator internal/builder/controller_config.go buildSlurmConf).
+        # The chart keys each entry epilog-slurmctld-<key> in a ConfigMap; the operator mounts it in
+        # /etc/slurm and writes EpilogSlurmctld=/etc/slurm/epilog-slurmctld-<key>
+        # (slurm_config.epilog_slurmctld_files, which cites both at v1.0.5).
         "epilogSlurmctldScripts": {OUTPUT_DIGEST_SCRIPT.name: OUTPUT_DIGEST_SCRIPT.read_text()},
     }
     if limits:

@@ -111,8 +111,8 @@ def slurm_conf(values: dict, n: SlurmNames) -> str:
         "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none",
     ]
-    epilogs = sorted(values.get("epilogSlurmctldScripts") or {})
-    if epilogs:  # buildSlurmConf: one EpilogSlurmctld=/etc/slurm/<key> per entry, keys sorted
+    epilogs = sorted(epilog_slurmctld_files(values))
+    if epilogs:  # buildSlurmConf: one EpilogSlurmctld=/etc/slurm/<ConfigMap key> per entry, keys sorted
         lines += ["#", "### SLURMCTLD PROLOG & EPILOG ###", *(f"EpilogSlurmctld={SLURM_ETC}/{e}" for e in epilogs)]
     enabled = {k: v for k, v in values.get("nodesets", {}).items() if v.get("enabled")}
     if enabled:
@@ -144,10 +144,18 @@ def slurmd_conf_arg(values: dict, nodeset: str) -> str:
     return " ".join(sorted(f"{k}={v}" for k, v in conf.items()))
 
 
+def epilog_slurmctld_files(values: dict) -> dict[str, str]:
+    """The EpilogSlurmctld scripts as the operator mounts them in /etc/slurm: the chart's ConfigMap
+    names each `epilogSlurmctldScripts` entry `epilog-slurmctld-<key>`
+    (SlinkyProject/slurm-operator@v1.0.5: helm/slurm/templates/controller/epilog-slurmctld-configmap.yaml),
+    and buildSlurmConf lists that ConfigMap's keys (internal/builder/controller_config.go)."""
+    return {f"epilog-slurmctld-{key}": text for key, text in (values.get("epilogSlurmctldScripts") or {}).items()}
+
+
 def slurm_files(values: dict, n: SlurmNames) -> dict[str, str]:
     """Every file slurmctld reads from /etc/slurm: slurm.conf, cgroup.conf and the chart's configFiles
     (gres.conf, job_submit.lua) and the EpilogSlurmctld scripts."""
-    files = {"slurm.conf": slurm_conf(values, n), **(values.get("epilogSlurmctldScripts") or {})}
+    files = {"slurm.conf": slurm_conf(values, n), **epilog_slurmctld_files(values)}
     config_files = dict(values.get("configFiles") or {})
     if CGROUP_CONF not in config_files:
         files[CGROUP_CONF] = cgroup_conf()
