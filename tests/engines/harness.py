@@ -17,6 +17,7 @@ namespace, so the binds below vanish with it and the root is never changed.
 from __future__ import annotations
 
 import fcntl
+import http.server
 import json
 import os
 import re
@@ -489,3 +490,17 @@ def engines(work: Path, values: dict, names: SlurmNames, index: int = 0) -> Iter
             yield e
         finally:
             e.stop()
+
+
+class MetricsHandler(http.server.BaseHTTPRequestHandler):
+    """Serves its server's `body()` as a Prometheus text exposition: a scrape target's stand-in."""
+
+    def do_GET(self):
+        body = self.server.body().encode()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass

@@ -36,19 +36,10 @@ class KueueMetrics(http.server.ThreadingHTTPServer):
             f"{slurmd_scaling.KUEUE_PENDING}{{{labels}}} 0\n"
             f"{slurmd_scaling.KUEUE_NOMINAL}{{{labels}}} {target.ai_share}\n"
         )
-        super().__init__(address, _Handler)
+        super().__init__(address, harness.MetricsHandler)
 
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = self.server.text.encode()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+    def body(self) -> str:
+        return self.text
 
 
 def test_the_loop_reads_the_real_slurmctld_through_prometheus_and_gives_hpc_its_turn(engine_root, tmp_path):

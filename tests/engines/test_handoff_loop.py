@@ -58,7 +58,7 @@ class KubeStateMetrics(http.server.ThreadingHTTPServer):
         self.pods: list[str] = []
         target = slurmd_scaling.scaling_target(names)
         self.namespace, self.nodeset, self.restapi = target.namespace, target.nodeset, target.restapi_deployment
-        super().__init__(address, _KsmHandler)
+        super().__init__(address, harness.MetricsHandler)
 
     def body(self) -> str:
         lines = [
@@ -70,18 +70,6 @@ class KubeStateMetrics(http.server.ThreadingHTTPServer):
             ),
         ]
         return "\n".join(lines) + "\n"
-
-
-class _KsmHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = self.server.body().encode()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 @dataclass
