@@ -70,7 +70,8 @@ class _Server:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=outer.httpd.serve_forever, daemon=True)
+        # A short poll: shutdown() waits for serve_forever's next poll (0.5 s by default)
+        self.thread = threading.Thread(target=outer.httpd.serve_forever, args=(0.01,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:
