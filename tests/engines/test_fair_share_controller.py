@@ -70,7 +70,11 @@ def test_the_loop_reads_the_real_slurmctld_through_prometheus_and_gives_hpc_its_
             def read() -> fair_share.Reading:
                 return fair_share.reading(prometheus.read(config.queries))
 
-            e.wait_for(lambda: read().waiting[fair_share.HPC] == 3, 120, "Prometheus to see the pending 3-node job")
+            def seen() -> bool:  # both targets scraped (each on its own phase) and the job pending
+                r = read()
+                return r.waiting[fair_share.HPC] == 3 and r.used[fair_share.AI] is not None
+
+            e.wait_for(seen, 120, "Prometheus to see the pending 3-node job and Kueue's series")
             reading = read()
             assert reading.used == {fair_share.HPC: 0, fair_share.AI: AI_HOLDS}
             assert reading.waiting == {fair_share.HPC: 3, fair_share.AI: 0}, "the widest pending job's nodes"
