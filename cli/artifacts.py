@@ -277,9 +277,7 @@ def plan_text(rec: Recording) -> str:
     lines.append("GPU fairness policy (Kueue):")
     names = Names.from_settings(rec.settings)
     lines += ["  " + line for line in kueue.policy_lines(names.shares)]
-    bounds = slurmd_scaling.reclaim_bounds(
-        names.metrics_interval_seconds, names.polling_seconds, names.slurm_job_max_minutes, names.ai_job_max_minutes
-    )
+    bounds = slurmd_scaling.stack_reclaim_bounds(names)
     lines += [
         "  " + line
         for line in slurmd_scaling.bounds_lines(bounds, names.slurm_job_max_minutes, names.ai_job_max_minutes)

@@ -207,6 +207,11 @@ def reclaim_bounds(
     )
 
 
+def stack_reclaim_bounds(n: Names) -> ReclaimBounds:
+    """`reclaim_bounds` for one stack: its scrape interval, KEDA poll and the two run limits."""
+    return reclaim_bounds(n.metrics_interval_seconds, n.polling_seconds, n.slurm_job_max_minutes, n.ai_job_max_minutes)
+
+
 def bounds_lines(b: ReclaimBounds, slurm_job_max_minutes: int, ai_job_max_minutes: int) -> list[str]:
     """The bounds in words, as `plan` prints them, then under one lost input (`outage_lines`)."""
     return [

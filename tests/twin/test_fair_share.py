@@ -124,9 +124,7 @@ def test_wide_slurm_jobs_hardly_run_against_a_stream_of_small_ai_jobs_under_lend
 def starvation_bounds() -> dict[str, int]:
     """components/fair_share.py's bounds for the dev stack's run limits, as `plan` prints them."""
     names = Names.from_settings(offline.stack_settings("dev", []))
-    handoff = scaling.reclaim_bounds(
-        names.metrics_interval_seconds, names.polling_seconds, names.slurm_job_max_minutes, names.ai_job_max_minutes
-    ).handoff_s
+    handoff = scaling.stack_reclaim_bounds(names).handoff_s
     slurm_run = 60 * names.slurm_job_max_minutes + scaling.SLURM_LIMIT_CHECK_SECONDS + scaling.SLURM_KILL_WAIT_SECONDS
     return fair_share.no_starvation_bounds(slurm_run, 60 * names.ai_job_max_minutes, handoff)
 

@@ -11,7 +11,7 @@ import pytest
 
 from components import slurmd_scaling as scaling
 from core import settings
-from core.names import AI_CLUSTER_QUEUE
+from core.names import AI_CLUSTER_QUEUE, Names
 from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
@@ -58,10 +58,7 @@ def jobs(r: dict) -> dict[str, dict]:
 
 
 def bounds() -> scaling.ReclaimBounds:
-    s = dev()
-    return scaling.reclaim_bounds(
-        s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
-    )
+    return scaling.stack_reclaim_bounds(Names.from_settings(dev()))
 
 
 def test_slurm_gets_the_whole_testbed_when_nobody_else_wants_it():

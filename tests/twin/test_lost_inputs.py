@@ -12,6 +12,7 @@ import pytest
 
 from components import slurmd_scaling as scaling
 from core import settings
+from core.names import Names
 from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
@@ -50,10 +51,7 @@ def load(name: str) -> scenario.Scenario:
 
 def bound(name: str) -> float:
     which, lost, _ = CASES[name]
-    s = dev()
-    b = scaling.reclaim_bounds(
-        s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
-    )
+    b = scaling.stack_reclaim_bounds(Names.from_settings(dev()))
     (row,) = [r for r in scaling.outage_bounds(b) if r.lost == lost]
     (fault,) = load(name).faults
     return row.wait(which, fault.end - fault.start)
@@ -165,10 +163,7 @@ def test_under_fair_share_a_turn_lost_with_slurms_metrics_costs_at_most_the_rese
 def test_the_handoff_doc_states_each_bound_under_one_lost_input_as_outage_bounds_gives_it():
     """docs/handoff.md "One input lost": one row per lost input, its alert and each of its three
     bounds as `outage_bounds` gives them for the default stack ("D + " where the outage counts)."""
-    s = dev()
-    b = scaling.reclaim_bounds(
-        s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
-    )
+    b = scaling.stack_reclaim_bounds(Names.from_settings(dev()))
     text = (Path(__file__).resolve().parents[2] / "docs" / "handoff.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and ("Missing`)" in line or "Down`)" in line)]
     bounds = scaling.outage_bounds(b)
@@ -202,10 +197,7 @@ def test_with_kube_state_metrics_or_slurmrestd_lost_nothing_is_scaled_in_and_ais
     run = runs.run(setup(policy), sc, phase_set)
     r = run.result()
     (job,) = [j for j in r["jobs"] if j["name"] == "ai"]
-    s = dev()
-    b = scaling.reclaim_bounds(
-        s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
-    )
+    b = scaling.stack_reclaim_bounds(Names.from_settings(dev()))
     (row,) = [row for row in scaling.outage_bounds(b) if row.lost == lost]
     assert fault.end <= job["started"], "frozen: the idle slurmd pods kept the GPUs through the outage"
     assert job["started"] - job["submitted"] <= row.wait(scaling.AI_SHARE_BACK, fault.end - fault.start)
@@ -225,10 +217,7 @@ def test_with_slurmctld_down_nothing_is_scaled_in_and_the_gang_waits_the_outage_
     run = runs.run(setup(policy), sc, phase_set)
     r = run.result()
     (gang,) = [j for j in r["jobs"] if j["name"] == "gang"]
-    s = dev()
-    b = scaling.reclaim_bounds(
-        s.slurm_metrics_interval_seconds, s.keda_polling_seconds, s.slurm_job_max_minutes, s.ai_job_max_minutes
-    )
+    b = scaling.stack_reclaim_bounds(Names.from_settings(dev()))
     (row,) = [row for row in scaling.outage_bounds(b) if row.lost.startswith("slurmctld (down")]
     assert all(j["finished"] < fault.end for j in r["jobs"] if j["kind"] == "slurm"), "idle pods through the outage"
     assert fault.end <= gang["started"], "no slurmd pod went while slurmctld was down"
