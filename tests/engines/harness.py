@@ -35,8 +35,9 @@ from pathlib import Path
 
 import yaml
 
-from components import slurm_config
-from core.names import SLURMCTLD_PORT, SlurmNames
+from components import slinky, slurm_config
+from core.names import SLURMCTLD_PORT, Names, SlurmNames
+from core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT_ENV = "TESTBED_ENGINE_ROOT"
@@ -504,3 +505,15 @@ class MetricsHandler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def stack_slurm_values(s: Settings, names: Names) -> dict:
+    """The stack's slurm chart values as the hand-off engine tests run them: MaxNodes at the
+    scaler's ceiling and the stack's scrape interval, no MaxTime (the limit rows set their own)."""
+    return slinky.slurm_values(
+        s.slinky_version,
+        s.slurm_image_tag,
+        names.slurm,
+        max_nodes=names.slurmd_max_replicas,
+        metrics_interval_seconds=names.metrics_interval_seconds,
+    )

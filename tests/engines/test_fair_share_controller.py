@@ -11,7 +11,7 @@ import dataclasses
 import http.server
 import threading
 
-from components import fair_share, fair_share_controller, fair_share_loop, kueue, slinky, slurmd_scaling
+from components import fair_share, fair_share_controller, fair_share_loop, kueue, slurmd_scaling
 from core.names import AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE, Names
 from stacks import offline
 from tests.components.test_fair_share_controller import TOKEN, FakeKubernetes
@@ -45,13 +45,7 @@ class KueueMetrics(http.server.ThreadingHTTPServer):
 def test_the_loop_reads_the_real_slurmctld_through_prometheus_and_gives_hpc_its_turn(engine_root, tmp_path):
     s = offline.stack_settings("dev", FAST)
     names = Names.from_settings(s)
-    values = slinky.slurm_values(
-        s.slinky_version,
-        s.slurm_image_tag,
-        names.slurm,
-        max_nodes=names.slurmd_max_replicas,
-        metrics_interval_seconds=names.metrics_interval_seconds,
-    )
+    values = harness.stack_slurm_values(s, names)
     data = fair_share_controller.config_map_data(names)
     config = fair_share_loop.Config.from_json(data[fair_share_controller.CONFIG_KEY])
     with harness.engines(tmp_path, values, names.slurm, worker_index()) as e:

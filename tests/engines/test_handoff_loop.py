@@ -153,13 +153,7 @@ def test_from_zero_and_back_twice_a_two_node_job_and_work_arriving_during_scale_
     s = _settings(FAST)
     names = Names.from_settings(s)
     setup = program.setup(s)
-    values = slinky.slurm_values(
-        s.slinky_version,
-        s.slurm_image_tag,
-        names.slurm,
-        max_nodes=names.slurmd_max_replicas,
-        metrics_interval_seconds=names.metrics_interval_seconds,
-    )
+    values = harness.stack_slurm_values(s, names)
     assert values["controller"]["metrics"]["serviceMonitor"]["interval"] == "5s"
     rules = {
         "slurm-metrics.yaml": yaml.safe_dump(
