@@ -114,6 +114,7 @@ class Reading:
 
     used: dict[str, float | None]  # GPUs doing each side's work: Slurm's busy nodes, Kueue's AI usage
     waiting: dict[str, float | None]  # work waiting: Slurm's runnable pending jobs' nodes, Kueue's AI pending GPUs
+    hpc_first: float = 0.0  # the nodes of the runnable Slurm job first in line (0: none, or not known)
 
 
 def reading(values: dict[str, float | None]) -> Reading:
@@ -128,23 +129,27 @@ def reading(values: dict[str, float | None]) -> Reading:
     return Reading(
         used={HPC: values["hpc_used"], AI: values["ai_used"]},
         waiting={HPC: hpc_waiting, AI: values["ai_waiting"]},
+        hpc_first=max((v or 0.0 for k, v in values.items() if k.startswith("hpc_first_")), default=0.0),
     )
 
 
-def lending_limit(nominal: int, lending: int, new_nominal: int) -> int:
-    """A queue's lendingLimit once its nominalQuota moves: one that lent all of the old quota lends
-    all of the new one, another stays, at most the new quota (Kueue's ClusterQueue webhook refuses
-    a lendingLimit above the nominalQuota: kubernetes-sigs/kueue@v0.19.2 pkg/webhooks/
-    clusterqueue_webhook.go validateLendingLimit)."""
-    return new_nominal if lending == nominal else min(lending, new_nominal)
+def lending_limit(lends: bool, nominal: int, on_turn: bool) -> int:
+    """A queue's lendingLimit for a nominalQuota: all of it where the program lets the queue lend
+    (its policy, `lends`), none on the queue's own turn, so the turn's GPUs go to the side whose
+    turn it is and not to a borrower admitted in the same Kueue cycle (each cycle admits every
+    queue's head that fits, borrowers after those within their quota: kubernetes-sigs/kueue@v0.19.2
+    pkg/scheduler/scheduler.go). At most the quota, as Kueue's ClusterQueue webhook wants
+    (pkg/webhooks/clusterqueue_webhook.go validateLendingLimit)."""
+    return nominal if lends and not on_turn else 0
 
 
 @dataclass(frozen=True)
 class Quotas:
-    """Each side's nominalQuota (GPUs), and why."""
+    """Each side's nominalQuota (GPUs), and why; the side on its turn (it lends nothing meanwhile)."""
 
     nominal: dict[str, int]
     reason: str
+    turn: str | None = None
 
 
 @dataclass
@@ -196,18 +201,18 @@ class FairShare:
             for side in SIDES
             if waiting[side] > 0 and shares[side] < self.guaranteed[side] / self.gpus_total - self.margin
         ]
-        if not behind:
+        if behind:
+            side = behind[0]  # two sides cannot both be under their shares
+            why = f"{side} behind: {100 * shares[side]:.0f} % of the contended GPU time against "
+        elif r.hpc_first > self.guaranteed[HPC] and shares[HPC] <= self.guaranteed[HPC] / self.gpus_total:
+            side = HPC
+            why = f"hpc reserves for a {r.hpc_first:g}-node job first in line: {100 * shares[side]:.0f} % of the contended GPU time against "
+        else:
             return self.split()
-        side = behind[0]  # two sides cannot both be under their shares
         claim = int(min(self.gpus_total, max(self.guaranteed[side], used[side] + waiting[side])))
         self.turn = (side, claim)
-        return self._claim(
-            side,
-            claim,
-            f"{side} behind: {100 * shares[side]:.0f} % of the contended GPU time against "
-            f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %",
-        )
+        return self._claim(side, claim, why + f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %")
 
     def _claim(self, side: str, claim: int, reason: str) -> Quotas:
         other = AI if side == HPC else HPC
-        return Quotas({side: claim, other: self.gpus_total - claim}, reason)
+        return Quotas({side: claim, other: self.gpus_total - claim}, reason, turn=side)

@@ -70,6 +70,8 @@ def controller_config(n: Names) -> dict:
         "gpuResource": GPU_RESOURCE,
         "gpusTotal": n.shares.gpus_total,
         "guaranteed": {fair_share.HPC: n.shares.hpc_gpus, fair_share.AI: n.shares.ai_guaranteed_gpus},
+        # as components/kueue.py sets each queue's lendingLimit: HPC lends if AI may borrow, and back
+        "lends": {fair_share.HPC: n.shares.ai_borrows_hpc_gpus, fair_share.AI: n.shares.hpc_borrows_ai_gpus},
         "periodSeconds": fair_share.PERIOD_S,
     }
 

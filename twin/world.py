@@ -29,6 +29,7 @@ from twin.promql import Evaluator, PromQLError, scalar_result
 from twin.scenario import JobSpec, Scenario
 from twin.slurm import BF_INTERVAL, SLURMD_TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
 
+FAIR_SHARE_QUEUES = {fair_share.HPC: HPC_CLUSTER_QUEUE, fair_share.AI: AI_CLUSTER_QUEUE}  # as the controller's config
 DEFAULT_PHASE_SET = 0  # the phases of `simulate` and the README's tables; --phases N sweeps sets 0..N-1
 # Fault node-failure, on Kubernetes' side: kube-controller-manager marks a node that stopped posting
 # its status NotReady (Unknown) after --node-monitor-grace-period, 50 s since v1.29 (the program
@@ -171,6 +172,15 @@ class World:
             else None
         )
         self.quota_changes: list[tuple[float, dict[str, int], str]] = []  # the controller's patches
+        # Which queue the program lets lend (the controller's config `lends`: fair_share_controller)
+        self.lends = (
+            {
+                side: cq.lending_limit is None or cq.lending_limit == cq.nominal > 0
+                for side, cq in ((side, self.kueue.queues[name]) for side, name in FAIR_SHARE_QUEUES.items())
+            }
+            if self.kueue is not None
+            else {}
+        )
         self.killed: list[str] = []
         # Fault node-failure: what it did, by time (the Slurm jobs its DOWN node requeued, the pods
         # evicted), and each fault's progress (its index -> the steps taken).
@@ -341,10 +351,25 @@ class World:
             except PromQLError:
                 values[name] = None
         quotas = self.fair.step(now, fair_share.reading(values))
-        queues = {fair_share.HPC: HPC_CLUSTER_QUEUE, fair_share.AI: AI_CLUSTER_QUEUE}
-        if kueue_up and any(self.kueue.queues[queues[side]].nominal != n for side, n in quotas.nominal.items()):
-            for side, nominal in quotas.nominal.items():
-                self.kueue.set_nominal(queues[side], nominal)
+        if not kueue_up:
+            return
+        wanted = {
+            side: (
+                n,
+                None
+                if self.kueue.queues[name].lending_limit is None
+                else fair_share.lending_limit(self.lends[side], n, quotas.turn == side),
+            )
+            for side, name in FAIR_SHARE_QUEUES.items()
+            for n in (quotas.nominal[side],)
+        }
+        queues = {side: self.kueue.queues[name] for side, name in FAIR_SHARE_QUEUES.items()}
+        changed = [
+            side for side in fair_share.SIDES if (queues[side].nominal, queues[side].lending_limit) != wanted[side]
+        ]
+        for side in changed:
+            self.kueue.set_nominal(FAIR_SHARE_QUEUES[side], *wanted[side])
+        if any(queues[side].nominal != wanted[side][0] for side in changed):
             self.quota_changes.append((now, dict(quotas.nominal), quotas.reason))
 
     def _node_failures(self, now: float) -> None:
