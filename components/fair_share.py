@@ -133,14 +133,19 @@ def reading(values: dict[str, float | None]) -> Reading:
     )
 
 
-def lending_limit(lends: bool, nominal: int, on_turn: bool) -> int:
+def lending_limit(side: str, lends: bool, nominal: int, turn: str | None) -> int:
     """A queue's lendingLimit for a nominalQuota: all of it where the program lets the queue lend
-    (its policy, `lends`), none on the queue's own turn, so the turn's GPUs go to the side whose
-    turn it is and not to a borrower admitted in the same Kueue cycle (each cycle admits every
-    queue's head that fits, borrowers after those within their quota: kubernetes-sigs/kueue@v0.19.2
-    pkg/scheduler/scheduler.go). At most the quota, as Kueue's ClusterQueue webhook wants
-    (pkg/webhooks/clusterqueue_webhook.go validateLendingLimit)."""
-    return nominal if lends and not on_turn else 0
+    (`lends`), but none from HPC's queue on HPC's turn. AI's jobs are admitted by Kueue alone, and
+    each Kueue cycle admits every queue's head that fits, borrowers after those within their quota
+    (kubernetes-sigs/kueue@v0.19.2 pkg/scheduler/scheduler.go): without this, AI borrowed the GPUs
+    of HPC's turn as they freed, one for each slurmd pod admitted, and the turn dragged on. AI's
+    queue keeps lending on AI's turn: slurmd asks for pods only under AI's quota (the `ai_quota`
+    trigger), and a queue that lends nothing admits up to its whole quota however many GPUs the
+    other side's pods, over their lowered quota, still hold (Kueue counts quota, not GPUs), which
+    would start a gang on the GPUs there are and idle them until the last one comes. A slurmd pod
+    so admitted early is one pod waiting for one GPU. At most the quota, as Kueue's ClusterQueue
+    webhook wants (pkg/webhooks/clusterqueue_webhook.go validateLendingLimit)."""
+    return nominal if lends and not (side == HPC and turn == HPC) else 0
 
 
 @dataclass(frozen=True)

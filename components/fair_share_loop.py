@@ -12,8 +12,8 @@ renders (`Config`). `python -m components.fair_share_loop CONFIG` runs it.
   the GPU entry's name and the nominalQuota just read, so a concurrent change fails the patch
   (RFC 6902 section 4.6) and the next period decides again. The quota that goes down is patched
   first, so the cohort never holds more quota than GPUs. A lendingLimit follows
-  `fair_share.lending_limit`: all of the quota where the program lets the queue lend, none on the
-  queue's own turn (Kueue's webhook wants it at most the nominalQuota).
+  `fair_share.lending_limit`: all of the quota where the program lets the queue lend, none from
+  HPC's queue on HPC's turn (Kueue's webhook wants it at most the nominalQuota).
 * The API server and the service account's token and CA are the pod's own, as client-go's
   rest.InClusterConfig finds them (kubernetes/client-go@v0.34.0: rest/config.go); the token is
   read again on every request, since the kubelet rotates the projected token.
@@ -207,7 +207,7 @@ class Controller:
         wanted = {
             side: (
                 quotas.nominal[side],
-                fair_share.lending_limit(self.config.lends[side], quotas.nominal[side], quotas.turn == side),
+                fair_share.lending_limit(side, self.config.lends[side], quotas.nominal[side], quotas.turn),
             )
             for side in fair_share.SIDES
         }

@@ -358,7 +358,7 @@ class World:
                 n,
                 None
                 if self.kueue.queues[name].lending_limit is None
-                else fair_share.lending_limit(self.lends[side], n, quotas.turn == side),
+                else fair_share.lending_limit(side, self.lends[side], n, quotas.turn),
             )
             for side, name in FAIR_SHARE_QUEUES.items()
             for n in (quotas.nominal[side],)

@@ -246,26 +246,29 @@ def test_the_program_s_queues_pass_kueue_s_checks_and_a_bad_patch_does_not():
 
 
 @pytest.mark.parametrize("nominal", [0, 1, 2, 3, 4])
-@pytest.mark.parametrize("lends, on_turn", [(True, False), (True, True), (False, False)])
-def test_every_quota_the_rule_can_set_is_a_patch_kueue_accepts(nominal, lends, on_turn):
+@pytest.mark.parametrize("lends, turn", [(True, None), (True, fair_share.HPC), (False, None)])
+def test_every_quota_the_rule_can_set_is_a_patch_kueue_accepts(nominal, lends, turn):
     for queue in kueue.cluster_queues(names().shares):
-        lending = fair_share.lending_limit(lends, nominal, on_turn)
+        lending = fair_share.lending_limit(fair_share.HPC, lends, nominal, turn)
         patched = apply_json_patch(queue, fair_share_loop.quota_patch(queue, GPU_RESOURCE, nominal, lending))
         assert fair_share_loop.live_quota(patched, GPU_RESOURCE) == (nominal, lending)
         assert schema_problems(patched) == [] and webhook_problems(patched) == []
 
 
-def test_a_queue_lends_all_of_its_quota_as_the_program_lets_it_but_nothing_on_its_turn():
-    assert fair_share.lending_limit(True, 3, on_turn=False) == 3
-    assert fair_share.lending_limit(True, 3, on_turn=True) == 0, "its turn's GPUs are for itself"
-    assert fair_share.lending_limit(False, 3, on_turn=False) == 0
+def test_a_queue_lends_all_of_its_quota_as_the_program_lets_it_but_hpcs_nothing_on_hpcs_turn():
+    hpc, ai = fair_share.HPC, fair_share.AI
+    assert fair_share.lending_limit(hpc, True, 3, turn=None) == 3
+    assert fair_share.lending_limit(hpc, True, 3, turn=hpc) == 0, "HPC's turn's GPUs are for HPC"
+    assert fair_share.lending_limit(ai, True, 3, turn=ai) == 3, "AI lends on its turn: its gangs wait for GPUs"
+    assert fair_share.lending_limit(hpc, True, 3, turn=ai) == 3
+    assert fair_share.lending_limit(hpc, False, 3, turn=None) == 0
     config = fair_share_controller.controller_config(names())
     shares = names().shares
     assert config["lends"] == {fair_share.HPC: shares.ai_borrows_hpc_gpus, fair_share.AI: shares.hpc_borrows_ai_gpus}
     for queue in kueue.cluster_queues(shares):  # as the program's queues lend
         side = {v: k for k, v in fair_share_controller.sides().items()}[queue["metadata"]["name"]]
         nominal, lending = fair_share_loop.live_quota(queue, GPU_RESOURCE)
-        assert lending == fair_share.lending_limit(config["lends"][side], nominal, on_turn=False)
+        assert lending == fair_share.lending_limit(side, config["lends"][side], nominal, turn=None)
 
 
 # ------------------------------------------------------------------ the loop
