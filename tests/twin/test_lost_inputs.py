@@ -338,3 +338,59 @@ def test_with_the_runnable_jobs_exporter_lost_the_fair_share_controller_reads_sl
     assert None not in waiting and max(waiting) >= specs["c"].nodes, waiting
     assert waiting[-1] == 0.0, "the stall found, the remembered count takes them out"
     assert not any("input lost" in reason for _, _, reason in lost.quota_changes), lost.quota_changes
+
+
+# b stalls beside its idle pod at about 200 s and is left out for STALL_MEMORY_SECONDS; AI borrows
+# HPC's idle share; n (runnable) waits for it from 600 s; b's --begin comes at 1400 s. When AI's
+# first jobs end (about 1505 s) b and n are two pending jobs less one remembered: one slurmd pod
+# waits in Kueue, b takes it, and AI's k7 borrows HPC's other GPU for its 3500 s. n is counted
+# again once the memory ends, and then waits for k7: past HPC's no-outage bound, within the row's.
+HIDDEN_HPC_WORK = {
+    "workers": 4,
+    "duration": 7200,
+    "images": "warm",
+    "jobs": [
+        {"name": "b", "kind": "slurm", "submit": 0, "runtime": 3500, "nodes": 1, "begin": 1400},
+        *({"name": f"k{i}", "kind": "job", "submit": 300, "runtime": 1200, "gpus": 1} for i in range(1, 5)),
+        *({"name": f"k{i}", "kind": "job", "submit": 400, "runtime": 3500, "gpus": 1} for i in range(5, 8)),
+        {"name": "n", "kind": "slurm", "submit": 600, "runtime": 600, "nodes": 1},
+    ],
+    "faults": [{"kind": "runnable-exporter-down", "start": 0, "end": 3000}],
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_with_the_runnable_jobs_exporter_lost_the_remembered_stall_can_hide_hpc_work_from_its_share_back(policy):
+    """HPC's share back grows by the stall memory in the exporter's row: n waits past the bound
+    it has with the exporter (where it starts with b, when AI's first jobs end), within the row's."""
+    (row,) = [row for row in scaling.outage_bounds(bounds()) if row.lost == EXPORTER_ROW]
+    waits = {}
+    for fault in (True, False):
+        sc = scenario.parse(HIDDEN_HPC_WORK if fault else {**HIDDEN_HPC_WORK, "faults": []})
+        r = runs.result(setup(policy), sc)
+        (n,) = [j for j in r["jobs"] if j["name"] == "n"]
+        waits[fault] = n["started"] - n["submitted"]
+        assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
+    (fault,) = HIDDEN_HPC_WORK["faults"]
+    assert waits[False] <= bounds().hpc_share_back_s < waits[True], waits
+    assert waits[True] <= row.wait(scaling.HPC_SHARE_BACK, fault["end"] - fault["start"]), waits
+
+
+@pytest.mark.slow
+def test_with_the_runnable_jobs_exporter_lost_the_runnable_bound_holds_wherever_the_begin_falls():
+    """A --begin job alone on the idle cluster, its begin swept across the stall and the pod's
+    going, under four phase sets: every wait from its begin is within the row's bound, and the
+    longest comes within a hand-off of it (the memory is what the bound is about)."""
+    (row,) = [row for row in scaling.outage_bounds(bounds()) if row.lost == EXPORTER_ROW]
+    bound = row.wait(scaling.RUNNABLE_START, 1200)
+    waits = []
+    for phase_set in range(4):
+        for begin in range(150, 700, 50):
+            job = {"name": "b", "kind": "slurm", "submit": 0, "runtime": 300, "nodes": 1, "begin": begin}
+            fault = {"kind": "runnable-exporter-down", "start": 0, "end": 1200}
+            sc = scenario.parse({"workers": 4, "duration": 3600, "images": "warm", "jobs": [job], "faults": [fault]})
+            r = runs.result(setup(scaling.DEFAULT_POLICY), sc, phase_set)
+            (b,) = r["jobs"]
+            waits.append(b["started"] - begin)
+            assert r["killed"] == [] and r["double_held"] == [], r
+    assert bound - bounds().handoff_s < max(waits) <= bound, (max(waits), bound)
