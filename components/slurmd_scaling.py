@@ -267,7 +267,6 @@ def outage_bounds(b: ReclaimBounds) -> tuple[OutageBound, ...]:
     once its client reads the node drained and idle, or with no client at all, which the
     restapi-down hold prevents (SlinkyProject/slurm-operator@v1.0.5: internal/controller/nodeset/
     nodeset_sync.go processCondemned, slurmcontrol/slurmcontrol.go IsNodeDrained)."""
-    every = WAITS
     base = (b.ai_share_back_s, b.ai_gang_start_s, b.hpc_share_back_s, b.runnable_start_s)
     # Without the exporter's series (it, its token or slurmrestd lost) `_runnable_jobs` and
     # `_widest` read slurmctld's pending minus held jobs, less the work `_stalled_pending` found
@@ -296,7 +295,7 @@ def outage_bounds(b: ReclaimBounds) -> tuple[OutageBound, ...]:
             METRICS_MISSING_ALERT,
             "as above, but every NodeSet sync fails at its first step: no pod goes until slurmctld is back",
             *base,
-            every,
+            WAITS,
         ),
         OutageBound(
             "Kueue's metrics",
@@ -312,7 +311,7 @@ def outage_bounds(b: ReclaimBounds) -> tuple[OutageBound, ...]:
             KUBE_STATE_METRICS_MISSING_ALERT,
             "freezes the scale (it cannot see whether slurmrestd is up, so it scales nothing in)",
             *base,
-            every,
+            WAITS,
         ),
         OutageBound(
             "slurmrestd",
