@@ -38,7 +38,16 @@ Rule, every `period_s`:
   all, and the turn keeps those nodes until it starts, at the latest when the job on them reaches
   its limit. Without the turn the quota went back to the split as soon as the narrower job raised
   the side's share, the planned node was scaled in and the 4-node jobs never ran (issue 28).
-* Neither behind: each side's guaranteed share (the program's split).
+* A reservation for HPC's wide job: neither side behind, HPC's job first in line (the runnable-jobs
+  exporter names it in slurmctld's queue order: components/runnable_jobs.py queue_order) is wider
+  than HPC's guaranteed share, and HPC has at most that share of the contended time: HPC gets a
+  turn as if behind. AI's queue needs none: it is StrictFIFO (components/kueue.py), so a gang
+  first in line holds back AI's narrower jobs and AI falls behind. Slurm's does, since a job wider
+  than the registered nodes is passed over (above): HPC's own narrower jobs behind it kept HPC at
+  its share, never behind, and the wide job waited for good (issue 28).
+* On HPC's turn HPC's ClusterQueue lends nothing (`lending_limit`): each Kueue cycle admits every
+  queue's head that fits, so AI's jobs borrowed the turn's GPUs one for one with slurmd's pods.
+* Neither behind nor reserving: each side's guaranteed share (the program's split).
 * An input lost (no reading from slurmctld's metrics or from Kueue's): the guaranteed split, the
   decayed usage kept as it was. Drain-first scale-in never kills, so moving back to the split only
   slows the side that was ahead.
@@ -103,6 +112,8 @@ def no_starvation_lines(bounds: dict[str, int], policy: str) -> list[str]:
         f"no starvation (policy {policy}): a job first in line on the side behind its share, wide ones "
         f"included, starts within {bounds['turn_start_s']} s of that side's turn; a GPU held idle for a "
         f"Slurm backfill plan is held at most {bounds['plan_hold_s']} s",
+        "  a Slurm job first in line wider than HPC's share gets HPC's turn once HPC has at most its share "
+        "(a reservation; none while the runnable-jobs exporter is lost)",
         "  not bounded: how long a side takes to fall behind (its decayed usage), and jobs behind the "
         "first in line of a side whose own work exceeds its share",
     ]

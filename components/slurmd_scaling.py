@@ -84,7 +84,8 @@ RefreshNodeCache, IsNodeDrained; SlinkyProject/slurm-client@v1.0.5:pkg/client/in
 Without a client the restapi-down hold keeps every pod; kube-state-metrics lost, that trigger
 errs and the scale freezes. The runnable-jobs exporter lost (or slurmrestd, which it reads): the
 runnable counts fall back to slurmctld's and the stall term, whose memory may hide work that
-became runnable for up to STALL_MEMORY_SECONDS; the fair-share controller reads the same counts.
+became runnable for up to STALL_MEMORY_SECONDS; the fair-share controller reads the same counts
+and, not knowing the job first in line, makes no reservation for HPC's wide one meanwhile.
 
 Policy "fair-share" (the default) is lend-and-reclaim whose cap follows AI's nominalQuota as
 Kueue reports it (trigger `ai_quota`), which the fair-share controller moves toward the side
@@ -326,7 +327,7 @@ def outage_bounds(b: ReclaimBounds) -> tuple[OutageBound, ...]:
             RUNNABLE_JOBS_MISSING_ALERT,
             f"counts slurmctld's pending minus held jobs, less those found pending beside idle nodes for "
             f"{STALL_SECONDS} s, which stay left out for {STALL_MEMORY_SECONDS // 60} min (after the outage too); "
-            "the fair-share controller reads the same counts",
+            "the fair-share controller reads the same counts and makes no reservation for a wide Slurm job first in line",
             *fallback,
             (),  # the fallback serves every wait meanwhile; the memory, not the outage, is what it adds
         ),
@@ -825,18 +826,13 @@ def fair_share_queries(t: Target) -> dict[str, str]:
     per partition; AI's GPUs held and
     waiting in Kueue. None falls back to 0: an empty result is a lost input."""
     kueue = f'{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}'
-    # Kueue's usage is admitted quota: an AI pod admitted while the GPU it will get is still a
-    # draining slurmd pod's waits at kube-scheduler (PodScheduled False) and runs nothing yet. AI's
-    # pods ask for one GPU each (the run-limit policy refuses more: components/ai_run_limit.py), so
-    # each such pod is one GPU waiting, not used.
-    unscheduled = f'(count({POD_UNSCHEDULABLE}{{namespace="{t.ai_namespace}"}}) or vector(0))'
     return {
         "hpc_used": _busy(t),
         "hpc_runnable": _runnable(t),
         **{f"hpc_widest_{p}": _widest(p) for p in t.partitions},
         **{f"hpc_first_{p}": _first_in_line(p) for p in t.partitions},
-        "ai_used": f"clamp_min(max({KUEUE_USAGE}{kueue}) - {unscheduled}, 0)",
-        "ai_waiting": f"max({KUEUE_PENDING}{kueue}) + {unscheduled}",
+        "ai_used": f"max({KUEUE_USAGE}{kueue})",
+        "ai_waiting": f"max({KUEUE_PENDING}{kueue})",
     }
 
 

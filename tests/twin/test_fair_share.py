@@ -159,12 +159,18 @@ def test_wide_slurm_jobs_get_their_turn_against_a_stream_of_small_ai_jobs(phase_
     # take the 3 nodes there are while the 4th is on its way (a dynamic node that has not joined
     # is not planned for), but the turn keeps HPC's quota until the 4-node job holds all 4.
     assert started(r, "w", 4, sc) >= 3 and started(r, "w", 3, sc) >= 3, r["sides"]["slurm"]["waits_by_width"]
-    # Above the band (0.566 at both phase sets): each turn holds a 3-node job's idle 4th node for the
-    # 4-node one behind it. These jobs (1.5-2 GPU-hours) are far over the contract's 1/8 of a window.
-    assert 0.45 <= r["sides"]["slurm"]["share"] <= 0.6 and no_harm(r), r["sides"]["slurm"]["share"]
+    # Above the band (0.603 at both phase sets; 0.566 while HPC's queue still lent on its turn): each
+    # turn holds a 3-node job's idle 4th node for the 4-node one behind it, and every job here is
+    # wider than HPC's share, so HPC reserves whenever it is back at its share. These jobs (1.5-2
+    # GPU-hours) are far over the contract's 1/8 of a window.
+    assert 0.45 <= r["sides"]["slurm"]["share"] <= 0.62 and no_harm(r), r["sides"]["slurm"]["share"]
     # No starvation, as stated: each 4-node job first in line starts within the bound of HPC's turn
     bounds = starvation_bounds()
-    turns = [t for t, _, why in run.quota_changes if why.startswith(f"{fair_share.HPC} behind")]
+    turns = [
+        t
+        for t, _, why in run.quota_changes
+        if why.startswith((f"{fair_share.HPC} behind", f"{fair_share.HPC} reserves"))
+    ]
     for job in run.slurm.jobs:
         if job.nodes_needed == 4 and job.started is not None:
             turn = max(t for t in turns if t <= job.started)
@@ -212,6 +218,32 @@ def test_a_wide_job_first_in_line_gets_hpcs_reservation_within_the_bound(phase_s
     assert len(waits) == 4 and started(r, "w") >= 3, waits
     assert max(waits) <= starvation_bounds()["turn_start_s"], waits  # 2,537-2,540 s
     assert within_band(r["sides"]["slurm"]["share"]) and no_harm(r), r["sides"]["slurm"]["share"]  # 0.516-0.517
+
+
+@SWEEP
+def test_the_controller_counts_the_gpu_time_the_contract_counts(monkeypatch):
+    """What the controller adds up from its readings (undecayed, while both sides have work) is each
+    side's contended GPU time as the twin's ledger counts it, within a scrape's lag: Slurm's busy
+    nodes (not its slurmd pods, idle ones in a backfill plan included) and Kueue's admitted AI usage
+    (no queue admits beyond the GPUs free here: the AI queue lends its quota, so Kueue's cohort
+    counts the slurmd pods still over HPC's lowered quota)."""
+    counted = {fair_share.HPC: 0.0, fair_share.AI: 0.0}
+    last: list[float] = []
+    step = fair_share.FairShare.step
+
+    def counting(self, now: float, r: fair_share.Reading) -> fair_share.Quotas:
+        known = last and None not in (*r.used.values(), *r.waiting.values())
+        if known and all((r.used[side] or 0) + (r.waiting[side] or 0) > 0 for side in counted):
+            for side in counted:
+                counted[side] += (r.used[side] or 0) * (now - last[0])
+        last[:] = [now]
+        return step(self, now, r)
+
+    monkeypatch.setattr(fair_share.FairShare, "step", counting)
+    r = sim.Run(setup(scaling.DEFAULT_POLICY), wide_behind_its_own_stream()).run()
+    ledger = r["contention"]["gpu_s"]
+    assert counted[fair_share.HPC] == pytest.approx(ledger["slurm"], rel=0.02), (counted, ledger)
+    assert counted[fair_share.AI] == pytest.approx(ledger["kubernetes"], rel=0.02), (counted, ledger)
 
 
 @SWEEP
