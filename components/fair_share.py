@@ -123,8 +123,8 @@ def no_starvation_lines(bounds: dict[str, int], policy: str) -> list[str]:
 class Reading:
     """What the controller sees each period; None where the input is lost."""
 
-    used: dict[str, float | None]  # GPUs doing each side's work: Slurm's busy nodes, Kueue's AI usage
-    waiting: dict[str, float | None]  # work waiting: Slurm's runnable pending jobs' nodes, Kueue's AI pending GPUs
+    used: dict[str, float | None]  # GPUs doing each side's work: Slurm's busy nodes, AI's admitted pods placed
+    waiting: dict[str, float | None]  # Slurm's runnable pending jobs' nodes; AI's pending GPUs, pods unplaced
     hpc_first: float = 0.0  # the nodes of the runnable Slurm job first in line (0: none, or not known)
 
 
@@ -172,6 +172,10 @@ class Quotas:
 class FairShare:
     gpus_total: int
     guaranteed: dict[str, int]  # each side's share from the program's split
+    # whether each side's queue lends (the program's aiBorrowsHpcGpus, hpcBorrowsAiGpus): a side may
+    # hold more than its share only where the other lends, so its claim is at most its share
+    # otherwise (a claim it can never hold would keep its turn, and the other side's quota at 0, for good)
+    lends: dict[str, bool] = field(default_factory=lambda: {HPC: True, AI: True})
     half_life_s: float = HALF_LIFE_S
     margin: float = MARGIN
     usage: dict[str, float] = field(default_factory=lambda: {HPC: 0.0, AI: 0.0})
@@ -220,14 +224,23 @@ class FairShare:
         if behind:
             side = behind[0]  # two sides cannot both be under their shares
             why = f"{side} behind: {100 * shares[side]:.0f} % of the contended GPU time against "
-        elif r.hpc_first > self.guaranteed[HPC] and shares[HPC] <= self.guaranteed[HPC] / self.gpus_total:
+        elif (
+            self.guaranteed[HPC] < r.hpc_first <= self.most(HPC)
+            and shares[HPC] <= self.guaranteed[HPC] / self.gpus_total
+        ):
             side = HPC
             why = f"hpc reserves for a {r.hpc_first:g}-node job first in line: {100 * shares[side]:.0f} % of the contended GPU time against "
         else:
             return self.split()
-        claim = int(min(self.gpus_total, max(self.guaranteed[side], used[side] + waiting[side])))
+        claim = int(min(self.most(side), max(self.guaranteed[side], used[side] + waiting[side])))
+        if claim <= self.guaranteed[side]:
+            return self.split()  # nothing the other side could give up: the split is the claim
         self.turn = (side, claim)
         return self._claim(side, claim, why + f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %")
+
+    def most(self, side: str) -> int:
+        """The GPUs `side` may hold: every GPU where the other side's queue lends, else its share."""
+        return self.gpus_total if self.lends[AI if side == HPC else HPC] else self.guaranteed[side]
 
     def _claim(self, side: str, claim: int, reason: str) -> Quotas:
         other = AI if side == HPC else HPC

@@ -197,7 +197,7 @@ class Controller:
         self.prometheus = prometheus
         self.kube = kube
         self.log = log
-        self.fair = fair_share.FairShare(config.gpus_total, dict(config.guaranteed))
+        self.fair = fair_share.FairShare(config.gpus_total, dict(config.guaranteed), dict(config.lends))
 
     def period(self, now: float) -> fair_share.Quotas:
         """One period: read, step, patch what differs (the lowered quota first)."""

@@ -826,13 +826,21 @@ def fair_share_queries(t: Target) -> dict[str, str]:
     per partition; AI's GPUs held and
     waiting in Kueue. None falls back to 0: an empty result is a lost input."""
     kueue = f'{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}'
+    # Kueue's usage is admitted quota. Where AI's queue lends nothing (hpcBorrowsAiGpus false) it
+    # admits up to its whole quota however many GPUs slurmd pods, over HPC's lowered quota, still
+    # hold: a gang admitted on AI's turn then waits, some pods at kube-scheduler (PodScheduled
+    # False), and read as used it ended AI's turn at once, the quota went back to the split and the
+    # gang held half the GPUs idle for good (AI got 9 % in the gangs shape). AI's pods ask for one
+    # GPU each (the run-limit policy refuses more: components/ai_run_limit.py), so each such pod is
+    # one GPU waiting, not used.
+    unscheduled = f'(count({POD_UNSCHEDULABLE}{{namespace="{t.ai_namespace}"}}) or vector(0))'
     return {
         "hpc_used": _busy(t),
         "hpc_runnable": _runnable(t),
         **{f"hpc_widest_{p}": _widest(p) for p in t.partitions},
         **{f"hpc_first_{p}": _first_in_line(p) for p in t.partitions},
-        "ai_used": f"max({KUEUE_USAGE}{kueue})",
-        "ai_waiting": f"max({KUEUE_PENDING}{kueue})",
+        "ai_used": f"clamp_min(max({KUEUE_USAGE}{kueue}) - {unscheduled}, 0)",
+        "ai_waiting": f"max({KUEUE_PENDING}{kueue}) + {unscheduled}",
     }
 
 

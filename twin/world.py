@@ -71,6 +71,7 @@ class Setup:
     # PromQL (slurmd_scaling.fair_share_queries) and each side's guaranteed GPUs; None: not run.
     fair_share_queries: tuple[tuple[str, str], ...] | None = None
     guaranteed: tuple[tuple[str, int], ...] = ()
+    lends: tuple[tuple[str, bool], ...] = ()  # whether each side's queue lends (fair_share_controller.lends)
     # What the Slinky release changes (twin/program.py slinky_behaviour): how long a deleted slurmd
     # pod holds its GPU, and whether a draining scale-in victim requeues its NodeSet
     slurmd_termination: float = k8s.TERMINATION
@@ -167,20 +168,11 @@ class World:
         self.slurm.backfill_phase = float(self.phases.backfill)
         self.ev = Evaluator(self.prom.db)
         self.fair = (
-            fair_share.FairShare(self.kube.gpus, dict(s.guaranteed))
+            fair_share.FairShare(self.kube.gpus, dict(s.guaranteed), dict(s.lends))
             if s.fair_share_queries is not None and self.kueue is not None
             else None
         )
         self.quota_changes: list[tuple[float, dict[str, int], str]] = []  # the controller's patches
-        # Which queue the program lets lend (the controller's config `lends`: fair_share_controller)
-        self.lends = (
-            {
-                side: cq.lending_limit is None or cq.lending_limit == cq.nominal > 0
-                for side, cq in ((side, self.kueue.queues[name]) for side, name in FAIR_SHARE_QUEUES.items())
-            }
-            if self.kueue is not None
-            else {}
-        )
         self.killed: list[str] = []
         # Fault node-failure: what it did, by time (the Slurm jobs its DOWN node requeued, the pods
         # evicted), and each fault's progress (its index -> the steps taken).
@@ -358,7 +350,7 @@ class World:
                 n,
                 None
                 if self.kueue.queues[name].lending_limit is None
-                else fair_share.lending_limit(side, self.lends[side], n, quotas.turn),
+                else fair_share.lending_limit(side, dict(self.setup.lends)[side], n, quotas.turn),
             )
             for side, name in FAIR_SHARE_QUEUES.items()
             for n in (quotas.nominal[side],)

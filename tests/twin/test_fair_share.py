@@ -134,6 +134,21 @@ def test_gangs_and_a_stream_share_the_time_within_the_band_over_every_window(pha
 
 
 @SWEEP
+@pytest.mark.parametrize("phase_set", PHASE_SETS)
+def test_gangs_and_a_stream_share_the_time_when_hpc_may_not_borrow(phase_set):
+    """hpcBorrowsAiGpus false: AI's queue lends nothing, so Kueue admits a gang up to AI's whole
+    quota on AI's turn while slurmd pods still hold some of those GPUs. The controller counts the
+    gang's pods still waiting for a GPU as waiting, not used, and AI's turn lasts until they run
+    (before, Kueue's admitted usage ended the turn at once and the gang idled half the GPUs: Slurm
+    got 91-92 %)."""
+    fair = program.setup(offline.stack_settings("dev", ["hpcBorrowsAiGpus=false"]), scaling.DEFAULT_POLICY)
+    r = runs.result(fair, gangs_against_a_stream(), phase_set)
+    assert within_band(r["sides"]["slurm"]["share"]) and no_harm(r), r["sides"]["slurm"]["share"]  # 0.492
+    # 8 of the 24 gangs ran (1 before); AI's share here is its 4-GPU gangs' alone
+    assert r["sides"]["kubernetes"]["waits_by_width"]["4"]["jobs"] >= 6, "the gangs kept running"
+
+
+@SWEEP
 def test_wide_slurm_jobs_hardly_run_against_a_stream_of_small_ai_jobs_under_lend_and_reclaim():
     sc = wide_slurm_against_a_stream()
     r = runs.result(setup(scaling.LEND_RECLAIM), sc)
@@ -287,6 +302,21 @@ def test_the_controller_moves_quotas_toward_the_side_behind_and_back():
     usage = dict(fs.usage)
     fs.step(90, lost)
     assert fs.usage == usage, "a lost input neither adds nor decays usage"
+    # A side the other lends nothing to claims at most its share: HPC behind gets the split
+    capped = fair_share.FairShare(
+        4, {fair_share.HPC: 2, fair_share.AI: 2}, {fair_share.HPC: True, fair_share.AI: False}
+    )
+    capped.step(0, ai_only)
+    assert capped.step(30, ai_only).nominal == {fair_share.HPC: 2, fair_share.AI: 2} and capped.turn is None
+    # A wide Slurm job first in line while HPC has at most its share: HPC's reservation, and HPC's
+    # queue lends nothing on it
+    even = fair_share.FairShare(4, {fair_share.HPC: 2, fair_share.AI: 2})
+    both = fair_share.Reading({fair_share.HPC: 2, fair_share.AI: 2}, {fair_share.HPC: 4, fair_share.AI: 1}, hpc_first=4)
+    quotas = even.step(0, both)
+    assert quotas.nominal == {fair_share.HPC: 4, fair_share.AI: 0} and quotas.reason.startswith("hpc reserves")
+    assert fair_share.lending_limit(fair_share.HPC, True, 4, quotas.turn) == 0
+    narrow_first = fair_share.FairShare(4, {fair_share.HPC: 2, fair_share.AI: 2})
+    assert narrow_first.step(0, dataclasses.replace(both, hpc_first=1)).reason == "the guaranteed split"
     # Slurm's and Kueue's decay: half the usage after a half-life with nothing used
     idle = fair_share.Reading({fair_share.HPC: 0, fair_share.AI: 0}, {fair_share.HPC: 0, fair_share.AI: 0})
     fs.step(90 + fair_share.HALF_LIFE_S, idle)
