@@ -233,8 +233,6 @@ class FairShare:
         else:
             return self.split()
         claim = int(min(self.most(side), max(self.guaranteed[side], used[side] + waiting[side])))
-        if claim <= self.guaranteed[side]:
-            return self.split()  # nothing the other side could give up: the split is the claim
         self.turn = (side, claim)
         return self._claim(side, claim, why + f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %")
 

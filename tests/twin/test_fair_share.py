@@ -302,12 +302,16 @@ def test_the_controller_moves_quotas_toward_the_side_behind_and_back():
     usage = dict(fs.usage)
     fs.step(90, lost)
     assert fs.usage == usage, "a lost input neither adds nor decays usage"
-    # A side the other lends nothing to claims at most its share: HPC behind gets the split
+    # A side the other lends nothing to claims at most its share: HPC behind gets a turn on the
+    # split (its queue lends nothing meanwhile)
     capped = fair_share.FairShare(
         4, {fair_share.HPC: 2, fair_share.AI: 2}, {fair_share.HPC: True, fair_share.AI: False}
     )
     capped.step(0, ai_only)
-    assert capped.step(30, ai_only).nominal == {fair_share.HPC: 2, fair_share.AI: 2} and capped.turn is None
+    assert capped.step(30, ai_only).nominal == {fair_share.HPC: 2, fair_share.AI: 2} and capped.turn == (
+        fair_share.HPC,
+        2,
+    )
     # A wide Slurm job first in line while HPC has at most its share: HPC's reservation, and HPC's
     # queue lends nothing on it
     even = fair_share.FairShare(4, {fair_share.HPC: 2, fair_share.AI: 2})
