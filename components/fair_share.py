@@ -66,9 +66,10 @@ MARGIN = 0.02  # behind only when 2 points under its share: the contract's band 
 
 # The contract the policy keeps (docs/handoff.md, "Fair share over time"), which `plan` states and
 # the twin checks (twin/report.py, tests/twin/test_fair_share.py): while both sides have work, each
-# side's share of the contended GPU time is within BAND of its guaranteed share, over the run and
-# over every WINDOW_S window in which both had work at least CONTENDED_ENOUGH of the time, when no
-# job holds more than JOB_WINDOW_FRACTION of a window's GPU time (a job cannot be split).
+# side's share of the contended GPU time is within BAND of its guaranteed share over the run, when
+# no job holds more than JOB_WINDOW_FRACTION of a window's GPU time; and over every WINDOW_S window
+# in which both had work at least CONTENDED_ENOUGH of the time, within BAND plus the largest job's
+# share of that window's GPU time (a job cannot be split).
 WINDOW_S = 7200
 BAND = 0.05
 CONTENDED_ENOUGH = 0.5
@@ -86,10 +87,11 @@ def contract_lines(hpc_gpus: int, ai_gpus: int, policy: str, controller: str) ->
         f"  while both sides have work, each gets its guaranteed share of the contended GPU time within "
         f"{round(BAND * 100)} points: HPC {hpc_gpus / total:.0%} ({hpc_gpus} of {total} GPUs), "
         f"AI {ai_gpus / total:.0%} ({ai_gpus} of {total})",
-        f"  over the run and over every {WINDOW_S // 3600} h window in which both had work at least "
-        f"{CONTENDED_ENOUGH:.0%} of the time",
-        f"  when no job holds more than 1/{round(1 / JOB_WINDOW_FRACTION)} of a window's GPU time: "
+        f"  over the run, when no job holds more than 1/{round(1 / JOB_WINDOW_FRACTION)} of a window's GPU time: "
         f"a {total}-GPU job up to {widest_min} min, a 1-GPU job up to {one_gpu_min} min",
+        f"  and over every {WINDOW_S // 3600} h window in which both had work at least {CONTENDED_ENOUGH:.0%} of "
+        f"the time, within {round(BAND * 100)} points plus the largest job's share of the window's GPU time "
+        f"(a job cannot be split: a {total}-GPU job of {widest_min} min adds {100 * JOB_WINDOW_FRACTION:g} points)",
     ]
 
 
