@@ -178,6 +178,9 @@ class FairShare:
     # hold more than its share only where the other lends, so its claim is at most its share
     # otherwise (a claim it can never hold would keep its turn, and the other side's quota at 0, for good)
     lends: dict[str, bool] = field(default_factory=lambda: {HPC: True, AI: True})
+    # slurmd's maxReplicaCount (kedaMaxReplicas; None: every GPU): HPC holds no more, so its claim
+    # is at most that (a claim of 3 with 2 pods allowed kept AI's quota at 1 while HPC had work)
+    hpc_max: int | None = None
     half_life_s: float = HALF_LIFE_S
     margin: float = MARGIN
     usage: dict[str, float] = field(default_factory=lambda: {HPC: 0.0, AI: 0.0})
@@ -239,8 +242,10 @@ class FairShare:
         return self._claim(side, claim, why + f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %")
 
     def most(self, side: str) -> int:
-        """The GPUs `side` may hold: every GPU where the other side's queue lends, else its share."""
-        return self.gpus_total if self.lends[AI if side == HPC else HPC] else self.guaranteed[side]
+        """The GPUs `side` may hold: every GPU where the other side's queue lends, else its share;
+        HPC's at most slurmd's maxReplicaCount."""
+        most = self.gpus_total if self.lends[AI if side == HPC else HPC] else self.guaranteed[side]
+        return min(most, self.hpc_max) if side == HPC and self.hpc_max is not None else most
 
     def _claim(self, side: str, claim: int, reason: str) -> Quotas:
         other = AI if side == HPC else HPC

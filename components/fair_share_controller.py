@@ -77,6 +77,7 @@ def controller_config(n: Names) -> dict:
         "gpusTotal": n.shares.gpus_total,
         "guaranteed": {fair_share.HPC: n.shares.hpc_gpus, fair_share.AI: n.shares.ai_guaranteed_gpus},
         "lends": lends(n),
+        "slurmdMaxReplicas": n.slurmd_max_replicas,  # as components/keda.py's maxReplicaCount
         "periodSeconds": fair_share.PERIOD_S,
     }
 

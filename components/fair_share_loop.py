@@ -54,6 +54,7 @@ class Config:
     gpus_total: int
     guaranteed: dict[str, int]  # side -> GPUs
     lends: dict[str, bool]  # side -> whether the program lets its queue lend (all of its quota)
+    slurmd_max_replicas: int  # KEDA's maxReplicaCount: the most GPUs HPC's slurmd pods hold
     period_s: float = fair_share.PERIOD_S
 
     @classmethod
@@ -67,6 +68,7 @@ class Config:
             gpus_total=int(raw["gpusTotal"]),
             guaranteed={side: int(n) for side, n in raw["guaranteed"].items()},
             lends={side: bool(v) for side, v in raw["lends"].items()},
+            slurmd_max_replicas=int(raw["slurmdMaxReplicas"]),
             period_s=float(raw["periodSeconds"]),
         )
 
@@ -197,7 +199,9 @@ class Controller:
         self.prometheus = prometheus
         self.kube = kube
         self.log = log
-        self.fair = fair_share.FairShare(config.gpus_total, dict(config.guaranteed), dict(config.lends))
+        self.fair = fair_share.FairShare(
+            config.gpus_total, dict(config.guaranteed), dict(config.lends), hpc_max=config.slurmd_max_replicas
+        )
 
     def period(self, now: float) -> fair_share.Quotas:
         """One period: read, step, patch what differs (the lowered quota first)."""

@@ -168,7 +168,12 @@ class World:
         self.slurm.backfill_phase = float(self.phases.backfill)
         self.ev = Evaluator(self.prom.db)
         self.fair = (
-            fair_share.FairShare(self.kube.gpus, dict(s.guaranteed), dict(s.lends))
+            fair_share.FairShare(
+                self.kube.gpus,
+                dict(s.guaranteed),
+                dict(s.lends),
+                hpc_max=s.scaled_object["spec"]["maxReplicaCount"],  # as the controller's config
+            )
             if s.fair_share_queries is not None and self.kueue is not None
             else None
         )

@@ -19,7 +19,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from components import fair_share, fair_share_controller, fair_share_loop, kueue
+from components import fair_share, fair_share_controller, fair_share_loop, keda, kueue
 from components import slurmd_scaling as scaling
 from core.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, HPC_CLUSTER_QUEUE, Names
 from stacks import offline
@@ -269,6 +269,22 @@ def test_a_queue_lends_all_of_its_quota_as_the_program_lets_it_but_hpcs_nothing_
         side = {v: k for k, v in fair_share_controller.sides().items()}[queue["metadata"]["name"]]
         nominal, lending = fair_share_loop.live_quota(queue, GPU_RESOURCE)
         assert lending == fair_share.lending_limit(side, config["lends"][side], nominal, turn=None)
+
+
+def test_the_controller_caps_hpc_s_claim_at_slurmd_s_max_replicas():
+    """HPC's slurmd pods are at most KEDA's maxReplicaCount: a turn claiming more could never be
+    served and would keep AI's quota under its share while HPC had work waiting."""
+    n = names("kedaMaxReplicas=2")
+    config = fair_share_loop.Config.from_json(json.dumps(fair_share_controller.controller_config(n)))
+    cap = keda.scaled_object(n, 1, scaling.DEFAULT_POLICY)["spec"]["maxReplicaCount"]
+    assert config.slurmd_max_replicas == cap == 2
+    fair = fair_share_loop.Controller(config, None, None, print).fair
+    hpc, ai = fair_share.HPC, fair_share.AI
+    ai_only = fair_share.Reading({hpc: 0, ai: 4}, {hpc: 3, ai: 1})
+    fair.step(0, ai_only)
+    quotas = fair.step(30, ai_only)
+    assert quotas.reason.startswith("hpc behind") and quotas.nominal == {hpc: 2, ai: 2}, quotas
+    assert fair.turn == (hpc, 2)
 
 
 # ------------------------------------------------------------------ the loop

@@ -148,6 +148,29 @@ def test_gangs_and_a_stream_share_the_time_when_hpc_may_not_borrow(phase_set):
     assert r["sides"]["kubernetes"]["waits_by_width"]["4"]["jobs"] >= 6, "the gangs kept running"
 
 
+def small_streams() -> scenario.Scenario:
+    """A 1-node Slurm job every 5 min and a 1-GPU AI job every 4 min, 20 min each, 6 h."""
+    hours = 6 * 3600
+    jobs = [
+        {"name": f"s{i}", "kind": "slurm", "submit": i * 300, "runtime": 1200, "nodes": 1} for i in range(hours // 300)
+    ]
+    jobs += [
+        {"name": f"a{i}", "kind": "job", "submit": i * 240, "runtime": 1200, "gpus": 1} for i in range(hours // 240)
+    ]
+    return scenario.parse({"workers": 4, "duration": hours, "images": "warm", "jobs": jobs})
+
+
+@SWEEP
+def test_hpc_s_turn_claims_no_more_than_slurmd_may_hold():
+    """kedaMaxReplicas 2 of 4 GPUs: HPC behind claimed 3 (what it held and waited for), slurmd
+    never held more than 2 and the turn, never served, kept AI's quota at 1 for the rest of the
+    run (HPC 65.6 %). The claim is capped at slurmd's maxReplicaCount: each side its half."""
+    capped = program.setup(offline.stack_settings("dev", ["kedaMaxReplicas=2"]), scaling.DEFAULT_POLICY)
+    r = runs.result(capped, small_streams())
+    slurm = r["sides"]["slurm"]
+    assert within_band(slurm["share"]) and within_band(slurm["window_share"]["max"]) and no_harm(r), slurm
+
+
 @SWEEP
 def test_wide_slurm_jobs_hardly_run_against_a_stream_of_small_ai_jobs_under_lend_and_reclaim():
     sc = wide_slurm_against_a_stream()
