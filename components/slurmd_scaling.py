@@ -111,7 +111,14 @@ import math
 from dataclasses import dataclass
 
 from components.runnable_jobs import RUNNABLE_FIRST_JOB_NODES, RUNNABLE_JOBS, RUNNABLE_MAX_JOB_NODES
-from core.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, JOBS_NAMESPACE, SLURM_METRICS_INTERVAL_SECONDS, Names
+from core.names import (
+    AI_CLUSTER_QUEUE,
+    GPU_RESOURCE,
+    HPC_CLUSTER_QUEUE,
+    JOBS_NAMESPACE,
+    SLURM_METRICS_INTERVAL_SECONDS,
+    Names,
+)
 
 # Slurm 25.11 openmetrics (SchedMD/slurm@slurm-25-11-0-1 src/plugins/metrics/openmetrics/openmetrics.c),
 # served by slurmctld at /metrics/partitions, label `partition`.
@@ -832,8 +839,19 @@ def fair_share_queries(t: Target) -> dict[str, str]:
     # False), and read as used it ended AI's turn at once, the quota went back to the split and the
     # gang held half the GPUs idle for good (AI got 9 % in the gangs shape). AI's pods ask for one
     # GPU each (the run-limit policy refuses more: components/ai_run_limit.py), so each such pod is
-    # one GPU waiting, not used.
-    unscheduled = f'(count({POD_UNSCHEDULABLE}{{namespace="{t.ai_namespace}"}}) or vector(0))'
+    # one GPU waiting, not used. But kube-state-metrics counts every pod whose PodScheduled is
+    # False (kubernetes/kube-state-metrics internal/store/pod.go createPodStatusUnschedulable
+    # FamilyGenerator), whatever the reason: a bare Pod Kueue still gates (the API server sets
+    # reason SchedulingGated at create: kubernetes/kubernetes pkg/registry/core/pod/strategy.go
+    # applySchedulingGatedCondition), already in Kueue's pending GPUs and not in its usage, or any
+    # pod an AI user makes that fits no node, GPU or not. Each counted so lowered AI's usage and
+    # kept AI's turn from ever being served: one such pod left HPC's quota low for good. So at
+    # most the GPUs Kueue admitted beyond the ones there are (both queues' usage less the GPUs),
+    # which is where an admitted pod can wait for a GPU.
+    hpc = f'{{cluster_queue="{HPC_CLUSTER_QUEUE}", resource="{t.gpu_resource}"}}'
+    over = f"clamp_min(max({KUEUE_USAGE}{kueue}) + (max({KUEUE_USAGE}{hpc}) or vector(0)) - {t.gpus_total}, 0)"
+    counted = f'(count({POD_UNSCHEDULABLE}{{namespace="{t.ai_namespace}"}}) or vector(0))'
+    unscheduled = f"(({counted} < {over}) or {over})"  # the smaller of the two
     return {
         "hpc_used": _busy(t),
         "hpc_runnable": _runnable(t),

@@ -287,6 +287,36 @@ def test_the_controller_caps_hpc_s_claim_at_slurmd_s_max_replicas():
     assert fair.turn == (hpc, 2)
 
 
+def ai_reading(usage: dict[str, int], pending: int, unschedulable: int) -> tuple[float | None, float | None]:
+    """AI's used and waiting GPUs as the controller's queries read them (the twin's evaluator) from
+    Kueue's usage per ClusterQueue, AI's pending GPUs and the AI pods kube-state-metrics reads
+    PodScheduled False."""
+    target = scaling.scaling_target(names())
+    queries = scaling.fair_share_queries(target)
+    db = TSDB()
+    for queue, gpus in usage.items():
+        labels = {"cluster_queue": queue, "resource": target.gpu_resource}
+        db.add({"__name__": scaling.KUEUE_USAGE, **labels}, 600.0, float(gpus))
+        if queue == AI_CLUSTER_QUEUE:
+            db.add({"__name__": scaling.KUEUE_PENDING, **labels}, 600.0, float(pending))
+    for i in range(unschedulable):
+        db.add({"__name__": scaling.POD_UNSCHEDULABLE, "namespace": target.ai_namespace, "pod": f"p{i}"}, 600.0, 1.0)
+    ev = Evaluator(db)
+    return tuple(scalar_result(ev.instant(queries[name], 600)) for name in ("ai_used", "ai_waiting"))
+
+
+def test_ai_s_unplaced_pods_count_as_waiting_only_where_kueue_admitted_more_than_the_gpus():
+    """An admitted AI pod waits for a GPU only where Kueue admitted more GPUs than there are (AI's
+    queue lending nothing while slurmd pods hold GPUs over HPC's lowered quota). Other pods with
+    PodScheduled False (a bare Pod Kueue still gates, already in its pending GPUs; a pod an AI user
+    made that fits no node) change nothing: counted, they kept AI's turn unserved for good."""
+    hpc, ai = HPC_CLUSTER_QUEUE, AI_CLUSTER_QUEUE
+    assert ai_reading({ai: 2, hpc: 2}, pending=1, unschedulable=3) == (2, 1), "no GPU admitted twice"
+    assert ai_reading({ai: 4, hpc: 2}, pending=0, unschedulable=3) == (2, 2), "two pods wait for slurmd's GPUs"
+    assert ai_reading({ai: 4, hpc: 2}, pending=0, unschedulable=1) == (3, 1)
+    assert ai_reading({ai: 4, hpc: 2}, pending=0, unschedulable=0) == (4, 0)
+
+
 # ------------------------------------------------------------------ the loop
 
 
@@ -504,11 +534,30 @@ def test_promtool_reads_the_controller_s_queries_as_the_twin_does(tmp_path):
         for partition, (jobs, widest) in zip(target.partitions, [(1, 1), (0, 0)], strict=True)
         for metric, value in ((scaling.RUNNABLE_JOBS, jobs), (scaling.RUNNABLE_MAX_JOB_NODES, widest))
     ]
+    # AI's queue lending nothing: Kueue admitted 4 GPUs to AI while slurmd pods hold 2 under HPC's
+    # queue, and 3 AI pods read PodScheduled False, of which at most those 2 wait for a GPU
+    unplaced_series = [
+        ({"__name__": scaling.KUEUE_USAGE, "cluster_queue": queue, "resource": target.gpu_resource}, gpus)
+        for queue, gpus in ((target.ai_cluster_queue, 4), (HPC_CLUSTER_QUEUE, 2))
+    ] + [
+        (
+            {
+                "__name__": scaling.KUEUE_PENDING,
+                "cluster_queue": target.ai_cluster_queue,
+                "resource": target.gpu_resource,
+            },
+            4,
+        )
+    ]
+    unplaced_series += [
+        ({"__name__": scaling.POD_UNSCHEDULABLE, "namespace": target.ai_namespace, "pod": f"p{i}"}, 1) for i in range(3)
+    ]
     groups = []
     for case, present in (
         ("kueue up", series + kueue_series),
         ("kueue gone", series),
         ("exporter up", series + kueue_series + runnable_series),
+        ("ai pods unplaced", series + unplaced_series),
     ):
         db = TSDB()
         for labels, value in present:
@@ -537,6 +586,8 @@ def test_promtool_reads_the_controller_s_queries_as_the_twin_does(tmp_path):
             assert reading.used == {HPC: 2, AI: 2} and reading.waiting[AI] == 4 and reading.waiting[HPC] == 4
         elif case == "exporter up":
             assert reading.used == {HPC: 2, AI: 2} and reading.waiting == {HPC: 1, AI: 4}
+        elif case == "ai pods unplaced":
+            assert reading.used[AI] == 2 and reading.waiting[AI] == 4 + 2
         else:
             assert reading.used[AI] is None and reading.waiting[AI] is None
     harness.promtool_test(tmp_path, groups)
