@@ -389,6 +389,27 @@ def test_a_lost_input_sets_the_guaranteed_split_and_nothing_changes_while_it_hol
     assert len(kube.patches) == 4, "the split once, then nothing to patch"
 
 
+def test_a_restarted_controller_gives_back_what_hpc_s_turn_left_and_reserves_at_once(cluster):
+    """The controller restarts as HPC's turn ends (HPC's queue at its share, lending 0): its first
+    period, with no history, patches HPC's lendingLimit back; with a wide Slurm job first in line
+    HPC, read as at its share, reserves at once (docs/handoff.md "In the cluster")."""
+    controller, prom, kube, lines = cluster
+    for name, (nominal, lending) in ((AI_CLUSTER_QUEUE, (2, 2)), (HPC_CLUSTER_QUEUE, (2, 0))):
+        _, entry = fair_share_loop.gpu_entry(kube.queues[name], GPU_RESOURCE)
+        entry["nominalQuota"], entry["lendingLimit"] = nominal, lending
+    clock = Clock()
+    controller.run(clock, clock.sleep, periods=1)
+    assert kube.nominal(HPC_CLUSTER_QUEUE) == (2, 2) and lines == [
+        "nominalQuota hpc 2 -> 2 (lends 2): the guaranteed split"
+    ]
+    widest = {f"hpc_first_{p}": 4 for p in names().slurm.partitions}
+    prom.readings |= widest | {"hpc_used": 2, "ai_used": 2}
+    restarted = fair_share_loop.Controller(controller.config, controller.prometheus, controller.kube, lines.append)
+    restarted.run(clock, clock.sleep, periods=1)
+    assert kube.nominal(HPC_CLUSTER_QUEUE) == (4, 0) and lines[-1].endswith("against 50 %"), lines[-1]
+    assert "hpc reserves for a 4-node job first in line: 50 %" in lines[-1]
+
+
 def test_errors_are_one_line_each_and_the_loop_goes_on(cluster):
     controller, prom, kube, lines = cluster
     clock = Clock()
