@@ -17,6 +17,7 @@ from components import (
     ai_run_limit,
     bootstrap,
     fair_share,
+    fair_share_controller,
     keda,
     kueue,
     remote_script,
@@ -290,10 +291,7 @@ def plan_text(rec: Recording) -> str:
     )
     lines += ["  " + line for line in contract]
     lines += ["  " + line for line in runnable_input_lines(rec)]
-    slurm_run_s = bounds.ai_share_back_s - bounds.handoff_s  # a Slurm job's limit, check and KillWait
-    starvation = fair_share.no_starvation_bounds(
-        slurm_run_s, bounds.hpc_share_back_s - bounds.handoff_s, bounds.handoff_s
-    )
+    starvation = fair_share_controller.no_starvation_bounds(names)  # the controller's turn limit too
     lines += ["  " + line for line in fair_share.no_starvation_lines(starvation, slurmd_scaling.FAIR_SHARE)]
     policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]
     lines += ["  " + line for line in ai_run_limit.policy_lines(ai_run_limit.limits(policies))]

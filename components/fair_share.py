@@ -114,6 +114,7 @@ def no_starvation_lines(bounds: dict[str, int], policy: str) -> list[str]:
         f"no starvation (policy {policy}): a job first in line on the side behind its share, wide ones "
         f"included, starts within {bounds['turn_start_s']} s of that side's turn; a GPU held idle for a "
         f"Slurm backfill plan is held at most {bounds['plan_hold_s']} s",
+        f"  a turn not served within {bounds['turn_start_s']} s ends, and its side gets no turn for as long again",
         "  a Slurm job first in line wider than HPC's share gets HPC's turn once HPC has at most its share "
         "(a reservation; none while the runnable-jobs exporter is lost)",
         "  not bounded: how long a side takes to fall behind (its decayed usage), and jobs behind the "
@@ -185,7 +186,12 @@ class FairShare:
     margin: float = MARGIN
     usage: dict[str, float] = field(default_factory=lambda: {HPC: 0.0, AI: 0.0})
     last: float | None = None
-    turn: tuple[str, int] | None = None  # the side whose claim holds until it holds it, and the claim
+    # A turn not served within `turn_limit_s` (the no-starvation bound, `no_starvation_bounds`:
+    # what waits on it cannot start, say a constraint no node has) ends, and its side gets no turn
+    # for as long again, so such a job costs the other side at most half the time; None: no limit.
+    turn_limit_s: float | None = None
+    resting_until: dict[str, float] = field(default_factory=dict)
+    turn: tuple[str, int, float] | None = None  # the side whose claim holds until it holds it, the claim, since
 
     def split(self) -> Quotas:
         return Quotas(dict(self.guaranteed), "the guaranteed split")
@@ -217,20 +223,32 @@ class FairShare:
             self.usage[side] = self.usage[side] * decay + (used[side] * dt if contended else 0.0)
         shares = self.shares()
         if self.turn is not None:
-            side, claim = self.turn
-            if waiting[side] > 0 and used[side] < claim:
-                return self._claim(side, claim, f"{side}'s turn: holds {used[side]:g} of its {claim} GPUs")
+            side, claim, since = self.turn
             self.turn = None
+            if waiting[side] > 0 and used[side] < claim:
+                if self.turn_limit_s is None or now - since <= self.turn_limit_s:
+                    self.turn = (side, claim, since)
+                    return self._claim(side, claim, f"{side}'s turn: holds {used[side]:g} of its {claim} GPUs")
+                self.resting_until[side] = now + self.turn_limit_s
+                return Quotas(
+                    dict(self.guaranteed),
+                    f"{side}'s turn ended unserved after {now - since:.0f} s (holds {used[side]:g} of its {claim} "
+                    f"GPUs): the guaranteed split, and no turn for {side} for {self.turn_limit_s:.0f} s",
+                )
+        resting = {side for side in SIDES if now < self.resting_until.get(side, now)}
         behind = [
             side
             for side in SIDES
-            if waiting[side] > 0 and shares[side] < self.guaranteed[side] / self.gpus_total - self.margin
+            if side not in resting
+            and waiting[side] > 0
+            and shares[side] < self.guaranteed[side] / self.gpus_total - self.margin
         ]
         if behind:
             side = behind[0]  # two sides cannot both be under their shares
             why = f"{side} behind: {100 * shares[side]:.0f} % of the contended GPU time against "
         elif (
-            self.guaranteed[HPC] < r.hpc_first <= self.most(HPC)
+            HPC not in resting
+            and self.guaranteed[HPC] < r.hpc_first <= self.most(HPC)
             and shares[HPC] <= self.guaranteed[HPC] / self.gpus_total
         ):
             side = HPC
@@ -238,7 +256,7 @@ class FairShare:
         else:
             return self.split()
         claim = int(min(self.most(side), max(self.guaranteed[side], used[side] + waiting[side])))
-        self.turn = (side, claim)
+        self.turn = (side, claim, now)
         return self._claim(side, claim, why + f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %")
 
     def most(self, side: str) -> int:

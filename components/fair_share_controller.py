@@ -66,6 +66,17 @@ def lends(n: Names) -> dict[str, bool]:
     return {fair_share.HPC: n.shares.ai_borrows_hpc_gpus, fair_share.AI: n.shares.hpc_borrows_ai_gpus}
 
 
+def no_starvation_bounds(n: Names) -> dict[str, int]:
+    """fair_share.no_starvation_bounds for the stack's run limits and hand-off (as `plan` prints
+    them): a Slurm job ends by its MaxTime plus a limit check and KillWait, an AI job by its
+    max-exec-time."""
+    handoff = slurmd_scaling.stack_reclaim_bounds(n).handoff_s
+    slurm_run = (
+        60 * n.slurm_job_max_minutes + slurmd_scaling.SLURM_LIMIT_CHECK_SECONDS + slurmd_scaling.SLURM_KILL_WAIT_SECONDS
+    )
+    return fair_share.no_starvation_bounds(slurm_run, 60 * n.ai_job_max_minutes, handoff)
+
+
 def controller_config(n: Names) -> dict:
     """What the loop reads (fair_share_loop.Config.from_json): the stack's queries, queues and split."""
     target = slurmd_scaling.scaling_target(n)
@@ -78,6 +89,7 @@ def controller_config(n: Names) -> dict:
         "guaranteed": {fair_share.HPC: n.shares.hpc_gpus, fair_share.AI: n.shares.ai_guaranteed_gpus},
         "lends": lends(n),
         "slurmdMaxReplicas": n.slurmd_max_replicas,  # as components/keda.py's maxReplicaCount
+        "turnLimitSeconds": no_starvation_bounds(n)["turn_start_s"],  # a turn unserved past the bound ends
         "periodSeconds": fair_share.PERIOD_S,
     }
 

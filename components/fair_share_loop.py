@@ -55,6 +55,7 @@ class Config:
     guaranteed: dict[str, int]  # side -> GPUs
     lends: dict[str, bool]  # side -> whether the program lets its queue lend (all of its quota)
     slurmd_max_replicas: int  # KEDA's maxReplicaCount: the most GPUs HPC's slurmd pods hold
+    turn_limit_s: float  # a turn not served within it ends (fair_share.FairShare.turn_limit_s)
     period_s: float = fair_share.PERIOD_S
 
     @classmethod
@@ -69,6 +70,7 @@ class Config:
             guaranteed={side: int(n) for side, n in raw["guaranteed"].items()},
             lends={side: bool(v) for side, v in raw["lends"].items()},
             slurmd_max_replicas=int(raw["slurmdMaxReplicas"]),
+            turn_limit_s=float(raw["turnLimitSeconds"]),
             period_s=float(raw["periodSeconds"]),
         )
 
@@ -200,7 +202,11 @@ class Controller:
         self.kube = kube
         self.log = log
         self.fair = fair_share.FairShare(
-            config.gpus_total, dict(config.guaranteed), dict(config.lends), hpc_max=config.slurmd_max_replicas
+            config.gpus_total,
+            dict(config.guaranteed),
+            dict(config.lends),
+            hpc_max=config.slurmd_max_replicas,
+            turn_limit_s=config.turn_limit_s,
         )
 
     def period(self, now: float) -> fair_share.Quotas:

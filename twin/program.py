@@ -165,6 +165,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
             (fair_share.AI, names.shares.ai_guaranteed_gpus),
         ),
         lends=tuple(fair_share_controller.lends(names).items()),
+        turn_limit_s=fair_share_controller.no_starvation_bounds(names)["turn_start_s"],
         runnable_partitions=target.partitions if guarded else (),
         **slinky_behaviour(s.slinky_version),
     )

@@ -72,6 +72,7 @@ class Setup:
     fair_share_queries: tuple[tuple[str, str], ...] | None = None
     guaranteed: tuple[tuple[str, int], ...] = ()
     lends: tuple[tuple[str, bool], ...] = ()  # whether each side's queue lends (fair_share_controller.lends)
+    turn_limit_s: float | None = None  # the controller's (fair_share_controller.no_starvation_bounds)
     # What the Slinky release changes (twin/program.py slinky_behaviour): how long a deleted slurmd
     # pod holds its GPU, and whether a draining scale-in victim requeues its NodeSet
     slurmd_termination: float = k8s.TERMINATION
@@ -173,6 +174,7 @@ class World:
                 dict(s.guaranteed),
                 dict(s.lends),
                 hpc_max=s.scaled_object["spec"]["maxReplicaCount"],  # as the controller's config
+                turn_limit_s=s.turn_limit_s,
             )
             if s.fair_share_queries is not None and self.kueue is not None
             else None

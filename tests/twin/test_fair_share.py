@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from components import fair_share
+from components import fair_share, fair_share_controller
 from components import slurmd_scaling as scaling
 from core.names import Names
 from stacks import offline
@@ -181,10 +181,7 @@ def test_wide_slurm_jobs_hardly_run_against_a_stream_of_small_ai_jobs_under_lend
 
 def starvation_bounds() -> dict[str, int]:
     """components/fair_share.py's bounds for the dev stack's run limits, as `plan` prints them."""
-    names = Names.from_settings(offline.stack_settings("dev", []))
-    handoff = scaling.stack_reclaim_bounds(names).handoff_s
-    slurm_run = 60 * names.slurm_job_max_minutes + scaling.SLURM_LIMIT_CHECK_SECONDS + scaling.SLURM_KILL_WAIT_SECONDS
-    return fair_share.no_starvation_bounds(slurm_run, 60 * names.ai_job_max_minutes, handoff)
+    return fair_share_controller.no_starvation_bounds(Names.from_settings(offline.stack_settings("dev", [])))
 
 
 @SWEEP
@@ -336,7 +333,7 @@ def test_the_controller_moves_quotas_toward_the_side_behind_and_back():
         4, {fair_share.HPC: 2, fair_share.AI: 2}, {fair_share.HPC: True, fair_share.AI: False}
     )
     capped.step(0, ai_only)
-    assert capped.step(30, ai_only).nominal == {fair_share.HPC: 2, fair_share.AI: 2} and capped.turn == (
+    assert capped.step(30, ai_only).nominal == {fair_share.HPC: 2, fair_share.AI: 2} and capped.turn[:2] == (
         fair_share.HPC,
         2,
     )
@@ -353,3 +350,20 @@ def test_the_controller_moves_quotas_toward_the_side_behind_and_back():
     idle = fair_share.Reading({fair_share.HPC: 0, fair_share.AI: 0}, {fair_share.HPC: 0, fair_share.AI: 0})
     fs.step(90 + fair_share.HALF_LIFE_S, idle)
     assert fs.usage[fair_share.AI] == pytest.approx(usage[fair_share.AI] / 2)
+
+
+def test_a_turn_not_served_within_the_bound_ends_and_its_side_rests():
+    """A claim that is never held (what waits on it cannot start) ends at the limit with the split,
+    and the side gets no turn, behind or reserving, for as long again; then it may again."""
+    hpc, ai = fair_share.HPC, fair_share.AI
+    fs = fair_share.FairShare(4, {hpc: 2, ai: 2}, turn_limit_s=600)
+    stuck = fair_share.Reading({hpc: 0, ai: 4}, {hpc: 4, ai: 2})
+    fs.step(0, stuck)  # no history: the split
+    assert fs.step(30, stuck).reason.startswith("hpc behind") and fs.turn is not None
+    assert fs.step(630, stuck).reason.startswith("hpc's turn:"), "within the limit"
+    ended = fs.step(660, stuck)
+    assert ended.nominal == {hpc: 2, ai: 2} and ended.turn is None and "ended unserved after 630 s" in ended.reason
+    wide_first = dataclasses.replace(stuck, hpc_first=4)
+    for t in range(690, 1260, 30):  # resting: behind, and a wide job first in line, yet the split
+        assert fs.step(t, wide_first if t % 60 else stuck).reason == "the guaranteed split", t
+    assert fs.step(1260, stuck).reason.startswith("hpc behind"), "rested: a turn again"
