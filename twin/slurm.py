@@ -318,7 +318,9 @@ class Slurmctld:
         """slurmd registers; a DOWN node that registers again returns to service (ReturnToService=2,
         components/slurm_config.py; SchedMD/slurm@slurm-25-11-6-1 doc/man/man5/slurm.conf.5)."""
         if self.up:
-            node = self.nodes.setdefault(name, SlurmNode(name, now))
+            node = self.nodes.get(name)  # slurmd registers every second: a node only once
+            if node is None:
+                node = self.nodes[name] = SlurmNode(name, now)
             node.down = False
 
     def node_gone(self, name: str, now: float) -> list[SlurmJob]:
