@@ -95,6 +95,22 @@ def _default_run_scope(fixture_name: str, config: pytest.Config) -> str:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _no_stack_traces_under_mocks() -> Iterator[None]:
+    """Pulumi sends the engine each registration's stack trace and source position, found by
+    traceback.extract_stack and a file URI per frame (pulumi 3.272.0 runtime/resource.py
+    _get_stack_trace): a tenth of a mock run's CPU. Under mocks nothing reads them: neither
+    MockMonitor (runtime/mocks.py) nor stacks/offline.py's RecordingMonitor looks at the
+    request's stackTrace or sourcePosition. The tests' runs send an empty trace; a Pulumi that
+    renames the function fails here, by name."""
+    from pulumi.runtime import resource
+
+    empty = resource.source_pb2.StackTrace()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(resource, "_get_stack_trace", lambda: empty)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _one_recording_per_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every run of the program under the default mocks, with a last deployment's outputs or
     none (`run_program`, `plan`, `render` and the other commands in-process), is made once per
