@@ -114,6 +114,8 @@ class Ledger:
 
     def _plan_holds(self, busy: set[str], now: float) -> None:
         slurm = self.world.slurm
+        if not slurm.plans and not self.plan_hold_since:
+            return  # no plan holds a node, and none did
         held = {
             n
             for p in slurm.plans

@@ -59,8 +59,10 @@ class TSDB:
         self._writes = 0  # samples written so far: visible_until's answers hold until the next one
         self._visible: dict[tuple[str, ...], tuple[int, float]] = {}
 
-    def add(self, labels: dict[str, str], t: float, value: float) -> None:
-        key = frozenset(labels.items())
+    def add(self, labels: dict[str, str], t: float, value: float, key: frozenset | None = None) -> None:
+        """`key`: frozenset(labels.items()), when the caller has made it already."""
+        if key is None:
+            key = frozenset(labels.items())
         name = labels["__name__"]
         s = self.series.get(key)
         if s is None:
@@ -81,7 +83,8 @@ class TSDB:
             self.changes[name] = self.changes.get(name, 0) + 1
         s.times.append(t)
         s.values.append(value)
-        self.latest = max(self.latest, t)
+        if t > self.latest:
+            self.latest = t
         self._writes += 1
 
     def visible_until(self, names: tuple[str, ...]) -> float:

@@ -444,6 +444,8 @@ class Slurmctld:
 
     def _schedule(self, now: float) -> None:
         """The main scheduler: in queue order, until a job waits for busy nodes (module docstring)."""
+        if not self.open_jobs:
+            return  # nothing to start
         busy = self.busy_nodes()
         if all(n.drain or n.down or n.name in busy or n.name in self.unreachable for n in self.nodes.values()):
             return  # every job needs at least one node
