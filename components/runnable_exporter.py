@@ -39,8 +39,8 @@ from core import host_layout
 from core.names import CODE_HASH_ANNOTATION, NODESET_GROUP, NODESET_VERSION, SLURMRESTD_PORT, Names
 
 NAME = "slurm-runnable-jobs"
-MISSING_ALERT = "SlurmRunnableJobsMissing"
-MISSING_FOR = "2m"  # as the other inputs' alerts (components/slurmd_scaling.py INPUT_LOST_FOR)
+MISSING_ALERT = slurmd_scaling.RUNNABLE_JOBS_MISSING_ALERT  # a row of slurmd_scaling.outage_bounds
+MISSING_FOR = slurmd_scaling.INPUT_LOST_FOR  # as the other inputs' alerts
 TOKEN_API = f"{NODESET_GROUP}/{NODESET_VERSION}"  # slurm-operator's API group: NodeSet, Token
 TOKEN_USER = "nobody"
 TOKEN_LIFETIME = "15m"
@@ -162,6 +162,10 @@ def alert_rules(n: Names) -> dict:
     slurmrestd or its token is down), naming what the scaler does meanwhile; in the stack's
     additionalPrometheusRulesMap (components/monitoring.py), with the exporter deployed."""
     partition = slurmd_scaling.scaling_target(n).partitions[0]
+    # a stall is found STALL_SECONDS after the pod is up, which takes about a hand-off
+    bounds = slurmd_scaling.stack_reclaim_bounds(n)
+    stall_minutes = round((slurmd_scaling.STALL_SECONDS + bounds.handoff_s) / 60)
+    memory_minutes = slurmd_scaling.STALL_MEMORY_SECONDS // 60
     return {
         "name": "testbed-runnable-jobs",
         "rules": [
@@ -174,10 +178,11 @@ def alert_rules(n: Names) -> dict:
                     "summary": "The runnable-jobs exporter's metrics are missing: slurmd scaling counts every pending job",
                     "description": (
                         f"No {runnable_jobs.RUNNABLE_JOBS}: the exporter, slurmrestd or its token ({token_secret_name()}) "
-                        "is down. The scaler falls back to slurmctld's pending counts and the stall term: work "
-                        "waiting for its --begin, a dependency or an array throttle may bring up a slurmd pod for "
-                        "about 4 minutes, then not for 30, and work that becomes runnable in those 30 minutes "
-                        "waits for them."
+                        "is down. The scaler and the fair-share controller fall back to slurmctld's pending counts "
+                        "and the stall term: work waiting for its --begin, a dependency or an array throttle may "
+                        f"bring up a slurmd pod for about {stall_minutes} minutes, then not for {memory_minutes}, "
+                        f"and work that becomes runnable in those {memory_minutes} minutes waits for them, even "
+                        "once the exporter is back. Bounds: `plan`, docs/handoff.md 'One input lost'."
                     ),
                 },
             }

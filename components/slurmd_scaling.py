@@ -82,7 +82,9 @@ whose list fails, so nothing is drained or deleted (SlinkyProject/slurm-operator
 internal/controller/nodeset/nodeset_sync.go sync, processCondemned; slurmcontrol/slurmcontrol.go
 RefreshNodeCache, IsNodeDrained; SlinkyProject/slurm-client@v1.0.5:pkg/client/informer.go List).
 Without a client the restapi-down hold keeps every pod; kube-state-metrics lost, that trigger
-errs and the scale freezes.
+errs and the scale freezes. The runnable-jobs exporter lost (or slurmrestd, which it reads): the
+runnable counts fall back to slurmctld's and the stall term, whose memory may hide work that
+became runnable for up to STALL_MEMORY_SECONDS; the fair-share controller reads the same counts.
 
 Policy "fair-share" (the default) is lend-and-reclaim whose cap follows AI's nominalQuota as
 Kueue reports it (trigger `ai_quota`), which the fair-share controller moves toward the side
@@ -185,6 +187,9 @@ class ReclaimBounds:
     ai_share_back_s: int  # AI waits for its share lent to Slurm: the drained node's job ends
     hpc_share_back_s: int  # HPC waits for its share lent to AI: the borrowing job ends
     ai_gang_start_s: int  # an AI job first in line (a gang wider than what is free) starts
+    # Slurm work that becomes runnable (its --begin comes, a dependency is met, a hold is released)
+    # gets a GPU free to Slurm: the runnable-jobs exporter counts it at its next scrape, a hand-off.
+    runnable_start_s: int
 
 
 def reclaim_bounds(
@@ -204,6 +209,7 @@ def reclaim_bounds(
         ai_share_back_s=slurm + handoff,
         hpc_share_back_s=ai + handoff,
         ai_gang_start_s=RESERVE_AFTER_SECONDS + max(slurm, ai) + handoff,
+        runnable_start_s=handoff,
     )
 
 
@@ -223,11 +229,15 @@ def bounds_lines(b: ReclaimBounds, slurm_job_max_minutes: int, ai_job_max_minute
         f"(aiJobMaxMinutes {ai_job_max_minutes}), then Kueue admits the waiting slurmd pods first",
         f"  an AI job first in line (wider than what is free) starts within {_minutes(b.ai_gang_start_s)}",
         f"  a freed GPU reaches waiting work within {b.handoff_s} s (two scrapes, a poll, an HPA sync, a termination)",
+        f"  Slurm work that becomes runnable (its --begin, a dependency met, a hold released) gets a GPU free to "
+        f"Slurm within {_minutes(b.runnable_start_s)}: the runnable-jobs exporter counts it at its next scrape",
         *outage_lines(b),
     ]
 
 
 AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK = "ai_share_back_s", "ai_gang_start_s", "hpc_share_back_s"
+RUNNABLE_START = "runnable_start_s"
+WAITS = (AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK, RUNNABLE_START)  # each row's, in the order stated
 
 
 @dataclass(frozen=True)
@@ -242,7 +252,8 @@ class OutageBound:
     ai_share_back_s: int
     ai_gang_start_s: int
     hpc_share_back_s: int
-    plus_outage: tuple[str, ...]  # of AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK
+    runnable_start_s: int
+    plus_outage: tuple[str, ...]  # of WAITS
 
     def wait(self, which: str, outage_s: float) -> float:
         """The bound on wait `which` (a field name) for an outage of `outage_s` seconds."""
@@ -251,47 +262,73 @@ class OutageBound:
 
 def outage_bounds(b: ReclaimBounds) -> tuple[OutageBound, ...]:
     """One row per lost input, under lend-and-reclaim (and fair-share, whose controller then sets
-    the guaranteed split). A scale-in stays drain-first in every row: the operator deletes a slurmd
-    pod only once its client reads the node drained and idle, or with no client at all, which the
+    the guaranteed split, or reads the same fallback as the scaler where the runnable-jobs exporter
+    is lost). A scale-in stays drain-first in every row: the operator deletes a slurmd pod only
+    once its client reads the node drained and idle, or with no client at all, which the
     restapi-down hold prevents (SlinkyProject/slurm-operator@v1.0.5: internal/controller/nodeset/
     nodeset_sync.go processCondemned, slurmcontrol/slurmcontrol.go IsNodeDrained)."""
-    every = (AI_SHARE_BACK, AI_GANG_START, HPC_SHARE_BACK)
-    base = (b.ai_share_back_s, b.ai_gang_start_s, b.hpc_share_back_s)
+    base = (b.ai_share_back_s, b.ai_gang_start_s, b.hpc_share_back_s, b.runnable_start_s)
+    # Without the exporter's series (it, its token or slurmrestd lost) `_runnable_jobs` and
+    # `_widest` read slurmctld's pending minus held jobs, less the work `_stalled_pending` found
+    # pending beside enough idle nodes for STALL_SECONDS. That count is remembered for
+    # STALL_MEMORY_SECONDS, after the outage too, and hides as many pending jobs: work that became
+    # runnable while its pod was scaled in, or HPC work waiting for its share lent to AI. Such work
+    # is counted again at most STALL_MEMORY_SECONDS plus a scrape and a subquery step after it is
+    # runnable (a later stall needs idle nodes that fit the widest pending job, where Slurm starts
+    # it), so each of those waits grows by the memory at most; AI's claim and the cap read Kueue only.
+    fallback = (
+        b.ai_share_back_s,
+        b.ai_gang_start_s,
+        b.hpc_share_back_s + STALL_MEMORY_SECONDS,
+        b.runnable_start_s + STALL_MEMORY_SECONDS,
+    )
     return (
         OutageBound(
             "slurmctld's metrics (slurmctld up)",
             METRICS_MISSING_ALERT,
             "keeps the slurmd pods it has, none added, capped at what AI claims: AI's GPUs are drained as usual",
             *base,
-            (HPC_SHARE_BACK,),  # HPC's new work gets no pod until its demand is seen again
+            (HPC_SHARE_BACK, RUNNABLE_START),  # Slurm's new work gets no pod until its demand is seen again
         ),
         OutageBound(
             "slurmctld (down: no metrics, no drain)",
             METRICS_MISSING_ALERT,
             "as above, but every NodeSet sync fails at its first step: no pod goes until slurmctld is back",
             *base,
-            every,
+            WAITS,
         ),
         OutageBound(
             "Kueue's metrics",
             KUEUE_METRICS_MISSING_ALERT,
             "counts AI as claiming its guaranteed share: slurmd stays within HPC's share, drained nodes stay drained",
             *base,
-            (AI_GANG_START,),  # a reservation needs Kueue's pending GPUs: it forms again after the outage
+            # a reservation needs Kueue's pending GPUs: it forms again after the outage; Slurm work
+            # beyond HPC's share waits for AI's idle GPUs to be seen again
+            (AI_GANG_START, RUNNABLE_START),
         ),
         OutageBound(
             "kube-state-metrics",
             KUBE_STATE_METRICS_MISSING_ALERT,
             "freezes the scale (it cannot see whether slurmrestd is up, so it scales nothing in)",
             *base,
-            every,
+            WAITS,
         ),
         OutageBound(
             "slurmrestd",
             RESTAPI_DOWN_ALERT,
-            "keeps every slurmd pod (without a Slurm client the operator would delete busy ones); scale-out goes on",
-            *base,
+            "keeps every slurmd pod (without a Slurm client the operator would delete busy ones); scale-out goes "
+            "on, counting Slurm's work as without the runnable-jobs exporter (below), which reads slurmrestd",
+            *fallback,
             (AI_SHARE_BACK, AI_GANG_START),
+        ),
+        OutageBound(
+            "the runnable-jobs exporter",
+            RUNNABLE_JOBS_MISSING_ALERT,
+            f"counts slurmctld's pending minus held jobs, less those found pending beside idle nodes for "
+            f"{STALL_SECONDS} s, which stay left out for {STALL_MEMORY_SECONDS // 60} min (after the outage too); "
+            "the fair-share controller reads the same counts",
+            *fallback,
+            (),  # the fallback serves every wait meanwhile; the memory, not the outage, is what it adds
         ),
     )
 
@@ -308,7 +345,8 @@ def outage_lines(b: ReclaimBounds) -> list[str]:
         lines.append(
             f"    {row.lost} ({row.alert}): the scaler {row.scaler}; AI's share back within "
             f"{said(row, AI_SHARE_BACK)}, a first-in-line AI job within {said(row, AI_GANG_START)}, "
-            f"HPC's share back within {said(row, HPC_SHARE_BACK)}"
+            f"HPC's share back within {said(row, HPC_SHARE_BACK)}, work that becomes runnable within "
+            f"{said(row, RUNNABLE_START)}"
         )
     return lines
 
@@ -696,6 +734,8 @@ INPUT_LOST_FOR = "2m"  # as METRICS_MISSING_FOR: a restart's gap is not an outag
 KUEUE_METRICS_MISSING_ALERT = "KueueMetricsMissing"
 KUBE_STATE_METRICS_MISSING_ALERT = "KubeStateMetricsMissing"
 RESTAPI_DOWN_ALERT = "SlurmrestdDown"
+# The runnable-jobs exporter's (components/runnable_exporter.py alert_rules, in its own rule group)
+RUNNABLE_JOBS_MISSING_ALERT = "SlurmRunnableJobsMissing"
 
 
 def input_alert_rules(t: Target) -> dict:

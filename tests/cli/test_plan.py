@@ -9,6 +9,7 @@ import re
 import pytest
 
 from cli import artifacts
+from components import runnable_exporter
 from components import slurmd_scaling as scaling
 from stacks import pricing
 from stacks.offline import reveal
@@ -153,6 +154,7 @@ def test_the_plan_states_each_reclaim_bound_from_the_limits_the_engines_enforce(
     assert f"HPC gets its share back within {said(ai_limit + handoff)}:" in text
     assert f"starts within {said(120 + max(maxtime * 60 + 60, ai_limit) + handoff)}" in text
     assert f"a freed GPU reaches waiting work within {handoff} s" in text
+    assert f"a hold released) gets a GPU free to Slurm within {handoff} s: the runnable-jobs exporter" in text
     # The no-starvation bounds beside the fair-share contract (components/fair_share.py)
     assert f"starts within {ai_limit + maxtime * 60 + 60 + handoff} s of that side's turn" in text
     assert f"a GPU held idle for a Slurm backfill plan is held at most {maxtime * 60 + 60} s" in text
@@ -160,7 +162,7 @@ def test_the_plan_states_each_reclaim_bound_from_the_limits_the_engines_enforce(
 
 @pytest.mark.parametrize("slurm_minutes", [None, 90])
 def test_the_plan_states_each_bound_under_one_lost_input_and_its_alert(default_run, slurm_minutes):
-    """One line per lost input of the scaler, with the alert that names it and the three waits,
+    """One line per lost input of the scaler, with the alert that names it and the four waits,
     "D + " where the outage counts: derived from the rendered MaxTime like the bounds above it."""
     rec = run_program(slurmJobMaxMinutes=slurm_minutes) if slurm_minutes else default_run
     text = " ".join(artifacts.plan_text(rec).split())  # unwrapped
@@ -173,6 +175,14 @@ def test_the_plan_states_each_bound_under_one_lost_input_and_its_alert(default_r
         assert f"AI's share back within {'D + ' if scaling.AI_SHARE_BACK in row.plus_outage else ''}{ai}," in line
     kueue = text.split("Kueue's metrics (KueueMetricsMissing): ", 1)[1]
     assert kueue.split(";")[0].endswith("stay drained") and "a first-in-line AI job within D + " in kueue
+    # Without the runnable-jobs exporter (the alert its own rule group fires): the stall memory, 30 min
+    exporter = text.split(f"the runnable-jobs exporter ({runnable_exporter.MISSING_ALERT}): the scaler ", 1)[1]
+    hpc, runnable = scaling._minutes(b.hpc_share_back_s + 1800), scaling._minutes(b.handoff_s + 1800)
+    assert (
+        f"HPC's share back within {hpc}, work that becomes runnable within {runnable}"
+        in exporter.split(" one input")[0]
+    )
+    assert f"work that becomes runnable within D + {b.handoff_s} s" in kueue
 
 
 @pytest.mark.parametrize("ai_gpus", [None, 1])

@@ -445,7 +445,9 @@ def test_a_changed_file_rolls_the_pod():
 def test_promtool_reads_the_controller_s_queries_as_the_twin_does(tmp_path):
     """Each query the controller sends, on Slurm's and Kueue's series as they are scraped, has the
     value the twin's evaluator gives it on Prometheus 3.5.3; with Kueue's series gone its AI
-    queries are empty (a lost input), not 0."""
+    queries are empty (a lost input), not 0. With the runnable-jobs exporter's series there HPC's
+    waiting is the exporter's; without them (the other cases) slurmctld's pending minus held, not
+    a lost input (docs/handoff.md "One input lost")."""
     target = scaling.scaling_target(names())
     queries = scaling.fair_share_queries(target)
     series = []
@@ -466,8 +468,18 @@ def test_promtool_reads_the_controller_s_queries_as_the_twin_does(tmp_path):
         ({"__name__": metric, "cluster_queue": target.ai_cluster_queue, "resource": target.gpu_resource}, value)
         for metric, value in ((scaling.KUEUE_USAGE, 2), (scaling.KUEUE_PENDING, 4))
     ]
+    # The exporter (components/runnable_jobs.py): one 1-node job of the default partition runnable
+    runnable_series = [
+        ({"__name__": metric, "partition": partition, "job": "runnable"}, value)
+        for partition, (jobs, widest) in zip(target.partitions, [(1, 1), (0, 0)], strict=True)
+        for metric, value in ((scaling.RUNNABLE_JOBS, jobs), (scaling.RUNNABLE_MAX_JOB_NODES, widest))
+    ]
     groups = []
-    for case, present in (("kueue up", series + kueue_series), ("kueue gone", series)):
+    for case, present in (
+        ("kueue up", series + kueue_series),
+        ("kueue gone", series),
+        ("exporter up", series + kueue_series + runnable_series),
+    ):
         db = TSDB()
         for labels, value in present:
             for i in range(21):
@@ -480,7 +492,7 @@ def test_promtool_reads_the_controller_s_queries_as_the_twin_does(tmp_path):
                 value = scalar_result(ev.instant(query, 600))
             except PromQLError:
                 value = None
-            if case == "kueue up":
+            if case != "kueue gone":
                 assert value is not None, name
             samples = [] if value is None else [{"labels": "{}", "value": value}]
             tests.append({"expr": query, "eval_time": "600s", "exp_samples": samples})
@@ -491,8 +503,10 @@ def test_promtool_reads_the_controller_s_queries_as_the_twin_does(tmp_path):
             for n, t in zip(queries, tests, strict=True)
         }
         reading = fair_share.reading(values)
-        if case == "kueue up":
-            assert reading.used == {HPC: 2, AI: 2} and reading.waiting[AI] == 4 and reading.waiting[HPC] >= 2
+        if case == "kueue up":  # no exporter: (3 - 1) + (2 - 0) pending not held, the widest 2 nodes
+            assert reading.used == {HPC: 2, AI: 2} and reading.waiting[AI] == 4 and reading.waiting[HPC] == 4
+        elif case == "exporter up":
+            assert reading.used == {HPC: 2, AI: 2} and reading.waiting == {HPC: 1, AI: 4}
         else:
             assert reading.used[AI] is None and reading.waiting[AI] is None
     harness.promtool_test(tmp_path, groups)

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from components import fair_share, runnable_exporter
 from components import slurmd_scaling as scaling
 from core import settings
 from core.names import Names
 from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
+from twin.promql import PromQLError, scalar_result
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 PHASE_SETS = range(6)
@@ -31,6 +33,7 @@ def dev() -> settings.Settings:
 
 
 POLICIES = (scaling.LEND_RECLAIM, scaling.FAIR_SHARE)
+EXPORTER_ROW = "the runnable-jobs exporter"
 
 
 @functools.cache
@@ -100,17 +103,23 @@ def test_the_bound_under_each_lost_input_is_stated_and_the_outage_counts_only_wh
     assert rows["Kueue's metrics"].wait(scaling.AI_SHARE_BACK, 5400) == b.ai_share_back_s
     assert rows["Kueue's metrics"].wait(scaling.AI_GANG_START, 5400) == b.ai_gang_start_s + 5400
     assert rows["slurmctld's metrics (slurmctld up)"].wait(scaling.AI_GANG_START, 6100) == b.ai_gang_start_s
-    assert rows["kube-state-metrics"].plus_outage == (
-        scaling.AI_SHARE_BACK,
-        scaling.AI_GANG_START,
-        scaling.HPC_SHARE_BACK,
-    )
+    assert rows["kube-state-metrics"].plus_outage == scaling.WAITS
     assert {r.alert for r in rows.values()} == {
         scaling.METRICS_MISSING_ALERT,
         scaling.KUEUE_METRICS_MISSING_ALERT,
         scaling.KUBE_STATE_METRICS_MISSING_ALERT,
         scaling.RESTAPI_DOWN_ALERT,
+        runnable_exporter.MISSING_ALERT,  # the exporter's own rule group names the same alert
     }
+    # Without the runnable-jobs exporter (or slurmrestd, which it reads) the stall memory, not the
+    # outage, is what work that became runnable, and HPC work hidden by the remembered count, wait.
+    assert b.runnable_start_s == b.handoff_s
+    for lost in (EXPORTER_ROW, "slurmrestd"):
+        assert rows[lost].wait(scaling.RUNNABLE_START, 5400) == b.handoff_s + scaling.STALL_MEMORY_SECONDS
+        assert rows[lost].wait(scaling.HPC_SHARE_BACK, 5400) == b.hpc_share_back_s + scaling.STALL_MEMORY_SECONDS
+    assert rows[EXPORTER_ROW].wait(scaling.AI_SHARE_BACK, 5400) == b.ai_share_back_s
+    assert rows[EXPORTER_ROW].alert == scaling.RUNNABLE_JOBS_MISSING_ALERT
+    assert rows["kube-state-metrics"].wait(scaling.RUNNABLE_START, 5400) == 5400 + b.handoff_s
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -161,7 +170,7 @@ def test_under_fair_share_a_turn_lost_with_slurms_metrics_costs_at_most_the_rese
 
 
 def test_the_handoff_doc_states_each_bound_under_one_lost_input_as_outage_bounds_gives_it():
-    """docs/handoff.md "One input lost": one row per lost input, its alert and each of its three
+    """docs/handoff.md "One input lost": one row per lost input, its alert and each of its four
     bounds as `outage_bounds` gives them for the default stack ("D + " where the outage counts)."""
     b = scaling.stack_reclaim_bounds(Names.from_settings(dev()))
     text = (Path(__file__).resolve().parents[2] / "docs" / "handoff.md").read_text()
@@ -173,7 +182,7 @@ def test_the_handoff_doc_states_each_bound_under_one_lost_input_as_outage_bounds
         assert f"(`{row.alert}`)" in cells[0], (cells[0], row.alert)
         want = [
             ("D + " if which in row.plus_outage else "") + scaling._minutes(getattr(row, which))
-            for which in (scaling.AI_SHARE_BACK, scaling.AI_GANG_START, scaling.HPC_SHARE_BACK)
+            for which in scaling.WAITS
         ]
         assert cells[2:] == want, (row.lost, cells[2:], want)
 
@@ -223,3 +232,165 @@ def test_with_slurmctld_down_nothing_is_scaled_in_and_the_gang_waits_the_outage_
     assert fault.end <= gang["started"], "no slurmd pod went while slurmctld was down"
     assert gang["started"] - gang["submitted"] <= row.wait(scaling.AI_GANG_START, fault.end - fault.start)
     assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
+
+
+# ------------------------------------------------------------------ the runnable-jobs exporter lost
+
+EXPORTER_LOST = "runnable-exporter-lost"
+
+
+def exporter_run(policy: str, phase_set: int = sim.DEFAULT_PHASE_SET, fault: bool = True) -> sim.Run:
+    sc = load(EXPORTER_LOST)
+    return runs.run(setup(policy), sc if fault else dataclasses.replace(sc, faults=()), phase_set)
+
+
+def became_runnable(r: dict) -> dict[str, float]:
+    """When each job that pended not runnable became runnable (b: its --begin; c: the end of a,
+    its afterok parent)."""
+    jobs = {j["name"]: j for j in r["jobs"]}
+    specs = {j.name: j for j in load(EXPORTER_LOST).jobs}
+    became = {"b": specs["b"].begin, "c": jobs[specs["c"].after]["finished"]}
+    assert all(jobs[name]["submitted"] < t for name, t in became.items()), "each pended before it was runnable"
+    return became
+
+
+def runnable_waits(r: dict) -> dict[str, float]:
+    """Each such job's wait from becoming runnable to its start."""
+    jobs = {j["name"]: j for j in r["jobs"]}
+    return {name: jobs[name]["started"] - t for name, t in became_runnable(r).items()}
+
+
+def check_exporter_lost(policy: str, phase_set: int) -> None:
+    """The row's bounds hold through the outage (AI's share back, work that became runnable, any
+    wait of HPC for its share), nothing killed or held twice; the waits of what became runnable
+    exceed the hand-off they get with the exporter, and outlast the outage: the row is not vacuous."""
+    run = exporter_run(policy, phase_set)
+    r = run.result()
+    (fault,) = load(EXPORTER_LOST).faults
+    outage = fault.end - fault.start
+    (row,) = [row for row in scaling.outage_bounds(bounds()) if row.lost == EXPORTER_ROW]
+    assert all(fault.start <= t < fault.end for t in became_runnable(r).values()), "runnable during the outage"
+    waits = runnable_waits(r)
+    for name, wait in waits.items():
+        assert bounds().runnable_start_s < wait <= row.wait(scaling.RUNNABLE_START, outage), (phase_set, name, wait)
+    jobs = {j["name"]: j for j in r["jobs"]}
+    assert min(jobs[name]["started"] for name in waits) > fault.end + bounds().handoff_s, "the memory outlives it"
+    assert r["reclaim_waits"]["kubernetes"], "AI waited for its share lent to Slurm"
+    for side, which in (("kubernetes", scaling.AI_SHARE_BACK), ("slurm", scaling.HPC_SHARE_BACK)):
+        assert all(w <= row.wait(which, outage) for w in r["reclaim_waits"][side]), (side, r["reclaim_waits"])
+    assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
+
+
+def bounds() -> scaling.ReclaimBounds:
+    return scaling.stack_reclaim_bounds(Names.from_settings(dev()))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_with_the_runnable_jobs_exporter_lost_work_that_becomes_runnable_waits_the_stall_memory_not_more(policy):
+    """runnable-exporter-lost: c's parent ends and b's --begin comes while the exporter is lost;
+    both had brought up pods, idled beside them for STALL_SECONDS and been discounted, so the
+    remembered count hides them until STALL_MEMORY_SECONDS have passed, after the outage too."""
+    check_exporter_lost(policy, sim.DEFAULT_PHASE_SET)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", POLICIES)
+def test_with_the_runnable_jobs_exporter_lost_the_bounds_hold_under_every_phase_set(policy):
+    for n in PHASE_SETS:
+        check_exporter_lost(policy, n)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_with_the_runnable_jobs_exporter_up_the_same_work_starts_within_the_handoff(policy):
+    """The same scenario without the fault: the outage is what the row's wait is about."""
+    r = exporter_run(policy, fault=False).result()
+    waits = runnable_waits(r)
+    assert all(wait <= bounds().runnable_start_s for wait in waits.values()), waits
+    assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
+
+
+def controller_waiting(run: sim.Run, start: float, end: float) -> list[float | None]:
+    """HPC's waiting as the fair-share controller reads it (its queries on the run's Prometheus,
+    components/fair_share.py `reading`) at each of its periods in [start, end)."""
+    out = []
+    for t in range(int(start), int(end), fair_share.PERIOD_S):
+        values: dict[str, float | None] = {}
+        for name, query in run.setup.fair_share_queries or ():
+            try:
+                values[name] = scalar_result(run.ev.instant(query, t))
+            except PromQLError:
+                values[name] = None
+        out.append(fair_share.reading(values).waiting[fair_share.HPC])
+    return out
+
+
+def test_with_the_runnable_jobs_exporter_lost_the_fair_share_controller_reads_slurmctlds_counts():
+    """While a runs, b (--begin ahead) and c (after a) cannot run. With the exporter the controller
+    never counts them as HPC waiting; without it, it reads slurmctld's pending minus held (both of
+    them) until their stall is found, and no input is lost: it keeps deciding, no split forced."""
+    specs = {j.name: j for j in load(EXPORTER_LOST).jobs}
+    lost, up = exporter_run(scaling.FAIR_SHARE), exporter_run(scaling.FAIR_SHARE, fault=False)
+    a = [{j["name"]: j for j in run.result()["jobs"]}["a"] for run in (lost, up)]
+    # a's start seen by a scrape and a period, b and c pending
+    window = (max(j["started"] for j in a) + 2 * fair_share.PERIOD_S, min(j["finished"] for j in a))
+    assert set(controller_waiting(up, *window)) == {0.0}
+    waiting = controller_waiting(lost, *window)
+    assert None not in waiting and max(waiting) >= specs["c"].nodes, waiting
+    assert waiting[-1] == 0.0, "the stall found, the remembered count takes them out"
+    assert not any("input lost" in reason for _, _, reason in lost.quota_changes), lost.quota_changes
+
+
+# b stalls beside its idle pod at about 200 s and is left out for STALL_MEMORY_SECONDS; AI borrows
+# HPC's idle share; n (runnable) waits for it from 600 s; b's --begin comes at 1400 s. When AI's
+# first jobs end (about 1505 s) b and n are two pending jobs less one remembered: one slurmd pod
+# waits in Kueue, b takes it, and AI's k7 borrows HPC's other GPU for its 3500 s. n is counted
+# again once the memory ends, and then waits for k7: past HPC's no-outage bound, within the row's.
+HIDDEN_HPC_WORK = {
+    "workers": 4,
+    "duration": 7200,
+    "images": "warm",
+    "jobs": [
+        {"name": "b", "kind": "slurm", "submit": 0, "runtime": 3500, "nodes": 1, "begin": 1400},
+        *({"name": f"k{i}", "kind": "job", "submit": 300, "runtime": 1200, "gpus": 1} for i in range(1, 5)),
+        *({"name": f"k{i}", "kind": "job", "submit": 400, "runtime": 3500, "gpus": 1} for i in range(5, 8)),
+        {"name": "n", "kind": "slurm", "submit": 600, "runtime": 600, "nodes": 1},
+    ],
+    "faults": [{"kind": "runnable-exporter-down", "start": 0, "end": 3000}],
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_with_the_runnable_jobs_exporter_lost_the_remembered_stall_can_hide_hpc_work_from_its_share_back(policy):
+    """HPC's share back grows by the stall memory in the exporter's row: n waits past the bound
+    it has with the exporter (where it starts with b, when AI's first jobs end), within the row's."""
+    (row,) = [row for row in scaling.outage_bounds(bounds()) if row.lost == EXPORTER_ROW]
+    waits = {}
+    for fault in (True, False):
+        sc = scenario.parse(HIDDEN_HPC_WORK if fault else {**HIDDEN_HPC_WORK, "faults": []})
+        r = runs.result(setup(policy), sc)
+        (n,) = [j for j in r["jobs"] if j["name"] == "n"]
+        waits[fault] = n["started"] - n["submitted"]
+        assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
+    (fault,) = HIDDEN_HPC_WORK["faults"]
+    assert waits[False] <= bounds().hpc_share_back_s < waits[True], waits
+    assert waits[True] <= row.wait(scaling.HPC_SHARE_BACK, fault["end"] - fault["start"]), waits
+
+
+@pytest.mark.slow
+def test_with_the_runnable_jobs_exporter_lost_the_runnable_bound_holds_wherever_the_begin_falls():
+    """A --begin job alone on the idle cluster, its begin swept across the stall and the pod's
+    going, under four phase sets: every wait from its begin is within the row's bound, and the
+    longest comes within a hand-off of it (the memory is what the bound is about)."""
+    (row,) = [row for row in scaling.outage_bounds(bounds()) if row.lost == EXPORTER_ROW]
+    bound = row.wait(scaling.RUNNABLE_START, 1200)
+    waits = []
+    for phase_set in range(4):
+        for begin in range(150, 700, 50):
+            job = {"name": "b", "kind": "slurm", "submit": 0, "runtime": 300, "nodes": 1, "begin": begin}
+            fault = {"kind": "runnable-exporter-down", "start": 0, "end": 1200}
+            sc = scenario.parse({"workers": 4, "duration": 3600, "images": "warm", "jobs": [job], "faults": [fault]})
+            r = runs.result(setup(scaling.DEFAULT_POLICY), sc, phase_set)
+            (b,) = r["jobs"]
+            waits.append(b["started"] - begin)
+            assert r["killed"] == [] and r["double_held"] == [], r
+    assert bound - bounds().handoff_s < max(waits) <= bound, (max(waits), bound)

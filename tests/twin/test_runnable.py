@@ -64,10 +64,14 @@ def test_begin_work_starts_within_the_handoff_bound_of_its_begin(phase_set):
 
 @pytest.mark.parametrize("phase_set", PHASE_SETS)
 def test_without_the_exporter_begin_work_waits_for_the_stall_memory(phase_set):
-    """Today's bound, which the fallback keeps: the proof that the test above can fail."""
+    """The bound the fallback keeps (the exporter's row of `outage_bounds`): the proof that the
+    test above can fail."""
     waited = _started(_result([BEGIN], phase_set, (EXPORTER_DOWN,)), "b") - BEGIN["begin"]
     assert waited > scaling.STALL_MEMORY_SECONDS - BEGIN["begin"], waited
-    assert waited <= scaling.STALL_MEMORY_SECONDS + scaling.STALL_SECONDS + 2 * _handoff_s(), waited
+    s = offline.stack_settings("dev", [])
+    b = scaling.reclaim_bounds(s.slurm_metrics_interval_seconds, s.keda_polling_seconds, 60, 60)
+    (row,) = [row for row in scaling.outage_bounds(b) if row.alert == scaling.RUNNABLE_JOBS_MISSING_ALERT]
+    assert waited <= row.wait(scaling.RUNNABLE_START, DURATION), waited
 
 
 @pytest.mark.parametrize("phase_set", PHASE_SETS)
