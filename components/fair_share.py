@@ -38,7 +38,16 @@ Rule, every `period_s`:
   all, and the turn keeps those nodes until it starts, at the latest when the job on them reaches
   its limit. Without the turn the quota went back to the split as soon as the narrower job raised
   the side's share, the planned node was scaled in and the 4-node jobs never ran (issue 28).
-* Neither behind: each side's guaranteed share (the program's split).
+* A reservation for HPC's wide job: neither side behind, HPC's job first in line (the runnable-jobs
+  exporter names it in slurmctld's queue order: components/runnable_jobs.py queue_order) is wider
+  than HPC's guaranteed share, and HPC has at most that share of the contended time: HPC gets a
+  turn as if behind. AI's queue needs none: it is StrictFIFO (components/kueue.py), so a gang
+  first in line holds back AI's narrower jobs and AI falls behind. Slurm's does, since a job wider
+  than the registered nodes is passed over (above): HPC's own narrower jobs behind it kept HPC at
+  its share, never behind, and the wide job waited for good (issue 28).
+* On HPC's turn HPC's ClusterQueue lends nothing (`lending_limit`): each Kueue cycle admits every
+  queue's head that fits, so AI's jobs borrowed the turn's GPUs one for one with slurmd's pods.
+* Neither behind nor reserving: each side's guaranteed share (the program's split).
 * An input lost (no reading from slurmctld's metrics or from Kueue's): the guaranteed split, the
   decayed usage kept as it was. Drain-first scale-in never kills, so moving back to the split only
   slows the side that was ahead.
@@ -57,9 +66,10 @@ MARGIN = 0.02  # behind only when 2 points under its share: the contract's band 
 
 # The contract the policy keeps (docs/handoff.md, "Fair share over time"), which `plan` states and
 # the twin checks (twin/report.py, tests/twin/test_fair_share.py): while both sides have work, each
-# side's share of the contended GPU time is within BAND of its guaranteed share, over the run and
-# over every WINDOW_S window in which both had work at least CONTENDED_ENOUGH of the time, when no
-# job holds more than JOB_WINDOW_FRACTION of a window's GPU time (a job cannot be split).
+# side's share of the contended GPU time is within BAND of its guaranteed share over the run, when
+# no job holds more than JOB_WINDOW_FRACTION of a window's GPU time; and over every WINDOW_S window
+# in which both had work at least CONTENDED_ENOUGH of the time, within BAND plus the largest job's
+# share of that window's GPU time (a job cannot be split).
 WINDOW_S = 7200
 BAND = 0.05
 CONTENDED_ENOUGH = 0.5
@@ -77,10 +87,11 @@ def contract_lines(hpc_gpus: int, ai_gpus: int, policy: str, controller: str) ->
         f"  while both sides have work, each gets its guaranteed share of the contended GPU time within "
         f"{round(BAND * 100)} points: HPC {hpc_gpus / total:.0%} ({hpc_gpus} of {total} GPUs), "
         f"AI {ai_gpus / total:.0%} ({ai_gpus} of {total})",
-        f"  over the run and over every {WINDOW_S // 3600} h window in which both had work at least "
-        f"{CONTENDED_ENOUGH:.0%} of the time",
-        f"  when no job holds more than 1/{round(1 / JOB_WINDOW_FRACTION)} of a window's GPU time: "
+        f"  over the run, when no job holds more than 1/{round(1 / JOB_WINDOW_FRACTION)} of a window's GPU time: "
         f"a {total}-GPU job up to {widest_min} min, a 1-GPU job up to {one_gpu_min} min",
+        f"  and over every {WINDOW_S // 3600} h window in which both had work at least {CONTENDED_ENOUGH:.0%} of "
+        f"the time, within {round(BAND * 100)} points plus the largest job's share of the window's GPU time "
+        f"(a job cannot be split: a {total}-GPU job of {widest_min} min adds {100 * JOB_WINDOW_FRACTION:g} points)",
     ]
 
 
@@ -103,6 +114,8 @@ def no_starvation_lines(bounds: dict[str, int], policy: str) -> list[str]:
         f"no starvation (policy {policy}): a job first in line on the side behind its share, wide ones "
         f"included, starts within {bounds['turn_start_s']} s of that side's turn; a GPU held idle for a "
         f"Slurm backfill plan is held at most {bounds['plan_hold_s']} s",
+        "  a Slurm job first in line wider than HPC's share gets HPC's turn once HPC has at most its share "
+        "(a reservation; none while the runnable-jobs exporter is lost)",
         "  not bounded: how long a side takes to fall behind (its decayed usage), and jobs behind the "
         "first in line of a side whose own work exceeds its share",
     ]
@@ -112,8 +125,9 @@ def no_starvation_lines(bounds: dict[str, int], policy: str) -> list[str]:
 class Reading:
     """What the controller sees each period; None where the input is lost."""
 
-    used: dict[str, float | None]  # GPUs doing each side's work: Slurm's busy nodes, Kueue's AI usage
-    waiting: dict[str, float | None]  # work waiting: Slurm's runnable pending jobs' nodes, Kueue's AI pending GPUs
+    used: dict[str, float | None]  # GPUs doing each side's work: Slurm's busy nodes, AI's admitted pods placed
+    waiting: dict[str, float | None]  # Slurm's runnable pending jobs' nodes; AI's pending GPUs, pods unplaced
+    hpc_first: float = 0.0  # the nodes of the runnable Slurm job first in line (0: none, or not known)
 
 
 def reading(values: dict[str, float | None]) -> Reading:
@@ -128,29 +142,42 @@ def reading(values: dict[str, float | None]) -> Reading:
     return Reading(
         used={HPC: values["hpc_used"], AI: values["ai_used"]},
         waiting={HPC: hpc_waiting, AI: values["ai_waiting"]},
+        hpc_first=max((v or 0.0 for k, v in values.items() if k.startswith("hpc_first_")), default=0.0),
     )
 
 
-def lending_limit(nominal: int, lending: int, new_nominal: int) -> int:
-    """A queue's lendingLimit once its nominalQuota moves: one that lent all of the old quota lends
-    all of the new one, another stays, at most the new quota (Kueue's ClusterQueue webhook refuses
-    a lendingLimit above the nominalQuota: kubernetes-sigs/kueue@v0.19.2 pkg/webhooks/
-    clusterqueue_webhook.go validateLendingLimit)."""
-    return new_nominal if lending == nominal else min(lending, new_nominal)
+def lending_limit(side: str, lends: bool, nominal: int, turn: str | None) -> int:
+    """A queue's lendingLimit for a nominalQuota: all of it where the program lets the queue lend
+    (`lends`), but none from HPC's queue on HPC's turn. AI's jobs are admitted by Kueue alone, and
+    each Kueue cycle admits every queue's head that fits, borrowers after those within their quota
+    (kubernetes-sigs/kueue@v0.19.2 pkg/scheduler/scheduler.go): without this, AI borrowed the GPUs
+    of HPC's turn as they freed, one for each slurmd pod admitted, and the turn dragged on. AI's
+    queue keeps lending on AI's turn: slurmd asks for pods only under AI's quota (the `ai_quota`
+    trigger), and a queue that lends nothing admits up to its whole quota however many GPUs the
+    other side's pods, over their lowered quota, still hold (Kueue counts quota, not GPUs), which
+    would start a gang on the GPUs there are and idle them until the last one comes. A slurmd pod
+    so admitted early is one pod waiting for one GPU. At most the quota, as Kueue's ClusterQueue
+    webhook wants (pkg/webhooks/clusterqueue_webhook.go validateLendingLimit)."""
+    return nominal if lends and not (side == HPC and turn == HPC) else 0
 
 
 @dataclass(frozen=True)
 class Quotas:
-    """Each side's nominalQuota (GPUs), and why."""
+    """Each side's nominalQuota (GPUs), and why; the side on its turn (it lends nothing meanwhile)."""
 
     nominal: dict[str, int]
     reason: str
+    turn: str | None = None
 
 
 @dataclass
 class FairShare:
     gpus_total: int
     guaranteed: dict[str, int]  # each side's share from the program's split
+    # whether each side's queue lends (the program's aiBorrowsHpcGpus, hpcBorrowsAiGpus): a side may
+    # hold more than its share only where the other lends, so its claim is at most its share
+    # otherwise (a claim it can never hold would keep its turn, and the other side's quota at 0, for good)
+    lends: dict[str, bool] = field(default_factory=lambda: {HPC: True, AI: True})
     half_life_s: float = HALF_LIFE_S
     margin: float = MARGIN
     usage: dict[str, float] = field(default_factory=lambda: {HPC: 0.0, AI: 0.0})
@@ -196,18 +223,25 @@ class FairShare:
             for side in SIDES
             if waiting[side] > 0 and shares[side] < self.guaranteed[side] / self.gpus_total - self.margin
         ]
-        if not behind:
+        if behind:
+            side = behind[0]  # two sides cannot both be under their shares
+            why = f"{side} behind: {100 * shares[side]:.0f} % of the contended GPU time against "
+        elif (
+            self.guaranteed[HPC] < r.hpc_first <= self.most(HPC)
+            and shares[HPC] <= self.guaranteed[HPC] / self.gpus_total
+        ):
+            side = HPC
+            why = f"hpc reserves for a {r.hpc_first:g}-node job first in line: {100 * shares[side]:.0f} % of the contended GPU time against "
+        else:
             return self.split()
-        side = behind[0]  # two sides cannot both be under their shares
-        claim = int(min(self.gpus_total, max(self.guaranteed[side], used[side] + waiting[side])))
+        claim = int(min(self.most(side), max(self.guaranteed[side], used[side] + waiting[side])))
         self.turn = (side, claim)
-        return self._claim(
-            side,
-            claim,
-            f"{side} behind: {100 * shares[side]:.0f} % of the contended GPU time against "
-            f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %",
-        )
+        return self._claim(side, claim, why + f"{100 * self.guaranteed[side] / self.gpus_total:.0f} %")
+
+    def most(self, side: str) -> int:
+        """The GPUs `side` may hold: every GPU where the other side's queue lends, else its share."""
+        return self.gpus_total if self.lends[AI if side == HPC else HPC] else self.guaranteed[side]
 
     def _claim(self, side: str, claim: int, reason: str) -> Quotas:
         other = AI if side == HPC else HPC
-        return Quotas({side: claim, other: self.gpus_total - claim}, reason)
+        return Quotas({side: claim, other: self.gpus_total - claim}, reason, turn=side)

@@ -60,6 +60,12 @@ def sides() -> dict[str, str]:
     return {fair_share.HPC: HPC_CLUSTER_QUEUE, fair_share.AI: AI_CLUSTER_QUEUE}
 
 
+def lends(n: Names) -> dict[str, bool]:
+    """Whether each side's queue lends, as components/kueue.py sets its lendingLimit: HPC's if AI
+    may borrow its idle share, AI's if HPC may (the controller's config, and the twin's)."""
+    return {fair_share.HPC: n.shares.ai_borrows_hpc_gpus, fair_share.AI: n.shares.hpc_borrows_ai_gpus}
+
+
 def controller_config(n: Names) -> dict:
     """What the loop reads (fair_share_loop.Config.from_json): the stack's queries, queues and split."""
     target = slurmd_scaling.scaling_target(n)
@@ -70,6 +76,7 @@ def controller_config(n: Names) -> dict:
         "gpuResource": GPU_RESOURCE,
         "gpusTotal": n.shares.gpus_total,
         "guaranteed": {fair_share.HPC: n.shares.hpc_gpus, fair_share.AI: n.shares.ai_guaranteed_gpus},
+        "lends": lends(n),
         "periodSeconds": fair_share.PERIOD_S,
     }
 

@@ -12,7 +12,8 @@ renders (`Config`). `python -m components.fair_share_loop CONFIG` runs it.
   the GPU entry's name and the nominalQuota just read, so a concurrent change fails the patch
   (RFC 6902 section 4.6) and the next period decides again. The quota that goes down is patched
   first, so the cohort never holds more quota than GPUs. A lendingLimit follows
-  `fair_share.lending_limit` (Kueue's webhook wants it at most the nominalQuota).
+  `fair_share.lending_limit`: all of the quota where the program lets the queue lend, none from
+  HPC's queue on HPC's turn (Kueue's webhook wants it at most the nominalQuota).
 * The API server and the service account's token and CA are the pod's own, as client-go's
   rest.InClusterConfig finds them (kubernetes/client-go@v0.34.0: rest/config.go); the token is
   read again on every request, since the kubelet rotates the projected token.
@@ -52,6 +53,7 @@ class Config:
     gpu_resource: str
     gpus_total: int
     guaranteed: dict[str, int]  # side -> GPUs
+    lends: dict[str, bool]  # side -> whether the program lets its queue lend (all of its quota)
     period_s: float = fair_share.PERIOD_S
 
     @classmethod
@@ -64,6 +66,7 @@ class Config:
             gpu_resource=raw["gpuResource"],
             gpus_total=int(raw["gpusTotal"]),
             guaranteed={side: int(n) for side, n in raw["guaranteed"].items()},
+            lends={side: bool(v) for side, v in raw["lends"].items()},
             period_s=float(raw["periodSeconds"]),
         )
 
@@ -167,9 +170,9 @@ def whole(quantity: int | str) -> int:
     raise ValueError(f"quota {quantity!r}: expected a whole number of GPUs")
 
 
-def quota_patch(queue: dict, resource: str, nominal: int) -> list[dict]:
-    """The JSON patch that sets the queue's nominalQuota of `resource` (and its lendingLimit, by
-    fair_share.lending_limit), valid only against the quota it was computed from."""
+def quota_patch(queue: dict, resource: str, nominal: int, lending: int) -> list[dict]:
+    """The JSON patch that sets the queue's nominalQuota of `resource` and, where the queue has
+    one, its lendingLimit, valid only against the quota it was computed from."""
     path, entry = gpu_entry(queue, resource)
     ops = [
         {"op": "test", "path": f"{path}/name", "value": resource},
@@ -177,9 +180,15 @@ def quota_patch(queue: dict, resource: str, nominal: int) -> list[dict]:
         {"op": "replace", "path": f"{path}/nominalQuota", "value": nominal},
     ]
     if "lendingLimit" in entry:
-        lending = fair_share.lending_limit(whole(entry["nominalQuota"]), whole(entry["lendingLimit"]), nominal)
         ops.append({"op": "replace", "path": f"{path}/lendingLimit", "value": lending})
     return ops
+
+
+def live_quota(queue: dict, resource: str) -> tuple[int, int | None]:
+    """A queue's nominalQuota and lendingLimit (None: it has none) of `resource`."""
+    entry = gpu_entry(queue, resource)[1]
+    lending = entry.get("lendingLimit")
+    return whole(entry["nominalQuota"]), None if lending is None else whole(lending)
 
 
 class Controller:
@@ -188,19 +197,32 @@ class Controller:
         self.prometheus = prometheus
         self.kube = kube
         self.log = log
-        self.fair = fair_share.FairShare(config.gpus_total, dict(config.guaranteed))
+        self.fair = fair_share.FairShare(config.gpus_total, dict(config.guaranteed), dict(config.lends))
 
     def period(self, now: float) -> fair_share.Quotas:
         """One period: read, step, patch what differs (the lowered quota first)."""
         quotas = self.fair.step(now, fair_share.reading(self.prometheus.read(self.config.queries)))
         queues = {side: self.kube.get(name) for side, name in self.config.cluster_queues.items()}
-        live = {side: whole(gpu_entry(q, self.config.gpu_resource)[1]["nominalQuota"]) for side, q in queues.items()}
-        changed = [side for side in fair_share.SIDES if live[side] != quotas.nominal[side]]
-        for side in sorted(changed, key=lambda s: quotas.nominal[s] - live[s]):
+        live = {side: live_quota(q, self.config.gpu_resource) for side, q in queues.items()}
+        wanted = {
+            side: (
+                quotas.nominal[side],
+                fair_share.lending_limit(side, self.config.lends[side], quotas.nominal[side], quotas.turn),
+            )
+            for side in fair_share.SIDES
+        }
+        changed = [
+            side
+            for side in fair_share.SIDES
+            if live[side][0] != wanted[side][0] or (live[side][1] is not None and live[side][1] != wanted[side][1])
+        ]
+        for side in sorted(changed, key=lambda s: quotas.nominal[s] - live[s][0]):
             name = self.config.cluster_queues[side]
-            self.kube.patch(name, quota_patch(queues[side], self.config.gpu_resource, quotas.nominal[side]))
+            self.kube.patch(name, quota_patch(queues[side], self.config.gpu_resource, *wanted[side]))
         if changed:
-            moves = ", ".join(f"{side} {live[side]} -> {quotas.nominal[side]}" for side in changed)
+            moves = ", ".join(
+                f"{side} {live[side][0]} -> {quotas.nominal[side]} (lends {wanted[side][1]})" for side in changed
+            )
             self.log(f"nominalQuota {moves}: {quotas.reason}")
         return quotas
 

@@ -51,6 +51,9 @@ TOKEN_HEADER = "X-SLURM-USER-TOKEN"
 # minus _hold and slurm_partition_jobs_max_job_nodes_nohold.
 RUNNABLE_JOBS = "testbed_slurm_runnable_jobs"
 RUNNABLE_MAX_JOB_NODES = "testbed_slurm_runnable_max_job_nodes"
+# The nodes of the runnable job first in line, the one slurmctld's schedulers try first: the
+# fair-share controller reserves for it (components/fair_share.py), never for a wide job further back.
+RUNNABLE_FIRST_JOB_NODES = "testbed_slurm_runnable_first_job_nodes"
 
 # Reasons that say no node would start the job now (src/common/slurm_protocol_defs.c
 # job_state_reason_string at slurm-25-11-6-1; job_mgr.c job_independent sets the first five).
@@ -82,10 +85,12 @@ NOT_RUNNABLE_PREFIXES = ("Assoc", "QOS")
 @dataclass(frozen=True)
 class Runnable:
     """One partition's runnable pending work: jobs (each array task one, as statistics.c counts
-    jobs_pending) and the widest such job's nodes, MAX(max_nodes, node_count)."""
+    jobs_pending), the widest such job's nodes, MAX(max_nodes, node_count), and the nodes of the
+    one first in line (`queue_order`)."""
 
     jobs: int = 0
     max_job_nodes: int = 0
+    first_job_nodes: int = 0
 
 
 def _number(value: object) -> int | None:
@@ -140,6 +145,15 @@ def is_runnable(job: Mapping, now: float) -> bool:
     return reason not in NOT_RUNNABLE_REASONS and not reason.startswith(NOT_RUNNABLE_PREFIXES)
 
 
+def queue_order(job: Mapping) -> tuple[int, int, int]:
+    """A pending job's place in slurmctld's queue, first first: higher priority, then earlier
+    submission, then lower job id (src/slurmctld/job_scheduler.c sort_job_queue2 at
+    slurm-25-11-6-1 and slurm-26-05-0-1; a partition's PriorityTier comes before, and the program
+    has one tier). An array's pending record sorts by its array job's id, as its tasks do."""
+    job_id = _number(job.get("array_job_id")) or _number(job.get("job_id")) or 0
+    return (-(_number(job.get("priority")) or 0), _number(job.get("submit_time")) or 0, job_id)
+
+
 def runnable_pending(jobs: Iterable[Mapping], partitions: Iterable[str], now: float) -> dict[str, Runnable]:
     """Runnable pending work per partition in `partitions` (each listed, zeros included) from
     slurmrestd's `jobs`, at `now` (UNIX seconds). A multi-partition job counts in the first of its
@@ -154,6 +168,7 @@ def runnable_pending(jobs: Iterable[Mapping], partitions: Iterable[str], now: fl
             running_tasks[array_id] = running_tasks.get(array_id, 0) + 1
     count = dict.fromkeys(wanted, 0)
     widest = dict.fromkeys(wanted, 0)
+    first: dict[str, tuple[tuple[int, int, int], int]] = {}
     for job in jobs:
         if _base_state(job) != "PENDING" or not is_runnable(job, now):
             continue
@@ -173,7 +188,10 @@ def runnable_pending(jobs: Iterable[Mapping], partitions: Iterable[str], now: fl
         nodes = max(_number(job.get("node_count")) or 1, _number(job.get("max_nodes")) or 0)
         count[mine[0]] += tasks
         widest[mine[0]] = max(widest[mine[0]], nodes)
-    return {p: Runnable(count[p], widest[p]) for p in wanted}
+        place = queue_order(job)
+        if mine[0] not in first or place < first[mine[0]][0]:
+            first[mine[0]] = (place, nodes)
+    return {p: Runnable(count[p], widest[p], first[p][1] if p in first else 0) for p in wanted}
 
 
 def exposition(runnable: Mapping[str, Runnable]) -> str:
@@ -182,6 +200,7 @@ def exposition(runnable: Mapping[str, Runnable]) -> str:
     for name, help_text, field in (
         (RUNNABLE_JOBS, "Pending Slurm jobs (array tasks) a node would start now, by partition", "jobs"),
         (RUNNABLE_MAX_JOB_NODES, "Nodes of the widest such job, by partition", "max_job_nodes"),
+        (RUNNABLE_FIRST_JOB_NODES, "Nodes of the such job first in line, by partition", "first_job_nodes"),
     ):
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
         lines += [f'{name}{{partition="{p}"}} {getattr(r, field)}' for p, r in runnable.items()]

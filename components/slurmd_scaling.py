@@ -84,7 +84,8 @@ RefreshNodeCache, IsNodeDrained; SlinkyProject/slurm-client@v1.0.5:pkg/client/in
 Without a client the restapi-down hold keeps every pod; kube-state-metrics lost, that trigger
 errs and the scale freezes. The runnable-jobs exporter lost (or slurmrestd, which it reads): the
 runnable counts fall back to slurmctld's and the stall term, whose memory may hide work that
-became runnable for up to STALL_MEMORY_SECONDS; the fair-share controller reads the same counts.
+became runnable for up to STALL_MEMORY_SECONDS; the fair-share controller reads the same counts
+and, not knowing the job first in line, makes no reservation for HPC's wide one meanwhile.
 
 Policy "fair-share" (the default) is lend-and-reclaim whose cap follows AI's nominalQuota as
 Kueue reports it (trigger `ai_quota`), which the fair-share controller moves toward the side
@@ -109,7 +110,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from components.runnable_jobs import RUNNABLE_JOBS, RUNNABLE_MAX_JOB_NODES
+from components.runnable_jobs import RUNNABLE_FIRST_JOB_NODES, RUNNABLE_JOBS, RUNNABLE_MAX_JOB_NODES
 from core.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, JOBS_NAMESPACE, SLURM_METRICS_INTERVAL_SECONDS, Names
 
 # Slurm 25.11 openmetrics (SchedMD/slurm@slurm-25-11-0-1 src/plugins/metrics/openmetrics/openmetrics.c),
@@ -326,7 +327,7 @@ def outage_bounds(b: ReclaimBounds) -> tuple[OutageBound, ...]:
             RUNNABLE_JOBS_MISSING_ALERT,
             f"counts slurmctld's pending minus held jobs, less those found pending beside idle nodes for "
             f"{STALL_SECONDS} s, which stay left out for {STALL_MEMORY_SECONDS // 60} min (after the outage too); "
-            "the fair-share controller reads the same counts",
+            "the fair-share controller reads the same counts and makes no reservation for a wide Slurm job first in line",
             *fallback,
             (),  # the fallback serves every wait meanwhile; the memory, not the outage, is what it adds
         ),
@@ -453,6 +454,13 @@ def _runnable_jobs(partition: str) -> str:
 def _widest(partition: str) -> str:
     """The widest runnable job's nodes: the exporter's, else slurmctld's widest not-held job."""
     return f"({_m(RUNNABLE_MAX_JOB_NODES, partition)} or {_m(LARGEST_PENDING_JOB_NODES, partition)})"
+
+
+def _first_in_line(partition: str) -> str:
+    """The nodes of the runnable job first in line: the exporter's; 0 while it is lost, since
+    slurmctld's metrics do not say which job is first (the fair-share controller then makes no
+    reservation for HPC's wide job: components/fair_share.py)."""
+    return f"({_m(RUNNABLE_FIRST_JOB_NODES, partition)} or vector(0))"
 
 
 def _window(t: Target, seconds: int) -> str:
@@ -814,15 +822,25 @@ def keda_triggers(server_address: str, t: Target, policy: str, warm_seconds: int
 
 def fair_share_queries(t: Target) -> dict[str, str]:
     """What the fair-share controller reads (components/fair_share.py `reading`), as PromQL: HPC's
-    busy nodes, runnable jobs and the widest pending job's nodes per partition; AI's GPUs held and
+    busy nodes, runnable jobs, the widest pending job's nodes and the nodes of the one first in line
+    per partition; AI's GPUs held and
     waiting in Kueue. None falls back to 0: an empty result is a lost input."""
     kueue = f'{{cluster_queue="{t.ai_cluster_queue}", resource="{t.gpu_resource}"}}'
+    # Kueue's usage is admitted quota. Where AI's queue lends nothing (hpcBorrowsAiGpus false) it
+    # admits up to its whole quota however many GPUs slurmd pods, over HPC's lowered quota, still
+    # hold: a gang admitted on AI's turn then waits, some pods at kube-scheduler (PodScheduled
+    # False), and read as used it ended AI's turn at once, the quota went back to the split and the
+    # gang held half the GPUs idle for good (AI got 9 % in the gangs shape). AI's pods ask for one
+    # GPU each (the run-limit policy refuses more: components/ai_run_limit.py), so each such pod is
+    # one GPU waiting, not used.
+    unscheduled = f'(count({POD_UNSCHEDULABLE}{{namespace="{t.ai_namespace}"}}) or vector(0))'
     return {
         "hpc_used": _busy(t),
         "hpc_runnable": _runnable(t),
         **{f"hpc_widest_{p}": _widest(p) for p in t.partitions},
-        "ai_used": f"max({KUEUE_USAGE}{kueue})",
-        "ai_waiting": f"max({KUEUE_PENDING}{kueue})",
+        **{f"hpc_first_{p}": _first_in_line(p) for p in t.partitions},
+        "ai_used": f"clamp_min(max({KUEUE_USAGE}{kueue}) - {unscheduled}, 0)",
+        "ai_waiting": f"max({KUEUE_PENDING}{kueue}) + {unscheduled}",
     }
 
 

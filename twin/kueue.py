@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from components import fair_share
 from core.names import (
     AI_LOCAL_QUEUE,
     AI_PRIORITY_CLASSES,
@@ -210,15 +209,12 @@ class Kueue:
     def borrows(self, w: Workload) -> bool:
         return self.usage(w.cluster_queue) + w.gpus > self.queues[w.cluster_queue].nominal
 
-    def set_nominal(self, cluster_queue: str, nominal: int) -> None:
-        """A patch of the queue's nominalQuota (the fair-share controller's), its lendingLimit as the
-        controller patches it (fair_share.lending_limit)."""
+    def set_nominal(self, cluster_queue: str, nominal: int, lending: int | None) -> None:
+        """A patch of the queue's nominalQuota and lendingLimit (the fair-share controller's:
+        fair_share.lending_limit; None: the queue has none)."""
         cq = self.queues[cluster_queue]
-        if cq.nominal == nominal:
+        if (cq.nominal, cq.lending_limit) == (nominal, lending):
             return
-        lending = cq.lending_limit
-        if lending is not None:
-            lending = fair_share.lending_limit(cq.nominal, lending, nominal)
         self.queues[cluster_queue] = replace(cq, nominal=nominal, lending_limit=lending)
         self._idle_state = None  # the quotas changed: the next cycle decides again
 

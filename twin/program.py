@@ -12,6 +12,7 @@ from components import (
     bootstrap,
     device_plugin,
     fair_share,
+    fair_share_controller,
     images,
     keda,
     kueue,
@@ -163,6 +164,7 @@ def setup(s: Settings, policy: str = slurmd_scaling.DEFAULT_POLICY) -> Setup:
             (fair_share.HPC, names.shares.hpc_gpus),
             (fair_share.AI, names.shares.ai_guaranteed_gpus),
         ),
+        lends=tuple(fair_share_controller.lends(names).items()),
         runnable_partitions=target.partitions if guarded else (),
         **slinky_behaviour(s.slinky_version),
     )

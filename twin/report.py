@@ -31,9 +31,11 @@ def result(world: World, ledger: Ledger) -> dict:
                 outcome = "killed"
             starts = [t.started for t in tasks if t.started is not None]
             ends = [t.finished for t in tasks if t.finished is not None]
+            firsts = [t.first_in_line for t in tasks if t.first_in_line is not None]
             row: dict[str, Any] = {
                 "started": min(starts) if starts else None,
                 "finished": max(ends) if tasks and len(ends) == len(tasks) else None,
+                "first_in_line": min(firsts) if firsts else None,
             }
             if outcome == "refused":
                 row["reason"] = tasks[0].reason

@@ -112,6 +112,7 @@ class SlurmJob:
     eligible_at: float = 0.0  # a requeued job waits for the requeue delay
     seq: int = 0  # its place among every job record submitted
     time_limit: float | None = None  # seconds: its --time, else the partition's MaxTime; None: UNLIMITED
+    first_in_line: float | None = None  # when it first was the eligible job first in queue order
 
     @property
     def min_nodes(self) -> int:
@@ -425,6 +426,7 @@ class Slurmctld:
         if not self.up:
             return
         self._schedule(now)
+        self._note_first_in_line(now)
         if self._backfilled_at is None:
             self._backfilled_at = self.backfill_phase - BF_INTERVAL
         if now >= self._backfilled_at + BF_INTERVAL:
@@ -462,6 +464,16 @@ class Slurmctld:
                     return
             elif need <= len(usable):
                 return  # ESLURM_NODES_BUSY: the partition takes no later job this pass
+
+    def _note_first_in_line(self, now: float) -> None:
+        """Marks the job first in line (the first eligible pending one in queue order, as the
+        runnable-jobs exporter names it: components/runnable_jobs.py queue_order) when it first is:
+        a wait from there to its start is what the fair-share reservation bounds."""
+        for job in self.open_jobs:
+            if self.eligible(job, now):
+                if job.first_in_line is None:
+                    job.first_in_line = now
+                return
 
     def _backfill(self, now: float) -> None:
         """One sched/backfill cycle (module docstring): start what fits around the plans, plan the rest."""
@@ -611,6 +623,8 @@ class Slurmctld:
                 dependency = ",".join(f"afterok:{p.job_id}({state})" for p in parents) or "afterok:0(unfulfilled)"
         return {
             "job_id": number(job.job_id),
+            "priority": number(0 if job.held else 1),  # one priority for all: the queue is by submission
+            "submit_time": number(job.spec.submit),
             "job_state": [job.state],
             "state_reason": reason,
             "partition": job.partition,

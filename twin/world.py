@@ -29,6 +29,7 @@ from twin.promql import Evaluator, PromQLError, scalar_result
 from twin.scenario import JobSpec, Scenario
 from twin.slurm import BF_INTERVAL, SLURMD_TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
 
+FAIR_SHARE_QUEUES = {fair_share.HPC: HPC_CLUSTER_QUEUE, fair_share.AI: AI_CLUSTER_QUEUE}  # as the controller's config
 DEFAULT_PHASE_SET = 0  # the phases of `simulate` and the README's tables; --phases N sweeps sets 0..N-1
 # Fault node-failure, on Kubernetes' side: kube-controller-manager marks a node that stopped posting
 # its status NotReady (Unknown) after --node-monitor-grace-period, 50 s since v1.29 (the program
@@ -70,6 +71,7 @@ class Setup:
     # PromQL (slurmd_scaling.fair_share_queries) and each side's guaranteed GPUs; None: not run.
     fair_share_queries: tuple[tuple[str, str], ...] | None = None
     guaranteed: tuple[tuple[str, int], ...] = ()
+    lends: tuple[tuple[str, bool], ...] = ()  # whether each side's queue lends (fair_share_controller.lends)
     # What the Slinky release changes (twin/program.py slinky_behaviour): how long a deleted slurmd
     # pod holds its GPU, and whether a draining scale-in victim requeues its NodeSet
     slurmd_termination: float = k8s.TERMINATION
@@ -166,7 +168,7 @@ class World:
         self.slurm.backfill_phase = float(self.phases.backfill)
         self.ev = Evaluator(self.prom.db)
         self.fair = (
-            fair_share.FairShare(self.kube.gpus, dict(s.guaranteed))
+            fair_share.FairShare(self.kube.gpus, dict(s.guaranteed), dict(s.lends))
             if s.fair_share_queries is not None and self.kueue is not None
             else None
         )
@@ -341,10 +343,25 @@ class World:
             except PromQLError:
                 values[name] = None
         quotas = self.fair.step(now, fair_share.reading(values))
-        queues = {fair_share.HPC: HPC_CLUSTER_QUEUE, fair_share.AI: AI_CLUSTER_QUEUE}
-        if kueue_up and any(self.kueue.queues[queues[side]].nominal != n for side, n in quotas.nominal.items()):
-            for side, nominal in quotas.nominal.items():
-                self.kueue.set_nominal(queues[side], nominal)
+        if not kueue_up:
+            return
+        wanted = {
+            side: (
+                n,
+                None
+                if self.kueue.queues[name].lending_limit is None
+                else fair_share.lending_limit(side, dict(self.setup.lends)[side], n, quotas.turn),
+            )
+            for side, name in FAIR_SHARE_QUEUES.items()
+            for n in (quotas.nominal[side],)
+        }
+        queues = {side: self.kueue.queues[name] for side, name in FAIR_SHARE_QUEUES.items()}
+        changed = [
+            side for side in fair_share.SIDES if (queues[side].nominal, queues[side].lending_limit) != wanted[side]
+        ]
+        for side in changed:
+            self.kueue.set_nominal(FAIR_SHARE_QUEUES[side], *wanted[side])
+        if any(queues[side].nominal != wanted[side][0] for side in changed):
             self.quota_changes.append((now, dict(quotas.nominal), quotas.reason))
 
     def _node_failures(self, now: float) -> None:

@@ -206,9 +206,11 @@ def test_the_plan_states_the_fair_share_contract_beside_the_bounds(default_run, 
     meta = reveal(deployment.inputs)["metadata"]
     assert f"(policy {scaling.FAIR_SHARE}: its controller runs as {meta['namespace']}/{meta['name']}," in contract
     assert f"within 5 points: HPC {100 * hpc // total}% ({hpc} of {total} GPUs), AI {100 * ai // total}%" in contract
-    assert f"over every {hours:g} h window in which both had work at least 50% of the time" in contract
     minutes = hours * 60 * total / 8  # an eighth of the window's GPU time, in GPU-minutes
-    assert f"a {total}-GPU job up to {minutes / total:g} min, a 1-GPU job up to {minutes:g} min" in contract
+    assert f"over the run, when no job holds more than 1/8 of a window's GPU time: a {total}-GPU job up to " in contract
+    assert f"{minutes / total:g} min, a 1-GPU job up to {minutes:g} min" in contract
+    assert f"over every {hours:g} h window in which both had work at least 50% of the time, within 5 points" in contract
+    assert f"a {total}-GPU job of {minutes / total:g} min adds 12.5 points)" in contract
 
 
 @pytest.mark.parametrize(("columns", "width"), [("72", 72), (None, 100)])

@@ -246,18 +246,29 @@ def test_the_program_s_queues_pass_kueue_s_checks_and_a_bad_patch_does_not():
 
 
 @pytest.mark.parametrize("nominal", [0, 1, 2, 3, 4])
-def test_every_quota_the_rule_can_set_is_a_patch_kueue_accepts(nominal):
+@pytest.mark.parametrize("lends, turn", [(True, None), (True, fair_share.HPC), (False, None)])
+def test_every_quota_the_rule_can_set_is_a_patch_kueue_accepts(nominal, lends, turn):
     for queue in kueue.cluster_queues(names().shares):
-        patched = apply_json_patch(queue, fair_share_loop.quota_patch(queue, GPU_RESOURCE, nominal))
-        _, entry = fair_share_loop.gpu_entry(patched, GPU_RESOURCE)
-        assert entry["nominalQuota"] == nominal
+        lending = fair_share.lending_limit(fair_share.HPC, lends, nominal, turn)
+        patched = apply_json_patch(queue, fair_share_loop.quota_patch(queue, GPU_RESOURCE, nominal, lending))
+        assert fair_share_loop.live_quota(patched, GPU_RESOURCE) == (nominal, lending)
         assert schema_problems(patched) == [] and webhook_problems(patched) == []
 
 
-def test_a_lending_limit_follows_the_quota_as_in_the_twin():
-    assert fair_share.lending_limit(2, 2, 3) == 3, "lent all of it: lends all of the new one"
-    assert fair_share.lending_limit(2, 0, 3) == 0, "lent none: still none"
-    assert fair_share.lending_limit(3, 1, 0) == 0, "never above the quota"
+def test_a_queue_lends_all_of_its_quota_as_the_program_lets_it_but_hpcs_nothing_on_hpcs_turn():
+    hpc, ai = fair_share.HPC, fair_share.AI
+    assert fair_share.lending_limit(hpc, True, 3, turn=None) == 3
+    assert fair_share.lending_limit(hpc, True, 3, turn=hpc) == 0, "HPC's turn's GPUs are for HPC"
+    assert fair_share.lending_limit(ai, True, 3, turn=ai) == 3, "AI lends on its turn: its gangs wait for GPUs"
+    assert fair_share.lending_limit(hpc, True, 3, turn=ai) == 3
+    assert fair_share.lending_limit(hpc, False, 3, turn=None) == 0
+    config = fair_share_controller.controller_config(names())
+    shares = names().shares
+    assert config["lends"] == {fair_share.HPC: shares.ai_borrows_hpc_gpus, fair_share.AI: shares.hpc_borrows_ai_gpus}
+    for queue in kueue.cluster_queues(shares):  # as the program's queues lend
+        side = {v: k for k, v in fair_share_controller.sides().items()}[queue["metadata"]["name"]]
+        nominal, lending = fair_share_loop.live_quota(queue, GPU_RESOURCE)
+        assert lending == fair_share.lending_limit(side, config["lends"][side], nominal, turn=None)
 
 
 # ------------------------------------------------------------------ the loop
@@ -270,7 +281,7 @@ def cluster(tmp_path):
         fair_share_controller.config_map_data(n)[fair_share_controller.CONFIG_KEY]
     )
     ai_only = {"hpc_used": 0, "hpc_runnable": 3, "ai_used": 4, "ai_waiting": 1}
-    ai_only |= {f"hpc_widest_{p}": 3 for p in n.slurm.partitions}
+    ai_only |= {f"hpc_widest_{p}": 3 for p in n.slurm.partitions} | {f"hpc_first_{p}": 1 for p in n.slurm.partitions}
     prom = FakePrometheus(config.queries, ai_only)
     kube = FakeKubernetes(kueue.cluster_queues(n.shares))
     token = tmp_path / "token"
@@ -311,11 +322,13 @@ def test_the_loop_asks_prometheus_the_stack_s_queries_and_moves_the_quotas_towar
     assert sorted(prom.asked) == sorted(list(queries.values()) * 2), "each input once a period, as the twin reads"
     assert clock.slept == [fair_share.PERIOD_S] * 2 and controller.fair.last == 1000.0 + fair_share.PERIOD_S
     # HPC waits with none of the contended time: it gets what it holds and waits for, AI the rest,
-    # AI's quota lowered first; each lendingLimit lent all of its quota and still does.
-    assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 3) and kube.nominal(AI_CLUSTER_QUEUE) == (1, 1)
+    # AI's quota lowered first; HPC, on its turn, lends none of it (AI may borrow it otherwise).
+    lends = controller.config.lends[fair_share.AI]
+    assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 0) and kube.nominal(AI_CLUSTER_QUEUE) == (1, 1 if lends else 0)
     assert [name for name, _ in kube.patches] == [AI_CLUSTER_QUEUE, HPC_CLUSTER_QUEUE]
     (line,) = lines
-    assert line.startswith("nominalQuota hpc 2 -> 3, ai 2 -> 1: hpc behind: 0 % of the contended GPU time")
+    assert line.startswith("nominalQuota hpc 2 -> 3 (lends 0), ai 2 -> 1 (lends ")
+    assert "hpc behind: 0 % of the contended GPU time" in line
 
 
 def test_a_lost_input_sets_the_guaranteed_split_and_nothing_changes_while_it_holds(cluster):
@@ -325,7 +338,8 @@ def test_a_lost_input_sets_the_guaranteed_split_and_nothing_changes_while_it_hol
     prom.readings["ai_used"] = None  # Kueue's series gone
     controller.run(clock, clock.sleep, periods=2)
     assert kube.nominal(HPC_CLUSTER_QUEUE) == (2, 2) and kube.nominal(AI_CLUSTER_QUEUE) == (2, 2)
-    assert lines[-1] == "nominalQuota hpc 3 -> 2, ai 1 -> 2: input lost: used of ai"
+    assert lines[-1].startswith("nominalQuota hpc 3 -> 2 (lends 2), ai 1 -> 2 (lends ")
+    assert lines[-1].endswith(": input lost: used of ai")
     assert len(kube.patches) == 4, "the split once, then nothing to patch"
 
 
@@ -343,7 +357,7 @@ def test_errors_are_one_line_each_and_the_loop_goes_on(cluster):
     assert sum(line.startswith("prometheus: ") for line in lines) == 1, "one line a period"
     prom.down, kube.refuse_patches = False, False
     controller.run(clock, clock.sleep, periods=1)
-    assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 3), "the next period patches"
+    assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 0), "the next period patches (HPC on its turn lends none)"
     assert clock.slept == [fair_share.PERIOD_S] * 4
 
 
@@ -364,7 +378,7 @@ def test_a_period_that_overruns_starts_the_next_at_once_without_catching_up(clus
 def test_a_queue_changed_since_it_was_read_is_not_overwritten(cluster):
     _, _, kube, _ = cluster
     queue = kube.queues[AI_CLUSTER_QUEUE]
-    stale = fair_share_loop.quota_patch(queue, GPU_RESOURCE, 1)
+    stale = fair_share_loop.quota_patch(queue, GPU_RESOURCE, 1, 1)
     path, _ = fair_share_loop.gpu_entry(queue, GPU_RESOURCE)
     kube.queues[AI_CLUSTER_QUEUE] = apply_json_patch(
         queue, [{"op": "replace", "path": f"{path}/nominalQuota", "value": 3}]

@@ -80,7 +80,20 @@ def test_counts_per_partition_with_the_widest_job():
         job(6, state="RUNNING", reason="None"),
         job(7, "JobHeldUser", hold=True, node_count=n(4), max_nodes=n(4)),
     ]
-    assert count(*jobs) == {"all": rj.Runnable(2, 3), "slinky": rj.Runnable(2, 1)}
+    assert count(*jobs) == {"all": rj.Runnable(2, 3, 1), "slinky": rj.Runnable(2, 1, 1)}
+
+
+def test_the_job_first_in_line_is_the_first_runnable_one_in_slurmctlds_queue_order():
+    """Higher priority first, then earlier submission, then the lower job id (job_scheduler.c
+    sort_job_queue2); work that is not runnable is not in line, however early."""
+    wide = job(5, node_count=n(4), max_nodes=n(4), priority=n(10), submit_time=n(NOW - 50))
+    narrow = [job(i, priority=n(10), submit_time=n(NOW - 10)) for i in (3, 4)]
+    held_earlier = job(1, "JobHeldUser", hold=True, priority=n(0), submit_time=n(NOW - 99))
+    assert count(wide, *narrow, held_earlier)["all"] == rj.Runnable(3, 4, 4)
+    assert count(wide | {"submit_time": n(NOW)}, *narrow)["all"].first_job_nodes == 1
+    assert count(wide | {"submit_time": n(NOW), "priority": n(11)}, *narrow)["all"].first_job_nodes == 4
+    same_time = job(2, node_count=n(2), max_nodes=n(2), priority=n(10), submit_time=n(NOW - 10))
+    assert count(*narrow, same_time)["all"].first_job_nodes == 2  # the lower job id
 
 
 def test_an_empty_list_reads_zero_in_every_partition():
@@ -98,18 +111,19 @@ def test_an_array_counts_only_the_tasks_its_throttle_lets_start():
     """--array=0-7%3 with one task running: 2 more may start; its pending record is one entry."""
     pending = job(10, "JobArrayTaskLimit", array_job_id=n(10), array_max_tasks=n(3), array_task_string="1-7%3")
     running = job(11, "None", state="RUNNING", array_job_id=n(10), array_max_tasks=n(3))
-    assert count(pending, running)["all"] == rj.Runnable(2, 1)
+    assert count(pending, running)["all"] == rj.Runnable(2, 1, 1)
     full = [running | {"job_id": 11 + i} for i in range(3)]
     assert count(pending, *full)["all"] == rj.Runnable()
     unthrottled = pending | {"array_max_tasks": n(0), "state_reason": "Resources"}
-    assert count(unthrottled, running)["all"] == rj.Runnable(7, 1)
+    assert count(unthrottled, running)["all"] == rj.Runnable(7, 1, 1)
 
 
 def test_exposition_serves_every_partition_in_prometheus_text_format():
     text = rj.exposition({"all": rj.Runnable(2, 3), "slinky": rj.Runnable()})
     assert f'{rj.RUNNABLE_JOBS}{{partition="all"}} 2' in text.splitlines()
     assert f'{rj.RUNNABLE_MAX_JOB_NODES}{{partition="slinky"}} 0' in text.splitlines()
-    assert text.count("# TYPE") == 2
+    assert f'{rj.RUNNABLE_FIRST_JOB_NODES}{{partition="all"}} 0' in text.splitlines()
+    assert text.count("# TYPE") == 3
 
 
 def test_the_exporter_serves_nothing_when_its_read_fails():

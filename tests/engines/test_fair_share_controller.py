@@ -80,8 +80,9 @@ def test_the_loop_reads_the_real_slurmctld_through_prometheus_and_gives_hpc_its_
             controller.period(0.0)  # no history yet: the split, which the queues hold
             assert kube.patches == []
             controller.period(float(config.period_s))
-            assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 3) and kube.nominal(AI_CLUSTER_QUEUE) == (1, 1), lines
-            assert lines[-1].startswith("nominalQuota hpc 2 -> 3, ai 2 -> 1: hpc behind")
+            # HPC's turn: its queue lends nothing meanwhile (fair_share.lending_limit)
+            assert kube.nominal(HPC_CLUSTER_QUEUE) == (3, 0) and kube.nominal(AI_CLUSTER_QUEUE) == (1, 1), lines
+            assert lines[-1].startswith("nominalQuota hpc 2 -> 3 (lends 0), ai 2 -> 1 (lends 1): hpc behind")
         finally:
             kube.server.close()
             metrics.shutdown()

@@ -105,7 +105,9 @@ def test_counts_what_slurm_starts_and_nothing_that_waits(slurm):
     # Every user's jobs (these are root's) are listed to nobody: slurm.conf sets no PrivateData.
     assert {j["user_name"] for j in jobs.values()} == {"root"}
     assert counted(slurm, partitions) == twin_counts(partitions, 0)
-    assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable(jobs=3, max_job_nodes=2)
+    assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable(
+        jobs=3, max_job_nodes=2, first_job_nodes=1
+    )
 
     # Four nodes, what the count asks for (one + two + the array's one task the throttle lets run):
     # Slurm starts exactly those, and what waits stays out of the count.
@@ -147,12 +149,39 @@ def test_counts_what_slurm_starts_and_nothing_that_waits(slurm):
         120,
         "slurmctld to clear BeginTime",
     )
-    assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable(jobs=2, max_job_nodes=1)
+    assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable(
+        jobs=2, max_job_nodes=1, first_job_nodes=1
+    )
 
     # Two nodes freed: Slurm starts the two jobs counted, and nothing else.
     slurm.client("scancel", two)
     slurm.wait_for(lambda: state(begin) == state(after) == "RUNNING", 120, "the newly runnable jobs to start")
     assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable()
+
+
+def test_the_job_first_in_line_is_the_one_slurm_starts_first(slurm):
+    """The exporter's job first in line (runnable_jobs.queue_order: priority, then submission, then
+    job id, as job_scheduler.c sort_job_queue2) on the real list, and the main scheduler agrees: the
+    first node that joins runs that job, not an earlier or narrower one."""
+    names = slurm.names
+    partitions = (DEFAULT_PARTITION,)
+    wide = slurm.sbatch("-N", "3")
+    narrow = slurm.sbatch("-N", "1")
+    later = slurm.sbatch("-N", "1")
+    jobs = by_id(job_list(slurm))
+    assert {jobs[i]["priority"]["set"] for i in (wide, narrow, later)} == {True}, jobs[wide]["priority"]
+    assert jobs[wide]["submit_time"]["number"] <= jobs[narrow]["submit_time"]["number"]
+    assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable(3, 3, 3)
+    # An operator puts the later 1-node job first: its priority above the others'
+    top = max(jobs[i]["priority"]["number"] for i in (wide, narrow)) + 1000
+    slurm.client("scontrol", "update", f"JobId={later}", f"Priority={top}")
+    assert by_id(job_list(slurm))[later]["priority"]["number"] == top
+    assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable(3, 3, 1)
+    slurm.start_node(f"{names.nodeset}-0")
+    slurm.wait_for(lambda: slurm.show_job(later)["JobState"] == "RUNNING", 120, "the job first in line to start")
+    assert slurm.show_job(narrow)["JobState"] == "PENDING"
+    # Now the wide one is first again (earliest submitted of equal priority), wider than the nodes there are
+    assert counted(slurm, partitions)[DEFAULT_PARTITION] == runnable_jobs.Runnable(2, 3, 3)
 
 
 def test_the_token_s_user_reads_but_cannot_cancel_another_s_job(slurm):

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from cli import artifacts
-from components import helm, images, monitoring, slinky, slurm_config, training_operator
+from components import fair_share_controller, helm, images, monitoring, slinky, slurm_config, training_operator
 from core import names
 from stacks.offline import ROOT, reveal
 from tests import tokens
@@ -680,8 +680,12 @@ def test_prometheus_scrapes_the_exporter_and_the_scaler_reads_what_it_serves(def
     }
     (scaled_object,) = by_type(default_run, tokens.SCALED_OBJECT)
     queries = " ".join(t["metadata"]["query"] for t in reveal(scaled_object.inputs)["spec"]["triggers"])
+    # and the fair-share controller's, from the config its ConfigMap ships
+    (code,) = [o for o in (reveal(r.inputs) for r in _fair_share(default_run)) if o["kind"] == "ConfigMap"]
+    config = json.loads(code["data"][fair_share_controller.CONFIG_KEY])
+    queries += " " + " ".join(config["queries"].values())
     read = set(re.findall(r'testbed_slurm_\w+\{partition="[^"]*"\}', queries))
-    assert read and read == served, "the scaler reads each series the exporter serves, and only those"
+    assert read and read == served, "the scaler and the controller read each series the exporter serves, and only those"
     rules = reveal(stack.inputs)["values"]["additionalPrometheusRulesMap"]
     alerts = {r["alert"]: r["expr"] for m in rules.values() for g in m["groups"] for r in g["rules"]}
     assert re.search(r"absent\((testbed_slurm_\w+\{[^}]*\})\)", alerts["SlurmRunnableJobsMissing"])[1] in served

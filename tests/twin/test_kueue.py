@@ -193,11 +193,15 @@ def test_issue_11_scenarios_complete_with_nothing_killed_and_one_owner_per_gpu(n
 # jobs end, within its bound, but these contentions last only a few AI runs: under lend-and-reclaim
 # Slurm gets 33 % in both-full and 17 % in heavy-mix on Slinky 1.0.5, the default (heavy-mix stays
 # at 17 % on 1.0.0). Under fair-share, the default policy, the controller gives HPC, behind, the
-# quota for what waits: both-full holds the band (56 % on either release, plans included);
-# heavy-mix stays at 17 % (its contention ends before HPC catches up). With the loops aligned on
-# the submissions' tick, the pods came first and hid it. Strict: if the band holds,
-# docs/handoff.md's figures are stale.
+# quota for what waits: both-full holds the band (56 % on either release, plans included). With
+# the loops aligned on the submissions' tick, the pods came first and hid it. Strict: if the band
+# holds, docs/handoff.md's figures are stale.
 LOST_IN_A_GAP = pytest.mark.xfail(strict=True, reason="HPC's idle half is lent before slurmd's first pods exist")
+# heavy-mix under fair-share overshoots the other way: HPC, behind at the start, gets its turn,
+# its queue lends nothing meanwhile (components/fair_share.py lending_limit), and the contention (a
+# few AI runs) ends before AI's turn evens it out: Slurm gets 61 % (17 % while HPC's queue still
+# lent on its turn). Strict, as above.
+TOO_SHORT_TO_EVEN_OUT = pytest.mark.xfail(strict=True, reason="HPC's turn outlasts a contention of a few AI runs")
 # On 1.0.0 too since the twin's Slurm plans as sched/backfill does (twin/slurm.py): both-full's
 # Slurm jobs alternate 1 and 2 nodes with no --time, so each 2-node job is planned at the 1-node
 # job's 60 min MaxTime and the other node of HPC's half idles for it until that job ends (10 min):
@@ -215,7 +219,7 @@ HELD_FOR_A_PLAN = pytest.mark.xfail(strict=True, reason="HPC's idle node is held
         ("both-full", ("slinkyVersion=1.0.0",), scaling.DEFAULT_POLICY),
         pytest.param("both-full", (), scaling.LEND_RECLAIM, marks=LOST_IN_A_GAP),
         pytest.param("both-full", ("slinkyVersion=1.0.0",), scaling.LEND_RECLAIM, marks=HELD_FOR_A_PLAN),
-        pytest.param("heavy-mix", (), scaling.DEFAULT_POLICY, marks=LOST_IN_A_GAP),
+        pytest.param("heavy-mix", (), scaling.DEFAULT_POLICY, marks=TOO_SHORT_TO_EVEN_OUT),
         pytest.param("heavy-mix", (), scaling.LEND_RECLAIM, marks=LOST_IN_A_GAP),
     ],
 )
