@@ -33,6 +33,15 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             config.option.dist = "loadgroup"
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook, as below
+def pytest_configure_node(node: Any) -> None:
+    """Tell each worker the controller distributes by group. A worker reads `--dist` from the
+    command line alone (xdist 3 remote.py setup_config: `loadgroup` from the arguments), so with
+    the `loadgroup` set above it left the tests' group out of their ids, and the controller then
+    spread every `xdist_group` over the workers as plain `load` would."""
+    node.workerinput["loadgroup"] = node.config.option.dist == "loadgroup"
+
+
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown, and no error, under `-p no:xdist`
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker per core, and two more when the engine tests run: they mostly wait on
@@ -50,6 +59,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if expression and "slow" not in expression and os.environ.get("CI") != "true":
         config.option.markexpr = f"({expression}) and not slow"
     gc.callbacks.append(_freeze_survivors)
+    if getattr(config, "workerinput", {}).get("loadgroup"):
+        config.option.loadgroup = True  # xdist's worker then suffixes each test's id with its group
 
 
 def _freeze_survivors(phase: str, info: dict[str, int]) -> None:
@@ -81,6 +92,22 @@ def _default_run_scope(fixture_name: str, config: pytest.Config) -> str:
     (its stats pass credits a call to the test it happens in: a session-wide run would credit
     every function to the first test only, and mutants would run no other test)."""
     return "function" if os.environ.get("MUTANT_UNDER_TEST") == "stats" else "session"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stack_traces_under_mocks() -> Iterator[None]:
+    """Pulumi sends the engine each registration's stack trace and source position, found by
+    traceback.extract_stack and a file URI per frame (pulumi 3.272.0 runtime/resource.py
+    _get_stack_trace): a tenth of a mock run's CPU. Under mocks nothing reads them: neither
+    MockMonitor (runtime/mocks.py) nor stacks/offline.py's RecordingMonitor looks at the
+    request's stackTrace or sourcePosition. The tests' runs send an empty trace; a Pulumi that
+    renames the function fails here, by name."""
+    from pulumi.runtime import resource
+
+    empty = resource.source_pb2.StackTrace()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(resource, "_get_stack_trace", lambda: empty)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -208,13 +208,15 @@ class Kubernetes:
             gone = gone and pod.gpu not in self.failed
             if gone and pod.gone_at is None:
                 pod.gone_at = now
-        held = Counter(p.gpu for p in pods if p.live and p.gpu is not None)
-        # the free devices, one entry per device, lowest-numbered node first
-        free = [g for g in range(self.gpus) if g not in self.failed for _ in range(self.gpu_replicas - held[g])]
-        for pod in sorted(
+        unbound = sorted(
             (p for p in pods if p.gpu is None and p.live and p.terminating_at is None and not p.gated),
             key=lambda p: p.created,
-        ):
+        )
+        if unbound:  # most seconds nothing waits to bind: the free devices are not needed
+            held = Counter(p.gpu for p in pods if p.live and p.gpu is not None)
+            # the free devices, one entry per device, lowest-numbered node first
+            free = [g for g in range(self.gpus) if g not in self.failed for _ in range(self.gpu_replicas - held[g])]
+        for pod in unbound:
             if not free:
                 continue
             pod.gpu = free.pop(0)
@@ -226,7 +228,8 @@ class Kubernetes:
                 # its main image is pulled once the init container has found the Master
                 pod.init_started, pod.main_pull = now + before, main
         bound = [p.gpu for p in pods if p.gpu is not None and p.gone_at is None]
-        self.double_held |= {g for g in bound if bound.count(g) > 1}
+        if len(bound) != len(set(bound)):
+            self.double_held |= {g for g in bound if bound.count(g) > 1}
         self._init_containers(now)
         self._jobs(now)
 

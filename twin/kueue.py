@@ -129,7 +129,7 @@ class Workload:
     stopping: tuple[Pod, ...] = ()
 
     def releasing(self) -> bool:
-        return any(p.gone_at is None for p in self.stopping)
+        return bool(self.stopping) and any(p.gone_at is None for p in self.stopping)
 
     def ended(self) -> bool:
         """The work itself is over (Kueue may not have seen it yet)."""
@@ -232,11 +232,12 @@ class Kueue:
         if not up:
             return  # no admission, no eviction, no finalizer removed
         for w in self.open_workloads:
-            if w.ended() and not w.releasing():
+            ended = w.ended()
+            if ended and not w.releasing():
                 w.done = True  # the job finished or the pod is gone: its quota is free (finalizer removed)
                 w.admitted_at = None
                 continue
-            if w.ended() or w.admitted_at is None or (w.pod is not None and w.pod.terminating_at is not None):
+            if ended or w.admitted_at is None or (w.pod is not None and w.pod.terminating_at is not None):
                 continue  # waiting, or a pod being deleted: nothing more to decide
             if w.job is not None and w.limit is not None and now >= w.admitted_at + w.limit - w.past:
                 self._deactivate(w, w.job, kube, now)

@@ -63,10 +63,12 @@ class Ledger:
         busy = self.world.slurm.busy_nodes()
         held = idle = used = 0  # GPUs slurmd pods hold; of them, on nodes running nothing / a job
         ai_held = 0  # GPUs Kubernetes jobs' pods hold
+        taken = set()  # GPUs some live pod is bound to
         for p in self.world.kube.live_pods():
             if p.gpu is None:
                 continue
-            if p.running(now):
+            taken.add(p.gpu)
+            if p.running_at is not None and p.running_at <= now:  # p.running(now): a live pod
                 if self.gpu_holder.get(p.gpu, p.holder) != p.holder:
                     self.owner_changes += 1
                 self.gpu_holder[p.gpu] = p.holder
@@ -94,7 +96,7 @@ class Ledger:
             bucket = self.contended_minutes[minute]
             bucket[0], bucket[1], bucket[2] = bucket[0] + used, bucket[1] + ai_used, bucket[2] + 1
         gpus = self.world.kube.gpus
-        free = gpus - len({p.gpu for p in self.world.kube.live_pods() if p.gpu is not None})
+        free = gpus - len(taken)
         if idle + free:
             for side, waiting in (("slurm", self._slurm_waits_fitting(now)), ("kubernetes", self._ai_waits_fitting())):
                 if waiting:
@@ -112,6 +114,8 @@ class Ledger:
 
     def _plan_holds(self, busy: set[str], now: float) -> None:
         slurm = self.world.slurm
+        if not slurm.plans and not self.plan_hold_since:
+            return  # no plan holds a node, and none did
         held = {
             n
             for p in slurm.plans

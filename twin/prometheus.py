@@ -57,7 +57,8 @@ class Prometheus:
             seen = set()
             for labels, value in target.collect(now):
                 full = {**labels, **mine}
-                seen.add(frozenset(full.items()))
-                self.db.add(full, now, value)
+                key = frozenset(full.items())
+                seen.add(key)
+                self.db.add(full, now, value, key)
             self.db.mark_stale(target.last - seen, now)
             target.last = seen

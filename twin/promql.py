@@ -56,9 +56,13 @@ class TSDB:
         self.changes: dict[str, int] = {}
         self.latest = -math.inf
         self.live: dict[str, dict[frozenset, Series]] = {}
+        self._writes = 0  # samples written so far: visible_until's answers hold until the next one
+        self._visible: dict[tuple[str, ...], tuple[int, float]] = {}
 
-    def add(self, labels: dict[str, str], t: float, value: float) -> None:
-        key = frozenset(labels.items())
+    def add(self, labels: dict[str, str], t: float, value: float, key: frozenset | None = None) -> None:
+        """`key`: frozenset(labels.items()), when the caller has made it already."""
+        if key is None:
+            key = frozenset(labels.items())
         name = labels["__name__"]
         s = self.series.get(key)
         if s is None:
@@ -79,13 +83,20 @@ class TSDB:
             self.changes[name] = self.changes.get(name, 0) + 1
         s.times.append(t)
         s.values.append(value)
-        self.latest = max(self.latest, t)
+        if t > self.latest:
+            self.latest = t
+        self._writes += 1
 
     def visible_until(self, names: tuple[str, ...]) -> float:
         """Past this time an instant query at or after the latest sample may lose a series of these
         names to the lookback, though nothing more is written: the earliest last sample of their
         live series, plus the lookback."""
-        return min((s.times[-1] + LOOKBACK for n in names for s in self.live.get(n, {}).values()), default=math.inf)
+        known = self._visible.get(names)
+        if known is not None and known[0] == self._writes:
+            return known[1]
+        until = min((s.times[-1] + LOOKBACK for n in names for s in self.live.get(n, {}).values()), default=math.inf)
+        self._visible[names] = (self._writes, until)
+        return until
 
     def mark_stale(self, keys: Iterable[frozenset], t: float) -> None:
         """A scrape that fails, or a target that goes away, ends its series (by full label set) with
@@ -299,7 +310,8 @@ class Evaluator:
         query, and for each operator and function inside one, so that a query re-evaluated
         because one of its metrics changed reuses its parts that read others."""
         names, windows = _inputs(node)
-        key = (tuple(self.db.changes.get(n, 0) for n in names), tuple(_steps(t, r, s) for r, s in windows))
+        # a name never written counts as None: only equality with the next key matters
+        key = (tuple(map(self.db.changes.get, names)), tuple(_steps(t, r, s) for r, s in windows) if windows else ())
         last = self._results.get(id(node))
         if last is not None and last[0] == key and last[1] <= t < last[2]:
             return last[3]

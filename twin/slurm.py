@@ -319,7 +319,9 @@ class Slurmctld:
         """slurmd registers; a DOWN node that registers again returns to service (ReturnToService=2,
         components/slurm_config.py; SchedMD/slurm@slurm-25-11-6-1 doc/man/man5/slurm.conf.5)."""
         if self.up:
-            node = self.nodes.setdefault(name, SlurmNode(name, now))
+            node = self.nodes.get(name)  # slurmd registers every second: a node only once
+            if node is None:
+                node = self.nodes[name] = SlurmNode(name, now)
             node.down = False
 
     def node_gone(self, name: str, now: float) -> list[SlurmJob]:
@@ -444,6 +446,8 @@ class Slurmctld:
 
     def _schedule(self, now: float) -> None:
         """The main scheduler: in queue order, until a job waits for busy nodes (module docstring)."""
+        if not self.open_jobs:
+            return  # nothing to start
         busy = self.busy_nodes()
         if all(n.drain or n.down or n.name in busy or n.name in self.unreachable for n in self.nodes.values()):
             return  # every job needs at least one node

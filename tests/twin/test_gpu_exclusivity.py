@@ -14,6 +14,7 @@ import yaml
 from components import device_plugin
 from core import settings
 from stacks import offline
+from tests.twin import runs
 from twin import program, scenario, sim
 from twin.kube import KUBERNETES, SLURMD, Kubernetes, Pod
 
@@ -95,6 +96,6 @@ def test_a_time_sliced_device_plugin_double_books_a_shipped_scenario_the_shipped
     shared = dataclasses.replace(
         shipped, gpu_replicas=program.gpu_replicas(with_config(map={"default": sharing("timeSlicing", 2)}))
     )
-    assert sim.Run(shipped, sc).run()["double_held"] == []
+    assert runs.result(shipped, sc)["double_held"] == []  # a run other modules make too: cached
     r = sim.Run(shared, sc).run()
     assert r["double_held"] and not sim.ok(r)

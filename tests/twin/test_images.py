@@ -14,6 +14,7 @@ from components import slurmd_scaling as scaling
 from core import settings
 from core.names import Names
 from stacks import offline
+from tests.twin import runs
 from twin import kube, program, scenario, sim
 from twin.kube import KUBERNETES, Kubernetes, Pod
 
@@ -36,7 +37,7 @@ def raw(name: str) -> dict:
 
 
 def run(data: dict, images_on_nodes: str, s: sim.Setup | None = None) -> dict:
-    return sim.Run(s or setup(), scenario.parse({**data, "images": images_on_nodes})).run()
+    return runs.result(s or setup(), scenario.parse({**data, "images": images_on_nodes}))
 
 
 def cold_scenarios() -> list[str]:

@@ -18,6 +18,7 @@ from core.names import (
     slurmd_queue_labels,
 )
 from stacks import offline
+from tests.twin import runs
 from twin import kube, program, scenario, sim
 from twin.kueue import Kueue
 
@@ -35,7 +36,8 @@ def dev(*overrides: str) -> settings.Settings:
 @functools.cache
 def result(name: str, *overrides: str, kueue: bool = True, policy: str = scaling.DEFAULT_POLICY) -> dict:
     data = yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
-    return sim.Run(program.setup(dev(*overrides), policy), scenario.parse({**data, "kueue": kueue})).run()
+    # the session's cache (tests/twin/runs.py): several modules run these scenarios on this setup
+    return runs.result(program.setup(dev(*overrides), policy), scenario.parse({**data, "kueue": kueue}))
 
 
 def kueue_for(gpus: int, ai: int, ai_borrows: bool = True, hpc_borrows: bool = False) -> Kueue:

@@ -18,6 +18,8 @@ from twin.slurm import SLURMD_TIMEOUT
 from twin.world import NODE_NOT_READY_S, UNREACHABLE_TOLERATION_S
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "node-failure.yaml"
+# One worker runs the module, so `watched` (a run watched second by second) runs once, not once per worker.
+pytestmark = pytest.mark.xdist_group("node-failure")
 
 
 @pytest.fixture(scope="module")
