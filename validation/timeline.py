@@ -260,10 +260,12 @@ def observed_phases(sample: Sample) -> dict[str, str]:
 
 def job_lives(timeline: Timeline) -> list[JobLife]:
     lives = []
+    # each sample's phases once, not once per submission: the runner asks after every sample
+    observed = [(sample, observed_phases(sample)) for sample in timeline.samples]
     for sub in timeline.submissions:
         started = finished = final = None
-        for sample in timeline.samples:
-            phase = observed_phases(sample).get(sub.name)
+        for sample, phases in observed:
+            phase = phases.get(sub.name)
             if phase is None or sample.t < sub.t:
                 continue
             final = phase
