@@ -29,6 +29,8 @@ from stacks.offline import placeholder_host_key, placeholder_key_pem
 from tests.conftest import config
 
 S = settings.load(config(), offline=True)
+# one worker runs the module, so its first runs (`first_run`) are made once
+pytestmark = pytest.mark.xdist_group("bootstrap-sandbox")
 PAUSE = "registry.k8s.io/pause:3.10.1"
 KERNEL = "6.8.0-1015-aws"
 ALWAYS = 1_000_000
@@ -381,6 +383,17 @@ def lines(text: str) -> list[str]:
     return text.splitlines()
 
 
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> dict[str, tuple[Sandbox, Run]]:
+    """Each role's first, clean run on a fresh sandbox, shared by the tests that only read it
+    (the calls, the files): tests must not change the sandbox."""
+    runs = {}
+    for role, user_data in (("control", control_user_data()), ("worker", worker_user_data())):
+        box = Sandbox(tmp_path_factory.mktemp(f"first-{role}"), user_data)
+        runs[role] = (box, succeeded(box.run()))
+    return runs
+
+
 @pytest.mark.parametrize("containerd", sorted(CONTAINERD))
 def test_control_node_second_run_does_not_initialise_again(tmp_path, containerd):
     box = Sandbox(tmp_path, control_user_data(), containerd)
@@ -563,9 +576,8 @@ def test_a_missing_parameter_file_stops_the_script(tmp_path):
     assert f"FAILED: parameter file {box.path(bootstrap.ENV_FILE)} is missing" in run.output
 
 
-def test_the_bootstrap_log_is_root_only_from_its_first_line(tmp_path):
-    box = Sandbox(tmp_path, worker_user_data())
-    run = succeeded(box.run())
+def test_the_bootstrap_log_is_root_only_from_its_first_line(first_run):
+    box, run = first_run["worker"]
     assert run.calls[:2] == box.log_setup()
     assert box.path(host_layout.BOOTSTRAP_LOG).stat().st_mode & 0o777 == 0o600
 
@@ -613,11 +625,9 @@ def test_kubeadm_join_is_retried_after_a_reset_until_it_succeeds_without_sleepin
     assert count(second.calls, "kubeadm ") == 1  # only `config images list`, from node-common
 
 
-def test_the_stubbed_commands_cover_every_command_the_node_scripts_run(tmp_path):
+def test_the_stubbed_commands_cover_every_command_the_node_scripts_run(first_run):
     """A command without a stub is 'not found' in the sandbox: a clean run proves none is missing."""
-    for role, user_data in (("control", control_user_data()), ("worker", worker_user_data())):
-        box = Sandbox(tmp_path / role, user_data)
-        run = succeeded(box.run())
+    for _, run in first_run.values():
         assert "command not found" not in run.output
         assert {c.split()[0] for c in run.calls} <= set(STUBS)
 
@@ -687,9 +697,8 @@ NODE_COMMON_STEPS = (
 
 
 @pytest.mark.parametrize("role", ["control", "worker"])
-def test_node_common_runs_every_step_kubelet_needs_in_order(tmp_path, role):
-    box = Sandbox(tmp_path, control_user_data() if role == "control" else worker_user_data())
-    run = succeeded(box.run())
+def test_node_common_runs_every_step_kubelet_needs_in_order(first_run, role):
+    box, run = first_run[role]
     assert in_order(run.calls, *NODE_COMMON_STEPS) == []
     assert box.read("/etc/modules-load.d/testbed-k8s.conf") == "overlay\nbr_netfilter\n"
     assert box.read("/etc/sysctl.d/99-testbed-k8s.conf") == (
@@ -699,8 +708,8 @@ def test_node_common_runs_every_step_kubelet_needs_in_order(tmp_path, role):
     assert [c for c in run.calls if c.startswith("curl ") and key in c], run.calls
 
 
-def test_control_plane_steps_in_order(tmp_path):
-    run = succeeded(Sandbox(tmp_path, control_user_data()).run())
+def test_control_plane_steps_in_order(first_run):
+    _, run = first_run["control"]
     flannel = f"https://raw.githubusercontent.com/flannel-io/flannel/{S.flannel_version}/Documentation/kube-flannel.yml"
     assert (
         in_order(
@@ -716,8 +725,8 @@ def test_control_plane_steps_in_order(tmp_path):
     )
 
 
-def test_gpu_worker_steps_in_order(tmp_path):
-    run = succeeded(Sandbox(tmp_path, worker_user_data()).run())
+def test_gpu_worker_steps_in_order(first_run):
+    _, run = first_run["worker"]
     toolkit = f"{S.nvidia_container_toolkit_version}-1"
     assert (
         in_order(
