@@ -193,14 +193,17 @@ class FairShare:
     resting_until: dict[str, float] = field(default_factory=dict)
     turn: tuple[str, int, float] | None = None  # the side whose claim holds until it holds it, the claim, since
 
-    def split(self) -> Quotas:
-        return Quotas(dict(self.guaranteed), "the guaranteed split")
+    def split(self, reason: str = "the guaranteed split") -> Quotas:
+        return Quotas(dict(self.guaranteed), reason)
+
+    def guaranteed_share(self, side: str) -> float:
+        return self.guaranteed[side] / self.gpus_total
 
     def shares(self) -> dict[str, float]:
         """Each side's decayed share of the contended GPU time; the guaranteed split before any."""
         total = sum(self.usage.values())
         if total <= 0:
-            return {side: self.guaranteed[side] / self.gpus_total for side in SIDES}
+            return {side: self.guaranteed_share(side) for side in SIDES}
         return {side: self.usage[side] / total for side in SIDES}
 
     def step(self, now: float, r: Reading) -> Quotas:
@@ -214,7 +217,7 @@ class FairShare:
         self.last = now
         if lost:
             self.turn = None
-            return Quotas(dict(self.guaranteed), "input lost: " + ", ".join(lost))
+            return self.split("input lost: " + ", ".join(lost))
         used = {side: float(r.used[side] or 0) for side in SIDES}
         waiting = {side: float(r.waiting[side] or 0) for side in SIDES}
         decay = 0.5 ** (dt / self.half_life_s)
@@ -230,8 +233,7 @@ class FairShare:
                     self.turn = (side, claim, since)
                     return self._claim(side, claim, f"{side}'s turn: holds {used[side]:g} of its {claim} GPUs")
                 self.resting_until[side] = now + self.turn_limit_s
-                return Quotas(
-                    dict(self.guaranteed),
+                return self.split(
                     f"{side}'s turn ended unserved after {now - since:.0f} s (holds {used[side]:g} of its {claim} "
                     f"GPUs): the guaranteed split, and no turn for {side} for {self.turn_limit_s:.0f} s",
                 )
@@ -239,9 +241,7 @@ class FairShare:
         behind = [
             side
             for side in SIDES
-            if side not in resting
-            and waiting[side] > 0
-            and shares[side] < self.guaranteed[side] / self.gpus_total - self.margin
+            if side not in resting and waiting[side] > 0 and shares[side] < self.guaranteed_share(side) - self.margin
         ]
         if behind:
             side = behind[0]  # two sides cannot both be under their shares
@@ -249,7 +249,7 @@ class FairShare:
         elif (
             HPC not in resting
             and self.guaranteed[HPC] < r.hpc_first <= self.most(HPC)
-            and shares[HPC] <= self.guaranteed[HPC] / self.gpus_total
+            and shares[HPC] <= self.guaranteed_share(HPC)
         ):
             side = HPC
             why = f"hpc reserves for a {r.hpc_first:g}-node job first in line: {100 * shares[side]:.0f} % of the contended GPU time against "
