@@ -152,6 +152,25 @@ def config_map(n: Names) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(), "data": config_map_data(n)}
 
 
+def pod_security_context() -> dict:
+    """`restricted`'s pod-level fields, as nobody of the stock Python image (the runnable-jobs
+    exporter's pod too: components/runnable_exporter.py)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def on_the_control_node() -> dict:
+    """A pod spec's nodeSelector and toleration for the control node (the runnable-jobs exporter's too)."""
+    return {
+        "nodeSelector": {host_layout.CONTROL_PLANE_NODE_LABEL: ""},
+        "tolerations": [{"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+
+
 def deployment(n: Names, image: str) -> dict:
     data = config_map_data(n)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -175,15 +194,9 @@ def deployment(n: Names, image: str) -> dict:
     }
     pod = {
         "serviceAccountName": FAIR_SHARE_CONTROLLER,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security_context(),
         # Beside Prometheus and slurmctld, off the GPU workers.
-        "nodeSelector": {host_layout.CONTROL_PLANE_NODE_LABEL: ""},
-        "tolerations": [{"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+        **on_the_control_node(),
         "containers": [container],
         "volumes": [{"name": "code", "configMap": {"name": FAIR_SHARE_CONTROLLER, "items": items}}],
     }

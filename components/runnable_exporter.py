@@ -34,8 +34,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import runnable_jobs, slurmd_scaling
-from core import host_layout
+from components import fair_share_controller, runnable_jobs, slurmd_scaling
 from core.names import CODE_HASH_ANNOTATION, NODESET_GROUP, NODESET_VERSION, SLURMRESTD_PORT, Names
 
 NAME = "slurm-runnable-jobs"
@@ -49,7 +48,6 @@ APP_DIR = "/opt/runnable-jobs"
 JWT_DIR = "/var/run/slurm-jwt"
 JWT_KEY = "SLURM_JWT"  # token_keys.go SecretRef's default key
 PORT = 8080
-RUN_AS = 65534
 LABELS = {"app.kubernetes.io/name": NAME}
 
 
@@ -117,16 +115,8 @@ def manifests(n: Names, image: str, monitor_labels: dict[str, str]) -> list[dict
                 "spec": {
                     "automountServiceAccountToken": False,
                     # Beside slurmrestd and Prometheus, off the GPU workers, as the fair-share controller.
-                    "nodeSelector": {host_layout.CONTROL_PLANE_NODE_LABEL: ""},
-                    "tolerations": [
-                        {"key": host_layout.CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": RUN_AS,
-                        "runAsGroup": RUN_AS,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    **fair_share_controller.on_the_control_node(),
+                    "securityContext": fair_share_controller.pod_security_context(),
                     "containers": [container],
                     "volumes": [
                         {"name": "code", "configMap": {"name": NAME}},
