@@ -71,9 +71,7 @@ def no_starvation_bounds(n: Names) -> dict[str, int]:
     them): a Slurm job ends by its MaxTime plus a limit check and KillWait, an AI job by its
     max-exec-time."""
     handoff = slurmd_scaling.stack_reclaim_bounds(n).handoff_s
-    slurm_run = (
-        60 * n.slurm_job_max_minutes + slurmd_scaling.SLURM_LIMIT_CHECK_SECONDS + slurmd_scaling.SLURM_KILL_WAIT_SECONDS
-    )
+    slurm_run = slurmd_scaling.slurm_run_bound_s(n.slurm_job_max_minutes)
     return fair_share.no_starvation_bounds(slurm_run, 60 * n.ai_job_max_minutes, handoff)
 
 

@@ -200,6 +200,11 @@ class ReclaimBounds:
     runnable_start_s: int
 
 
+def slurm_run_bound_s(slurm_job_max_minutes: int) -> int:
+    """The longest a Slurm job runs: its MaxTime, then up to one limit check and KillWait."""
+    return 60 * slurm_job_max_minutes + SLURM_LIMIT_CHECK_SECONDS + SLURM_KILL_WAIT_SECONDS
+
+
 def reclaim_bounds(
     scrape_seconds: int, polling_seconds: int, slurm_job_max_minutes: int, ai_job_max_minutes: int
 ) -> ReclaimBounds:
@@ -210,7 +215,7 @@ def reclaim_bounds(
     its pods' grace period. The gang first waits RESERVE_AFTER_SECONDS to be known as first in line,
     then for whichever ends last: AI's running jobs or the Slurm jobs on the nodes it needs."""
     handoff = 2 * scrape_seconds + polling_seconds + HPA_SYNC_SECONDS + POD_TERMINATION_SECONDS
-    slurm = 60 * slurm_job_max_minutes + SLURM_LIMIT_CHECK_SECONDS + SLURM_KILL_WAIT_SECONDS
+    slurm = slurm_run_bound_s(slurm_job_max_minutes)
     ai = 60 * ai_job_max_minutes
     return ReclaimBounds(
         handoff_s=handoff,
