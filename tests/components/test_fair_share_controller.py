@@ -255,15 +255,21 @@ def test_every_quota_the_rule_can_set_is_a_patch_kueue_accepts(nominal, lends, t
         assert schema_problems(patched) == [] and webhook_problems(patched) == []
 
 
-def test_a_queue_lends_all_of_its_quota_as_the_program_lets_it_but_hpcs_nothing_on_hpcs_turn():
+# Every pair of the program's borrowing settings: with both on (the default) a swapped mapping
+# from setting to queue in `lends` would agree with the program's queues all the same.
+@pytest.mark.parametrize("ai_borrows", [True, False])
+@pytest.mark.parametrize("hpc_borrows", [True, False])
+def test_a_queue_lends_all_of_its_quota_as_the_program_lets_it_but_hpcs_nothing_on_hpcs_turn(ai_borrows, hpc_borrows):
     hpc, ai = fair_share.HPC, fair_share.AI
     assert fair_share.lending_limit(hpc, True, 3, turn=None) == 3
     assert fair_share.lending_limit(hpc, True, 3, turn=hpc) == 0, "HPC's turn's GPUs are for HPC"
     assert fair_share.lending_limit(ai, True, 3, turn=ai) == 3, "AI lends on its turn: its gangs wait for GPUs"
     assert fair_share.lending_limit(hpc, True, 3, turn=ai) == 3
     assert fair_share.lending_limit(hpc, False, 3, turn=None) == 0
-    config = fair_share_controller.controller_config(names())
-    shares = names().shares
+    stack = names(f"aiBorrowsHpcGpus={str(ai_borrows).lower()}", f"hpcBorrowsAiGpus={str(hpc_borrows).lower()}")
+    config = fair_share_controller.controller_config(stack)
+    shares = stack.shares
+    assert (shares.ai_borrows_hpc_gpus, shares.hpc_borrows_ai_gpus) == (ai_borrows, hpc_borrows)
     assert config["lends"] == {fair_share.HPC: shares.ai_borrows_hpc_gpus, fair_share.AI: shares.hpc_borrows_ai_gpus}
     for queue in kueue.cluster_queues(shares):  # as the program's queues lend
         side = {v: k for k, v in fair_share_controller.sides().items()}[queue["metadata"]["name"]]
