@@ -56,7 +56,7 @@ class Config:
     lends: dict[str, bool]  # side -> whether the program lets its queue lend (all of its quota)
     slurmd_max_replicas: int  # KEDA's maxReplicaCount: the most GPUs HPC's slurmd pods hold
     turn_limit_s: float  # a turn not served within it ends (fair_share.FairShare.turn_limit_s)
-    period_s: float = fair_share.PERIOD_S
+    period_s: float  # fair_share.PERIOD_S, as the program renders it
 
     @classmethod
     def from_json(cls, text: str) -> Config:

@@ -582,9 +582,8 @@ def _lend_and_reclaim_queries(t: Target, warm_seconds: int, follow_quota: bool =
         (AI_HELD, held),
         (AI_PENDING, pending),
         (AI_RESERVE, f"min_over_time({first_in_line}{_window(t, RESERVE_AFTER_SECONDS)})"),
-        *([(AI_QUOTA, share)] if follow_quota else []),
         *(
-            [(AI_RESERVE_AT_SHARE, f"min_over_time({at_share}{_window(t, RESERVE_AFTER_SECONDS)})")]
+            [(AI_QUOTA, share), (AI_RESERVE_AT_SHARE, f"min_over_time({at_share}{_window(t, RESERVE_AFTER_SECONDS)})")]
             if follow_quota
             else []
         ),
