@@ -172,8 +172,8 @@ def runnable_pending(jobs: Iterable[Mapping], partitions: Iterable[str], now: fl
     for job in jobs:
         if _base_state(job) != "PENDING" or not is_runnable(job, now):
             continue
-        mine = [p for p in str(job.get("partition") or "").split(",") if p in count]
-        if not mine:
+        partition = next((p for p in str(job.get("partition") or "").split(",") if p in count), None)
+        if partition is None:
             continue
         tasks = 1
         array_id = _number(job.get("array_job_id")) or 0
@@ -186,11 +186,11 @@ def runnable_pending(jobs: Iterable[Mapping], partitions: Iterable[str], now: fl
         if tasks <= 0:
             continue
         nodes = max(_number(job.get("node_count")) or 1, _number(job.get("max_nodes")) or 0)
-        count[mine[0]] += tasks
-        widest[mine[0]] = max(widest[mine[0]], nodes)
+        count[partition] += tasks
+        widest[partition] = max(widest[partition], nodes)
         place = queue_order(job)
-        if mine[0] not in first or place < first[mine[0]][0]:
-            first[mine[0]] = (place, nodes)
+        if partition not in first or place < first[partition][0]:
+            first[partition] = (place, nodes)
     return {p: Runnable(count[p], widest[p], first[p][1] if p in first else 0) for p in wanted}
 
 
