@@ -338,17 +338,23 @@ class World:
         self.slurm.step(now)
         return now
 
-    def _fair_share(self, now: float, kueue_up: bool) -> None:
-        """The controller's period: it reads Prometheus, decides, and patches the ClusterQueues
-        (refused by Kueue's webhook while Kueue is down: the quotas stay as they were)."""
-        assert self.fair is not None and self.kueue is not None and self.setup.fair_share_queries is not None
+    def fair_share_reading(self, t: float) -> fair_share.Reading:
+        """What the fair-share controller reads at t: its queries on the twin's Prometheus, a query
+        that errs read as lost (components/fair_share.py reading)."""
+        assert self.setup.fair_share_queries is not None
         values: dict[str, float | None] = {}
         for name, query in self.setup.fair_share_queries:
             try:
-                values[name] = scalar_result(self.ev.instant(query, now))
+                values[name] = scalar_result(self.ev.instant(query, t))
             except PromQLError:
                 values[name] = None
-        quotas = self.fair.step(now, fair_share.reading(values))
+        return fair_share.reading(values)
+
+    def _fair_share(self, now: float, kueue_up: bool) -> None:
+        """The controller's period: it reads Prometheus, decides, and patches the ClusterQueues
+        (refused by Kueue's webhook while Kueue is down: the quotas stay as they were)."""
+        assert self.fair is not None and self.kueue is not None
+        quotas = self.fair.step(now, self.fair_share_reading(now))
         if not kueue_up:
             return
         moved = False  # a nominalQuota changed (a lendingLimit alone follows the turn)
