@@ -115,6 +115,11 @@ class SlurmJob:
     first_in_line: float | None = None  # when it first was the eligible job first in queue order
 
     @property
+    def begin(self) -> float:
+        """When it may start at the earliest: its --begin, or a requeued job's requeue delay."""
+        return max(self.spec.begin or 0.0, self.eligible_at)
+
+    @property
     def min_nodes(self) -> int:
         return self.sized or self.spec.nodes or 1
 
@@ -406,9 +411,8 @@ class Slurmctld:
                 return "Dependency", 0.0
         if job.spec.throttle is not None and self._running_tasks(job) >= job.spec.throttle:
             return "JobArrayTaskLimit", 0.0
-        begin = max(job.spec.begin or 0.0, job.eligible_at)  # a requeued job's begin is its requeue delay
-        if now < begin:
-            return "BeginTime", begin
+        if now < job.begin:
+            return "BeginTime", job.begin
         minutes = self.config.max_minutes
         if job.spec.time is not None and minutes is not None and job.spec.time > minutes:
             return "PartitionTimeLimit", 0.0  # for good: job_submit.lua refuses it first
@@ -610,13 +614,11 @@ class Slurmctld:
         array = {"array_job_id": number(job.job_id if job.spec.array else 0), "array_task_string": ""}
         # eligible_time is the begin while that is ahead; dependency names each parent and its state,
         # emptied once it is met (both as the real slurmctld 26.05.5 listed them).
-        begin = max(job.spec.begin or 0.0, job.eligible_at)
         dependency = ""
-        if job.state == PENDING and job.spec.after is not None:
-            parents = self.by_name.get(job.spec.after, [])
-            if reason in ("Dependency", NEVER_SATISFIED):
-                state = "failed" if reason == NEVER_SATISFIED else "unfulfilled"
-                dependency = ",".join(f"afterok:{p.job_id}({state})" for p in parents) or "afterok:0(unfulfilled)"
+        if reason in ("Dependency", NEVER_SATISFIED):  # a pending job with an afterok
+            parents = self.by_name.get(job.spec.after or "", [])
+            state = "failed" if reason == NEVER_SATISFIED else "unfulfilled"
+            dependency = ",".join(f"afterok:{p.job_id}({state})" for p in parents) or "afterok:0(unfulfilled)"
         return {
             "job_id": number(job.job_id),
             "priority": number(0 if job.held else 1),  # one priority for all: the queue is by submission
@@ -627,7 +629,7 @@ class Slurmctld:
             "node_count": number(job.min_nodes),
             "max_nodes": number(job.max_nodes),
             "start_time": number(start),
-            "eligible_time": number(begin if begin > now else 0.0),
+            "eligible_time": number(job.begin if job.begin > now else 0.0),
             "dependency": dependency,
             "hold": job.held,
             "array_max_tasks": number(job.spec.throttle or 0),
