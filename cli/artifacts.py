@@ -215,7 +215,7 @@ def guard_lines(rec: Recording, cost: CostEstimate) -> list[str]:
 def runnable_input_lines(rec: Recording) -> list[str]:
     """Where the scaler reads runnable Slurm work (the exporter the program deploys, its token
     user) and what it reads while that input is lost."""
-    (token,) = [reveal(r.inputs) for r in rec.resources if r.type == f"kubernetes:{runnable_exporter.TOKEN_API}:Token"]
+    (token,) = [reveal(r.inputs) for r in rec.of_type(f"kubernetes:{runnable_exporter.TOKEN_API}:Token")]
     meta = token["metadata"]
     return [
         f"runnable Slurm work: read from slurmrestd by {meta['namespace']}/{meta['name']} (the runnable-jobs "

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -216,21 +215,11 @@ def _str_representer(dumper: yaml.SafeDumper, value: str):
 _LiteralDumper.add_representer(str, _str_representer)
 
 
-# Each node's document, by its content: a program run renders every node's user-data, and the
-# YAML emitter (pure Python: the C one may wrap and quote differently, and a changed byte of
-# user-data replaces an instance) is most of what rendering costs.
-_CLOUD_CONFIGS: dict[str, str] = {}
-
-
 def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[str, ...]) -> str:
     doc: dict = {"write_files": write_files, "runcmd": runcmd}
     if authorized_keys:
         doc["ssh_authorized_keys"] = list(authorized_keys)
-    key = json.dumps(doc)
-    text = _CLOUD_CONFIGS.get(key)
-    if text is None:
-        text = "#cloud-config\n" + yaml.dump(doc, Dumper=_LiteralDumper, sort_keys=False, width=4096)
-        _CLOUD_CONFIGS[key] = text
+    text = "#cloud-config\n" + yaml.dump(doc, Dumper=_LiteralDumper, sort_keys=False, width=4096)
     if len(text.encode()) > USER_DATA_LIMIT:
         raise ValueError(f"user-data is {len(text.encode())} bytes; EC2 allows {USER_DATA_LIMIT}")
     return text

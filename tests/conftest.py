@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import gc
 import hashlib
+import json
 import os
 import pickle
 from collections.abc import Iterator
@@ -107,6 +108,34 @@ def _no_stack_traces_under_mocks() -> Iterator[None]:
     empty = resource.source_pb2.StackTrace()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(resource, "_get_stack_trace", lambda: empty)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_cloud_config_per_content() -> Iterator[None]:
+    """Each node's cloud-config rendered once per content. The session runs the program many
+    times with the same settings, so the same documents come back, and the YAML emitter (pure
+    Python: the C one may wrap and quote differently, and a changed byte of user-data replaces an
+    instance) is most of what rendering costs. A real run renders each node once, each worker with
+    its own join token: the cache belongs here, not in components/bootstrap.py. A refused document
+    (over EC2's limit) raises every time. Not while mutmut maps functions to tests (see
+    _default_run_scope): each test that renders must call the function."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        yield
+        return
+    from components import bootstrap
+
+    render = bootstrap.cloud_config
+    rendered: dict[str, str] = {}
+
+    def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[str, ...]) -> str:
+        key = json.dumps([write_files, runcmd, authorized_keys])
+        if key not in rendered:
+            rendered[key] = render(write_files, runcmd, authorized_keys)
+        return rendered[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bootstrap, "cloud_config", cloud_config)
         yield
 
 

@@ -115,6 +115,11 @@ class SlurmJob:
     first_in_line: float | None = None  # when it first was the eligible job first in queue order
 
     @property
+    def begin(self) -> float:
+        """When it may start at the earliest: its --begin, or a requeued job's requeue delay."""
+        return max(self.spec.begin or 0.0, self.eligible_at)
+
+    @property
     def min_nodes(self) -> int:
         return self.sized or self.spec.nodes or 1
 
@@ -388,21 +393,30 @@ class Slurmctld:
     # ------------------------------------------------------------ scheduling
 
     def eligible(self, job: SlurmJob, now: float) -> bool:
-        if job.state != PENDING or job.held or now < job.eligible_at:
-            return False
-        minutes = self.config.max_minutes
-        if job.spec.time is not None and minutes is not None and job.spec.time > minutes:
-            return False  # PartitionTimeLimit, for good: job_submit.lua refuses it first
-        if job.spec.begin is not None and now < job.spec.begin:
-            return False
-        if job.spec.throttle is not None:
-            running = sum(1 for j in self.by_name[job.spec.name] if j.job_id == job.job_id and j.state == RUNNING)
-            if running >= job.spec.throttle:
-                return False
+        """Pending, and held back by nothing but the nodes (`_held_back`)."""
+        return job.state == PENDING and self._held_back(job, now) is None
+
+    def _held_back(self, job: SlurmJob, now: float) -> tuple[str, float] | None:
+        """What holds a pending job back whatever the nodes, as its state_reason and the start_time
+        the job list shows (its begin while that is in the future, else 0), in job_mgr.c
+        job_independent's order at slurm-25-11-6-1: held, dependency, the array's throttle, begin
+        time; then the partition's MaxTime. None: it starts where the nodes allow."""
+        if job.held:
+            return "JobHeldUser", 0.0
         if job.spec.after is not None:
             parents = self.by_name.get(job.spec.after, [])
-            return bool(parents) and all(j.state == COMPLETED for j in parents)
-        return True
+            if any(p.state in (TIMEOUT, CANCELLED) for p in parents):
+                return NEVER_SATISFIED, 0.0
+            if not parents or any(p.state != COMPLETED for p in parents):
+                return "Dependency", 0.0
+        if job.spec.throttle is not None and self._running_tasks(job) >= job.spec.throttle:
+            return "JobArrayTaskLimit", 0.0
+        if now < job.begin:
+            return "BeginTime", job.begin
+        minutes = self.config.max_minutes
+        if job.spec.time is not None and minutes is not None and job.spec.time > minutes:
+            return "PartitionTimeLimit", 0.0  # for good: job_submit.lua refuses it first
+        return None
 
     def step(self, now: float) -> None:
         if now != self._stepped_at:
@@ -554,28 +568,14 @@ class Slurmctld:
     # ------------------------------------------------------------ slurmrestd
 
     def reason(self, job: SlurmJob, now: float) -> tuple[str, float]:
-        """A pending job's state_reason and the start_time the job list shows (its begin while that
-        is in the future, else 0), in job_mgr.c job_independent's order at slurm-25-11-6-1: held,
-        dependency, the array's throttle, begin time; then what the real slurmctld 26.05.5 said of
-        work a node would start (tests/engines/test_runnable_jobs.py): PartitionConfig with no
-        node registered, PartitionNodeLimit while fewer nodes exist than the job needs, else
-        Resources. The real reason changes at slurmctld's next scheduling pass, the twin's at once."""
-        if job.held:
-            return "JobHeldUser", 0.0
-        if job.spec.after is not None:
-            parents = self.by_name.get(job.spec.after, [])
-            if any(p.state in (TIMEOUT, CANCELLED) for p in parents):
-                return NEVER_SATISFIED, 0.0
-            if not parents or any(p.state != COMPLETED for p in parents):
-                return "Dependency", 0.0
-        if job.spec.throttle is not None and self._running_tasks(job) >= job.spec.throttle:
-            return "JobArrayTaskLimit", 0.0
-        begin = max(job.spec.begin or 0.0, job.eligible_at)  # a requeued job's begin is its requeue delay
-        if now < begin:
-            return "BeginTime", begin
-        minutes = self.config.max_minutes
-        if job.spec.time is not None and minutes is not None and job.spec.time > minutes:
-            return "PartitionTimeLimit", 0.0
+        """A pending job's state_reason and the start_time the job list shows: what holds it back
+        (`_held_back`), else what the real slurmctld 26.05.5 said of work a node would start
+        (tests/engines/test_runnable_jobs.py): PartitionConfig with no node registered,
+        PartitionNodeLimit while fewer nodes exist than the job needs, else Resources. The real
+        reason changes at slurmctld's next scheduling pass, the twin's at once."""
+        held_back = self._held_back(job, now)
+        if held_back is not None:
+            return held_back
         if not self.nodes:
             return "PartitionConfig", 0.0
         if job.nodes_needed > len(self.nodes):
@@ -614,13 +614,11 @@ class Slurmctld:
         array = {"array_job_id": number(job.job_id if job.spec.array else 0), "array_task_string": ""}
         # eligible_time is the begin while that is ahead; dependency names each parent and its state,
         # emptied once it is met (both as the real slurmctld 26.05.5 listed them).
-        begin = max(job.spec.begin or 0.0, job.eligible_at)
         dependency = ""
-        if job.state == PENDING and job.spec.after is not None:
-            parents = self.by_name.get(job.spec.after, [])
-            if reason in ("Dependency", NEVER_SATISFIED):
-                state = "failed" if reason == NEVER_SATISFIED else "unfulfilled"
-                dependency = ",".join(f"afterok:{p.job_id}({state})" for p in parents) or "afterok:0(unfulfilled)"
+        if reason in ("Dependency", NEVER_SATISFIED):  # a pending job with an afterok
+            parents = self.by_name.get(job.spec.after or "", [])
+            state = "failed" if reason == NEVER_SATISFIED else "unfulfilled"
+            dependency = ",".join(f"afterok:{p.job_id}({state})" for p in parents) or "afterok:0(unfulfilled)"
         return {
             "job_id": number(job.job_id),
             "priority": number(0 if job.held else 1),  # one priority for all: the queue is by submission
@@ -631,7 +629,7 @@ class Slurmctld:
             "node_count": number(job.min_nodes),
             "max_nodes": number(job.max_nodes),
             "start_time": number(start),
-            "eligible_time": number(begin if begin > now else 0.0),
+            "eligible_time": number(job.begin if job.begin > now else 0.0),
             "dependency": dependency,
             "hold": job.held,
             "array_max_tasks": number(job.spec.throttle or 0),

@@ -9,7 +9,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from components import fair_share, runnable_jobs
+from components import fair_share, fair_share_controller, runnable_jobs
 from components.ai_run_limit import Limits
 from components.slurmd_scaling import KUEUE_NOMINAL, KUEUE_PENDING, KUEUE_USAGE
 from core.names import (
@@ -29,7 +29,6 @@ from twin.promql import Evaluator, PromQLError, scalar_result
 from twin.scenario import JobSpec, Scenario
 from twin.slurm import BF_INTERVAL, SLURMD_TIMEOUT, SlurmConfig, Slurmctld, SlurmJob
 
-FAIR_SHARE_QUEUES = {fair_share.HPC: HPC_CLUSTER_QUEUE, fair_share.AI: AI_CLUSTER_QUEUE}  # as the controller's config
 DEFAULT_PHASE_SET = 0  # the phases of `simulate` and the README's tables; --phases N sweeps sets 0..N-1
 # Fault node-failure, on Kubernetes' side: kube-controller-manager marks a node that stopped posting
 # its status NotReady (Unknown) after --node-monitor-grace-period, 50 s since v1.29 (the program
@@ -339,36 +338,34 @@ class World:
         self.slurm.step(now)
         return now
 
-    def _fair_share(self, now: float, kueue_up: bool) -> None:
-        """The controller's period: it reads Prometheus, decides, and patches the ClusterQueues
-        (refused by Kueue's webhook while Kueue is down: the quotas stay as they were)."""
-        assert self.fair is not None and self.kueue is not None and self.setup.fair_share_queries is not None
+    def fair_share_reading(self, t: float) -> fair_share.Reading:
+        """What the fair-share controller reads at t: its queries on the twin's Prometheus, a query
+        that errs read as lost (components/fair_share.py reading)."""
+        assert self.setup.fair_share_queries is not None
         values: dict[str, float | None] = {}
         for name, query in self.setup.fair_share_queries:
             try:
-                values[name] = scalar_result(self.ev.instant(query, now))
+                values[name] = scalar_result(self.ev.instant(query, t))
             except PromQLError:
                 values[name] = None
-        quotas = self.fair.step(now, fair_share.reading(values))
+        return fair_share.reading(values)
+
+    def _fair_share(self, now: float, kueue_up: bool) -> None:
+        """The controller's period: it reads Prometheus, decides, and patches the ClusterQueues
+        (refused by Kueue's webhook while Kueue is down: the quotas stay as they were)."""
+        assert self.fair is not None and self.kueue is not None
+        quotas = self.fair.step(now, self.fair_share_reading(now))
         if not kueue_up:
             return
-        wanted = {
-            side: (
-                n,
-                None
-                if self.kueue.queues[name].lending_limit is None
-                else fair_share.lending_limit(side, dict(self.setup.lends)[side], n, quotas.turn),
-            )
-            for side, name in FAIR_SHARE_QUEUES.items()
-            for n in (quotas.nominal[side],)
-        }
-        queues = {side: self.kueue.queues[name] for side, name in FAIR_SHARE_QUEUES.items()}
-        changed = [
-            side for side in fair_share.SIDES if (queues[side].nominal, queues[side].lending_limit) != wanted[side]
-        ]
-        for side in changed:
-            self.kueue.set_nominal(FAIR_SHARE_QUEUES[side], *wanted[side])
-        if any(queues[side].nominal != wanted[side][0] for side in changed):
+        moved = False  # a nominalQuota changed (a lendingLimit alone follows the turn)
+        for side, name in fair_share_controller.sides().items():  # as the controller's config
+            queue, nominal = self.kueue.queues[name], quotas.nominal[side]
+            lending = queue.lending_limit
+            if lending is not None:
+                lending = fair_share.lending_limit(side, self.fair.lends[side], nominal, quotas.turn)
+            moved |= queue.nominal != nominal
+            self.kueue.set_nominal(name, nominal, lending)  # a no-op where both are as wanted
+        if moved:
             self.quota_changes.append((now, dict(quotas.nominal), quotas.reason))
 
     def _node_failures(self, now: float) -> None:

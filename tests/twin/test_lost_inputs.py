@@ -17,7 +17,6 @@ from core.names import Names
 from stacks import offline
 from tests.twin import runs
 from twin import program, scenario, sim
-from twin.promql import PromQLError, scalar_result
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 PHASE_SETS = range(6)
@@ -52,12 +51,22 @@ def load(name: str) -> scenario.Scenario:
     return scenario.load(SCENARIOS / f"{name}.yaml")
 
 
+@functools.cache
+def bounds() -> scaling.ReclaimBounds:
+    """The default stack's bounds."""
+    return scaling.stack_reclaim_bounds(Names.from_settings(dev()))
+
+
+def outage_row(lost: str) -> scaling.OutageBound:
+    """`outage_bounds`' row of the lost input, on the default stack."""
+    (row,) = [r for r in scaling.outage_bounds(bounds()) if r.lost == lost]
+    return row
+
+
 def bound(name: str) -> float:
     which, lost, _ = CASES[name]
-    b = scaling.stack_reclaim_bounds(Names.from_settings(dev()))
-    (row,) = [r for r in scaling.outage_bounds(b) if r.lost == lost]
     (fault,) = load(name).faults
-    return row.wait(which, fault.end - fault.start)
+    return outage_row(lost).wait(which, fault.end - fault.start)
 
 
 def ai_wait(
@@ -172,12 +181,11 @@ def test_under_fair_share_a_turn_lost_with_slurms_metrics_costs_at_most_the_rese
 def test_the_handoff_doc_states_each_bound_under_one_lost_input_as_outage_bounds_gives_it():
     """docs/handoff.md "One input lost": one row per lost input, its alert and each of its four
     bounds as `outage_bounds` gives them for the default stack ("D + " where the outage counts)."""
-    b = scaling.stack_reclaim_bounds(Names.from_settings(dev()))
     text = (Path(__file__).resolve().parents[2] / "docs" / "handoff.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and ("Missing`)" in line or "Down`)" in line)]
-    bounds = scaling.outage_bounds(b)
-    assert len(rows) == len(bounds)
-    for line, row in zip(rows, bounds, strict=True):
+    wanted = scaling.outage_bounds(bounds())
+    assert len(rows) == len(wanted)
+    for line, row in zip(rows, wanted, strict=True):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert f"(`{row.alert}`)" in cells[0], (cells[0], row.alert)
         want = [
@@ -206,8 +214,7 @@ def test_with_kube_state_metrics_or_slurmrestd_lost_nothing_is_scaled_in_and_ais
     run = runs.run(setup(policy), sc, phase_set)
     r = run.result()
     (job,) = [j for j in r["jobs"] if j["name"] == "ai"]
-    b = scaling.stack_reclaim_bounds(Names.from_settings(dev()))
-    (row,) = [row for row in scaling.outage_bounds(b) if row.lost == lost]
+    row = outage_row(lost)
     assert fault.end <= job["started"], "frozen: the idle slurmd pods kept the GPUs through the outage"
     assert job["started"] - job["submitted"] <= row.wait(scaling.AI_SHARE_BACK, fault.end - fault.start)
     assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
@@ -226,8 +233,7 @@ def test_with_slurmctld_down_nothing_is_scaled_in_and_the_gang_waits_the_outage_
     run = runs.run(setup(policy), sc, phase_set)
     r = run.result()
     (gang,) = [j for j in r["jobs"] if j["name"] == "gang"]
-    b = scaling.stack_reclaim_bounds(Names.from_settings(dev()))
-    (row,) = [row for row in scaling.outage_bounds(b) if row.lost.startswith("slurmctld (down")]
+    (row,) = [row for row in scaling.outage_bounds(bounds()) if row.lost.startswith("slurmctld (down")]
     assert all(j["finished"] < fault.end for j in r["jobs"] if j["kind"] == "slurm"), "idle pods through the outage"
     assert fault.end <= gang["started"], "no slurmd pod went while slurmctld was down"
     assert gang["started"] - gang["submitted"] <= row.wait(scaling.AI_GANG_START, fault.end - fault.start)
@@ -268,7 +274,7 @@ def check_exporter_lost(policy: str, phase_set: int) -> None:
     r = run.result()
     (fault,) = load(EXPORTER_LOST).faults
     outage = fault.end - fault.start
-    (row,) = [row for row in scaling.outage_bounds(bounds()) if row.lost == EXPORTER_ROW]
+    row = outage_row(EXPORTER_ROW)
     assert all(fault.start <= t < fault.end for t in became_runnable(r).values()), "runnable during the outage"
     waits = runnable_waits(r)
     for name, wait in waits.items():
@@ -279,10 +285,6 @@ def check_exporter_lost(policy: str, phase_set: int) -> None:
     for side, which in (("kubernetes", scaling.AI_SHARE_BACK), ("slurm", scaling.HPC_SHARE_BACK)):
         assert all(w <= row.wait(which, outage) for w in r["reclaim_waits"][side]), (side, r["reclaim_waits"])
     assert r["killed"] == [] and r["double_held"] == [] and sim.ok(r), r
-
-
-def bounds() -> scaling.ReclaimBounds:
-    return scaling.stack_reclaim_bounds(Names.from_settings(dev()))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -312,16 +314,7 @@ def test_with_the_runnable_jobs_exporter_up_the_same_work_starts_within_the_hand
 def controller_waiting(run: sim.Run, start: float, end: float) -> list[float | None]:
     """HPC's waiting as the fair-share controller reads it (its queries on the run's Prometheus,
     components/fair_share.py `reading`) at each of its periods in [start, end)."""
-    out = []
-    for t in range(int(start), int(end), fair_share.PERIOD_S):
-        values: dict[str, float | None] = {}
-        for name, query in run.setup.fair_share_queries or ():
-            try:
-                values[name] = scalar_result(run.ev.instant(query, t))
-            except PromQLError:
-                values[name] = None
-        out.append(fair_share.reading(values).waiting[fair_share.HPC])
-    return out
+    return [run.fair_share_reading(t).waiting[fair_share.HPC] for t in range(int(start), int(end), fair_share.PERIOD_S)]
 
 
 def test_with_the_runnable_jobs_exporter_lost_the_fair_share_controller_reads_slurmctlds_counts():
@@ -363,7 +356,7 @@ HIDDEN_HPC_WORK = {
 def test_with_the_runnable_jobs_exporter_lost_the_remembered_stall_can_hide_hpc_work_from_its_share_back(policy):
     """HPC's share back grows by the stall memory in the exporter's row: n waits past the bound
     it has with the exporter (where it starts with b, when AI's first jobs end), within the row's."""
-    (row,) = [row for row in scaling.outage_bounds(bounds()) if row.lost == EXPORTER_ROW]
+    row = outage_row(EXPORTER_ROW)
     waits = {}
     for fault in (True, False):
         sc = scenario.parse(HIDDEN_HPC_WORK if fault else {**HIDDEN_HPC_WORK, "faults": []})
@@ -381,7 +374,7 @@ def test_with_the_runnable_jobs_exporter_lost_the_runnable_bound_holds_wherever_
     """A --begin job alone on the idle cluster, its begin swept across the stall and the pod's
     going, under four phase sets: every wait from its begin is within the row's bound, and the
     longest comes within a hand-off of it (the memory is what the bound is about)."""
-    (row,) = [row for row in scaling.outage_bounds(bounds()) if row.lost == EXPORTER_ROW]
+    row = outage_row(EXPORTER_ROW)
     bound = row.wait(scaling.RUNNABLE_START, 1200)
     waits = []
     for phase_set in range(4):

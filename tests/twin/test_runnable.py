@@ -27,9 +27,13 @@ def _setup():
     return program.setup(offline.stack_settings("dev", []))
 
 
-def _handoff_s() -> int:
+def _bounds() -> scaling.ReclaimBounds:
     s = offline.stack_settings("dev", [])
-    return scaling.reclaim_bounds(s.slurm_metrics_interval_seconds, s.keda_polling_seconds, 60, 60).handoff_s
+    return scaling.reclaim_bounds(s.slurm_metrics_interval_seconds, s.keda_polling_seconds, 60, 60)
+
+
+def _handoff_s() -> int:
+    return _bounds().handoff_s
 
 
 def _result(jobs: list[dict], phase_set: int, faults: tuple[dict, ...] = ()) -> dict:
@@ -68,9 +72,7 @@ def test_without_the_exporter_begin_work_waits_for_the_stall_memory(phase_set):
     test above can fail."""
     waited = _started(_result([BEGIN], phase_set, (EXPORTER_DOWN,)), "b") - BEGIN["begin"]
     assert waited > scaling.STALL_MEMORY_SECONDS - BEGIN["begin"], waited
-    s = offline.stack_settings("dev", [])
-    b = scaling.reclaim_bounds(s.slurm_metrics_interval_seconds, s.keda_polling_seconds, 60, 60)
-    (row,) = [row for row in scaling.outage_bounds(b) if row.alert == scaling.RUNNABLE_JOBS_MISSING_ALERT]
+    (row,) = [row for row in scaling.outage_bounds(_bounds()) if row.alert == scaling.RUNNABLE_JOBS_MISSING_ALERT]
     assert waited <= row.wait(scaling.RUNNABLE_START, DURATION), waited
 
 
