@@ -1,11 +1,12 @@
 """The node bootstrap scripts, run for real against stub system commands, twice.
 
 Each test builds a sandbox: the files cloud-init writes (taken from the rendered user-data)
-under a root directory the scripts reach through TESTBED_ROOT, and a PATH of stub commands
-that log their calls and emulate just enough state (kubeadm init writes admin.conf, the
-driver install makes nvidia-smi work, mount makes mountpoint true). Only a few real tools
-(bash, sed, grep, ...) are on PATH, so a system command without a stub fails the run instead
-of touching the host; the tools that write files refuse paths outside the sandbox.
+under a root directory the scripts reach through TESTBED_ROOT, and stub commands, bash
+functions the scripts inherit, that log their calls and emulate just enough state (kubeadm
+init writes admin.conf, the driver install makes nvidia-smi work, mount makes mountpoint true).
+Only a few real tools (bash, grep, cat, ...) are on PATH, so a system command without a stub
+fails the run instead of touching the host; the tools that write files (sed, install, ...) are
+stubs that refuse paths outside the sandbox.
 
 Idempotency is the scripts' own: a second run must not init or join again, fetch keys again
 or duplicate a repository, export or fstab line, and must leave every file as the first run
@@ -82,9 +83,8 @@ CONTAINERD = {
 
 # Every stub: log the call, fail if a rule in $STUB_FAILS says so ("N PREFIX": the first N
 # calls starting with PREFIX fail), and offer `guard` against writing outside the sandbox.
-PROLOGUE = r"""#!{bash}
-set -u
-call="${0##*/} $*"
+PROLOGUE = r"""set -u
+call="${FUNCNAME[0]} $*"
 printf '%s\n' "$call" >>"$STUB_CALLS"
 if [ -f "$STUB_FAILS" ]; then
   while read -r times prefix; do
@@ -210,6 +210,22 @@ exec {chmod} "$@"
 HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
 CONSOLE = "/dev/console"
 REAL_TOOLS = ("bash", "env", "cat", "cut", "dirname", "grep", "mkdir", "rm", "tee")
+CONFINED_TOOLS = ("install", "sed", "touch", "chmod")  # stubs that run the real tool on sandbox paths
+
+
+def exported_function(name: str, body: str) -> tuple[str, str]:
+    """The stub NAME as an exported bash function, the environment entry `export -f` writes (bash
+    5.2 variables.c: BASH_FUNC_<name>%%, a value "() {...}"), which every shell the run starts
+    inherits. A call costs two forks of the calling shell, not a new bash from PATH, and acts as
+    a command would:
+    * the stub runs in the last element of a pipeline, a subshell that bash does not record as
+      the command being run, so a failing stub leaves $BASH_COMMAND, which the scripts' ERR trap
+      reports, the caller's command (a `( ... )` subshell would put its own text there: bash 5.2
+      execute_cmd.c, execute_command_internal), and its `exit` and variables stay its own;
+    * `&& :` keeps its failure from firing the ERR trap inside the function (on the function's
+      line) and the scripts' errexit off inside the stub: the trap fires at the call;
+    * its stdin is the caller's: fd 7 carries it past the pipe."""
+    return f"BASH_FUNC_{name}%%", f"() {{ {{ :; }} | {{\n{body}\n}} <&7 7<&- && :; }} 7<&0"
 
 
 def redirect_targets_outside_root(text: str) -> list[str]:
@@ -265,9 +281,9 @@ def count(calls: list[str], prefix: str) -> int:
 class Sandbox:
     def __init__(self, base: Path, user_data: str, containerd: str = "2.x"):
         self.base, self.root = base, base / "root"
-        self.bin, self.tools, self.state = base / "bin", base / "tools", base / "state"
+        self.tools, self.state = base / "tools", base / "state"
         self.calls_log, self.fails = base / "calls.log", base / "fails"
-        for d in (self.bin, self.tools, self.state):
+        for d in (self.tools, self.state):
             d.mkdir(parents=True)
         self.calls_log.touch()
         self._stubs()
@@ -312,16 +328,17 @@ class Sandbox:
             assert not redirect_targets_outside_root(bootstrap.script(name)), name
 
     def _stubs(self) -> None:
-        real = {name: shutil.which(name) for name in (*REAL_TOOLS, "install", "sed", "touch", "chmod")}
+        """The real tools on PATH, and the stubs as exported bash functions, which every script
+        the run starts inherits (each a fork of the calling shell, not a new bash on PATH)."""
+        real = {name: shutil.which(name) for name in (*REAL_TOOLS, *CONFINED_TOOLS)}
         assert all(real.values()), real
         for name in REAL_TOOLS:
             (self.tools / name).symlink_to(real[name])
-        for name, body in STUBS.items():
-            if name in ("install", "sed", "touch", "chmod"):
-                body = body.replace("{" + name + "}", real[name])
-            stub = self.bin / name
-            stub.write_text(PROLOGUE.replace("{bash}", real["bash"]) + body)
-            stub.chmod(0o755)
+        # name -> the stub's code; a test may replace one
+        self.stubs = {
+            name: PROLOGUE + (body.replace("{" + name + "}", real[name]) if name in CONFINED_TOOLS else body)
+            for name, body in STUBS.items()
+        }
 
     def path(self, host_path: str) -> Path:
         return self.root / host_path.lstrip("/")
@@ -357,13 +374,14 @@ class Sandbox:
     def run(self) -> Run:
         before = len(self.calls_log.read_text().splitlines())
         env = {
-            "PATH": f"{self.bin}:{self.tools}",
+            "PATH": str(self.tools),
             "TESTBED_ROOT": str(self.root),
             "HOME": str(self.base),
             "LC_ALL": "C",
             "STUB_CALLS": str(self.calls_log),
             "STUB_FAILS": str(self.fails),
             "STUB_STATE": str(self.state),
+            **dict(exported_function(name, body) for name, body in self.stubs.items()),
         }
         try:
             done = subprocess.run(self.command, env=env, cwd=self.base, capture_output=True, text=True, timeout=60)
@@ -895,7 +913,7 @@ def test_every_step_of_the_scripts_is_the_one_recorded_when_its_command_fails(tm
 
 def test_a_failing_command_records_its_own_exit_status(tmp_path):
     box = Sandbox(tmp_path, control_user_data())
-    (box.bin / "swapoff").write_text(f"#!{shutil.which('bash')}\nexit 7\n")
+    box.stubs["swapoff"] = "exit 7\n"
     assert box.run().returncode != 0
     status = recorded_status(box)
     assert (status["step"], status["exit"]) == ("swap off (kubelet refuses to start with swap)", "7")
