@@ -415,6 +415,33 @@ def test_the_controller_s_token_may_change_nothing_but_the_gpu_quotas(attack, qu
         assert not cel_policy.admit(POLICY, "UPDATE", new, old, "system:serviceaccount:kueue-system:kueue").evaluated
 
 
+@pytest.mark.parametrize(
+    "path, value, allowed",
+    [
+        (f"{GPU_ENTRY}/nominalQuota", 1, True),
+        (f"{GPU_ENTRY}/borrowingLimit", 4, False),
+        ("/spec/resourceGroups/1/flavors/0/resources/0/nominalQuota", 64, False),
+        ("/spec/resourceGroups/1/flavors/0/resources/0/lendingLimit", 0, False),
+    ],
+)
+def test_what_an_admin_set_beside_the_gpu_quotas_stays_as_set(path, value, allowed):
+    """A queue an admin gave a GPU borrowingLimit and a CPU group: the controller's token moves the
+    GPU quotas, not those values (a CPU entry's nominalQuota and lendingLimit included)."""
+    queue = copy.deepcopy(kueue.cluster_queues(names().shares)[1])
+    groups = queue["spec"]["resourceGroups"]
+    groups[0]["flavors"][0]["resources"][0]["borrowingLimit"] = 1
+    cpu = {"name": "cpu", "nominalQuota": 32, "lendingLimit": 8}
+    groups.append({"coveredResources": ["cpu"], "flavors": [{"name": "cpu-worker", "resources": [cpu]}]})
+    old = served(queue)
+    assert schema_problems(old) == [] and webhook_problems(old) == []
+    new = written(old, [{"op": "replace", "path": path, "value": value}])
+    decision = cel_policy.admit(POLICY, "UPDATE", new, old, CONTROLLER)
+    assert decision.allowed is allowed
+    if not allowed:
+        (message,) = decision.denials
+        assert "it changed another field of spec.resourceGroups" in message
+
+
 @pytest.mark.parametrize("operation", ["CREATE", "DELETE"])
 def test_the_controller_s_token_may_neither_create_nor_delete_a_queue(operation):
     queue = served(kueue.cluster_queues(names().shares)[0])
