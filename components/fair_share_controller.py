@@ -373,6 +373,22 @@ def quota_policy(n: Names) -> dict:
     }
 
 
+def quota_policy_lines(policies: Sequence[dict]) -> list[str]:
+    """What the controller's token may change, as `plan` prints it, read from the rendered
+    policies (others ignored)."""
+    (gpus,) = [
+        int(v["expression"])
+        for p in policies
+        if p["metadata"]["name"] == QUOTA_POLICY
+        for v in p["spec"]["variables"]
+        if v["name"] == GPUS_VARIABLE
+    ]
+    return [
+        f"its token may change only the queues' {GPU_RESOURCE} {' and '.join(QUOTA_FIELDS)}, from 0 to {gpus} "
+        f"GPUs; {QUOTA_POLICY} refuses anything else (stopPolicy, cohort, preemption, flavors, labels...)"
+    ]
+
+
 def quota_policy_binding() -> dict:
     return {
         "apiVersion": ADMISSION_API_VERSION,

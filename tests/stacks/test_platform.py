@@ -592,6 +592,15 @@ def test_the_quota_policy_is_bound_before_the_controller_runs_for_the_account_it
     assert not cel_policy.admit(rendered, "UPDATE", changed, queue, user).allowed
 
 
+def test_plan_says_what_the_controller_s_token_may_change_from_the_recorded_policy():
+    rec = run_program(aiJobMaxMinutes=90, workerCount=2)  # the run-limit test's settings: one recording
+    text = artifacts.plan_text(rec).replace("\n        ", " ")
+    assert (
+        "its token may change only the queues' nvidia.com/gpu nominalQuota and lendingLimit, from 0 to 2 GPUs" in text
+    )
+    assert f"{fair_share_controller.QUOTA_POLICY} refuses anything else" in text
+
+
 def test_the_controller_runs_the_repository_s_files_against_the_scaler_s_prometheus(default_run):
     parts = {reveal(r.inputs)["kind"]: reveal(r.inputs) for r in _fair_share(default_run)}
     data = parts["ConfigMap"]["data"]
