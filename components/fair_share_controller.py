@@ -218,10 +218,12 @@ def deployment(n: Names, image: str) -> dict:
 # What the loop patches (fair_share_loop.quota_patch): the GPU entry's nominalQuota and, where it
 # has one, its lendingLimit. RBAC cannot narrow a `patch` to fields, so this policy does.
 QUOTA_FIELDS = ("nominalQuota", "lendingLimit")
-# The API server's own bookkeeping on every write, set after the patch and before admission:
-# managedFields (the patch's fieldManager), resourceVersion, and generation (bumped on a spec
-# change) (kubernetes/kubernetes@v1.34.0 staging/src/k8s.io/apiserver/pkg/registry/rest/update.go
-# BeforeUpdate, staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go).
+# The API server's own bookkeeping on a write, set after the patch and before validating
+# admission: managedFields (the patch's fieldManager: kubernetes/kubernetes@v1.34.0 staging/src/
+# k8s.io/apiserver/pkg/endpoints/handlers/patch.go), resourceVersion, and generation, bumped when
+# anything but metadata changed (staging/src/k8s.io/apiextensions-apiserver/pkg/registry/
+# customresource/strategy.go PrepareForUpdate, which also keeps the old status: a write to the
+# main resource cannot change it).
 SERVER_SET_METADATA = ("managedFields", "resourceVersion", "generation")
 QUOTA_POLICY = f"testbed-{FAIR_SHARE_CONTROLLER}-quotas-only"
 GPUS_VARIABLE = "gpus"
