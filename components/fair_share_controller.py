@@ -12,6 +12,12 @@ read-only root and only a ConfigMap and its token mounted. It serves nothing, so
 guards a port; Flannel, the cluster's network, enforces none anyway (flannel-io/flannel@v0.27.4
 README.md: "For network policy, other projects such as Calico can be used").
 
+RBAC cannot narrow a `patch` to fields, so a ValidatingAdmissionPolicy (`quota_policy`) lets the
+controller's account change nothing but the GPU entries' nominalQuota and lendingLimit values,
+within 0..gpusTotal; it matches that account alone, so the admin's and Pulumi's writes (`pulumi
+destroy` deleting the queues included) and Kueue's are never its business. Bound before the
+Deployment is created; on destroy the Deployment goes first, then the binding, then the policy.
+
 Kueue's ClusterQueue webhook accepts the patch: on an update it validates the new spec as on a
 create (lendingLimit at most nominalQuota, no negative quota; the resource groups are mutable)
 and keeps only concurrentAdmissionPolicy immutable (kubernetes-sigs/kueue@v0.19.2:
