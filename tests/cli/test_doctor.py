@@ -13,7 +13,7 @@ from urllib3.exceptions import MaxRetryError
 
 from cli import doctor
 from cli.checklist import FAIL, OK
-from components import ai_run_limit, keda, kueue, readiness_gate
+from components import ai_run_limit, fair_share_controller, keda, kueue, readiness_gate
 from components import slurmd_scaling as scaling
 from core import host_layout, names
 from core.settings import load
@@ -102,7 +102,8 @@ class FakeKube:
             else:
                 self.cluster_objects[plural, obj["metadata"]["name"]] = live
         plurals = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies"}
-        for obj in ai_run_limit.stack_objects(self.n):
+        quota_only = (fair_share_controller.quota_policy(self.n), fair_share_controller.quota_policy_binding())
+        for obj in [*ai_run_limit.stack_objects(self.n), *quota_only]:
             plural = plurals.get(obj["kind"], "validatingadmissionpolicybindings")
             self.cluster_objects[plural, obj["metadata"]["name"]] = json.loads(json.dumps(obj))
         self.calls: list[tuple] = []
@@ -181,7 +182,9 @@ def test_a_healthy_testbed(tmp_path):
     assert {c.status for c in checks} == {OK}, [c.lines() for c in checks]
     assert len(by(checks, "node")) == 1 + s.worker_count and len(by(checks, "pods")) == len(doctor.PLATFORM_NAMESPACES)
     assert len(by(checks, "kueue")) == 1 + 1 + 2 + 2  # pods, the dry-run Workload, two ClusterQueues, two LocalQueues
-    assert len(by(checks, "admission")) == len(ai_run_limit.stack_objects(kube.n))
+    assert len(by(checks, "admission")) == len(ai_run_limit.stack_objects(kube.n)) + 2  # and the quota policy, bound
+    (quota,) = [c for c in by(checks, "admission") if c.detail.startswith("ValidatingAdmissionPolicy testbed-fair")]
+    assert quota.detail.endswith("may change only GPU quotas, 0 to 4"), quota.detail
     assert [c.detail.split(" admits")[0] for c in by(checks, "webhook")] == [
         "cert-manager",
         "Slinky operator",
@@ -459,6 +462,10 @@ def _policy(kube, kind):
     return kube.cluster_objects[kind, f"{ai_run_limit.POLICY_PREFIX}-pytorchjobs"]
 
 
+def _quota_policy(kube):
+    return kube.cluster_objects["validatingadmissionpolicies", fair_share_controller.QUOTA_POLICY]
+
+
 def _not_ready(pods):
     pods[0]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
 
@@ -593,6 +600,25 @@ BROKEN = {
         "admission",
         f"ValidatingAdmissionPolicyBinding {ai_run_limit.POLICY_PREFIX}-pytorchjobs: validationActions ['Warn'] "
         "(expected ['Deny'])",
+        REDEPLOY,
+    ),
+    # the fair-share controller's quota policy
+    "quota policy that lets stopPolicy change": (
+        lambda k: _quota_policy(k)["spec"]["validations"][2].update(expression="true"),
+        "admission",
+        f"ValidatingAdmissionPolicy {fair_share_controller.QUOTA_POLICY} differs from the program's in validations",
+        REDEPLOY,
+    ),
+    "quota policy matching other queues' group": (
+        lambda k: _quota_policy(k)["spec"]["matchConstraints"]["resourceRules"][0].update(apiGroups=["x"]),
+        "admission",
+        f"ValidatingAdmissionPolicy {fair_share_controller.QUOTA_POLICY} differs from the program's in matchConstraints",
+        REDEPLOY,
+    ),
+    "quota binding missing": (
+        lambda k: k.cluster_objects.pop(("validatingadmissionpolicybindings", fair_share_controller.QUOTA_POLICY)),
+        "admission",
+        f"ValidatingAdmissionPolicyBinding {fair_share_controller.QUOTA_POLICY} is missing",
         REDEPLOY,
     ),
     "binding missing": (
