@@ -16,8 +16,10 @@ import re
 
 import pytest
 
+from cli import doctor
 from components import slinky, slurm_config
 from core.names import slurm_names
+from stacks import offline
 from tests.engines import harness
 from tests.engines.conftest import engine_marks, worker_index
 
@@ -33,6 +35,20 @@ def operator_only(values: dict) -> dict:
     """The chart values without the program's AuthAltParameters: the operator's slurm.conf alone."""
     conf = {k: v for k, v in values["controller"]["extraConfMap"].items() if k != "AuthAltParameters"}
     return {**values, "controller": {**values["controller"], "extraConfMap": conf}}
+
+
+def doctor_check(slurm: harness.Engines) -> doctor.Check:
+    """`doctor`'s slurm-tokens check, its `scontrol show config` run in this slurmctld."""
+
+    class Kube:
+        def exec(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str]:
+            done = slurm.client(*command)
+            return done.returncode, done.stdout + done.stderr
+
+    d = doctor.Doctor(offline.stack_settings("dev", []), Kube(), None)  # type: ignore[arg-type]
+    d.token_creation()
+    (check,) = d.checks
+    return check
 
 
 def ask_for_token(slurm: harness.Engines, uid: str, *args: str) -> str:
@@ -57,6 +73,7 @@ def test_only_root_and_slurmuser_may_ask_for_a_token(engine_root, tmp_path, depl
             assert in_effect["AuthAltParameters"].endswith("," + slinky.DISABLE_TOKEN_CREATION)
         else:
             assert in_effect["AuthAltParameters"] == slurm_config.OPERATOR_AUTH_ALT_PARAMETERS
+        assert doctor_check(slurm).status == (doctor.OK if program else doctor.FAIL)
         # nobody, for itself, a year: refused with the program's slurm.conf, let through without it.
         assert (REFUSED if program else LET_THROUGH) in ask_for_token(slurm, NOBODY, LIFESPAN)
         # root and SlurmUser are exempt (validate_slurm_user), also asking for another user's token.
