@@ -13,7 +13,7 @@ from urllib3.exceptions import MaxRetryError
 
 from cli import doctor
 from cli.checklist import FAIL, OK
-from components import ai_run_limit, fair_share_controller, keda, kueue, readiness_gate
+from components import ai_run_limit, fair_share_controller, keda, kueue, readiness_gate, slinky, slurm_config
 from components import slurmd_scaling as scaling
 from core import host_layout, names
 from core.settings import load
@@ -62,6 +62,12 @@ class FakeKube:
         self.pod_lists[names.KUEUE_NAMESPACE] = [_pod(f"{names.kueue_controller_manager()}-7c9b-q", {})]
         self.refuse: set[str] = set()
         self.sinfo = (0, "".join(f"{p} up 4 idle\n" for p in self.n.slurm.partitions))
+        # `scontrol show config` of a slurmctld booted from the program's slurm.conf (its last value)
+        rendered = slurm_config.slurm_conf(
+            slinky.slurm_values(s.slinky_version, s.slurm_image_tag, self.n.slurm), self.n.slurm
+        )
+        auth = slurm_config.global_setting(rendered, "AuthAltParameters", "(null)")
+        self.config = (0, f"AuthAltTypes            = auth/jwt\nAuthAltParameters       = {auth}\nAuthInfo = (null)\n")
         # what components/keda.py deploys for this stack, as KEDA reports it when Slurm is idle
         self.queries = {t["name"]: t["metadata"]["query"] for t in keda.triggers(self.n)}
         self.scaled = {
@@ -121,7 +127,7 @@ class FakeKube:
 
     def exec(self, namespace, pod, container, command):
         self.calls.append(("exec", namespace, pod, container, command[0]))
-        return self.sinfo
+        return {"sinfo": self.sinfo, "scontrol": self.config}[command[0]]
 
     def get(self, group, version, namespace, plural, name):
         self.calls.append(("get", group, namespace, plural, name))
@@ -300,6 +306,23 @@ def test_sinfo_failures():
     kube.sinfo = (1, "slurm_load_partitions: Unable to contact slurm controller")
     (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
     assert "exited 1: slurm_load_partitions" in failed.detail
+
+
+def test_a_slurmctld_that_mints_tokens_for_anyone():
+    """The operator's AuthAltParameters in effect (the program's override lost), and scontrol failing."""
+    s = settings()
+    kube = FakeKube(s)
+    (ok,) = [c for c in doctor.Doctor(s, kube, None).run() if c.name == "slurm-tokens"]
+    assert ok.status == OK and ok.detail.endswith(f",{slinky.DISABLE_TOKEN_CREATION})")
+    kube.config = (0, f"AuthAltParameters       = {slurm_config.OPERATOR_AUTH_ALT_PARAMETERS}\n")
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert failed.name == "slurm-tokens" and failed.detail.startswith(
+        f"AuthAltParameters={slurm_config.OPERATOR_AUTH_ALT_PARAMETERS}: any Slurm user"
+    )
+    assert failed.remedy.startswith(f"pulumi up --refresh --stack {s.stack}")
+    kube.config = (1, "slurm_load_ctl_conf error: Unable to contact slurm controller")
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert failed.name == "slurm-tokens" and "exited 1: slurm_load_ctl_conf" in failed.detail
 
 
 def test_scaled_object_not_ready_and_prometheus_without_slurmctld():

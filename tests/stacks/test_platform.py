@@ -172,6 +172,24 @@ def test_slurmctld_sizes_gpu_only_jobs_with_the_shipped_job_submit_lua(default_r
     assert values["configFiles"]["job_submit.lua"] == slinky.JOB_SUBMIT_LUA.read_text()
 
 
+def test_slurmctld_mints_tokens_for_root_and_slurmuser_only(default_run):
+    """The deployed slurm.conf gives AuthAltParameters twice: the operator's `jwt_key=` line, then
+    the program's in EXTRA CONFIG, which Slurm keeps (the last value read): the same key file, so
+    slurmctld still checks the exporter Token's JWT, and disable_token_creation, so `scontrol token`
+    mints no token for any other user (tests/engines/test_slurm_token.py runs this file). The real
+    chart 1.0.5 renders the same line in the Controller's extraConf (render_charts.py)."""
+    conf = artifacts.slurm_files(default_run)["slurm.conf"]
+    given = [line["authaltparameters"] for line in slurm_config.conf_lines(conf) if "authaltparameters" in line]
+    assert given[0] == slurm_config.OPERATOR_AUTH_ALT_PARAMETERS
+    assert conf.index("### EXTRA CONFIG ###") < conf.rindex("AuthAltParameters=")
+    options = slurm_config.global_setting(conf, "AuthAltParameters", "").split(",")
+    assert slinky.DISABLE_TOKEN_CREATION in options
+    # auth_jwt.c _init_hs256 reads the first jwt_key= option; without one it looks in StateSaveLocation.
+    assert [o for o in options if o.startswith("jwt_key=")] == [slurm_config.OPERATOR_AUTH_ALT_PARAMETERS]
+    (token,) = by_type(default_run, tokens.SLURM_TOKEN)
+    assert slurm_config.JWT_KEY_FILE.endswith("/" + token.inputs["spec"]["jwtHs256KeyRef"]["key"])
+
+
 def test_job_submit_lua_holds_jobs_to_the_stack_s_worker_type():
     """The node shape the script enforces is workerInstanceType's, from core/instance_types.py."""
     values = release(run_program(workerInstanceType="g5.2xlarge"), "slurm").inputs["values"]
