@@ -13,6 +13,7 @@ from core import names
 from stacks.offline import ROOT, reveal
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
+from tests.core.test_versions import article_config
 
 
 def release(rec, name):
@@ -306,7 +307,7 @@ def test_no_loadbalancer_or_nodeport_services_by_default(default_run):
 def test_gates_are_proven_again_when_their_release_is_upgraded(gate, release_name):
     default, upgraded = (
         run_program(),
-        run_program(certManagerVersion="v1.19.2", slinkyVersion="1.0.0", kedaVersion="2.16.1"),  # the article's
+        run_program(**article_config()),  # the article's set, as tests/core/test_versions.py runs it: one recording
     )
     for rec in (default, upgraded):
         triggers = reveal(rec.named(gate).inputs["triggers"])
