@@ -227,7 +227,8 @@ def stub_handler(stubs: dict[str, str]) -> dict[str, str]:
     and starts as a program does, without the scripts' errexit, pipefail and ERR trap. Unlike a
     program it sees the scripts' unexported variables: a stub reads only its own STUB_*, and
     TESTBED_ROOT and KUBECONFIG, which the kubectl stub checks is exported. A command without a
-    stub fails as bash fails it: not found, exit 127."""
+    stub fails as bash fails it: not found, exit 127; so does a stubbed one that env, xargs,
+    timeout, sudo or exec would start (the scripts start none so), as bash does not look it up."""
     cases = "".join(f"{name})\n{code}\n;;\n" for name, code in stubs.items())
     missing = """*) echo "$stub: command not found (no stub)" >&2; exit 127 ;;\n"""
     start = f"set +eE +o pipefail\ntrap - ERR\nset -u\nstub=$1\nshift\n{STUB_FUNCTIONS}"
