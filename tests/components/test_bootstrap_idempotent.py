@@ -624,6 +624,7 @@ def test_a_retried_step_that_never_succeeds_is_retried_the_stated_number_of_time
         (control_user_data, "KUBERNETES_MINOR", "node-common.sh"),
         (control_user_data, "SLURM_UID", "control-plane.sh"),
         (control_user_data, "CA_KEY_WAIT_SECONDS", "control-plane.sh"),
+        (control_user_data, "TOOLS_UID", "control-plane.sh"),
         (worker_user_data, "CONTROL_PLANE_IP", "gpu-worker.sh"),
         (worker_user_data, "CRI_SOCKET", "gpu-worker.sh"),
     ],
@@ -801,6 +802,8 @@ def test_control_plane_steps_in_order(clean_runs):
 def test_gpu_worker_steps_in_order(clean_runs):
     run = clean_runs("worker").first
     toolkit = f"{S.nvidia_container_toolkit_version}-1"
+    cuda = bootstrap.DRIVER_CUDA_MAJOR[S.nvidia_driver_branch]
+    dcgm = [f"datacenter-gpu-manager-4-{p}" for p in ("core", "proprietary", f"cuda{cuda}", f"proprietary-cuda{cuda}")]
     assert (
         in_order(
             run.calls,
@@ -815,6 +818,13 @@ def test_gpu_worker_steps_in_order(clean_runs):
             "nvidia-ctk runtime configure --runtime=containerd --set-as-default",
             "systemctl restart containerd",  # after nvidia-ctk: the nvidia runtime is containerd's default
             "mount",
+            f"curl {CUDA_REPO}/3bf863cc.pub",
+            "gpg --dearmor",  # the CUDA repository's keyring, which its apt source names
+            "apt-get update",  # reads the DCGM repository just added
+            "apt-get install " + " ".join(f"{package}=1:{bootstrap.DCGM_VERSION}-1" for package in dcgm),
+            "apt-mark hold " + " ".join(dcgm),  # as the driver: unattended-upgrades must not move it
+            "systemctl start nvidia-dcgm",
+            "dcgmi diag -r 1",
             "kubeadm join --config",
         )
         == []
