@@ -25,6 +25,7 @@ TESTS = (
     "tests/components/test_bootstrap_idempotent.py",
     "tests/components/test_bootstrap.py",
     "tests/components/test_gpu_enforcement.py",  # the toolkit settings, the package holds
+    "tests/components/test_host_key.py",  # control-plane.sh's host key on the console, its step
 )
 COPY: tuple[str, ...] = ("core", "components", "stacks", "cli", "tests", "validation", "values", "jobs", "docs")
 COPY += ("pytest.ini", "README.md", "Pulumi.yaml", "Pulumi.dev.yaml", "__main__.py")
