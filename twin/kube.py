@@ -303,8 +303,11 @@ class Kubernetes:
         for job in self.open_jobs:
             if job.started is None and job.pods and all(p.running(now) for p in job.pods):
                 job.started = now
-            stalled = any(p.gpu in self.failed for p in job.pods)  # its node is down: its work stands still
-            if job.started is not None and now >= job.started + job.runtime and not stalled:
+            if (
+                job.started is not None
+                and now >= job.started + job.runtime
+                and not any(p.gpu in self.failed for p in job.pods)  # its node is down: its work stands still
+            ):
                 job.finished = now
                 for pod in job.pods:
                     self._gone(pod, now)  # Succeeded: the GPU goes back
