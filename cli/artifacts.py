@@ -290,10 +290,11 @@ def plan_text(rec: Recording) -> str:
         f"{FAIR_SHARE_NAMESPACE}/{FAIR_SHARE_CONTROLLER}",
     )
     lines += ["  " + line for line in contract]
+    policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]  # every policy the program creates
+    lines += ["    " + line for line in fair_share_controller.quota_policy_lines(policies)]
     lines += ["  " + line for line in runnable_input_lines(rec)]
     starvation = fair_share_controller.no_starvation_bounds(names)  # the controller's turn limit too
     lines += ["  " + line for line in fair_share.no_starvation_lines(starvation, slurmd_scaling.FAIR_SHARE)]
-    policies = [reveal(r.inputs) for r in rec.of_type(RUN_LIMIT_POLICY)]
     lines += ["  " + line for line in ai_run_limit.policy_lines(ai_run_limit.limits(policies))]
     lines.append("Slurm limits (slurm.conf; job_submit.lua refuses a job over one at submit):")
     lines += ["  " + line for line in slurm_limit_lines(rec)]

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from cli import as_typed, checklist, doctor_platform, typed_command
 from cli.checklist import FAIL, OK, Check
-from components import readiness_gate
+from components import readiness_gate, slinky
 from core import host_layout, names, user_files
 from core.names import GPU_RESOURCE
 from core.settings import Settings, SettingsError
@@ -170,6 +170,7 @@ class Doctor:
             ("pods", self.pods),
             ("webhook", self.webhooks),
             ("sinfo", self.sinfo),
+            ("slurm-tokens", self.token_creation),
             ("kueue", lambda: self.checks.extend(doctor_platform.kueue_checks(self.n, self.kube, self.s.stack))),
             ("scaledobject", lambda: self.checks.extend(doctor_platform.keda_checks(self.n, self.kube, self.s.stack))),
             ("prometheus", self.prometheus),
@@ -268,6 +269,28 @@ class Doctor:
             self.checks.append(Check("sinfo", FAIL, f"partitions {', '.join(missing)} missing from sinfo"))
         else:
             self.checks.append(Check("sinfo", OK, f"slurmctld answers; partitions {', '.join(slurm.partitions)}"))
+
+    def token_creation(self) -> None:
+        """The AuthAltParameters slurmctld runs with carry disable_token_creation: the program's
+        line in controller.extraConfMap won over the operator's (components/slinky.py
+        _auth_alt_parameters), which only the running slurmctld can say."""
+        slurm = self.n.slurm
+        command = ["scontrol", "show", "config"]
+        code, out = self.kube.exec(slurm.namespace, slurm.controller_pod, names.SLURMCTLD_CONTAINER, command)
+        if code != 0:
+            detail = f"scontrol show config in {slurm.controller_pod} exited {code}: {out.strip()[:200]}"
+            self.checks.append(Check("slurm-tokens", FAIL, detail))
+            return
+        found = re.search(r"^AuthAltParameters\s*=\s*(\S*)", out, flags=re.M)
+        value = found[1] if found else ""
+        if slinky.DISABLE_TOKEN_CREATION in value.split(","):
+            self.checks.append(
+                Check("slurm-tokens", OK, f"only root and SlurmUser mint JWTs (AuthAltParameters={value})")
+            )
+            return
+        detail = f"AuthAltParameters={value[:200]}: any Slurm user, or any JWT's holder, may mint itself a token"
+        fix = f"pulumi up --refresh --stack {self.s.stack}  (then see docs/security-and-day2.md if it stays)"
+        self.checks.append(Check("slurm-tokens", FAIL, detail, remedy=fix))
 
     def prometheus(self) -> None:
         # The queries the deployed ScaledObject runs (components/keda.py: the default policy, the

@@ -1,8 +1,8 @@
-"""The doctor's checks of what admits and scales the work: Kueue, KEDA and the AI run-limit
-policies. Each failed check carries the one command that fixes it (or shows why).
+"""The doctor's checks of what admits and scales the work: Kueue, KEDA, the AI run-limit
+policies and the fair-share controller's quota policy. Each failed check carries the one command that fixes it (or shows why).
 
 Every name comes from the names contract and every expected value from the renderers the
-program deploys (components/kueue.py, keda.py, ai_run_limit.py), so a check compares the
+program deploys (components/kueue.py, keda.py, ai_run_limit.py, fair_share_controller.py), so a check compares the
 cluster with what this stack would create. `kube` is the doctor's `Kube` (cli/doctor.py).
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cli.checklist import FAIL, OK, Check
-from components import ai_run_limit, keda, kueue
+from components import ai_run_limit, fair_share_controller, keda, kueue
 from core import names
 
 KUEUE_GROUP, KUEUE_VERSION = names.KUEUE_GROUP_VERSION.split("/")
@@ -245,40 +245,67 @@ def _hpa_check(n: names.Names, kube: Any, obj: dict, stack: str) -> Check:
 
 
 def admission_checks(n: names.Names, kube: Any, stack: str) -> list[Check]:
-    """Each run-limit policy with this stack's limits, and its binding denying."""
+    """Each run-limit policy with this stack's limits, the fair-share controller's quota policy
+    with the program's rules, and each binding denying."""
     checks = []
-    for expected in ai_run_limit.stack_objects(n):
+    quota_only = (fair_share_controller.quota_policy(n), fair_share_controller.quota_policy_binding())
+    for expected in [*ai_run_limit.stack_objects(n), *quota_only]:
         kind, name = expected["kind"], expected["metadata"]["name"]
         plural = POLICY_PLURALS[kind]
         live = _read(kube.get_cluster, POLICY_GROUP, POLICY_VERSION, plural, name)
         if live is None:
             checks.append(Check("admission", FAIL, f"{kind} {name} is missing", remedy=_redeploy(stack)))
             continue
-        if kind == "ValidatingAdmissionPolicy":
-            want = ai_run_limit.limits([expected])
-            try:
-                have = ai_run_limit.limits([live])
-            except (KeyError, TypeError, ValueError):  # its variables are not the program's
-                have = None
-            if have != want:
-                shown = f"{have.max_seconds} s and {have.gpus} GPUs" if have else "unreadable limits"
-                checks.append(
-                    Check(
-                        "admission",
-                        FAIL,
-                        f"{kind} {name} allows {shown}, expected {want.max_seconds} s and {want.gpus} GPUs",
-                        remedy=_redeploy(stack),
-                    )
-                )
-                continue
-            detail = f"at most {want.max_seconds} s, {want.gpus} GPUs"
+        if kind == "ValidatingAdmissionPolicyBinding":
+            problem, detail = _binding_problem(live, expected)
+        elif name == fair_share_controller.QUOTA_POLICY:
+            problem, detail = _quota_policy_problem(live, expected, n)
         else:
-            spec, want_spec = live.get("spec") or {}, expected["spec"]
-            differs = [k for k in ("policyName", "validationActions") if spec.get(k) != want_spec[k]]
-            if differs:
-                shown = ", ".join(f"{k} {spec.get(k)!r} (expected {want_spec[k]!r})" for k in differs)
-                checks.append(Check("admission", FAIL, f"{kind} {name}: {shown}", remedy=_redeploy(stack)))
-                continue
-            detail = f"{', '.join(want_spec['validationActions'])} by {want_spec['policyName']}"
-        checks.append(Check("admission", OK, f"{kind} {name} in place: {detail}"))
+            problem, detail = _run_limit_problem(live, expected)
+        if problem:
+            checks.append(Check("admission", FAIL, f"{kind} {name}{problem}", remedy=_redeploy(stack)))
+        else:
+            checks.append(Check("admission", OK, f"{kind} {name} in place: {detail}"))
     return checks
+
+
+# Each returns what is wrong (following the object's kind and name in a failed check), or "" and
+# what is in place.
+
+
+def _run_limit_problem(live: dict, expected: dict) -> tuple[str, str]:
+    want = ai_run_limit.limits([expected])
+    try:
+        have = ai_run_limit.limits([live])
+    except (KeyError, TypeError, ValueError):  # its variables are not the program's
+        have = None
+    if have != want:
+        shown = f"{have.max_seconds} s and {have.gpus} GPUs" if have else "unreadable limits"
+        return f" allows {shown}, expected {want.max_seconds} s and {want.gpus} GPUs", ""
+    return "", f"at most {want.max_seconds} s, {want.gpus} GPUs"
+
+
+def _quota_policy_problem(live: dict, expected: dict, n: names.Names) -> tuple[str, str]:
+    """Its rules, whom it matches and its GPU bound, as the program renders them."""
+    spec = live.get("spec") or {}
+    differs = [
+        k
+        for k in ("matchConditions", "variables", "validations", "failurePolicy")
+        if spec.get(k) != expected["spec"][k]
+    ]
+    # the API server fills in what the program leaves to defaults (empty selectors, a rule's scope)
+    rules = (spec.get("matchConstraints") or {}).get("resourceRules") or []
+    want_rules = expected["spec"]["matchConstraints"]["resourceRules"]
+    if [{k: r.get(k) for k in want_rules[0]} for r in rules] != want_rules:
+        differs.insert(0, "matchConstraints")
+    if differs:
+        return f" differs from the program's in {', '.join(differs)}", ""
+    return "", f"{fair_share_controller.controller_user()} may change only GPU quotas, 0 to {n.shares.gpus_total}"
+
+
+def _binding_problem(live: dict, expected: dict) -> tuple[str, str]:
+    spec, want_spec = live.get("spec") or {}, expected["spec"]
+    differs = [k for k in ("policyName", "validationActions") if spec.get(k) != want_spec[k]]
+    if differs:
+        return ": " + ", ".join(f"{k} {spec.get(k)!r} (expected {want_spec[k]!r})" for k in differs), ""
+    return "", f"{', '.join(want_spec['validationActions'])} by {want_spec['policyName']}"

@@ -201,18 +201,22 @@ class Preflight:
     def __init__(self, s: Settings, need: Needs, session: Any):
         self.s, self.need, self.session = s, need, session
         self.checks: list[Check] = []
+        self._clients: dict[str, Any] = {}
         self.ec2 = self._client("ec2")
         self.account = ""  # the caller's, from the identity check
 
     def _client(self, service: str) -> Any:
-        """A client with the bounded waits, or Unreachable for a configuration botocore refuses
-        (a key id without its secret, an endpoint URL that is not a URL, an unknown profile)."""
+        """A client with the bounded waits, made once per service (making one loads its model),
+        or Unreachable for a configuration botocore refuses (a key id without its secret, an
+        endpoint URL that is not a URL, an unknown profile)."""
         from botocore.exceptions import BotoCoreError
 
-        try:
-            return self.session.client(service, region_name=self.s.region, config=client_config())
-        except (BotoCoreError, ValueError) as error:
-            raise Unreachable(f"aws configuration: {error}") from None
+        if service not in self._clients:
+            try:
+                self._clients[service] = self.session.client(service, region_name=self.s.region, config=client_config())
+            except (BotoCoreError, ValueError) as error:
+                raise Unreachable(f"aws configuration: {error}") from None
+        return self._clients[service]
 
     def run(self) -> list[Check]:
         self._identity()

@@ -417,13 +417,15 @@ class AiRunLimit(pulumi.ComponentResource):
         self.register_outputs({"maxSeconds": args.max_minutes * 60})
 
 
-def policy_and_binding(name: str, rule: dict, bound: dict, opts: pulumi.ResourceOptions) -> None:
+def policy_and_binding(
+    name: str, rule: dict, bound: dict, opts: pulumi.ResourceOptions
+) -> k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding:
     """A ValidatingAdmissionPolicy and its binding, the binding created after the policy: one bound
-    to a policy not there yet binds nothing."""
+    to a policy not there yet binds nothing. The binding, for what must come after both."""
     created = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
         name, metadata=rule["metadata"], spec=rule["spec"], opts=opts
     )
-    k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+    return k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
         f"{name}-binding",
         metadata=bound["metadata"],
         spec=bound["spec"],

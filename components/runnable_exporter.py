@@ -17,7 +17,8 @@ monitoring stack (the ServiceMonitor CRD) are up.
   helm/slurm/templates/_slurm.tpl slurm.authJwtHs256Ref) into Secret `<token>-jwt-<username>`, key
   `SLURM_JWT`, renewed before it expires (`refresh`). The user is `nobody`, the CRD's own default:
   not an operator or admin, so the token reads jobs and changes no one else's (tests/engines/
-  test_runnable_jobs.py); 15 min, the CRD's default lifetime, keeps a leaked one short-lived.
+  test_runnable_jobs.py); 15 min, the CRD's default lifetime, keeps a leaked one short-lived, as
+  slurmctld mints no longer one for `nobody` (components/slinky.py _auth_alt_parameters).
 * Its pod: non-root, no privilege escalation, every capability dropped, a read-only root, no
   service-account token (it calls no Kubernetes API); it mounts only its code and the JWT.
 * Prometheus scrapes it through a ServiceMonitor labelled as kube-prometheus-stack selects

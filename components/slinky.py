@@ -13,7 +13,7 @@ import pulumi
 import pulumi_command as command
 import pulumi_kubernetes as k8s
 
-from components import helm
+from components import helm, slurm_config
 from components.webhook_gate import webhook_gate
 from core import host_layout, instance_types
 from core.names import (
@@ -143,6 +143,28 @@ ENFORCE_PART_LIMITS = "NO"
 DEPENDENCY_PARAMETERS = "kill_invalid_depend"
 
 
+DISABLE_TOKEN_CREATION = "disable_token_creation"
+
+
+def _auth_alt_parameters() -> dict:
+    """AuthAltParameters again, after the operator's `jwt_key=...` line: the same key file (without
+    it slurmctld would look for the key in StateSaveLocation; auth_jwt.c _init_hs256) and
+    disable_token_creation, so only root and SlurmUser may mint a JWT with `scontrol token`
+    (SchedMD/slurm@slurm-25-11-6-1 and @slurm-26-05-0-1: src/slurmctld/proc_req.c
+    _slurm_rpc_auth_token, validate_slurm_user). Without it any user, or anyone holding any valid
+    token such as the exporter's 15-minute one for `nobody`, mints a token of any lifespan for itself.
+    Slurm keeps the last value of a keyword given twice (src/common/parse_config.c _handle_common:
+    "specified more than once, latest value used"), and the operator writes controller.extraConf after
+    its own lines (SlinkyProject/slurm-operator@v1.0.5: internal/builder/controller_config.go
+    buildSlurmConf), which has no other way to change them. Nothing here asks slurmctld for a token:
+    the operator signs its own (slurm, for slurmrestd) and each Token's with the key itself
+    (internal/controller/slurmclient/slurmclient_sync.go, internal/builder/token_secret.go).
+    max_token_lifespan is not set: it binds exactly the users disable_token_creation refuses (root and
+    SlurmUser are exempt), and slurmctld applies it only when minting, never when it checks a token
+    (auth_jwt.c checks `exp` alone), so it cannot shorten a token the operator signs."""
+    return {"AuthAltParameters": [slurm_config.OPERATOR_AUTH_ALT_PARAMETERS, DISABLE_TOKEN_CREATION]}
+
+
 def _job_submit_plugin() -> dict:
     """JobSubmitPlugins=lua runs /etc/slurm/job_submit.lua (beside slurm.conf) on every submission
     (SchedMD/slurm@slurm-25-11-0-1:src/plugins/job_submit/lua/job_submit_lua.c init). The plugin is in
@@ -227,12 +249,15 @@ def slurm_values(
         # (slurm_config.epilog_slurmctld_files, which cites both at v1.0.5).
         "epilogSlurmctldScripts": {OUTPUT_DIGEST_SCRIPT.name: OUTPUT_DIGEST_SCRIPT.read_text()},
     }
+    computed["controller"]["extraConfMap"] = _auth_alt_parameters()
     if limits:
-        computed["controller"]["extraConfMap"] = {
-            "EnforcePartLimits": ENFORCE_PART_LIMITS,
-            "DependencyParameters": DEPENDENCY_PARAMETERS,
-            **_job_submit_plugin(),
-        }
+        computed["controller"]["extraConfMap"].update(
+            {
+                "EnforcePartLimits": ENFORCE_PART_LIMITS,
+                "DependencyParameters": DEPENDENCY_PARAMETERS,
+                **_job_submit_plugin(),
+            }
+        )
         computed["partitions"] = {DEFAULT_PARTITION: {"configMap": limits}}
         computed["configFiles"] = {JOB_SUBMIT_LUA.name: job_submit_script(job_submit_parameters(worker_type))}
     return helm.deep_merge(base, computed)

@@ -22,6 +22,10 @@ from core.names import SLURMCTLD_PORT, SlurmNames
 SLURMD_PORT = 6818  # internal/builder/worker_app.go SlurmdPort
 SLURM_ETC = "/etc/slurm"
 CGROUP_CONF = "cgroup.conf"
+# internal/builder/common.go jwtHs256KeyPath and authAltParameters (the same at v1.0.0..v1.0.5):
+# the chart's JWT key Secret, mounted beside slurm.conf, is the only option the operator writes.
+JWT_KEY_FILE = f"{SLURM_ETC}/jwt_hs256.key"
+OPERATOR_AUTH_ALT_PARAMETERS = f"jwt_key={JWT_KEY_FILE}"
 
 
 def _to_list(config_map: dict) -> list[str]:
@@ -89,7 +93,7 @@ def slurm_conf(values: dict, n: SlurmNames) -> str:
         "AuthType=auth/slurm",
         "CredType=cred/slurm",
         "AuthAltTypes=auth/jwt",
-        f"AuthAltParameters=jwt_key={SLURM_ETC}/jwt_hs256.key",
+        f"AuthAltParameters={OPERATOR_AUTH_ALT_PARAMETERS}",
         "AuthInfo=use_client_ids",
         "CommunicationParameters=block_null_hash",
         "SelectTypeParameters=CR_Core_Memory",

@@ -20,6 +20,13 @@ from core.settings import PROJECT
 from stacks import offline
 
 ADMIN_CIDR = "203.0.113.7/32"
+# A budget, and a workspace deleted with the stack: one recording for every test that needs
+# either (the program is run once per settings, see _one_recording_per_settings)
+BUDGET_AND_WORKSPACE_NOT_KEPT = {
+    "budgetMonthlyUsd": 250,
+    "budgetEmail": "ops@example.com",
+    "managedPrometheusKeep": False,
+}
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -365,7 +365,7 @@ class KubeCluster:
         try:
             ws.run_forever(timeout=self.exec_timeout)
             if ws.is_open():
-                raise ClusterError(f"{where}: no end after {self.exec_timeout:.0f} s")
+                raise ClusterError(f"{where}: no end after {self.exec_timeout:g} s")
             # timeout=0: the stream is closed; take what it buffered, never wait.
             out, err = ws.read_stdout(timeout=0), ws.read_stderr(timeout=0)
             status = ws.read_channel(ERROR_CHANNEL, timeout=0)

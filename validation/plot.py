@@ -12,15 +12,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on a build machine
-
-import matplotlib.pyplot as plt
-from matplotlib.artist import Artist
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
+from typing import TYPE_CHECKING
 
 from validation.checks import Check, allocations, gpu_return_bounds, scale_up_bounds
 from validation.timeline import (
@@ -33,6 +25,9 @@ from validation.timeline import (
     node_of_uuid,
     pod_gpus,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
 
 DPI = 130
 IDLE_COLOUR = "#eeeeee"
@@ -122,6 +117,15 @@ def draw(
     checks: list[Check] | None = None,
     modelled: dict[str, float | None] | None = None,
 ) -> None:
+    # matplotlib only here: it takes most of a second to import, and the lanes, hand-offs and
+    # verdict above need none of it
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a build machine
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     uuids = gpu_uuids(timeline)
     nodes = node_of_uuid(timeline)
     palette = colours(timeline)

@@ -13,7 +13,7 @@ from urllib3.exceptions import MaxRetryError
 
 from cli import doctor
 from cli.checklist import FAIL, OK
-from components import ai_run_limit, keda, kueue, readiness_gate
+from components import ai_run_limit, fair_share_controller, keda, kueue, readiness_gate, slinky, slurm_config
 from components import slurmd_scaling as scaling
 from core import host_layout, names
 from core.settings import load
@@ -62,6 +62,12 @@ class FakeKube:
         self.pod_lists[names.KUEUE_NAMESPACE] = [_pod(f"{names.kueue_controller_manager()}-7c9b-q", {})]
         self.refuse: set[str] = set()
         self.sinfo = (0, "".join(f"{p} up 4 idle\n" for p in self.n.slurm.partitions))
+        # `scontrol show config` of a slurmctld booted from the program's slurm.conf (its last value)
+        rendered = slurm_config.slurm_conf(
+            slinky.slurm_values(s.slinky_version, s.slurm_image_tag, self.n.slurm), self.n.slurm
+        )
+        auth = slurm_config.global_setting(rendered, "AuthAltParameters", "(null)")
+        self.config = (0, f"AuthAltTypes            = auth/jwt\nAuthAltParameters       = {auth}\nAuthInfo = (null)\n")
         # what components/keda.py deploys for this stack, as KEDA reports it when Slurm is idle
         self.queries = {t["name"]: t["metadata"]["query"] for t in keda.triggers(self.n)}
         self.scaled = {
@@ -102,7 +108,8 @@ class FakeKube:
             else:
                 self.cluster_objects[plural, obj["metadata"]["name"]] = live
         plurals = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies"}
-        for obj in ai_run_limit.stack_objects(self.n):
+        quota_only = (fair_share_controller.quota_policy(self.n), fair_share_controller.quota_policy_binding())
+        for obj in [*ai_run_limit.stack_objects(self.n), *quota_only]:
             plural = plurals.get(obj["kind"], "validatingadmissionpolicybindings")
             self.cluster_objects[plural, obj["metadata"]["name"]] = json.loads(json.dumps(obj))
         self.calls: list[tuple] = []
@@ -120,7 +127,7 @@ class FakeKube:
 
     def exec(self, namespace, pod, container, command):
         self.calls.append(("exec", namespace, pod, container, command[0]))
-        return self.sinfo
+        return {"sinfo": self.sinfo, "scontrol": self.config}[command[0]]
 
     def get(self, group, version, namespace, plural, name):
         self.calls.append(("get", group, namespace, plural, name))
@@ -181,7 +188,9 @@ def test_a_healthy_testbed(tmp_path):
     assert {c.status for c in checks} == {OK}, [c.lines() for c in checks]
     assert len(by(checks, "node")) == 1 + s.worker_count and len(by(checks, "pods")) == len(doctor.PLATFORM_NAMESPACES)
     assert len(by(checks, "kueue")) == 1 + 1 + 2 + 2  # pods, the dry-run Workload, two ClusterQueues, two LocalQueues
-    assert len(by(checks, "admission")) == len(ai_run_limit.stack_objects(kube.n))
+    assert len(by(checks, "admission")) == len(ai_run_limit.stack_objects(kube.n)) + 2  # and the quota policy, bound
+    (quota,) = [c for c in by(checks, "admission") if c.detail.startswith("ValidatingAdmissionPolicy testbed-fair")]
+    assert quota.detail.endswith("may change only GPU quotas, 0 to 4"), quota.detail
     assert [c.detail.split(" admits")[0] for c in by(checks, "webhook")] == [
         "cert-manager",
         "Slinky operator",
@@ -297,6 +306,23 @@ def test_sinfo_failures():
     kube.sinfo = (1, "slurm_load_partitions: Unable to contact slurm controller")
     (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
     assert "exited 1: slurm_load_partitions" in failed.detail
+
+
+def test_a_slurmctld_that_mints_tokens_for_anyone():
+    """The operator's AuthAltParameters in effect (the program's override lost), and scontrol failing."""
+    s = settings()
+    kube = FakeKube(s)
+    (ok,) = [c for c in doctor.Doctor(s, kube, None).run() if c.name == "slurm-tokens"]
+    assert ok.status == OK and ok.detail.endswith(f",{slinky.DISABLE_TOKEN_CREATION})")
+    kube.config = (0, f"AuthAltParameters       = {slurm_config.OPERATOR_AUTH_ALT_PARAMETERS}\n")
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert failed.name == "slurm-tokens" and failed.detail.startswith(
+        f"AuthAltParameters={slurm_config.OPERATOR_AUTH_ALT_PARAMETERS}: any Slurm user"
+    )
+    assert failed.remedy.startswith(f"pulumi up --refresh --stack {s.stack}")
+    kube.config = (1, "slurm_load_ctl_conf error: Unable to contact slurm controller")
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert failed.name == "slurm-tokens" and "exited 1: slurm_load_ctl_conf" in failed.detail
 
 
 def test_scaled_object_not_ready_and_prometheus_without_slurmctld():
@@ -459,6 +485,10 @@ def _policy(kube, kind):
     return kube.cluster_objects[kind, f"{ai_run_limit.POLICY_PREFIX}-pytorchjobs"]
 
 
+def _quota_policy(kube):
+    return kube.cluster_objects["validatingadmissionpolicies", fair_share_controller.QUOTA_POLICY]
+
+
 def _not_ready(pods):
     pods[0]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
 
@@ -593,6 +623,25 @@ BROKEN = {
         "admission",
         f"ValidatingAdmissionPolicyBinding {ai_run_limit.POLICY_PREFIX}-pytorchjobs: validationActions ['Warn'] "
         "(expected ['Deny'])",
+        REDEPLOY,
+    ),
+    # the fair-share controller's quota policy
+    "quota policy that lets stopPolicy change": (
+        lambda k: _quota_policy(k)["spec"]["validations"][2].update(expression="true"),
+        "admission",
+        f"ValidatingAdmissionPolicy {fair_share_controller.QUOTA_POLICY} differs from the program's in validations",
+        REDEPLOY,
+    ),
+    "quota policy matching other queues' group": (
+        lambda k: _quota_policy(k)["spec"]["matchConstraints"]["resourceRules"][0].update(apiGroups=["x"]),
+        "admission",
+        f"ValidatingAdmissionPolicy {fair_share_controller.QUOTA_POLICY} differs from the program's in matchConstraints",
+        REDEPLOY,
+    ),
+    "quota binding missing": (
+        lambda k: k.cluster_objects.pop(("validatingadmissionpolicybindings", fair_share_controller.QUOTA_POLICY)),
+        "admission",
+        f"ValidatingAdmissionPolicyBinding {fair_share_controller.QUOTA_POLICY} is missing",
         REDEPLOY,
     ),
     "binding missing": (

@@ -125,7 +125,8 @@ def test_plan_json_shows_which_worker_waits_for_which(default_run, deployed_run)
 
 @pytest.mark.parametrize("minutes", [None, 90])
 def test_the_plan_shows_each_partitions_maxtime_beside_its_maxnodes(default_run, minutes):
-    rec = default_run if minutes is None else run_program(slurmJobMaxMinutes=minutes)
+    # with the reclaim-bound test's AI limit below, which no Slurm limit reads: one recording for both
+    rec = default_run if minutes is None else run_program(slurmJobMaxMinutes=minutes, aiJobMaxMinutes=20)
     limits = artifacts.plan_text(rec).split(
         "Slurm limits (slurm.conf; job_submit.lua refuses a job over one at submit):\n"
     )[1]

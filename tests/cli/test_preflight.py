@@ -27,8 +27,9 @@ ENOUGH = {
     ("ec2", "L-3819A6DF"): 16,
 }
 # One worker runs the module, so one imports moto (a second of CPU, there at first use) and
-# loads the AWS service models (aws_env), where every worker that ran a test of it did.
-pytestmark = pytest.mark.xdist_group("moto")
+# loads the AWS service models (aws_env), where every worker that ran a test of it did; the
+# IAM tests (tests/stacks/test_iam_*.py) share it, for moto, parliament and cloudsplaining.
+pytestmark = pytest.mark.xdist_group("aws-tools")
 
 
 @pytest.fixture(scope="module")

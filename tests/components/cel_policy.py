@@ -128,14 +128,16 @@ class Decision:
         return not self.denials
 
 
-def admit(policy: dict, operation: str, obj: dict, old: dict | None = None) -> Decision:
-    """What the API server decides for a request the policy's matchConstraints already matched."""
+def admit(policy: dict, operation: str, obj: dict | None, old: dict | None = None, user: str | None = None) -> Decision:
+    """What the API server decides for a request the policy's matchConstraints already matched,
+    made by `user` (request.userInfo.username) if given; `obj` is null on a DELETE."""
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
+    request = {"operation": operation} | ({"userInfo": {"username": user}} if user is not None else {})
     base = {
         "object": celpy.json_to_cel(obj),
         "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel({"operation": operation}),
+        "request": celpy.json_to_cel(request),
     }
     results = [run(c["expression"], base) for c in spec.get("matchConditions", [])]
     if any(r is not None and not isinstance(r, celpy.CELEvalError) and r == celtypes.BoolType(False) for r in results):

@@ -21,7 +21,7 @@ import pytest
 
 from components import fair_share, fair_share_controller, fair_share_loop, keda, kueue
 from components import slurmd_scaling as scaling
-from core.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, HPC_CLUSTER_QUEUE, Names
+from core.names import AI_CLUSTER_QUEUE, GPU_RESOURCE, HPC_CLUSTER_QUEUE, KUEUE_GROUP_VERSION, Names
 from stacks import offline
 from tests.components import cel_policy
 from tests.engines import harness
@@ -102,30 +102,84 @@ class FakePrometheus:
 
 
 def apply_json_patch(obj: dict, operations: list[dict]) -> dict:
-    """RFC 6902 `test` and `replace`, all or nothing, as the API server applies a JSON patch."""
+    """RFC 6902 `test`, `replace`, `add` and `remove`, all or nothing, as the API server applies a
+    JSON patch (keys unescaped: none of ours holds `~` or `/`)."""
     out = copy.deepcopy(obj)
     for op in operations:
         *parents, last = [p for p in op["path"].split("/")[1:]]
         node = out
         for p in parents:
             node = node[int(p)] if isinstance(node, list) else node[p]
-        key = int(last) if isinstance(node, list) else last
+        key = (len(node) if last == "-" else int(last)) if isinstance(node, list) else last
         if op["op"] == "test":
             if node[key] != op["value"]:
                 raise ValueError(f"test failed at {op['path']}")
         elif op["op"] == "replace":
             node[key] = op["value"]
+        elif op["op"] == "add":
+            node.insert(key, op["value"]) if isinstance(node, list) else node.__setitem__(key, op["value"])
+        elif op["op"] == "remove":
+            del node[key]
         else:
             raise ValueError(f"unexpected op {op['op']}")
     return out
+
+
+# Kueue's webhook adds it to every ClusterQueue it admits (kubernetes-sigs/kueue@v0.19.2:
+# pkg/webhooks/clusterqueue_webhook.go Default, on create only)
+KUEUE_FINALIZER = "kueue.x-k8s.io/resource-in-use"
+
+
+def _defaulted(schema: dict, node):
+    """The CRD schema's defaults filled in, as the API server does on every write and read."""
+    if isinstance(node, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in node and "default" in sub:
+                node[key] = copy.deepcopy(sub["default"])
+            if key in node:
+                _defaulted(sub, node[key])
+    elif isinstance(node, list) and "items" in schema:
+        for item in node:
+            _defaulted(schema["items"], item)
+    return node
+
+
+def served(queue: dict) -> dict:
+    """A ClusterQueue the program creates, as the API server returns it: defaulted, Kueue's
+    finalizer, and the server's own metadata."""
+    out = _defaulted(_schema(), copy.deepcopy(queue))
+    out["metadata"] |= {
+        "uid": "0b5a3c1e-0000-4000-8000-" + out["metadata"]["name"].encode().hex().rjust(12, "0"),
+        "resourceVersion": "1000",
+        "generation": 1,
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+        "finalizers": [KUEUE_FINALIZER],
+        "managedFields": [{"manager": "pulumi-kubernetes", "operation": "Apply", "apiVersion": KUEUE_GROUP_VERSION}],
+    }
+    return out
+
+
+def written(old: dict, operations: list[dict]) -> dict:
+    """The object admission sees for a JSON patch by the controller: the patch applied, then the
+    server's bookkeeping: its field manager's entry, a new generation as spec changed."""
+    new = apply_json_patch(old, operations)
+    meta = new["metadata"]
+    meta["managedFields"] = [
+        *meta.get("managedFields", []),
+        {"manager": fair_share_loop.FIELD_MANAGER, "operation": "Update", "apiVersion": KUEUE_GROUP_VERSION},
+    ]
+    if new["spec"] != old["spec"]:
+        meta["generation"] = old["metadata"]["generation"] + 1
+    return new
 
 
 class FakeKubernetes:
     """The two ClusterQueues the program creates, behind a Kubernetes API that checks the bearer
     token, applies JSON patches and, like Kueue's webhook, refuses a queue it would refuse."""
 
-    def __init__(self, queues: list[dict]):
-        self.queues = {q["metadata"]["name"]: copy.deepcopy(q) for q in queues}
+    def __init__(self, queues: list[dict], policy: dict):
+        self.queues = {q["metadata"]["name"]: served(q) for q in queues}
+        self.policy = policy  # fair_share_controller.quota_policy, run for the token's user
         self.patches: list[tuple[str, list[dict]]] = []
         self.refuse_patches = False
         self.server = _Server(self.handle)
@@ -145,10 +199,12 @@ class FakeKubernetes:
         if self.refuse_patches:
             return 500, {"kind": "Status", "message": "Internal error occurred: failed calling webhook"}
         try:
-            patched = apply_json_patch(self.queues[name], operations)
+            patched = written(self.queues[name], operations)
         except ValueError as e:
             return 422, {"kind": "Status", "message": str(e)}
-        problems = webhook_problems(patched) + schema_problems(patched)
+        user = fair_share_controller.controller_user()  # whom the token authenticates
+        denials = cel_policy.admit(self.policy, "UPDATE", patched, self.queues[name], user).denials
+        problems = list(denials) + webhook_problems(patched) + schema_problems(patched)
         if problems:
             return 422, {"kind": "Status", "message": "; ".join(problems)}
         self.queues[name] = patched
@@ -250,9 +306,179 @@ def test_the_program_s_queues_pass_kueue_s_checks_and_a_bad_patch_does_not():
 def test_every_quota_the_rule_can_set_is_a_patch_kueue_accepts(nominal, lends, turn):
     for queue in kueue.cluster_queues(names().shares):
         lending = fair_share.lending_limit(fair_share.HPC, lends, nominal, turn)
-        patched = apply_json_patch(queue, fair_share_loop.quota_patch(queue, GPU_RESOURCE, nominal, lending))
+        old = served(queue)
+        patched = written(old, fair_share_loop.quota_patch(old, GPU_RESOURCE, nominal, lending))
         assert fair_share_loop.live_quota(patched, GPU_RESOURCE) == (nominal, lending)
         assert schema_problems(patched) == [] and webhook_problems(patched) == []
+        assert cel_policy.admit(POLICY, "UPDATE", patched, old, CONTROLLER).allowed, "and the quota policy"
+
+
+# ------------------------------------------------------------------ what its token may change
+
+POLICY = fair_share_controller.quota_policy(names())
+CONTROLLER = fair_share_controller.controller_user()
+GPU_ENTRY = "/spec/resourceGroups/0/flavors/0/resources/0"
+# What a holder of the controller's token (or of its code) could write, each refused, and a word
+# the refusal names it by.
+ATTACKS = {
+    "hold-and-drain": ([{"op": "replace", "path": "/spec/stopPolicy", "value": "HoldAndDrain"}], "spec.stopPolicy"),
+    "cohort": ([{"op": "replace", "path": "/spec/cohortName", "value": "elsewhere"}], "spec.cohortName"),
+    "cohort-removed": ([{"op": "remove", "path": "/spec/cohortName"}], "spec.cohortName"),
+    "preemption": (
+        [{"op": "replace", "path": "/spec/preemption/reclaimWithinCohort", "value": "Any"}],
+        "spec.preemption",
+    ),
+    "namespace-selector": (
+        [{"op": "replace", "path": "/spec/namespaceSelector", "value": {}}],
+        "spec.namespaceSelector",
+    ),
+    "queueing-strategy": (
+        [{"op": "replace", "path": "/spec/queueingStrategy", "value": "BestEffortFIFO"}],
+        "spec.queueingStrategy",
+    ),
+    "admission-checks": (
+        [{"op": "add", "path": "/spec/admissionChecksStrategy", "value": {"admissionChecks": [{"name": "x"}]}}],
+        "spec.admissionChecksStrategy",
+    ),
+    "fair-sharing": ([{"op": "add", "path": "/spec/fairSharing", "value": {"weight": "100"}}], "spec.fairSharing"),
+    "flavor-renamed": ([{"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/name", "value": "x"}], "layout"),
+    "flavor-added": (
+        [
+            {
+                "op": "add",
+                "path": "/spec/resourceGroups/0/flavors/-",
+                "value": {"name": "x", "resources": [{"name": GPU_RESOURCE, "nominalQuota": 4}]},
+            }
+        ],
+        "layout",
+    ),
+    "group-added": (
+        [
+            {
+                "op": "add",
+                "path": "/spec/resourceGroups/-",
+                "value": {
+                    "coveredResources": ["cpu"],
+                    "flavors": [{"name": "x", "resources": [{"name": "cpu", "nominalQuota": 64}]}],
+                },
+            }
+        ],
+        "layout",
+    ),
+    "resource-renamed": (
+        [
+            {"op": "replace", "path": "/spec/resourceGroups/0/coveredResources/0", "value": "cpu"},
+            {"op": "replace", "path": f"{GPU_ENTRY}/name", "value": "cpu"},
+        ],
+        "layout",
+    ),
+    "borrowing-limit": ([{"op": "add", "path": f"{GPU_ENTRY}/borrowingLimit", "value": 0}], "borrowingLimit"),
+    "lending-limit-dropped": ([{"op": "remove", "path": f"{GPU_ENTRY}/lendingLimit"}], "lendingLimit added or removed"),
+    "quota-above-the-gpus": ([{"op": "replace", "path": f"{GPU_ENTRY}/nominalQuota", "value": 5}], "from 0 to 4"),
+    "lending-above-the-gpus": ([{"op": "replace", "path": f"{GPU_ENTRY}/lendingLimit", "value": "1k"}], "from 0 to 4"),
+    "fractional-quota": ([{"op": "replace", "path": f"{GPU_ENTRY}/nominalQuota", "value": "1500m"}], "whole number"),
+    "negative-quota": ([{"op": "replace", "path": f"{GPU_ENTRY}/nominalQuota", "value": -1}], "from 0 to 4"),
+    "label": ([{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}], "metadata.labels"),
+    "annotation": ([{"op": "add", "path": "/metadata/annotations", "value": {"x": "y"}}], "metadata.annotations"),
+    "finalizer-removed": ([{"op": "remove", "path": "/metadata/finalizers"}], "metadata.finalizers"),
+    "owner": (
+        [
+            {
+                "op": "add",
+                "path": "/metadata/ownerReferences",
+                "value": [{"apiVersion": "v1", "kind": "Namespace", "name": "fair-share", "uid": "u"}],
+            }
+        ],
+        "metadata.ownerReferences",
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+# cel-python takes about 0.05 s a decision: the matrix on AI's queue, which the same expressions
+# judge, runs with the slow sweeps (a plain `pytest` and CI), not in the fast set
+@pytest.mark.parametrize("queue", [HPC_CLUSTER_QUEUE, pytest.param(AI_CLUSTER_QUEUE, marks=pytest.mark.slow)])
+def test_the_controller_s_token_may_change_nothing_but_the_gpu_quotas(attack, queue):
+    """Each attack, alone or riding on a quota change the rule could make, is refused with one line
+    naming what changed and what is allowed; the admin's identical write is not the policy's."""
+    operations, named = ATTACKS[attack]
+    (old,) = [served(q) for q in kueue.cluster_queues(names().shares) if q["metadata"]["name"] == queue]
+    if attack == "hold-and-drain":
+        assert old["spec"]["stopPolicy"] == "None", "the CRD's default, so a replace"
+    quota = fair_share_loop.quota_patch(old, GPU_RESOURCE, 1, 1)
+    for ops in (operations, quota + operations):
+        new = written(old, ops)
+        decision = cel_policy.admit(POLICY, "UPDATE", new, old, CONTROLLER)
+        assert decision.evaluated and len(decision.denials) == 1, decision.denials
+        (message,) = decision.denials
+        assert named in message and "\n" not in message, message
+        assert message.startswith(f"the fair-share controller ({CONTROLLER}) may change only the nominalQuota and")
+        assert not cel_policy.admit(POLICY, "UPDATE", new, old, "kubernetes-admin").evaluated
+        assert not cel_policy.admit(POLICY, "UPDATE", new, old, "system:serviceaccount:kueue-system:kueue").evaluated
+
+
+@pytest.mark.parametrize(
+    "path, value, allowed",
+    [
+        (f"{GPU_ENTRY}/nominalQuota", 1, True),
+        (f"{GPU_ENTRY}/borrowingLimit", 4, False),
+        ("/spec/resourceGroups/1/flavors/0/resources/0/nominalQuota", 64, False),
+        ("/spec/resourceGroups/1/flavors/0/resources/0/lendingLimit", 0, False),
+    ],
+)
+def test_what_an_admin_set_beside_the_gpu_quotas_stays_as_set(path, value, allowed):
+    """A queue an admin gave a GPU borrowingLimit and a CPU group: the controller's token moves the
+    GPU quotas, not those values (a CPU entry's nominalQuota and lendingLimit included)."""
+    queue = copy.deepcopy(kueue.cluster_queues(names().shares)[1])
+    groups = queue["spec"]["resourceGroups"]
+    groups[0]["flavors"][0]["resources"][0]["borrowingLimit"] = 1
+    cpu = {"name": "cpu", "nominalQuota": 32, "lendingLimit": 8}
+    groups.append({"coveredResources": ["cpu"], "flavors": [{"name": "cpu-worker", "resources": [cpu]}]})
+    old = served(queue)
+    assert schema_problems(old) == [] and webhook_problems(old) == []
+    new = written(old, [{"op": "replace", "path": path, "value": value}])
+    decision = cel_policy.admit(POLICY, "UPDATE", new, old, CONTROLLER)
+    assert decision.allowed is allowed
+    if not allowed:
+        (message,) = decision.denials
+        assert "it changed another field of spec.resourceGroups" in message
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "DELETE"])
+def test_the_controller_s_token_may_neither_create_nor_delete_a_queue(operation):
+    queue = served(kueue.cluster_queues(names().shares)[0])
+    new, old = (queue, None) if operation == "CREATE" else (None, queue)
+    (message,) = cel_policy.admit(POLICY, operation, new, old, CONTROLLER).denials
+    assert (
+        message
+        == f"the fair-share controller ({CONTROLLER}) may not {operation} a ClusterQueue; it only patches quotas"
+    )
+
+
+def test_the_quota_bound_follows_the_worker_count():
+    """0..gpusTotal of the stack: 6 GPUs with 6 workers, 7 refused; a quantity written as a string too."""
+    policy = fair_share_controller.quota_policy(names("workerCount=6"))
+    old = served(kueue.cluster_queues(names("workerCount=6").shares)[1])
+    for value, allowed in ((6, True), ("6", True), (7, False), ("0", True)):
+        new = written(old, [{"op": "replace", "path": f"{GPU_ENTRY}/nominalQuota", "value": value}])
+        assert cel_policy.admit(policy, "UPDATE", new, old, CONTROLLER).allowed is allowed, value
+
+
+def test_the_policy_binds_denying_for_the_controller_s_account_alone_and_passes_the_1_34_schemas():
+    policy, binding = POLICY, fair_share_controller.quota_policy_binding()
+    for obj in (policy, binding):
+        kubernetes_validate.validate(obj, "1.34", strict=True)
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [fair_share_controller.KUEUE_GROUP] and rule["resources"] == ["clusterqueues"]
+    assert f"{rule['apiGroups'][0]}/{rule['apiVersions'][0]}" == KUEUE_GROUP_VERSION, "the version the loop patches"
+    assert "UPDATE" in rule["operations"]  # a PATCH is admitted as an UPDATE
+    # the account the Deployment runs as
+    deployment = fair_share_controller.deployment(names(), "python@sha256:" + "a" * 64)
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert f"system:serviceaccount:{deployment['metadata']['namespace']}:{account}" == CONTROLLER
+    (condition,) = policy["spec"]["matchConditions"]
+    assert CONTROLLER in condition["expression"]
 
 
 # Every pair of the program's borrowing settings: with both on (the default) a swapped mapping
@@ -335,7 +561,7 @@ def cluster(tmp_path):
     ai_only = {"hpc_used": 0, "hpc_runnable": 3, "ai_used": 4, "ai_waiting": 1}
     ai_only |= {f"hpc_widest_{p}": 3 for p in n.slurm.partitions} | {f"hpc_first_{p}": 1 for p in n.slurm.partitions}
     prom = FakePrometheus(config.queries, ai_only)
-    kube = FakeKubernetes(kueue.cluster_queues(n.shares))
+    kube = FakeKubernetes(kueue.cluster_queues(n.shares), fair_share_controller.quota_policy(n))
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
     lines: list[str] = []

@@ -189,3 +189,12 @@ def test_slurmctld_records_each_jobs_output_digest_where_validate_reads_it():
     script = files[epilogs[0].rsplit("/", 1)[1]]
     assert f"\nDIGEST_DIR={host_layout.OUTPUT_DIGEST_DIR}\n" in script
     assert host_layout.OUTPUT_DIGEST_DIR.startswith(host_layout.SLURM_STATE_DIR + "/")
+
+
+def test_token_creation_is_disabled_with_or_without_partition_limits():
+    """The AuthAltParameters override does not ride on the partition limits' extraConfMap: the
+    chart values without limits still end slurm.conf with it, last (Slurm keeps the last value)."""
+    for v in (values(), slinky.slurm_values(VERSION, "25.11.6-ubuntu24.04", slurm_names("slinky"), max_nodes=4)):
+        conf = slurm_config.slurm_conf(v, slurm_names("slinky"))
+        effective = slurm_config.global_setting(conf, "AuthAltParameters", "")
+        assert effective == f"{slurm_config.OPERATOR_AUTH_ALT_PARAMETERS},{slinky.DISABLE_TOKEN_CREATION}"

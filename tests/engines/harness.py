@@ -74,10 +74,13 @@ ADAPTATIONS = {
         "ProctrackType=proctrack/linuxproc",
         "Slurm's default process tracking is proctrack/cgroup, which needs cgroups",
     ),
-    "slurm.conf AuthAlt*": (
-        "AuthAltTypes=auth/jwt, AuthAltParameters=jwt_key=...",
+    "slurm.conf AuthAltTypes": (
+        "AuthAltTypes=auth/jwt",
         None,
-        "Debian's Slurm is built without libjwt (no auth_jwt.so); only slurmrestd uses JWT",
+        "Debian's Slurm is built without libjwt (no auth_jwt.so); only slurmrestd uses JWT. Both "
+        "AuthAltParameters lines stay: slurmctld itself reads the value in effect (proc_req.c "
+        "disable_token_creation, before it asks for auth/jwt), and with no auth/jwt loaded nothing reads "
+        "its jwt_key",
     ),
     "job_submit.lua": (
         "local NODE_CPUS = ..., local NODE_MEMORY_MB = ...",
@@ -147,7 +150,7 @@ def render_for_harness(values: dict, n: SlurmNames, shape: tuple[int, int] = (4,
     cgroup = ADAPTATIONS["cgroup.conf"][1] + "\n"
     # The operator's own branch for a cgroup.conf that disables cgroups (controller_config.go).
     files = slurm_config.slurm_files({**values, "configFiles": {**values["configFiles"], "cgroup.conf": cgroup}}, n)
-    lines = [line for line in files["slurm.conf"].splitlines() if not line.startswith("AuthAlt")]
+    lines = [line for line in files["slurm.conf"].splitlines() if not line.startswith("AuthAltTypes=")]
     files["slurm.conf"] = "\n".join([*lines, ADAPTATIONS["slurm.conf"][1]]) + "\n"
     if "job_submit.lua" in files:
         script = files["job_submit.lua"]

@@ -2,7 +2,7 @@
 from it (a resource that moves to another parent is replaced on the next update)."""
 
 from tests import tokens
-from tests.conftest import by_type, run_program
+from tests.conftest import BUDGET_AND_WORKSPACE_NOT_KEPT, by_type, run_program
 
 COMPONENTS = {
     "testbed-network": "testbed:aws:Network",
@@ -33,8 +33,7 @@ def test_components_have_their_types_and_sit_at_the_top(default_run):
     assert {name: r.type for name, r in components.items()} == COMPONENTS
     assert {r.parent.split("::")[2] for r in components.values()} == {tokens.STACK}
     # the budget alarm, when asked for, is a component at the top too
-    # test_evidence's budget settings: one recording for both
-    budget = run_program(budgetMonthlyUsd=250, budgetEmail="ops@example.com").named("testbed-budget")
+    budget = run_program(**BUDGET_AND_WORKSPACE_NOT_KEPT).named("testbed-budget")
     assert budget.type == "testbed:aws:BudgetAlarm" and budget.parent.split("::")[2] == tokens.STACK
 
 

@@ -14,7 +14,7 @@ from core.names import Names
 from core.settings import SettingsError, load
 from stacks import infrastructure, offline
 from tests import tokens
-from tests.conftest import by_type, config, deployed_outputs, run_program
+from tests.conftest import BUDGET_AND_WORKSPACE_NOT_KEPT, by_type, config, deployed_outputs, run_program
 
 CONTROL = "testbed-control-instance"
 
@@ -100,7 +100,7 @@ def test_hop_limit_1_on_every_node_and_prometheus_in_the_control_nodes_network(d
 def test_the_workspace_outlives_destroy_unless_told_otherwise(default_run):
     (workspace,) = by_type(default_run, tokens.AMP_WORKSPACE)
     assert workspace.options["retainOnDelete"] is True
-    (deleted,) = by_type(run_program(managedPrometheusKeep=False), tokens.AMP_WORKSPACE)
+    (deleted,) = by_type(run_program(**BUDGET_AND_WORKSPACE_NOT_KEPT), tokens.AMP_WORKSPACE)
     assert "retainOnDelete" not in deleted.options
     # only the workspace is kept: the role and its grant go with the stack
     for token in (tokens.IAM_ROLE, tokens.IAM_ROLE_POLICY, tokens.INSTANCE_PROFILE):
@@ -193,7 +193,7 @@ def test_no_budget_unless_asked(default_run):
 
 
 def test_a_budget_alarms_at_the_forecast_and_the_actual_cost():
-    rec = run_program(budgetMonthlyUsd=250, budgetEmail="ops@example.com")
+    rec = run_program(**BUDGET_AND_WORKSPACE_NOT_KEPT)
     (budget,) = by_type(rec, tokens.BUDGET)
     assert (budget.inputs["budgetType"], budget.inputs["timeUnit"]) == ("COST", "MONTHLY")
     assert (budget.inputs["limitAmount"], budget.inputs["limitUnit"]) == ("250", "USD")
@@ -248,12 +248,12 @@ def test_plan_says_where_the_evidence_lives_and_what_watches_the_bill(default_ru
     assert artifacts.guard_lines(without_evidence, pricing.estimate(without_evidence.settings))[0].startswith(
         "evidence: in the cluster's Prometheus only"
     )
-    rec = run_program(budgetMonthlyUsd=300, budgetEmail="ops@example.com", managedPrometheusKeep=False)
+    rec = run_program(**BUDGET_AND_WORKSPACE_NOT_KEPT)
     cost = pricing.estimate(rec.settings)
     evidence, budget = artifacts.guard_lines(rec, cost)
     assert "(deleted with the stack)" in evidence
     assert budget == (
-        "budget: $300/month for the whole account; actual and forecasted cost above it emails ops@example.com "
+        "budget: $250/month for the whole account; actual and forecasted cost above it emails ops@example.com "
         f"(this stack left running all month: about ${cost.hourly_usd * 730:,.0f})"
     )
     assert budget in artifacts.plan_text(rec).splitlines()

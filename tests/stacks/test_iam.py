@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from core.names import WRITER_BOUNDARY_POLICY
-from tests.conftest import run_program
+from tests.conftest import BUDGET_AND_WORKSPACE_NOT_KEPT, run_program
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = json.loads((ROOT / "iam" / "testbed-policy.json").read_text())
@@ -48,7 +48,7 @@ def test_every_aws_type_and_invoke_the_program_uses_is_mapped(default_run, spot_
 
 @pytest.fixture(scope="module")
 def budget_run():
-    return run_program(budgetMonthlyUsd=100, budgetEmail="ops@example.com")
+    return run_program(**BUDGET_AND_WORKSPACE_NOT_KEPT)
 
 
 def statements_granting(action: str) -> list[dict]:

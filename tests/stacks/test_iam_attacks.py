@@ -39,9 +39,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import parliament
 import pytest
-from moto.iam.access_control import IAMPolicyStatement, PermissionResult
 
 from components.ec2 import UBUNTU_OWNER
 from components.managed_prometheus import write_policy
@@ -58,6 +56,8 @@ BOUNDARY = writer_boundary_arn(ACCOUNT)  # what the program names (tests/stacks/
 OLD_BOUNDARY = "arn:aws:iam::aws:policy/AmazonPrometheusRemoteWriteAccess"  # aps:RemoteWrite on "*"
 ADMIN = "arn:aws:iam::aws:policy/AdministratorAccess"
 WRITER_ROLE = f"arn:aws:iam::{ACCOUNT}:role/testbed-evidence-writer-role-1a2b"
+# moto and parliament imported where used, on the worker of the other AWS tools (test_iam_tools.py)
+pytestmark = pytest.mark.xdist_group("aws-tools")
 VARIABLES = {"${aws:PrincipalAccount}": ACCOUNT}  # the caller's account, in every request
 INSTANCE_CREDENTIALS = {"aws:Ec2InstanceSourceVPC": "vpc-1"}  # credentials IMDS handed to an instance
 
@@ -107,6 +107,8 @@ def permits(statement: dict, action: str, on: On) -> bool:
             return False
     strings = {key: resolved(value) for key, value in condition.get("StringEquals", {}).items()}
     asked = {**statement, "Condition": {"StringEquals": strings}} if strings else dict(statement, Condition={})
+    from moto.iam.access_control import IAMPolicyStatement, PermissionResult
+
     return IAMPolicyStatement(asked).is_action_permitted(action, on.arn, None, context) == PermissionResult.PERMITTED
 
 
@@ -293,6 +295,8 @@ def test_no_iam_condition_reads_a_trust_policy():
     Service Authorization Reference (parliament 1.6.4 ships it as iam_definition.json) lists for
     CreateRole only the boundary and the tags, for UpdateAssumeRolePolicy nothing. The boundary
     (below) is what makes such a trust worthless."""
+    import parliament
+
     reference = json.loads((Path(parliament.__file__).parent / "iam_definition.json").read_text())
 
     def condition_keys_of(prefix: str, action: str) -> set[str]:

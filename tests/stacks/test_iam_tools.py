@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cloudsplaining.scan.policy_document import PolicyDocument
-from parliament import analyze_policy_string
+import pytest
 
 from core.names import writer_boundary_arn
 
@@ -20,6 +19,22 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "iam" / "testbed-policy.json").read_text()
 POLICY = json.loads(TEXT)
 BOUNDARY_TEXT = (ROOT / "iam" / "writer-boundary.json").read_text()
+# parliament, cloudsplaining and moto take seconds to import: imported where used, and their tests
+# on one worker (tests/cli/test_preflight.py), so the other never imports them
+pytestmark = pytest.mark.xdist_group("aws-tools")
+
+
+def parliament_findings(text: str) -> list:
+    """parliament's findings with its community auditors' configuration."""
+    from parliament import analyze_policy_string
+
+    return analyze_policy_string(text, include_community_auditors=True).findings
+
+
+def policy_document(policy: dict):
+    from cloudsplaining.scan.policy_document import PolicyDocument
+
+    return PolicyDocument(policy)
 
 
 def statement(sid: str) -> dict:
@@ -29,7 +44,7 @@ def statement(sid: str) -> dict:
 
 def high_findings() -> list:
     """parliament's findings rated HIGH by its community auditors' configuration."""
-    findings = analyze_policy_string(TEXT, include_community_auditors=True).findings
+    findings = parliament_findings(TEXT)
     return [f for f in findings if f.issue in {"PRIVILEGE_ESCALATION", "CREDENTIALS_EXPOSURE", "SENSITIVE_ACCESS"}]
 
 
@@ -55,7 +70,7 @@ def test_parliaments_one_high_finding_is_the_bounded_writer_role_passed_to_the_i
 
 
 def test_cloudsplaining_finds_no_escalation_exposure_exfiltration_or_unconstrained_write():
-    document = PolicyDocument(POLICY)
+    document = policy_document(POLICY)
     assert document.allows_privilege_escalation == []  # the old policy: ModifyEC2InstanceUserDataThenRestart
     assert document.permissions_management_without_constraints == []  # resource exposure
     assert document.allows_data_exfiltration_actions == []
@@ -67,7 +82,7 @@ def test_cloudsplainings_one_tagging_finding_is_tagging_only_inside_a_create():
     """It names ec2:CreateTags on Resource "*": the statement allows it only inside one of the
     program's create calls, with the testbed's tag (test_iam_attacks.py: tagging any instance or
     VPC as the testbed's is refused)."""
-    assert PolicyDocument(POLICY).tagging_actions_without_constraints == ["ec2:CreateTags"]
+    assert policy_document(POLICY).tagging_actions_without_constraints == ["ec2:CreateTags"]
     condition = statement("TagOnlyWhileCreating")["Condition"]["StringEquals"]
     assert (
         condition["aws:RequestTag/testbed:project"] == "gpu-testbed" and "RunInstances" in condition["ec2:CreateAction"]
@@ -77,8 +92,8 @@ def test_cloudsplainings_one_tagging_finding_is_tagging_only_inside_a_create():
 def test_the_writer_boundary_is_clean_in_both_tools():
     """parliament finds nothing at all in the boundary (its condition keys are ones RemoteWrite and
     every request take); cloudsplaining finds no write, escalation or exposure in it."""
-    assert analyze_policy_string(BOUNDARY_TEXT, include_community_auditors=True).findings == []
-    document = PolicyDocument(json.loads(BOUNDARY_TEXT))
+    assert parliament_findings(BOUNDARY_TEXT) == []
+    document = policy_document(json.loads(BOUNDARY_TEXT))
     assert document.allows_privilege_escalation == [] and document.permissions_management_without_constraints == []
     assert document.write_actions_without_constraints == [] and document.allows_data_exfiltration_actions == []
     assert document.tagging_actions_without_constraints == [] and document.credentials_exposure == []

@@ -61,22 +61,10 @@ def test_control_node_user_data_waits_for_the_elastic_ip(default_run):
     assert association.inputs["instanceId"] == f"{control.name}-placeholder"
 
 
-class InvokeArgs(offline.TestbedMocks):
-    """The default mocks, also keeping each invoke's arguments as the program sent them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[str, dict]] = []
-
-    def call(self, args):
-        self.calls.append((args.token, args.args))
-        return super().call(args)
-
-
-def test_ami_lookup_asks_canonical_for_the_newest_ubuntu_2404_amd64_hvm_image():
-    mocks = InvokeArgs()
-    rec = offline.run(config(), mocks=mocks)
-    (lookup,) = [a for token, a in mocks.calls if token == tokens.GET_AMI]
+def test_ami_lookup_asks_canonical_for_the_newest_ubuntu_2404_amd64_hvm_image(default_run):
+    rec = default_run
+    assert [token for token, _ in rec.invokes].count(tokens.GET_AMI) == 1
+    lookup = rec.invoke_args[tokens.GET_AMI]  # the mocks keep each invoke's first arguments
     assert lookup["owners"] == ["099720109477"]  # Canonical's AWS account (Ubuntu's cloud image docs)
     assert lookup["mostRecent"] is True
     assert {f["name"]: f["values"] for f in lookup["filters"]} == {
@@ -89,10 +77,9 @@ def test_ami_lookup_asks_canonical_for_the_newest_ubuntu_2404_amd64_hvm_image():
 
 
 def test_a_pinned_ami_replaces_the_lookup():
-    mocks = InvokeArgs()
-    rec = offline.run(config(amiId="ami-0123456789abcdef0"), mocks=mocks)
+    rec = run_program(amiId="ami-0123456789abcdef0")
     assert {i.inputs["ami"] for i in by_type(rec, tokens.INSTANCE)} == {"ami-0123456789abcdef0"}
-    assert tokens.GET_AMI not in {token for token, _ in mocks.calls}
+    assert tokens.GET_AMI not in {token for token, _ in rec.invokes}
 
 
 def test_spot_workers_are_one_time_requests_that_end_with_the_instance_and_cost_less(spot_run, default_run):

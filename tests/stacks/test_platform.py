@@ -13,6 +13,7 @@ from core import names
 from stacks.offline import ROOT, reveal
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
+from tests.core.test_versions import article_config
 
 
 def release(rec, name):
@@ -172,6 +173,24 @@ def test_slurmctld_sizes_gpu_only_jobs_with_the_shipped_job_submit_lua(default_r
     assert values["configFiles"]["job_submit.lua"] == slinky.JOB_SUBMIT_LUA.read_text()
 
 
+def test_slurmctld_mints_tokens_for_root_and_slurmuser_only(default_run):
+    """The deployed slurm.conf gives AuthAltParameters twice: the operator's `jwt_key=` line, then
+    the program's in EXTRA CONFIG, which Slurm keeps (the last value read): the same key file, so
+    slurmctld still checks the exporter Token's JWT, and disable_token_creation, so `scontrol token`
+    mints no token for any other user (tests/engines/test_slurm_token.py runs this file). The real
+    chart 1.0.5 renders the same line in the Controller's extraConf (render_charts.py)."""
+    conf = artifacts.slurm_files(default_run)["slurm.conf"]
+    given = [line["authaltparameters"] for line in slurm_config.conf_lines(conf) if "authaltparameters" in line]
+    assert given[0] == slurm_config.OPERATOR_AUTH_ALT_PARAMETERS
+    assert conf.index("### EXTRA CONFIG ###") < conf.rindex("AuthAltParameters=")
+    options = slurm_config.global_setting(conf, "AuthAltParameters", "").split(",")
+    assert slinky.DISABLE_TOKEN_CREATION in options
+    # auth_jwt.c _init_hs256 reads the first jwt_key= option; without one it looks in StateSaveLocation.
+    assert [o for o in options if o.startswith("jwt_key=")] == [slurm_config.OPERATOR_AUTH_ALT_PARAMETERS]
+    (token,) = by_type(default_run, tokens.SLURM_TOKEN)
+    assert slurm_config.JWT_KEY_FILE.endswith("/" + token.inputs["spec"]["jwtHs256KeyRef"]["key"])
+
+
 def test_job_submit_lua_holds_jobs_to_the_stack_s_worker_type():
     """The node shape the script enforces is workerInstanceType's, from core/instance_types.py."""
     values = release(run_program(workerInstanceType="g5.2xlarge"), "slurm").inputs["values"]
@@ -288,7 +307,7 @@ def test_no_loadbalancer_or_nodeport_services_by_default(default_run):
 def test_gates_are_proven_again_when_their_release_is_upgraded(gate, release_name):
     default, upgraded = (
         run_program(),
-        run_program(certManagerVersion="v1.19.2", slinkyVersion="1.0.0", kedaVersion="2.16.1"),  # the article's
+        run_program(**article_config()),  # the article's set, as tests/core/test_versions.py runs it: one recording
     )
     for rec in (default, upgraded):
         triggers = reveal(rec.named(gate).inputs["triggers"])
@@ -555,12 +574,50 @@ def test_the_controller_may_get_and_patch_the_two_queues_kueue_creates_and_nothi
     for queue in queues:
         assert may("get", "clusterqueues", queue) and may("patch", "clusterqueues", queue), queue
         assert not may("update", "clusterqueues", queue) and not may("delete", "clusterqueues", queue)
+        # the quota policy leaves the status subresource to RBAC, which grants none of it
+        status = rbac.Request("patch", group, "clusterqueues", "", queue, subresource="status")
+        assert not rbac.allowed(rbac_objects, user, groups, status)
     assert not may("patch", "clusterqueues", "other") and not may("list", "clusterqueues")
     assert not may("patch", "localqueues", queues[0], "default")
     assert not may("get", "secrets", "", namespace, "") and not may("list", "secrets", "", namespace, "")
     assert not may("create", "pods", "", namespace, "") and not may("get", "pods", "", namespace, "")
     config = json.loads(next(o for o in parts if o["kind"] == "ConfigMap")["data"]["config.json"])
     assert sorted(config["clusterQueues"].values()) == queues, "it patches what it may patch"
+
+
+def test_the_quota_policy_is_bound_before_the_controller_runs_for_the_account_it_runs_as(default_run):
+    """What the controller's token may change (components/fair_share_controller.py quota_policy) is
+    the program's policy, bound after it is created and before the pod starts, for the account
+    the pod runs as, in the version of the queues the program creates."""
+    from tests.components import cel_policy
+
+    parts = _fair_share(default_run)
+    deployment = _deployment(default_run, parts)
+    (policy,) = [r for r in parts if r.type == tokens.VALIDATING_ADMISSION_POLICY]
+    (binding,) = [r for r in parts if r.type == tokens.VALIDATING_ADMISSION_POLICY_BINDING]
+    assert depends(default_run, binding, policy) and depends(default_run, deployment, binding)
+    rendered = reveal(policy.inputs)
+    n = names.Names.from_settings(default_run.settings)
+    assert rendered == fair_share_controller.quota_policy(n)
+    assert reveal(binding.inputs)["spec"]["policyName"] == rendered["metadata"]["name"]
+    pod = reveal(deployment.inputs)
+    user = (
+        f"system:serviceaccount:{pod['metadata']['namespace']}:{pod['spec']['template']['spec']['serviceAccountName']}"
+    )
+    (queue, *_) = [reveal(q.inputs) for q in _cluster_queues(default_run)]
+    (rule,) = rendered["spec"]["matchConstraints"]["resourceRules"]
+    assert queue["apiVersion"] == f"{rule['apiGroups'][0]}/{rule['apiVersions'][0]}"
+    changed = {**queue, "spec": {**queue["spec"], "stopPolicy": "HoldAndDrain"}}
+    assert not cel_policy.admit(rendered, "UPDATE", changed, queue, user).allowed
+
+
+def test_plan_says_what_the_controller_s_token_may_change_from_the_recorded_policy():
+    rec = run_program(aiJobMaxMinutes=90, workerCount=2)  # the run-limit test's settings: one recording
+    text = artifacts.plan_text(rec).replace("\n        ", " ")
+    assert (
+        "its token may change only the queues' nvidia.com/gpu nominalQuota and lendingLimit, from 0 to 2 GPUs" in text
+    )
+    assert f"{fair_share_controller.QUOTA_POLICY} refuses anything else" in text
 
 
 def test_the_controller_runs_the_repository_s_files_against_the_scaler_s_prometheus(default_run):
@@ -588,9 +645,15 @@ def test_the_controller_s_namespace_is_restricted_and_outside_the_tenants_and_ku
     parts = {reveal(r.inputs)["kind"]: reveal(r.inputs) for r in _fair_share(default_run)}
     namespace = parts["Namespace"]["metadata"]
     assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    for kind, part in parts.items():  # its own objects in it; only its RBAC is cluster-wide
+    cluster_wide = (
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    )
+    for kind, part in parts.items():  # its own objects in it; only its RBAC and its policy are cluster-wide
         if kind != "Namespace":
-            expected = None if kind.startswith("Cluster") else namespace["name"]
+            expected = None if kind in cluster_wide else namespace["name"]
             assert part["metadata"].get("namespace") == expected, kind
     assert namespace["name"] not in tenant_volumes.TENANT_NAMESPACES
     assert namespace["name"] not in kueue.managed_namespaces()

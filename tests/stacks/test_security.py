@@ -27,7 +27,7 @@ def secret_values(rec) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("settings", [{}, {"workerCount": 2, "spotWorkers": True}])
+@pytest.mark.parametrize("settings", [{}, {"spotWorkers": True}])  # the spot_run fixture's: one recording
 def test_no_ingress_from_anywhere_unless_opted_in(settings):
     rec = run_program(**settings)
     (group,) = by_type(rec, tokens.SECURITY_GROUP)

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULT_KEYS = {"jobs", "killed", "double_held", "unfinished", "end", "latency", "slurmd_starts"}
 
 
+@pytest.mark.xdist_group("matplotlib")  # it draws timeline.png: see tests/validation/test_plot_and_cli.py
 def test_simulate_json_contract_and_exit_status(capsys, tmp_path):
     assert (
         main(["simulate", "--scenario", str(ROOT / "scenarios/restapi-down.yaml"), "--json", "--out", str(tmp_path)])

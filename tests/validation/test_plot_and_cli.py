@@ -14,6 +14,9 @@ from validation.timeline import Timeline, gpu_uuids
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The tests that draw (validation/plot.py draw imports matplotlib, most of a second) on one
+# worker, so the other never imports it
+pytestmark = pytest.mark.xdist_group("matplotlib")
 
 
 def test_segments_follow_the_owner_of_one_gpu():

@@ -15,6 +15,7 @@ from validation import runner
 from validation.timeline import Timeline
 
 OUTPUTS = ("timeline.json", "summary.txt", "timeline.png")
+pytestmark = pytest.mark.xdist_group("matplotlib")  # each run draws timeline.png: see test_plot_and_cli
 
 
 def test_flaky_reads_are_retried_and_the_run_still_passes():
