@@ -127,7 +127,7 @@ class Kubernetes:
     # scenario would otherwise walk several times a tick. Likewise the jobs not finished (pruned
     # each step, so one that finished in the latest step may still be there).
     _live: list[Pod] = field(default_factory=list)
-    _went: bool = False  # a pod in _live went (`_gone`) since it was last pruned
+    _went: bool = False  # a pod in _live went (`pod_gone`) since it was last pruned
     # Bumped whenever the live pods change (one made, or the gone ones pruned): a caller that
     # filters them keeps its filtered list while this stays (twin/nodeset.py pods).
     live_version: int = 0
@@ -151,7 +151,8 @@ class Kubernetes:
             self.live_version += 1
         return self._live
 
-    def _gone(self, pod: Pod, now: float) -> None:
+    def pod_gone(self, pod: Pod, now: float) -> None:
+        """The pod is gone at `now` (every gone_at is set here, so live_pods knows to prune)."""
         pod.gone_at = now
         self._went = True
 
@@ -220,7 +221,7 @@ class Kubernetes:
             gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + took)
             gone = gone and pod.gpu not in self.failed
             if gone and pod.gone_at is None:
-                self._gone(pod, now)
+                self.pod_gone(pod, now)
         unbound = sorted(
             (p for p in pods if p.gpu is None and p.live and p.terminating_at is None and not p.gated),
             key=lambda p: p.created,
@@ -296,7 +297,7 @@ class Kubernetes:
             if job.name == name and job.finished is None:
                 job.finished, job.failed = now, True
                 for pod in job.pods:
-                    self._gone(pod, now)
+                    self.pod_gone(pod, now)
 
     def _jobs(self, now: float) -> None:
         self.open_jobs = [j for j in self.open_jobs if j.finished is None]
@@ -310,4 +311,4 @@ class Kubernetes:
             ):
                 job.finished = now
                 for pod in job.pods:
-                    self._gone(pod, now)  # Succeeded: the GPU goes back
+                    self.pod_gone(pod, now)  # Succeeded: the GPU goes back
