@@ -1,11 +1,12 @@
 """The node bootstrap scripts, run for real against stub system commands, twice.
 
 Each test builds a sandbox: the files cloud-init writes (taken from the rendered user-data)
-under a root directory the scripts reach through TESTBED_ROOT, and a PATH of stub commands
-that log their calls and emulate just enough state (kubeadm init writes admin.conf, the
-driver install makes nvidia-smi work, mount makes mountpoint true). Only a few real tools
-(bash, sed, grep, ...) are on PATH, so a system command without a stub fails the run instead
-of touching the host; the tools that write files refuse paths outside the sandbox.
+under a root directory the scripts reach through TESTBED_ROOT, and stub commands (bash runs
+them for the commands it does not find on PATH: stub_handler) that log their calls and emulate
+just enough state (kubeadm init writes admin.conf, the driver install makes nvidia-smi work,
+mount makes mountpoint true). Only a few real tools (bash, grep, cat, ...) are on PATH, so a
+system command without a stub fails the run instead of touching the host; the tools that write
+files (sed, install, touch, chmod) are stubs that refuse paths outside the sandbox.
 
 Idempotency is the scripts' own: a second run must not init or join again, fetch keys again
 or duplicate a repository, export or fstab line, and must leave every file as the first run
@@ -14,9 +15,11 @@ left it. A failing step must stop the run with a FAILED line that names it.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +32,7 @@ from stacks.offline import placeholder_host_key, placeholder_key_pem
 from tests.conftest import config
 
 S = settings.load(config(), offline=True)
-# one worker runs the module, so its first runs (`first_run`) are made once
+# one worker runs the module, so the runs its tests share (`clean_runs`, `shared_run`) are made once
 pytestmark = pytest.mark.xdist_group("bootstrap-sandbox")
 PAUSE = "registry.k8s.io/pause:3.10.1"
 KERNEL = "6.8.0-1015-aws"
@@ -80,13 +83,13 @@ CONTAINERD = {
     ),
 }
 
-# Every stub: log the call, fail if a rule in $STUB_FAILS says so ("N PREFIX": the first N
-# calls starting with PREFIX fail), and offer `guard` against writing outside the sandbox.
-PROLOGUE = r"""#!{bash}
-set -u
-call="${0##*/} $*"
-printf '%s\n' "$call" >>"$STUB_CALLS"
-if [ -f "$STUB_FAILS" ]; then
+# What every stub may use (stub_handler): `called`, which each stub (STUBS) runs first, logs
+# the call and fails it if a rule in $STUB_FAILS says so ("N PREFIX": the first N calls
+# starting with PREFIX fail); `guard` refuses a path outside the sandbox.
+STUB_FUNCTIONS = r"""called() {
+  local call="$stub $*" times prefix seen line
+  printf '%s\n' "$call" >>"$STUB_CALLS"
+  [ -f "$STUB_FAILS" ] || return 0
   while read -r times prefix; do
     case $call in "$prefix"*) ;; *) continue ;; esac
     seen=0
@@ -98,7 +101,7 @@ if [ -f "$STUB_FAILS" ]; then
       exit 1
     fi
   done <"$STUB_FAILS"
-fi
+}
 guard() {
   local p
   for p in "$@"; do
@@ -173,8 +176,9 @@ case "$1" in
   *) exit 2 ;;
 esac
 """,
+    # kubectl reads KUBECONFIG from its environment: exported, not only set (see stub_handler)
     "kubectl": """case "$*" in
-  get\\ --raw=/readyz) [ -f "${KUBECONFIG:-}" ] || { echo "stub kubectl: no kubeconfig" >&2; exit 1; } ;;
+  get\\ --raw=/readyz) [[ -f ${KUBECONFIG:-} && ${KUBECONFIG@a} = *x* ]] || { echo "stub kubectl: no kubeconfig" >&2; exit 1; } ;;
 esac
 """,
     # dcgmi diag: a passing level-1 report, or the injected failure (STUB_FAILS) with its exit status.
@@ -210,6 +214,25 @@ exec {chmod} "$@"
 HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
 CONSOLE = "/dev/console"
 REAL_TOOLS = ("bash", "env", "cat", "cut", "dirname", "grep", "mkdir", "rm", "tee")
+CONFINED_TOOLS = ("install", "sed", "touch", "chmod")  # stubs that run the real tool on sandbox paths
+
+
+def stub_handler(stubs: dict[str, str]) -> dict[str, str]:
+    """The stubs as one bash function, command_not_found_handle, in the environment entry
+    `export -f` writes (bash 5.2 variables.c: BASH_FUNC_<name>%%), which every shell the run starts
+    inherits. Bash runs it for a command that is neither a function nor on PATH, in a forked
+    child, with the command's words; its exit status is the command's (bash(1), COMMAND
+    EXECUTION). So a stub is a command to the scripts, as a program on PATH is (its exit status,
+    $BASH_COMMAND and the line the scripts' ERR trap reports), for a fork instead of a new bash,
+    and starts as a program does, without the scripts' errexit, pipefail and ERR trap. Unlike a
+    program it sees the scripts' unexported variables: a stub reads only its own STUB_*, and
+    TESTBED_ROOT and KUBECONFIG, which the kubectl stub checks is exported. A command without a
+    stub fails as bash fails it: not found, exit 127; so does a stubbed one that env, xargs,
+    timeout, sudo or exec would start (the scripts start none so), as bash does not look it up."""
+    cases = "".join(f"{name})\n{code}\n;;\n" for name, code in stubs.items())
+    missing = """*) echo "$stub: command not found (no stub)" >&2; exit 127 ;;\n"""
+    start = f"set +eE +o pipefail\ntrap - ERR\nset -u\nstub=$1\nshift\n{STUB_FUNCTIONS}"
+    return {"BASH_FUNC_command_not_found_handle%%": f"() {{\n{start}case $stub in\n{cases}{missing}esac\n}}"}
 
 
 def redirect_targets_outside_root(text: str) -> list[str]:
@@ -217,6 +240,7 @@ def redirect_targets_outside_root(text: str) -> list[str]:
     return [t for t in re.findall(r"\d?>>?\s*[\"']?(/[^\s;|&)\"']*)", text) if t != "/dev/null"]
 
 
+@functools.cache  # rendered once: the user data is the same for every test
 def control_user_data() -> str:
     return bootstrap.control_plane_user_data(
         bootstrap.ControlPlaneBootstrap(
@@ -232,6 +256,7 @@ def control_user_data() -> str:
     )
 
 
+@functools.cache
 def worker_user_data() -> str:
     _, public_pem, _ = placeholder_key_pem("idempotency-ca")
     return bootstrap.gpu_worker_user_data(
@@ -246,6 +271,14 @@ def worker_user_data() -> str:
             prepull_images=PREPULL,
         )
     )
+
+
+@functools.cache  # parsed once for each user data; only read
+def cloud_config(user_data: str) -> dict:
+    return yaml.safe_load(user_data)
+
+
+USER_DATA = {"control": control_user_data, "worker": worker_user_data}
 
 
 @dataclass
@@ -265,9 +298,9 @@ def count(calls: list[str], prefix: str) -> int:
 class Sandbox:
     def __init__(self, base: Path, user_data: str, containerd: str = "2.x"):
         self.base, self.root = base, base / "root"
-        self.bin, self.tools, self.state = base / "bin", base / "tools", base / "state"
+        self.tools, self.state = base / "tools", base / "state"
         self.calls_log, self.fails = base / "calls.log", base / "fails"
-        for d in (self.bin, self.tools, self.state):
+        for d in (self.tools, self.state):
             d.mkdir(parents=True)
         self.calls_log.touch()
         self._stubs()
@@ -292,7 +325,7 @@ class Sandbox:
         (self.state / "containerd-version").write_text(version + "\n")
         (self.state / "containerd-default.toml").write_text(default_config)
         # What cloud-init writes, then the command it runs, pointed at the sandbox.
-        doc = yaml.safe_load(user_data)
+        doc = cloud_config(user_data)
         for f in doc["write_files"]:
             self.write(f["path"], bootstrap.file_text(f)).chmod(int(f["permissions"], 8))
         bash_c = doc["runcmd"][0]
@@ -312,16 +345,16 @@ class Sandbox:
             assert not redirect_targets_outside_root(bootstrap.script(name)), name
 
     def _stubs(self) -> None:
-        real = {name: shutil.which(name) for name in (*REAL_TOOLS, "install", "sed", "touch", "chmod")}
+        """The real tools on PATH; the stubs, which stub_handler hands the run."""
+        real = {name: shutil.which(name) for name in (*REAL_TOOLS, *CONFINED_TOOLS)}
         assert all(real.values()), real
         for name in REAL_TOOLS:
             (self.tools / name).symlink_to(real[name])
-        for name, body in STUBS.items():
-            if name in ("install", "sed", "touch", "chmod"):
-                body = body.replace("{" + name + "}", real[name])
-            stub = self.bin / name
-            stub.write_text(PROLOGUE.replace("{bash}", real["bash"]) + body)
-            stub.chmod(0o755)
+        # name -> the stub's code; a test may replace one
+        self.stubs = {
+            name: 'called "$@"\n' + (body.replace("{" + name + "}", real[name]) if name in CONFINED_TOOLS else body)
+            for name, body in STUBS.items()
+        }
 
     def path(self, host_path: str) -> Path:
         return self.root / host_path.lstrip("/")
@@ -334,6 +367,14 @@ class Sandbox:
 
     def read(self, host_path: str) -> str:
         return self.path(host_path).read_text()
+
+    def leave_out_parameter(self, name: str) -> None:
+        """bootstrap.env without NAME, which it has."""
+        env = self.read(bootstrap.ENV_FILE)
+        assert f"\n{name}=" in "\n" + env
+        self.write(
+            bootstrap.ENV_FILE, "".join(line for line in env.splitlines(True) if not line.startswith(f"{name}="))
+        )
 
     def fail(self, prefix: str, times: int = ALWAYS) -> None:
         with self.fails.open("a") as f:
@@ -357,13 +398,14 @@ class Sandbox:
     def run(self) -> Run:
         before = len(self.calls_log.read_text().splitlines())
         env = {
-            "PATH": f"{self.bin}:{self.tools}",
+            "PATH": str(self.tools),
             "TESTBED_ROOT": str(self.root),
             "HOME": str(self.base),
             "LC_ALL": "C",
             "STUB_CALLS": str(self.calls_log),
             "STUB_FAILS": str(self.fails),
             "STUB_STATE": str(self.state),
+            **stub_handler(self.stubs),
         }
         try:
             done = subprocess.run(self.command, env=env, cwd=self.base, capture_output=True, text=True, timeout=60)
@@ -383,23 +425,65 @@ def lines(text: str) -> list[str]:
     return text.splitlines()
 
 
+def recorded_status(box: Sandbox) -> dict[str, str]:
+    path = box.path(host_layout.BOOTSTRAP_STATUS)
+    assert path.stat().st_mode & 0o777 == 0o600  # root-only, like the log beside it
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
+
+
+@dataclass
+class TwoRuns:
+    """Two clean runs on one fresh sandbox: the first, what it left, the second."""
+
+    box: Sandbox  # as the second run left it
+    first: Run
+    after_first: dict[str, bytes]  # snapshot()
+    first_status: dict[str, str]  # recorded_status()
+    second: Run
+
+
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory) -> dict[str, tuple[Sandbox, Run]]:
-    """Each role's first, clean run on a fresh sandbox, shared by the tests that only read it
-    (the calls, the files): tests must not change the sandbox."""
-    runs = {}
-    for role, user_data in (("control", control_user_data()), ("worker", worker_user_data())):
-        box = Sandbox(tmp_path_factory.mktemp(f"first-{role}"), user_data)
-        runs[role] = (box, succeeded(box.run()))
+def clean_runs(tmp_path_factory) -> Callable[..., TwoRuns]:
+    """A role's two clean runs for a containerd version (2.x unless named), made once and shared
+    by the tests that only read them: tests must not change the sandbox. Its files are the first
+    run's but for the bootstrap log and status (the second-run tests assert it)."""
+    made: dict[tuple[str, str], TwoRuns] = {}
+
+    def runs(role: str, containerd: str = "2.x") -> TwoRuns:
+        if (role, containerd) not in made:
+            box = Sandbox(tmp_path_factory.mktemp(f"clean-{role}"), USER_DATA[role](), containerd)
+            first = succeeded(box.run())
+            after_first, first_status = box.snapshot(), recorded_status(box)
+            made[role, containerd] = TwoRuns(box, first, after_first, first_status, succeeded(box.run()))
+        return made[role, containerd]
+
     return runs
 
 
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory) -> Callable[..., tuple[Sandbox, Run]]:
+    """A run on a fresh sandbox for the user data in which every command starting with `failing`
+    fails, or bootstrap.env lacks the parameter `missing`: made once for each, shared by the tests
+    that only read it (the run, the files): tests must not change the sandbox."""
+    made: dict[tuple[Callable[[], str], str, str], tuple[Sandbox, Run]] = {}
+
+    def run(user_data: Callable[[], str], *, failing: str = "", missing: str = "") -> tuple[Sandbox, Run]:
+        if (user_data, failing, missing) not in made:
+            box = Sandbox(tmp_path_factory.mktemp("shared"), user_data())
+            if failing:
+                box.fail(failing)
+            if missing:
+                box.leave_out_parameter(missing)
+            made[user_data, failing, missing] = box, box.run()
+        return made[user_data, failing, missing]
+
+    return run
+
+
 @pytest.mark.parametrize("containerd", sorted(CONTAINERD))
-def test_control_node_second_run_does_not_initialise_again(tmp_path, containerd):
-    box = Sandbox(tmp_path, control_user_data(), containerd)
-    first = succeeded(box.run())
-    after_first = box.snapshot()
-    second = succeeded(box.run())
+def test_control_node_second_run_does_not_initialise_again(clean_runs, containerd):
+    runs = clean_runs("control", containerd)
+    box, first, second = runs.box, runs.first, runs.second
 
     assert count(first.calls, "kubeadm init ") == 1 and count(second.calls, "kubeadm init") == 0
     assert "kubeadm init already done" in second.output
@@ -421,15 +505,13 @@ def test_control_node_second_run_does_not_initialise_again(tmp_path, containerd)
     containerd_config = box.read(CONTAINERD_CONFIG)
     assert "SystemdCgroup = true" in containerd_config and "SystemdCgroup = false" not in containerd_config
     assert CONTAINERD[containerd][2] in lines(containerd_config)
-    assert box.snapshot() == after_first
+    assert box.snapshot() == runs.after_first
 
 
 @pytest.mark.parametrize("containerd", sorted(CONTAINERD))
-def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
-    box = Sandbox(tmp_path, worker_user_data(), containerd)
-    first = succeeded(box.run())
-    after_first = box.snapshot()
-    second = succeeded(box.run())
+def test_gpu_worker_second_run_does_not_join_again(clean_runs, containerd):
+    runs = clean_runs("worker", containerd)
+    box, first, second = runs.box, runs.first, runs.second
 
     assert count(first.calls, "kubeadm join ") == 1 and count(second.calls, "kubeadm join") == 0
     assert "already joined" in second.output
@@ -475,7 +557,7 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
     for run in (first, second):
         ctk = run.calls.index("nvidia-ctk runtime configure --runtime=containerd --set-as-default")
         assert run.calls.index("containerd config default") < ctk
-    assert box.snapshot() == after_first
+    assert box.snapshot() == runs.after_first
 
 
 @pytest.mark.parametrize(
@@ -491,7 +573,7 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
         ),
         (control_user_data, "kubectl apply", "cannot apply Flannel", ("install -d -m 0700",)),
         (worker_user_data, "modprobe nvidia", "nvidia kernel module does not load", ("nvidia-ctk", "kubeadm join")),
-        (worker_user_data, "nvidia-ctk", "nvidia-ctk runtime configure", ("mount", "kubeadm join")),
+        (worker_user_data, "nvidia-ctk runtime", "nvidia-ctk runtime configure", ("mount", "kubeadm join")),
         (worker_user_data, "kubeadm join", "kubeadm join did not succeed", ()),
         (
             worker_user_data,
@@ -518,10 +600,8 @@ def test_gpu_worker_second_run_does_not_join_again(tmp_path, containerd):
         "dcgm-host-engine",
     ],
 )
-def test_a_failing_step_stops_the_bootstrap_with_a_message_naming_it(tmp_path, user_data, failing, named, not_run):
-    box = Sandbox(tmp_path, user_data())
-    box.fail(failing)
-    run = box.run()
+def test_a_failing_step_stops_the_bootstrap_with_a_message_naming_it(shared_run, user_data, failing, named, not_run):
+    _, run = shared_run(user_data, failing=failing)
     assert run.returncode != 0, run.output
     failed = run.failed_lines()
     assert failed and named in failed[-1], run.output
@@ -531,10 +611,8 @@ def test_a_failing_step_stops_the_bootstrap_with_a_message_naming_it(tmp_path, u
     assert not any(line.endswith(("control-plane done", "gpu-worker done")) for line in lines(run.output))
 
 
-def test_a_retried_step_that_never_succeeds_is_retried_the_stated_number_of_times(tmp_path):
-    box = Sandbox(tmp_path, worker_user_data())
-    box.fail("kubeadm join")
-    run = box.run()
+def test_a_retried_step_that_never_succeeds_is_retried_the_stated_number_of_times(shared_run):
+    _, run = shared_run(worker_user_data, failing="kubeadm join")
     assert run.returncode != 0
     assert count(run.calls, "kubeadm join") == 20 and count(run.calls, "kubeadm reset -f") == 20
     assert "gave up after 20 attempts: join" in run.output
@@ -550,15 +628,8 @@ def test_a_retried_step_that_never_succeeds_is_retried_the_stated_number_of_time
         (worker_user_data, "CRI_SOCKET", "gpu-worker.sh"),
     ],
 )
-def test_a_missing_parameter_stops_the_script_before_it_changes_anything(tmp_path, user_data, missing, script):
-    box = Sandbox(tmp_path, user_data())
-    env = box.read(bootstrap.ENV_FILE)
-    assert f"\n{missing}=" in "\n" + env
-    box.write(
-        bootstrap.ENV_FILE,
-        "".join(line for line in env.splitlines(keepends=True) if not line.startswith(f"{missing}=")),
-    )
-    run = box.run()
+def test_a_missing_parameter_stops_the_script_before_it_changes_anything(shared_run, user_data, missing, script):
+    box, run = shared_run(user_data, missing=missing)
     assert run.returncode != 0
     assert f"FAILED: parameter {missing} is not set in {box.path(bootstrap.ENV_FILE)}" in run.output
     if script == "node-common.sh":
@@ -576,9 +647,10 @@ def test_a_missing_parameter_file_stops_the_script(tmp_path):
     assert f"FAILED: parameter file {box.path(bootstrap.ENV_FILE)} is missing" in run.output
 
 
-def test_the_bootstrap_log_is_root_only_from_its_first_line(first_run):
-    box, run = first_run["worker"]
-    assert run.calls[:2] == box.log_setup()
+def test_the_bootstrap_log_is_root_only_from_its_first_line(clean_runs):
+    runs = clean_runs("worker")
+    box = runs.box
+    assert runs.first.calls[:2] == runs.second.calls[:2] == box.log_setup()
     assert box.path(host_layout.BOOTSTRAP_LOG).stat().st_mode & 0o777 == 0o600
 
 
@@ -625,9 +697,9 @@ def test_kubeadm_join_is_retried_after_a_reset_until_it_succeeds_without_sleepin
     assert count(second.calls, "kubeadm ") == 1  # only `config images list`, from node-common
 
 
-def test_the_stubbed_commands_cover_every_command_the_node_scripts_run(first_run):
+def test_the_stubbed_commands_cover_every_command_the_node_scripts_run(clean_runs):
     """A command without a stub is 'not found' in the sandbox: a clean run proves none is missing."""
-    for _, run in first_run.values():
+    for run in (clean_runs(role).first for role in USER_DATA):
         assert "command not found" not in run.output
         assert {c.split()[0] for c in run.calls} <= set(STUBS)
 
@@ -697,8 +769,9 @@ NODE_COMMON_STEPS = (
 
 
 @pytest.mark.parametrize("role", ["control", "worker"])
-def test_node_common_runs_every_step_kubelet_needs_in_order(first_run, role):
-    box, run = first_run[role]
+def test_node_common_runs_every_step_kubelet_needs_in_order(clean_runs, role):
+    runs = clean_runs(role)
+    box, run = runs.box, runs.first
     assert in_order(run.calls, *NODE_COMMON_STEPS) == []
     assert box.read("/etc/modules-load.d/testbed-k8s.conf") == "overlay\nbr_netfilter\n"
     assert box.read("/etc/sysctl.d/99-testbed-k8s.conf") == (
@@ -708,8 +781,8 @@ def test_node_common_runs_every_step_kubelet_needs_in_order(first_run, role):
     assert [c for c in run.calls if c.startswith("curl ") and key in c], run.calls
 
 
-def test_control_plane_steps_in_order(first_run):
-    _, run = first_run["control"]
+def test_control_plane_steps_in_order(clean_runs):
+    run = clean_runs("control").first
     flannel = f"https://raw.githubusercontent.com/flannel-io/flannel/{S.flannel_version}/Documentation/kube-flannel.yml"
     assert (
         in_order(
@@ -725,8 +798,8 @@ def test_control_plane_steps_in_order(first_run):
     )
 
 
-def test_gpu_worker_steps_in_order(first_run):
-    _, run = first_run["worker"]
+def test_gpu_worker_steps_in_order(clean_runs):
+    run = clean_runs("worker").first
     toolkit = f"{S.nvidia_container_toolkit_version}-1"
     assert (
         in_order(
@@ -748,10 +821,8 @@ def test_gpu_worker_steps_in_order(first_run):
     )
 
 
-def test_a_driver_that_installs_but_sees_no_gpu_stops_the_worker(tmp_path):
-    box = Sandbox(tmp_path, worker_user_data())
-    box.fail("nvidia-smi")
-    run = box.run()
+def test_a_driver_that_installs_but_sees_no_gpu_stops_the_worker(shared_run):
+    _, run = shared_run(worker_user_data, failing="nvidia-smi")
     assert run.returncode != 0
     assert run.failed_lines() and "nvidia-smi sees no GPU" in run.failed_lines()[-1], run.output
     assert count(run.calls, "modprobe nvidia") == 1  # the driver was installed and loaded
@@ -802,12 +873,6 @@ def test_the_control_node_exports_a_share_with_one_directory_per_owner_and_none_
     ):
         assert box.path(path).stat().st_mode & 0o7777 == 0o755
         assert f"install -d -m 0755 -o {uid} -g {uid} {box.path(path)}" in run.calls  # the stub drops -o/-g
-
-
-def recorded_status(box: Sandbox) -> dict[str, str]:
-    path = box.path(host_layout.BOOTSTRAP_STATUS)
-    assert path.stat().st_mode & 0o777 == 0o600  # root-only, like the log beside it
-    return dict(line.split("=", 1) for line in path.read_text().splitlines())
 
 
 @pytest.mark.parametrize(
@@ -865,10 +930,8 @@ def recorded_status(box: Sandbox) -> dict[str, str]:
         "gpu-diagnostic",
     ],
 )
-def test_a_failing_step_records_its_script_step_and_message_root_only(tmp_path, user_data, failing, script, step):
-    box = Sandbox(tmp_path, user_data())
-    box.fail(failing)
-    run = box.run()
+def test_a_failing_step_records_its_script_step_and_message_root_only(shared_run, user_data, failing, script, step):
+    box, run = shared_run(user_data, failing=failing)
     assert run.returncode != 0
     status = recorded_status(box)
     assert (status["state"], status["script"], status["step"], status["exit"]) == ("failed", script, step, "1")
@@ -886,16 +949,17 @@ def test_a_failing_step_records_its_script_step_and_message_root_only(tmp_path, 
     ],
     ids=["nfs-export", "slurm-state-dir", "api-server", "share-mount"],
 )
-def test_every_step_of_the_scripts_is_the_one_recorded_when_its_command_fails(tmp_path, user_data, failing, step):
-    box = Sandbox(tmp_path, user_data())
-    box.fail(failing)
-    assert box.run().returncode != 0
+def test_every_step_of_the_scripts_is_the_one_recorded_when_its_command_fails(shared_run, user_data, failing, step):
+    box, run = shared_run(user_data, failing=failing)
+    assert run.returncode != 0
     assert recorded_status(box)["step"].startswith(step)
 
 
 def test_a_failing_command_records_its_own_exit_status(tmp_path):
     box = Sandbox(tmp_path, control_user_data())
-    (box.bin / "swapoff").write_text(f"#!{shutil.which('bash')}\nexit 7\n")
+    box.stubs["swapoff"] = (
+        "(exit 7)\n"  # fails as a program does, by its last command: the scripts' ERR trap is not its
+    )
     assert box.run().returncode != 0
     status = recorded_status(box)
     assert (status["step"], status["exit"]) == ("swap off (kubelet refuses to start with swap)", "7")
@@ -903,16 +967,14 @@ def test_a_failing_command_records_its_own_exit_status(tmp_path):
 
 
 @pytest.mark.parametrize("role", ["control", "worker"])
-def test_a_bootstrap_that_succeeds_records_it_on_every_run(tmp_path, role):
-    box = Sandbox(tmp_path, control_user_data() if role == "control" else worker_user_data())
+def test_a_bootstrap_that_succeeds_records_it_on_every_run(clean_runs, role):
+    runs = clean_runs(role)
     script, last_step = (
         ("control-plane.sh", "admin kubeconfig for ubuntu")
         if role == "control"
         else ("gpu-worker.sh", "images for the first slurmd pod and the example jobs")
     )
-    for _ in range(2):
-        succeeded(box.run())
-        status = recorded_status(box)
+    for status in (runs.first_status, recorded_status(runs.box)):
         assert (status["state"], status["script"], status["step"], status["exit"]) == (
             "succeeded",
             script,
@@ -922,14 +984,10 @@ def test_a_bootstrap_that_succeeds_records_it_on_every_run(tmp_path, role):
 
 
 @pytest.mark.parametrize("parameter, script", [("KUBERNETES_MINOR", "node-common.sh"), ("CRI_SOCKET", "gpu-worker.sh")])
-def test_a_missing_parameter_stops_its_script_at_the_start_and_is_recorded(tmp_path, parameter, script):
+def test_a_missing_parameter_stops_its_script_at_the_start_and_is_recorded(shared_run, parameter, script):
     """A bootstrap that stops before its script's first step still says where: that script, at its start."""
-    box = Sandbox(tmp_path, worker_user_data())
-    env = box.read(bootstrap.ENV_FILE)
-    box.write(
-        bootstrap.ENV_FILE, "".join(line for line in env.splitlines(True) if not line.startswith(f"{parameter}="))
-    )
-    assert box.run().returncode != 0
+    box, run = shared_run(worker_user_data, missing=parameter)
+    assert run.returncode != 0
     status = recorded_status(box)
     assert (status["state"], status["script"], status["step"]) == ("failed", script, "start")
     assert f"parameter {parameter} is not set" in status["message"]

@@ -121,13 +121,15 @@ def bounding_set(security_context: dict) -> set[str]:
     return base | {f"CAP_{c}" for c in caps.get("add", [])}
 
 
-def worker_run(tmp_path):
-    box = Sandbox(tmp_path, worker_user_data())
+@pytest.fixture(scope="module")
+def worker_runs(tmp_path_factory):
+    """A worker's two clean bootstrap runs on one sandbox, made once for the tests that only read them."""
+    box = Sandbox(tmp_path_factory.mktemp("worker"), worker_user_data())
     return box, succeeded(box.run()), succeeded(box.run())
 
 
-def test_the_worker_bootstrap_makes_the_toolkit_ignore_the_variable_in_unprivileged_pods(tmp_path):
-    box, first, second = worker_run(tmp_path)
+def test_the_worker_bootstrap_makes_the_toolkit_ignore_the_variable_in_unprivileged_pods(worker_runs):
+    box, first, second = worker_runs
     for run in (first, second):  # the second run rewrites the same settings
         settings = toolkit_settings(run.calls, str(box.root))
         assert settings == {
@@ -145,8 +147,8 @@ def test_the_worker_bootstrap_makes_the_toolkit_ignore_the_variable_in_unprivile
     assert device_plugin.DEVICE_LIST_STRATEGY in PLUGIN_STRATEGIES - {"envvar"}
 
 
-def test_driver_toolkit_and_containerd_packages_are_held_on_every_run(tmp_path):
-    _box, first, second = worker_run(tmp_path)
+def test_driver_toolkit_and_containerd_packages_are_held_on_every_run(worker_runs):
+    _box, first, second = worker_runs
     for run in (first, second):
         holds = [set(shlex.split(c)[2:]) for c in run.calls if c.startswith("apt-mark hold ")]
         held = set().union(*holds)
@@ -178,8 +180,8 @@ def test_the_control_node_holds_containerd_too(tmp_path):
     assert "apt-mark hold kubelet kubeadm kubectl containerd" in first.calls
 
 
-def test_only_an_allocated_pod_gets_a_gpu_and_the_monitors_still_see_every_gpu(default_run, tmp_path):
-    box, first, _ = worker_run(tmp_path)
+def test_only_an_allocated_pod_gets_a_gpu_and_the_monitors_still_see_every_gpu(default_run, worker_runs):
+    box, first, _ = worker_runs
     settings = toolkit_settings(first.calls, str(box.root))
     releases = {r.inputs["name"]: r.inputs["values"] for r in by_type(default_run, RELEASE)}
     plugin_values, dcgm_values = releases["nvidia-device-plugin"], releases["dcgm-exporter"]

@@ -29,16 +29,23 @@ cat "$file"
 BOOT_NOISE = "[    0.000000] Linux version 6.8.0-1021-aws\r\nCloud-init v. 25.1 running 'modules:final'\r\n"
 
 
-def published_console(tmp_path: Path, name: str = "node") -> tuple[str, str]:
+def published_console(base: Path) -> tuple[str, str]:
     """A real host public key where cloud-init's ssh module leaves it (OpenSSH's line, with its
     root@host comment), and what the control node's real bootstrap, run in a sandbox, wrote to its
     console: (the public key line, the console)."""
-    box = Sandbox(tmp_path / name, control_user_data())
+    box = Sandbox(base, control_user_data())
     public = openssh_public(ed25519.Ed25519PrivateKey.generate()) + " root@ip-10-0-1-10\n"
     box.path(HOST_KEY_FILE).write_text(public)
     done = box.run()
     assert done.returncode == 0, done.output
     return public, box.read(CONSOLE)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> dict[str, tuple[str, str]]:
+    """Two control nodes' published_console, each with a key of its own, made once for the tests
+    that only read them."""
+    return {node: published_console(tmp_path_factory.mktemp(node)) for node in ("a", "b")}
 
 
 def openssh_public(key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey) -> str:
@@ -68,8 +75,8 @@ def read_console(tmp_path: Path, consoles: list[str], timeout: int = 60) -> subp
     return subprocess.run(ssh_access.HOST_KEY_COMMAND, shell=True, cwd=root, env=env, capture_output=True, text=True)
 
 
-def test_the_connection_pins_the_key_the_node_published(tmp_path):
-    public, console = published_console(tmp_path)
+def test_the_connection_pins_the_key_the_node_published(tmp_path, published):
+    public, console = published["a"]
     console = console.replace("\n", "\r\n")  # the serial console's line ends
     # the first reads come before the bootstrap got there: the reader waits for the key
     done = read_console(tmp_path, [BOOT_NOISE, BOOT_NOISE + console + BOOT_NOISE])
@@ -85,14 +92,14 @@ def test_the_connection_pins_the_key_the_node_published(tmp_path):
     )
 
 
-def test_the_same_key_published_twice_is_one_key(tmp_path):
-    _, console = published_console(tmp_path)
+def test_the_same_key_published_twice_is_one_key(tmp_path, published):
+    _, console = published["a"]
     done = read_console(tmp_path, [console + BOOT_NOISE + console])  # a reboot publishes again
     assert done.returncode == 0 and done.stdout.count("ssh-ed25519") == 1
 
 
-def test_two_different_keys_are_refused(tmp_path):
-    console = published_console(tmp_path, "a")[1] + published_console(tmp_path, "b")[1]
+def test_two_different_keys_are_refused(tmp_path, published):
+    console = published["a"][1] + published["b"][1]
     done = read_console(tmp_path, [console])
     assert done.returncode != 0 and done.stdout == ""
     assert "published 2 different SSH host keys" in done.stderr
