@@ -95,7 +95,7 @@ class Runnable:
 
 def _number(value: object) -> int | None:
     """A v0.0.44 {set, infinite, number} (or a bare number): the number, None when unset or infinite."""
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):  # JSON objects: dict, not the slower Mapping ABC check
         if not value.get("set") or value.get("infinite"):
             return None
         value = value.get("number")

@@ -213,6 +213,9 @@ class Modifiers:
     formula: Formula
     target: float
     activation: float
+    # Each result by the trigger values it came from: the formula is pure, and between scrapes the
+    # HPA's syncs and KEDA's polls read the same values again and again.
+    _milli: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_advanced(cls, advanced: dict, trigger_names: list[str]) -> Modifiers | None:
@@ -226,7 +229,10 @@ class Modifiers:
         return cls(f, float(sm["target"]), float(sm.get("activationTarget") or 0))
 
     def milli(self, values: dict[str, float]) -> int:
-        return math.trunc(self.formula(values) * 1000)  # Quantity.SetMilli(int64(out * 1000))
+        key = tuple((name, repr(v)) for name, v in values.items())  # repr: 0.0 apart from -0.0, 1 from 1.0
+        if key not in self._milli:
+            self._milli[key] = math.trunc(self.formula(values) * 1000)  # Quantity.SetMilli(int64(out * 1000))
+        return self._milli[key]
 
     def value(self, values: dict[str, float]) -> float:
         return self.milli(values) / 1000

@@ -127,6 +127,10 @@ class Kubernetes:
     # scenario would otherwise walk several times a tick. Likewise the jobs not finished (pruned
     # each step, so one that finished in the latest step may still be there).
     _live: list[Pod] = field(default_factory=list)
+    _went: bool = False  # a pod in _live went (`pod_gone`) since it was last pruned
+    # Bumped whenever the live pods change (one made, or the gone ones pruned): a caller that
+    # filters them keeps its filtered list while this stays (twin/nodeset.py pods).
+    live_version: int = 0
     open_jobs: list[KubeJob] = field(default_factory=list)
     # GPUs whose node is NotReady (fault node-failure; one GPU per node): nothing binds there, and a
     # pod on it neither runs its work nor goes, even deleted, until its kubelet is back to stop it.
@@ -135,12 +139,22 @@ class Kubernetes:
     def create_pod(self, pod: Pod) -> Pod:
         self.pods.append(pod)
         self._live.append(pod)
+        self.live_version += 1
         return pod
 
     def live_pods(self) -> list[Pod]:
-        """Every pod not gone, in creation order (as `[p for p in pods if p.live]`)."""
-        self._live = [p for p in self._live if p.gone_at is None]
+        """Every pod not gone, in creation order (as `[p for p in pods if p.live]`). Pruned only
+        after a pod went: asked several times a second, while pods go a few times an hour."""
+        if self._went:
+            self._live = [p for p in self._live if p.gone_at is None]
+            self._went = False
+            self.live_version += 1
         return self._live
+
+    def pod_gone(self, pod: Pod, now: float) -> None:
+        """The pod is gone at `now` (every gone_at is set here, so live_pods knows to prune)."""
+        pod.gone_at = now
+        self._went = True
 
     def submit(
         self,
@@ -207,7 +221,7 @@ class Kubernetes:
             gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + took)
             gone = gone and pod.gpu not in self.failed
             if gone and pod.gone_at is None:
-                pod.gone_at = now
+                self.pod_gone(pod, now)
         unbound = sorted(
             (p for p in pods if p.gpu is None and p.live and p.terminating_at is None and not p.gated),
             key=lambda p: p.created,
@@ -264,12 +278,14 @@ class Kubernetes:
 
     def _init_containers(self, now: float) -> None:
         pods = self.live_pods()
-        by_name = {p.name: p for p in pods}
+        by_name: dict[str, Pod] | None = None  # made once a Worker's init container runs
         for pod in pods:
             if pod.wait_for is None or pod.running_at is not None or pod.init_started is None or not pod.live:
                 continue
             if pod.init_started > now:
                 continue
+            if by_name is None:
+                by_name = {p.name: p for p in pods}
             master = by_name.get(pod.wait_for)
             if master is not None and master.running(now):
                 pod.running_at = now + pod.main_pull + self.container_start
@@ -281,15 +297,18 @@ class Kubernetes:
             if job.name == name and job.finished is None:
                 job.finished, job.failed = now, True
                 for pod in job.pods:
-                    pod.gone_at = now
+                    self.pod_gone(pod, now)
 
     def _jobs(self, now: float) -> None:
         self.open_jobs = [j for j in self.open_jobs if j.finished is None]
         for job in self.open_jobs:
             if job.started is None and job.pods and all(p.running(now) for p in job.pods):
                 job.started = now
-            stalled = any(p.gpu in self.failed for p in job.pods)  # its node is down: its work stands still
-            if job.started is not None and now >= job.started + job.runtime and not stalled:
+            if (
+                job.started is not None
+                and now >= job.started + job.runtime
+                and not any(p.gpu in self.failed for p in job.pods)  # its node is down: its work stands still
+            ):
                 job.finished = now
                 for pod in job.pods:
-                    pod.gone_at = now  # Succeeded: the GPU goes back
+                    self.pod_gone(pod, now)  # Succeeded: the GPU goes back

@@ -231,10 +231,11 @@ class Kueue:
     def step(self, kube: Kubernetes, now: float, up: bool = True) -> None:
         if not up:
             return  # no admission, no eviction, no finalizer removed
+        closed = False
         for w in self.open_workloads:
             ended = w.ended()
             if ended and not w.releasing():
-                w.done = True  # the job finished or the pod is gone: its quota is free (finalizer removed)
+                w.done = closed = True  # the job finished or the pod is gone: its quota is free (finalizer removed)
                 w.admitted_at = None
                 continue
             if ended or w.admitted_at is None or (w.pod is not None and w.pod.terminating_at is not None):
@@ -246,7 +247,8 @@ class Kueue:
                 w.ready = True  # recoveryTimeout 0s: never evicted once ready
             if not w.ready and now >= w.admitted_at + self.pods_ready_timeout:
                 self._evict(w, kube, now)
-        self.open_workloads = [w for w in self.open_workloads if not w.done]
+        if closed:
+            self.open_workloads = [w for w in self.open_workloads if not w.done]
         state = self._admission_state(now)
         if state != self._idle_state:  # the same state admits nothing again: skip the cycles
             self._idle_state = state if not self._admit(kube, now) else None

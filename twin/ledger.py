@@ -84,9 +84,9 @@ class Ledger:
         self.held_now = held
         self.held.append(self.held_now)
         slurm_waits = any(j.finished is None for j in self.world.slurm.open_jobs)
-        kube_open = [j for j in self.world.kube.open_jobs if j.finished is None]
-        if slurm_waits and kube_open:
-            ai_used = sum(len(j.pods) for j in kube_open if j.started is not None)
+        kube_open = self.world.kube.open_jobs
+        if slurm_waits and any(j.finished is None for j in kube_open):
+            ai_used = sum(len(j.pods) for j in kube_open if j.finished is None and j.started is not None)
             self.contended["seconds"] += 1
             self.contended["slurm"] += used
             self.contended["kubernetes"] += ai_used

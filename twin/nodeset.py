@@ -117,10 +117,16 @@ class NodeSetController:
     # condemned than at the last sync. One for one re-chosen victims (a swap) is left out.
     undrained: list[tuple[float, str]] = field(default_factory=list)
     _condemned: int = 0  # pods the last sync condemned
+    # `pods` as of the Kubernetes live_version it was filtered at: asked every second, it changes
+    # only when a pod is made or goes. Callers only read it.
+    _pods: tuple[int, list[Pod]] = (-1, [])
 
     def pods(self) -> list[Pod]:
         """The NodeSet's pods as a sync lists them: every live one, terminating ones included."""
-        return [p for p in self.kube.live_pods() if p.holder == SLURMD]
+        live = self.kube.live_pods()
+        if self._pods[0] != self.kube.live_version:
+            self._pods = (self.kube.live_version, [p for p in live if p.holder == SLURMD])
+        return self._pods[1]
 
     def _ordinal(self, pod: Pod) -> int:
         return int(pod.name.rsplit("-", 1)[1])

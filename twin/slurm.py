@@ -256,6 +256,11 @@ class Slurmctld:
     # False while slurmctld is down (fault slurmctld-down): it starts nothing and no slurmd
     # registers; a job that ends meanwhile is counted as ended (slurmd reports it once it is back).
     up: bool = True
+    # Bumped by every change of a job or node that can start a job or move the first in line. A
+    # main scheduling pass over the same queue and nodes at the same time starts nothing and marks
+    # no one (twin/world.py steps slurmctld twice a second): `step` skips it (`_scheduled`).
+    _changes: int = 0
+    _scheduled: tuple = ()  # (time, _changes, unreachable) after the last main scheduling pass
 
     @property
     def partitions(self) -> tuple[str, str]:
@@ -304,6 +309,7 @@ class Slurmctld:
         self.jobs += jobs
         self.open_jobs += [j for j in jobs if j.state == PENDING]
         self.by_name.setdefault(spec.name, []).extend(jobs)
+        self._changes += 1
         return jobs
 
     def cancel(self, job: SlurmJob, now: float) -> None:
@@ -313,10 +319,12 @@ class Slurmctld:
                 self.running.remove(job)
             job.state, job.finished = CANCELLED, now
             self._closed = True
+            self._changes += 1
 
     def release(self, name: str) -> None:  # scontrol release
         for job in self.by_name.get(name, []):
             job.held = False
+        self._changes += 1
 
     # ------------------------------------------------------------ nodes (slurmd registers / goes)
 
@@ -327,13 +335,17 @@ class Slurmctld:
             node = self.nodes.get(name)  # slurmd registers every second: a node only once
             if node is None:
                 node = self.nodes[name] = SlurmNode(name, now)
-            node.down = False
+                self._changes += 1
+            elif node.down:
+                node.down = False
+                self._changes += 1
 
     def node_gone(self, name: str, now: float) -> list[SlurmJob]:
         """slurmd's preStop sets the node down, then deletes it (SlinkyProject/slurm-operator@v1.0.0:
         internal/builder/worker_app.go)."""
         killed = self.set_down(name, now)
         self.nodes.pop(name, None)
+        self._changes += 1
         return killed
 
     def set_down(self, name: str, now: float, failed: bool = False) -> list[SlurmJob]:
@@ -354,6 +366,7 @@ class Slurmctld:
         node = self.nodes.get(name)
         if node is not None:
             node.down = True
+        self._changes += 1
         killed = [j for j in self.running if name in j.nodes]
         self.running = [j for j in self.running if name not in j.nodes]
         for job in killed:
@@ -366,8 +379,9 @@ class Slurmctld:
         return killed
 
     def set_drain(self, name: str, drain: bool) -> None:
-        if name in self.nodes:
+        if name in self.nodes and self.nodes[name].drain != drain:
             self.nodes[name].drain = drain
+            self._changes += 1
 
     def busy_nodes(self) -> set[str]:
         return {n for j in self.running for n in j.nodes}
@@ -437,10 +451,14 @@ class Slurmctld:
                 self._cancel_never_satisfied(now)
             self.open_jobs = [j for j in self.open_jobs if j.state in (PENDING, RUNNING)]
             self._closed = False
+            self._changes += 1
         if not self.up:
             return
-        self._schedule(now)
-        self._note_first_in_line(now)
+        scheduled = (now, self._changes, frozenset(self.unreachable))
+        if scheduled != self._scheduled:
+            self._schedule(now)
+            self._note_first_in_line(now)
+            self._scheduled = (now, self._changes, scheduled[2])
         if self._backfilled_at is None:
             self._backfilled_at = self.backfill_phase - BF_INTERVAL
         if now >= self._backfilled_at + BF_INTERVAL:
@@ -457,6 +475,7 @@ class Slurmctld:
     def _start(self, job: SlurmJob, nodes: list[str], now: float) -> None:
         job.nodes, job.state, job.started = tuple(nodes), RUNNING, now
         self.running.append(job)
+        self._changes += 1
 
     def _schedule(self, now: float) -> None:
         """The main scheduler: in queue order, until a job waits for busy nodes (module docstring)."""

@@ -108,7 +108,7 @@ def _late_master(tries: int) -> tuple[Pod, Pod, Kubernetes]:
     blocker = cluster.create_pod(Pod("blocker", KUBERNETES, "x", "job", 0.5))
     for t in range(300):
         if t == 250:
-            blocker.gone_at = t
+            cluster.pod_gone(blocker, t)
         cluster.step(t)
     return master, worker, cluster
 

@@ -214,14 +214,16 @@ HELD_FOR_A_PLAN = pytest.mark.xfail(strict=True, reason="HPC's idle node is held
     "name, overrides, policy",
     [
         ("starvation", (), scaling.DEFAULT_POLICY),
-        ("starvation", (), scaling.LEND_RECLAIM),
+        pytest.param("starvation", (), scaling.LEND_RECLAIM, marks=pytest.mark.slow),
         ("both-full", (), scaling.DEFAULT_POLICY),
         ("both-full", ("slinkyVersion=1.0.0",), scaling.DEFAULT_POLICY),
-        pytest.param("both-full", (), scaling.LEND_RECLAIM, marks=LOST_IN_A_GAP),
-        pytest.param("both-full", ("slinkyVersion=1.0.0",), scaling.LEND_RECLAIM, marks=HELD_FOR_A_PLAN),
+        pytest.param("both-full", (), scaling.LEND_RECLAIM, marks=[LOST_IN_A_GAP, pytest.mark.slow]),
+        pytest.param(
+            "both-full", ("slinkyVersion=1.0.0",), scaling.LEND_RECLAIM, marks=[HELD_FOR_A_PLAN, pytest.mark.slow]
+        ),
         pytest.param("heavy-mix", (), scaling.DEFAULT_POLICY, marks=TOO_SHORT_TO_EVEN_OUT),
-        pytest.param("heavy-mix", (), scaling.LEND_RECLAIM, marks=LOST_IN_A_GAP),
-    ],
+        pytest.param("heavy-mix", (), scaling.LEND_RECLAIM, marks=[LOST_IN_A_GAP, pytest.mark.slow]),
+    ],  # the default policy in the fast set; lend-and-reclaim with the slow sweeps, which run every policy
 )
 def test_neither_side_starves_under_contention(name, overrides, policy):
     share = result(name, *overrides, policy=policy)["contention"]["share"]

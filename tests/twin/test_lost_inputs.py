@@ -31,7 +31,9 @@ def dev() -> settings.Settings:
     return offline.stack_settings("dev", [])
 
 
-POLICIES = (scaling.LEND_RECLAIM, scaling.FAIR_SHARE)
+# Each case under both policies: the default (fair-share) in the fast set, lend-and-reclaim with
+# the slow sweeps (a plain pytest and CI), which run every policy
+POLICIES = (pytest.param(scaling.LEND_RECLAIM, marks=pytest.mark.slow), scaling.FAIR_SHARE)
 EXPORTER_ROW = "the runnable-jobs exporter"
 
 
