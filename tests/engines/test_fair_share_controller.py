@@ -51,7 +51,7 @@ def test_the_loop_reads_the_real_slurmctld_through_prometheus_and_gives_hpc_its_
     with harness.engines(tmp_path, values, names.slurm, worker_index()) as e:
         metrics = KueueMetrics((e.bridge_ip, KUEUE_PORT), names)
         threading.Thread(target=metrics.serve_forever, daemon=True).start()
-        kube = FakeKubernetes(kueue.cluster_queues(names.shares))
+        kube = FakeKubernetes(kueue.cluster_queues(names.shares), fair_share_controller.quota_policy(names))
         try:
             e.start_prometheus(names.metrics_interval_seconds, None, {"kueue": f"{e.bridge_ip}:{KUEUE_PORT}"})
             done = e.client("sbatch", "--job-name=wide", "-N", "3", "--wrap", "sleep 600")
