@@ -57,6 +57,8 @@ class Kube(Protocol):
 
     def dry_run(self, obj: dict) -> None: ...
 
+    def dry_run_patch_as(self, user: str, path: str, operations: list[dict], field_manager: str) -> None: ...
+
     def exec(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str]: ...
 
     def get(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict: ...
@@ -358,6 +360,21 @@ class KubeApi:
             self.custom.create_namespaced_custom_object(group, version, namespace, plural, obj, dry_run="All")
         else:
             self.custom.create_cluster_custom_object(group, version, plural, obj, dry_run="All")
+
+    def dry_run_patch_as(self, user: str, path: str, operations: list[dict], field_manager: str) -> None:
+        """A server-side dry run of a JSON patch at `path`, impersonating `user` by a header on this
+        request alone (the admin's client keeps its own identity for every other call)."""
+        from components.fair_share_loop import JSON_PATCH
+
+        self.api.call_api(
+            path,
+            "PATCH",
+            query_params=[("dryRun", "All"), ("fieldManager", field_manager)],
+            header_params={"Content-Type": JSON_PATCH, "Accept": "application/json", "Impersonate-User": user},
+            body=operations,
+            auth_settings=["BearerToken"],
+            response_type="object",
+        )
 
     def exec(self, namespace: str, pod: str, container: str, command: list[str]) -> tuple[int, str]:
         """Through validation's exec, the one reading of the kubernetes client's exec stream; a

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from cli.checklist import FAIL, OK, Check
-from components import ai_run_limit, fair_share_controller, keda, kueue
+from components import ai_run_limit, fair_share_controller, fair_share_loop, keda, kueue
 from core import names
+from core.settings import escaped
 
 KUEUE_GROUP, KUEUE_VERSION = names.KUEUE_GROUP_VERSION.split("/")
 POLICY_GROUP, POLICY_VERSION = ai_run_limit.API_VERSION.split("/")
@@ -266,6 +267,71 @@ def admission_checks(n: names.Names, kube: Any, stack: str) -> list[Check]:
             checks.append(Check("admission", FAIL, f"{kind} {name}{problem}", remedy=_redeploy(stack)))
         else:
             checks.append(Check("admission", OK, f"{kind} {name} in place: {detail}"))
+    return [*checks, *quota_policy_trials(kube, stack)]
+
+
+# Only the API server runs the policy's CEL as it is deployed (cel-python runs it in the tests):
+# an expression that errors there refuses (failurePolicy Fail), so every quota patch would fail.
+# So the doctor sends two server-side dry runs as the controller (impersonated; the admin may):
+# the loop's own patch, which must pass, and a stopPolicy change, which the policy must refuse.
+# A denial is 422 Invalid, "ValidatingAdmissionPolicy '<name>' with binding '<name>' denied
+# request: ..." (kubernetes@v1.34.0 staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/
+# validating/dispatcher.go: a validation without a reason denies as Invalid). dryRun=All stores
+# nothing; the controller's ClusterRole may get and patch this queue by name, so RBAC lets both in.
+TRIAL_QUEUE = names.HPC_CLUSTER_QUEUE
+FORBIDDEN_PATCH = [{"op": "replace", "path": "/spec/stopPolicy", "value": "HoldAndDrain"}]
+
+
+def quota_policy_trials(kube: Any, stack: str) -> list[Check]:
+    """The loop's patch of HPC's queue to its current GPU quota admitted, a stopPolicy patch refused
+    by the quota policy: both dry runs as the controller's service account."""
+    from kubernetes.client.exceptions import ApiException
+
+    from validation.cluster import api_error
+
+    user, policy = fair_share_controller.controller_user(), fair_share_controller.QUOTA_POLICY
+    queue = _read(kube.get_cluster, KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", TRIAL_QUEUE)
+    if queue is None:
+        return [
+            Check("admission", FAIL, f"cannot try {policy}: ClusterQueue {TRIAL_QUEUE} is missing", _redeploy(stack))
+        ]
+    try:
+        nominal, lending = fair_share_loop.live_quota(queue, names.GPU_RESOURCE)
+        own = fair_share_loop.quota_patch(queue, names.GPU_RESOURCE, nominal, nominal if lending is None else lending)
+    except (KeyError, TypeError, ValueError) as error:  # the loop could not patch it either
+        detail = f"cannot try {policy}: ClusterQueue {TRIAL_QUEUE}'s {names.GPU_RESOURCE} quota: {escaped(str(error))}"
+        return [Check("admission", FAIL, detail, _redeploy(stack))]
+    path = f"{fair_share_loop.KUEUE_API}/{TRIAL_QUEUE}"
+    as_whom = f"as {user}, a dry-run"
+    checks = []
+    try:
+        kube.dry_run_patch_as(user, path, own, fair_share_loop.FIELD_MANAGER)
+    except ApiException as error:
+        said = escaped(api_error(error), limit=300)
+        fix = (
+            f"kubectl get validatingadmissionpolicy {policy} -o yaml  (a rule that errors on the API server "
+            f"refuses every patch: failurePolicy Fail); then {_redeploy(stack)}"
+            if policy in said
+            else f"kubectl auth can-i patch clusterqueues/{TRIAL_QUEUE} --as={user}  (its ClusterRole)"
+        )
+        checks.append(
+            Check("admission", FAIL, f"{as_whom} of the controller's own quota patch was refused: {said}", fix)
+        )
+    else:
+        shown = f"{names.GPU_RESOURCE} {nominal}" + ("" if lending is None else f", lends {lending}")
+        checks.append(Check("admission", OK, f"{as_whom} of the controller's own quota patch ({shown}) is admitted"))
+    try:
+        kube.dry_run_patch_as(user, path, FORBIDDEN_PATCH, fair_share_loop.FIELD_MANAGER)
+    except ApiException as error:
+        said = escaped(api_error(error), limit=300)
+        if error.status == 422 and policy in said:
+            checks.append(Check("admission", OK, f"{as_whom} stopPolicy patch is refused by {policy}"))
+        else:
+            detail = f"{as_whom} stopPolicy patch was refused, but not by {policy}: {said}"
+            checks.append(Check("admission", FAIL, detail, f"kubectl get validatingadmissionpolicybinding {policy}"))
+    else:
+        detail = f"{as_whom} stopPolicy patch of ClusterQueue {TRIAL_QUEUE} was admitted: {policy} does not hold"
+        checks.append(Check("admission", FAIL, detail, _redeploy(stack)))
     return checks
 
 

@@ -13,7 +13,16 @@ from urllib3.exceptions import MaxRetryError
 
 from cli import doctor
 from cli.checklist import FAIL, OK
-from components import ai_run_limit, fair_share_controller, keda, kueue, readiness_gate, slinky, slurm_config
+from components import (
+    ai_run_limit,
+    fair_share_controller,
+    fair_share_loop,
+    keda,
+    kueue,
+    readiness_gate,
+    slinky,
+    slurm_config,
+)
 from components import slurmd_scaling as scaling
 from core import host_layout, names
 from core.settings import load
@@ -113,6 +122,36 @@ class FakeKube:
             plural = plurals.get(obj["kind"], "validatingadmissionpolicybindings")
             self.cluster_objects[plural, obj["metadata"]["name"]] = json.loads(json.dumps(obj))
         self.calls: list[tuple] = []
+        # how the API server answers the controller's dry-run patches: its quota policy enforced
+        # (only GPU quota values may change), absent (anything goes), or with a rule that errors
+        # at run time (failurePolicy Fail: every patch refused)
+        self.quota_policy = "enforced"
+
+    def dry_run_patch_as(self, user, path, operations, field_manager):
+        self.calls.append(("dry_run_patch_as", user, path, operations, field_manager))
+        policy = fair_share_controller.QUOTA_POLICY
+        denied = f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request: "
+        quota_only = all(
+            o["op"] == "test" or o["path"].endswith(("/nominalQuota", "/lendingLimit")) for o in operations
+        )
+        if self.quota_policy == "forbidden":  # RBAC, or the admin may not impersonate
+            error = ApiException(status=403, reason="Forbidden")
+            error.body = json.dumps({"message": f'clusterqueues "hpc" is forbidden: User "{user}" cannot patch'})
+            raise error
+        if self.quota_policy == "missing, the schema refusing" and not quota_only:
+            error = ApiException(status=422, reason="Unprocessable Entity")
+            error.body = json.dumps({"message": 'ClusterQueue "hpc" is invalid: spec.stopPolicy: Unsupported value'})
+            raise error
+        if self.quota_policy == "erroring":
+            message = denied + "expression 'request.operation' resulted in error:\n no such key: x"
+        elif self.quota_policy == "enforced" and not quota_only:
+            message = denied + "the fair-share controller may change only the nominalQuota ..."
+        else:
+            return
+        body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422, "message": message})
+        error = ApiException(status=422, reason="Unprocessable Entity")
+        error.body = body
+        raise error
 
     def nodes(self):
         return self.node_list
@@ -188,7 +227,8 @@ def test_a_healthy_testbed(tmp_path):
     assert {c.status for c in checks} == {OK}, [c.lines() for c in checks]
     assert len(by(checks, "node")) == 1 + s.worker_count and len(by(checks, "pods")) == len(doctor.PLATFORM_NAMESPACES)
     assert len(by(checks, "kueue")) == 1 + 1 + 2 + 2  # pods, the dry-run Workload, two ClusterQueues, two LocalQueues
-    assert len(by(checks, "admission")) == len(ai_run_limit.stack_objects(kube.n)) + 2  # and the quota policy, bound
+    # and the quota policy, bound, and its two dry-run trials as the controller
+    assert len(by(checks, "admission")) == len(ai_run_limit.stack_objects(kube.n)) + 4
     (quota,) = [c for c in by(checks, "admission") if c.detail.startswith("ValidatingAdmissionPolicy testbed-fair")]
     assert quota.detail.endswith("may change only GPU quotas, 0 to 4"), quota.detail
     assert [c.detail.split(" admits")[0] for c in by(checks, "webhook")] == [
@@ -651,6 +691,121 @@ BROKEN = {
         REDEPLOY,
     ),
 }
+
+
+USER = fair_share_controller.controller_user()
+QUEUE_PATH = f"{fair_share_loop.KUEUE_API}/{names.HPC_CLUSTER_QUEUE}"
+
+
+def test_the_quota_policy_is_tried_on_the_live_cluster_as_the_controller():
+    """Two dry-run patches of HPC's queue as the controller: the loop's own (to the quota it holds,
+    built from the queue the doctor read) admitted, a stopPolicy change refused by the policy."""
+    s = settings()
+    kube = FakeKube(s)
+    checks = doctor.Doctor(s, kube, None).run()
+    trials = [c for c in by(checks, "admission") if c.detail.startswith(f"as {USER}")]
+    assert [(c.status, c.detail) for c in trials] == [
+        (OK, f"as {USER}, a dry-run of the controller's own quota patch (nvidia.com/gpu 2, lends 2) is admitted"),
+        (OK, f"as {USER}, a dry-run stopPolicy patch is refused by {fair_share_controller.QUOTA_POLICY}"),
+    ]
+    queue = _cq(kube, names.HPC_CLUSTER_QUEUE)
+    own = fair_share_loop.quota_patch(queue, names.GPU_RESOURCE, 2, 2)
+    assert own[1]["value"] == "2"  # tested against the quota as the API server returned it
+    sent = [c[1:] for c in kube.calls if c[0] == "dry_run_patch_as"]
+    assert sent == [
+        (USER, QUEUE_PATH, own, fair_share_loop.FIELD_MANAGER),
+        (
+            USER,
+            QUEUE_PATH,
+            [{"op": "replace", "path": "/spec/stopPolicy", "value": "HoldAndDrain"}],
+            "fair-share-controller",
+        ),
+    ]
+
+
+def test_a_quota_policy_that_errors_on_the_api_server_fails_the_doctor():
+    """A rule that errors at run time refuses the controller's every patch (failurePolicy Fail):
+    the check fails with the server's message, one line, and how to look at the policy."""
+    s = settings()
+    kube = FakeKube(s)
+    kube.quota_policy = "erroring"
+    failed = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    (own,) = failed  # the stopPolicy patch is refused too: by the same error
+    assert own.detail.startswith(
+        f"as {USER}, a dry-run of the controller's own quota patch was refused: 422 Unprocessable Entity "
+        f"ValidatingAdmissionPolicy '{fair_share_controller.QUOTA_POLICY}' with binding"
+    )
+    assert "\n" not in own.detail and "resulted in error:\\n no such key" in own.detail  # escaped, one line
+    assert own.remedy.startswith(f"kubectl get validatingadmissionpolicy {fair_share_controller.QUOTA_POLICY} -o yaml")
+
+
+def test_a_refusal_by_rbac_is_not_the_policys_refusal():
+    """Both patches refused by RBAC, not by the policy: the loop cannot patch, and the stopPolicy
+    refusal proves nothing about the policy; each says so, with the server's words."""
+    s = settings()
+    kube = FakeKube(s)
+    kube.quota_policy = "forbidden"
+    own, stop = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert own.detail.endswith(
+        f'refused: 403 Forbidden clusterqueues \\"hpc\\" is forbidden: User \\"{USER}\\" cannot patch'
+    )
+    assert own.remedy.startswith(f"kubectl auth can-i patch clusterqueues/hpc --as={USER}")
+    assert stop.detail.startswith(
+        f"as {USER}, a dry-run stopPolicy patch was refused, but not by {fair_share_controller.QUOTA_POLICY}: 403"
+    )
+
+
+def test_a_quota_policy_that_does_not_hold_fails_the_doctor():
+    s = settings()
+    kube = FakeKube(s)
+    kube.quota_policy = "missing"
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert failed.detail == (
+        f"as {USER}, a dry-run stopPolicy patch of ClusterQueue hpc was admitted: "
+        f"{fair_share_controller.QUOTA_POLICY} does not hold"
+    )
+    assert failed.remedy.startswith(REDEPLOY)
+    kube.quota_policy = "missing, the schema refusing"  # 422 too, but not the policy's denial
+    (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
+    assert failed.detail.startswith(
+        f"as {USER}, a dry-run stopPolicy patch was refused, but not by {fair_share_controller.QUOTA_POLICY}: 422"
+    )
+
+
+def test_the_real_adapter_sends_the_dry_run_patch_as_the_controller():
+    """On the wire: PATCH with dryRun=All and the loop's field manager, a JSON patch, the
+    Impersonate-User header on that request only; a refusal comes back as ApiException."""
+    from kubernetes import client
+
+    api = client.ApiClient(client.Configuration(host="https://203.0.113.7:6443"))
+    sent, answers = [], [(200, b"{}"), (422, b'{"message": "denied"}')]
+
+    class Answer:
+        def __init__(self, status, data):
+            self.status, self.reason, self.data = status, "x", data
+
+        def getheaders(self):
+            return {}
+
+        def getheader(self, name, default=None):
+            return default
+
+    def request(method, url, body=None, headers=None, **kwargs):
+        sent.append((method, url, json.loads(body), dict(headers)))
+        return Answer(*answers.pop(0))
+
+    api.rest_client.pool_manager.request = request
+    kube = doctor.KubeApi(api, names.Names.from_settings(settings()))
+    ops = [{"op": "replace", "path": "/spec/stopPolicy", "value": "HoldAndDrain"}]
+    kube.dry_run_patch_as(USER, QUEUE_PATH, ops, fair_share_loop.FIELD_MANAGER)
+    with pytest.raises(ApiException) as refused:
+        kube.dry_run_patch_as(USER, QUEUE_PATH, ops, fair_share_loop.FIELD_MANAGER)
+    assert refused.value.status == 422
+    method, url, body, headers = sent[0]
+    assert (method, body) == ("PATCH", ops)
+    assert url == f"https://203.0.113.7:6443{QUEUE_PATH}?dryRun=All&fieldManager=fair-share-controller"
+    assert headers["Impersonate-User"] == USER and headers["Content-Type"] == fair_share_loop.JSON_PATCH
+    assert "Impersonate-User" not in api.default_headers  # the admin's client keeps its identity
 
 
 @pytest.mark.parametrize("case", list(BROKEN))
