@@ -3,7 +3,7 @@
     venv/bin/python benchmarks/fast_suite.py [--budget 45] [-- PYTEST ARGS...]
 
 Runs `venv/bin/python -m pytest -m "not engine"` (the set docs/testing.md calls fast: no real
-engine, no slow twin sweep) as a child and prints its wall-clock and CPU seconds. The budget is
+engine, no slow test) as a child and prints its wall-clock and CPU seconds. The budget is
 45 s of wall clock on an idle 2-core machine; on a shared one the wall clock grows with the load
 while the CPU seconds (user and system, every worker included) stay near what the suite costs,
 so both are printed. Exit 0 within the budget, 1 over it or when the suite fails."""
@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="wall-clock seconds allowed (default: 45)")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
     args = parser.parse_args()
-    # outside CI: under CI=true the slow twin sweeps run too (tests/conftest.py), which is not this set
+    # outside CI: under CI=true the slow tests run too (tests/conftest.py), which is not this set
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     command = [sys.executable, "-m", "pytest", "-m", "not engine", "-p", "no:cacheprovider", *args.pytest_args]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

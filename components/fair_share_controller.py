@@ -356,13 +356,15 @@ def quota_policy(n: Names) -> dict:
             "failurePolicy": "Fail",
             "matchConstraints": {
                 # Every ClusterQueue, not only the two it moves: RBAC may grow, this need not.
-                # Equivalent: a request through another served version is converted to this one.
+                # Every version (v1beta1 and v1beta2 served at kubernetes-sigs/kueue@v0.19.2
+                # config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml): the rules
+                # compare key by key, and a Kueue that stops serving one still matches.
                 # Not clusterqueues/status: RBAC grants it none, and a status write keeps spec.
                 "matchPolicy": "Equivalent",
                 "resourceRules": [
                     {
                         "apiGroups": [KUEUE_GROUP],
-                        "apiVersions": [KUEUE_GROUP_VERSION.split("/")[1]],
+                        "apiVersions": ["*"],
                         "resources": ["clusterqueues"],
                         "operations": ["CREATE", "UPDATE", "DELETE"],
                     }

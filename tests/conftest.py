@@ -60,7 +60,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A `-m` expression that does not name `slow` leaves the slow twin sweeps out, so the fast
+    """A `-m` expression that does not name `slow` leaves the slow tests out, so the fast
     set `-m "not engine"` is fast; a plain run, `-m "... slow ..."` and every run under CI=true
     (.ci/run) keep them."""
     expression = config.option.markexpr

@@ -119,7 +119,7 @@ class NodeSetController:
     _condemned: int = 0  # pods the last sync condemned
     # `pods` as of the Kubernetes live_version it was filtered at: asked every second, it changes
     # only when a pod is made or goes. Callers only read it.
-    _pods: tuple[int, list[Pod]] = (-1, [])
+    _pods: tuple[int, list[Pod]] = field(default=(-1, []), compare=False, repr=False)
 
     def pods(self) -> list[Pod]:
         """The NodeSet's pods as a sync lists them: every live one, terminating ones included."""

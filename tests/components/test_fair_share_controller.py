@@ -471,7 +471,8 @@ def test_the_policy_binds_denying_for_the_controller_s_account_alone_and_passes_
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
     assert rule["apiGroups"] == [fair_share_controller.KUEUE_GROUP] and rule["resources"] == ["clusterqueues"]
-    assert f"{rule['apiGroups'][0]}/{rule['apiVersions'][0]}" == KUEUE_GROUP_VERSION, "the version the loop patches"
+    # every version of the group the loop patches (fair_share_loop.KUEUE_API: /apis/<group>/<version>/...)
+    assert rule["apiVersions"] == ["*"] and fair_share_loop.KUEUE_API.split("/")[2] == rule["apiGroups"][0]
     assert "UPDATE" in rule["operations"]  # a PATCH is admitted as an UPDATE
     # the account the Deployment runs as
     deployment = fair_share_controller.deployment(names(), "python@sha256:" + "a" * 64)

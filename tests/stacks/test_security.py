@@ -27,7 +27,9 @@ def secret_values(rec) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("settings", [{}, {"spotWorkers": True}])  # the spot_run fixture's: one recording
+# spot workers too (spot_run's settings: one recording); the ingress rules do not depend on the
+# worker count, which this case varied before
+@pytest.mark.parametrize("settings", [{}, {"spotWorkers": True}])
 def test_no_ingress_from_anywhere_unless_opted_in(settings):
     rec = run_program(**settings)
     (group,) = by_type(rec, tokens.SECURITY_GROUP)

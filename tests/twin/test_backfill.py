@@ -5,6 +5,8 @@ slurmctld 26.05.5; these run the twin alone, in the fast suite."""
 
 from __future__ import annotations
 
+import pytest
+
 from twin.scenario import JobSpec
 from twin.slurm import BF_INTERVAL, BF_WINDOW, PENDING, RUNNING, SlurmConfig, Slurmctld
 
@@ -68,3 +70,29 @@ def test_with_no_time_limit_the_plan_is_past_the_window_and_later_jobs_start():
     _run(slurm, 2, int(BF_INTERVAL) + 1)
     assert (wide.state, late.state) == (PENDING, RUNNING) and slurm.plans == []
     assert BF_WINDOW == 24 * 3600
+
+
+@pytest.mark.parametrize("change", ["register", "undrain", "release", "cancel"])
+def test_a_change_between_the_two_passes_of_a_second_starts_the_job_in_that_second(change):
+    """The twin runs slurmctld's pass twice a second (twin/world.py advance: before and after the
+    NodeSet) and skips the second when nothing changed since the first (Slurmctld._changes): each
+    change that can let a job start must count as one."""
+    slurm = Slurmctld(SlurmConfig("all", "slinky"))
+    if change != "register":
+        slurm.register("slinky-0", 0)
+    blocker = slurm.submit(JobSpec("blocker", "slurm", 0, 600), 0)[0] if change == "cancel" else None
+    if change == "undrain":
+        slurm.set_drain("slinky-0", True)
+    job = slurm.submit(JobSpec("job", "slurm", 0, 600, hold=change == "release"), 0)[0]
+    slurm.step(5)  # the first pass starts nothing (or only the blocker)
+    assert job.state != RUNNING
+    if change == "register":
+        slurm.register("slinky-0", 5)
+    elif change == "undrain":
+        slurm.set_drain("slinky-0", False)
+    elif change == "release":
+        slurm.release("job")
+    else:
+        slurm.cancel(blocker, 5)
+    slurm.step(5)  # the second pass, in the same second
+    assert job.state == RUNNING and job.started == 5

@@ -4,6 +4,7 @@ scale-in victim draining), its scale-in sort reads the deadlines its previous sy
 Kueue is down every sync stops at its first pod patch. Nothing is killed either way: a busy node it
 condemns is drained, not deleted. Modelled figures, from the program's own objects."""
 
+import ast
 import functools
 from pathlib import Path
 
@@ -205,3 +206,27 @@ def test_the_slinky_release_sets_the_termination_and_the_drain_requeue():
                 kube.delete(pod, t)
             kube.step(t)
         assert pod.gone_at == job_pod.bound_at == 100 + held  # the job's pod waits for the GPU until then
+
+
+def test_a_pod_gone_leaves_the_live_pods_and_the_nodesets_pods_at_once():
+    """Both lists are cached between changes (Kubernetes.live_pods, NodeSetController.pods)."""
+    ns, _ = _cluster(client=True)
+    pod = ns.pods()[0]
+    ns.kube.pod_gone(pod, 41.0)
+    assert pod not in ns.kube.live_pods() and pod not in ns.pods()
+
+
+def test_a_pod_is_marked_gone_by_kubernetes_pod_gone_alone():
+    """Anything else setting gone_at would leave the pod in the cached live lists (read by the
+    ledger, the samples and the NodeSet): the twin and its tests assign it nowhere else."""
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for path in [*(root / "twin").glob("*.py"), *(root / "tests").rglob("*.py")]:
+        tree = ast.parse(path.read_text())
+        for function in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name != "pod_gone"]:
+            for node in ast.walk(function):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and target.attr == "gone_at":
+                        offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert offenders == []
