@@ -274,9 +274,8 @@ def admission_checks(n: names.Names, kube: Any, stack: str) -> list[Check]:
 # an expression that errors there refuses (failurePolicy Fail), so every quota patch would fail.
 # So the doctor sends two server-side dry runs as the controller (impersonated; the admin may):
 # the loop's own patch, which must pass, and a stopPolicy change, which the policy must refuse.
-# A denial is 422 Invalid, "ValidatingAdmissionPolicy '<name>' with binding '<name>' denied
-# request: ..." (kubernetes@v1.34.0 staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/
-# validating/dispatcher.go: a validation without a reason denies as Invalid). dryRun=All stores
+# A denial is 422 Invalid (each validation states reason Invalid), its message naming the policy:
+# "ValidatingAdmissionPolicy '<name>' with binding '<name>' denied request: ...". dryRun=All stores
 # nothing; the controller's ClusterRole may get and patch this queue by name, so RBAC lets both in.
 TRIAL_QUEUE = names.HPC_CLUSTER_QUEUE
 FORBIDDEN_PATCH = [{"op": "replace", "path": "/spec/stopPolicy", "value": "HoldAndDrain"}]

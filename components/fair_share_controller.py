@@ -378,7 +378,9 @@ def quota_policy(n: Names) -> dict:
                 }
             ],
             "variables": [{"name": GPUS_VARIABLE, "expression": str(gpus)}],
-            "validations": validations,
+            # Each denial 422 Invalid, stated rather than left to the default: doctor's dry run
+            # (cli/doctor_platform.py quota_policy_trials) tells the policy's refusal by it.
+            "validations": [{**v, "reason": "Invalid"} for v in validations],
         },
     }
 

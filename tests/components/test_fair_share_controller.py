@@ -474,6 +474,8 @@ def test_the_policy_binds_denying_for_the_controller_s_account_alone_and_passes_
     # every version of the group the loop patches (fair_share_loop.KUEUE_API: /apis/<group>/<version>/...)
     assert rule["apiVersions"] == ["*"] and fair_share_loop.KUEUE_API.split("/")[2] == rule["apiGroups"][0]
     assert "UPDATE" in rule["operations"]  # a PATCH is admitted as an UPDATE
+    # every denial 422 Invalid, what doctor's dry run reads as the policy's (cli/doctor_platform.py)
+    assert {v.get("reason") for v in policy["spec"]["validations"]} == {"Invalid"}
     # the account the Deployment runs as
     deployment = fair_share_controller.deployment(names(), "python@sha256:" + "a" * 64)
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
