@@ -87,6 +87,7 @@ def test_a_duplicate_scrape_does_not_inflate_demand():
     assert sim.ok(safe)
 
 
+@pytest.mark.slow  # every phase set under two policies: twelve runs
 @pytest.mark.xfail(
     strict=True,
     reason="the two scrapes of one slurmctld have their own phases, so max() over the two series "
