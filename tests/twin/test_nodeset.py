@@ -8,6 +8,8 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
 from components import slurmd_scaling as scaling
 from stacks import offline
 from twin import program, scenario, sim
@@ -127,6 +129,7 @@ def _freed_by_informer_phase(*overrides: str) -> dict[int, float]:
     return freed
 
 
+@pytest.mark.slow  # a sweep of the informers' phase: six runs
 def test_a_stale_deadline_condemns_the_node_whose_job_just_started_and_the_idle_gpu_waits_for_it():
     """Slinky 1.0.0. w (52-652) ends while k waits: the default policy scales slurmd in. x started
     on slinky-1 at 650, where v had just ended. At some phases of the client's informers the
@@ -141,6 +144,7 @@ def test_a_stale_deadline_condemns_the_node_whose_job_just_started_and_the_idle_
     assert max(s for phase, s in freed.items() if phase not in late) <= bound, freed
 
 
+@pytest.mark.slow  # a sweep of the informers' phase: six runs (the requeue itself: the fast test above)
 def test_from_1_0_5_the_drain_requeue_bounds_the_wait_for_a_stale_deadline():
     """Slinky 1.0.5: the sync 30 s after the one that drained slinky-1 under x has written x's
     deadline, the next sorts with it and condemns the idle slinky-0: at every phase its GPU comes

@@ -168,6 +168,7 @@ def _yaml(name: str) -> dict:
     return yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
 
 
+@pytest.mark.slow  # a sweep of the scrape and poll cycle's phase: five runs
 @pytest.mark.parametrize("offset", range(0, 30, 6))
 def test_every_phase_of_the_scrape_and_poll_stays_within_the_bound(offset):
     """The last Slurm job of ai-waits ending at each phase of the 30 s scrape/poll cycle."""
