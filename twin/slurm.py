@@ -318,8 +318,7 @@ class Slurmctld:
             if job.state == RUNNING:
                 self.running.remove(job)
             job.state, job.finished = CANCELLED, now
-            self._closed = True
-            self._changes += 1
+            self._closed = True  # step counts it as a change when it prunes the closed jobs
 
     def release(self, name: str) -> None:  # scontrol release
         for job in self.by_name.get(name, []):
