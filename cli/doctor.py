@@ -24,7 +24,7 @@ from cli.checklist import FAIL, OK, Check
 from components import readiness_gate, slinky
 from core import host_layout, names, user_files
 from core.names import GPU_RESOURCE
-from core.settings import Settings, SettingsError
+from core.settings import Settings, SettingsError, escaped
 from stacks import offline
 
 LOG_LINES = 40
@@ -262,7 +262,9 @@ class Doctor:
         )
         if code != 0:
             self.checks.append(
-                Check("sinfo", FAIL, f"sinfo in {slurm.controller_pod} exited {code}: {out.strip()[:200]}")
+                Check(
+                    "sinfo", FAIL, f"sinfo in {slurm.controller_pod} exited {code}: {escaped(out.strip(), limit=200)}"
+                )
             )
             return
         partitions = {line.split()[0].rstrip("*") for line in out.splitlines() if line.strip()}
@@ -280,7 +282,7 @@ class Doctor:
         command = ["scontrol", "show", "config"]
         code, out = self.kube.exec(slurm.namespace, slurm.controller_pod, names.SLURMCTLD_CONTAINER, command)
         if code != 0:
-            detail = f"scontrol show config in {slurm.controller_pod} exited {code}: {out.strip()[:200]}"
+            detail = f"scontrol show config in {slurm.controller_pod} exited {code}: {escaped(out.strip(), limit=200)}"
             self.checks.append(Check("slurm-tokens", FAIL, detail))
             return
         found = re.search(r"^AuthAltParameters\s*=\s*(\S*)", out, flags=re.M)
@@ -290,7 +292,7 @@ class Doctor:
                 Check("slurm-tokens", OK, f"only root and SlurmUser mint JWTs (AuthAltParameters={value})")
             )
             return
-        detail = f"AuthAltParameters={value[:200]}: any Slurm user, or any JWT's holder, may mint itself a token"
+        detail = f"AuthAltParameters={escaped(value, limit=200)}: any Slurm user, or any JWT's holder, may mint itself a token"
         fix = f"pulumi up --refresh --stack {self.s.stack}  (then see docs/security-and-day2.md if it stays)"
         self.checks.append(Check("slurm-tokens", FAIL, detail, remedy=fix))
 

@@ -360,9 +360,10 @@ def test_a_slurmctld_that_mints_tokens_for_anyone():
         f"AuthAltParameters={slurm_config.OPERATOR_AUTH_ALT_PARAMETERS}: any Slurm user"
     )
     assert failed.remedy.startswith(f"pulumi up --refresh --stack {s.stack}")
-    kube.config = (1, "slurm_load_ctl_conf error: Unable to contact slurm controller")
+    kube.config = (1, "slurm_load_ctl_conf error: Unable to contact slurm controller\nsecond line")
     (failed,) = [c for c in doctor.Doctor(s, kube, None).run() if c.status == FAIL]
     assert failed.name == "slurm-tokens" and "exited 1: slurm_load_ctl_conf" in failed.detail
+    assert "\n" not in failed.detail  # one line, the output escaped (core.settings.escaped)
 
 
 def test_scaled_object_not_ready_and_prometheus_without_slurmctld():
