@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from cli import as_typed, checklist, doctor_platform, typed_command
 from cli.checklist import FAIL, OK, Check
 from components import readiness_gate, slinky
+from components.fair_share_loop import JSON_PATCH
 from core import host_layout, names, user_files
 from core.names import GPU_RESOURCE
 from core.settings import Settings, SettingsError, escaped
@@ -366,8 +367,6 @@ class KubeApi:
     def dry_run_patch_as(self, user: str, path: str, operations: list[dict], field_manager: str) -> None:
         """A server-side dry run of a JSON patch at `path`, impersonating `user` by a header on this
         request alone (the admin's client keeps its own identity for every other call)."""
-        from components.fair_share_loop import JSON_PATCH
-
         self.api.call_api(
             path,
             "PATCH",
