@@ -215,25 +215,29 @@ class Kubernetes:
 
     def step(self, now: float) -> None:
         pods = self.live_pods()
+        # One walk: a terminating pod goes (an unbound one at once, a bound one after its
+        # termination), then each live pod either waits to bind or counts its GPU as bound.
+        unbound, bound = [], []
         for pod in pods:
-            # an unbound pod goes at once; a bound one after its termination
-            took = self.slurmd_termination if pod.holder == SLURMD else TERMINATION
-            gone = pod.terminating_at is not None and (pod.gpu is None or now >= pod.terminating_at + took)
-            gone = gone and pod.gpu not in self.failed
-            if gone and pod.gone_at is None:
-                self.pod_gone(pod, now)
-        unbound = sorted(
-            (p for p in pods if p.gpu is None and p.live and p.terminating_at is None and not p.gated),
-            key=lambda p: p.created,
-        )
+            if pod.terminating_at is not None and pod.gone_at is None and pod.gpu not in self.failed:
+                took = self.slurmd_termination if pod.holder == SLURMD else TERMINATION
+                if pod.gpu is None or now >= pod.terminating_at + took:
+                    self.pod_gone(pod, now)
+            if pod.gone_at is None:
+                if pod.gpu is not None:
+                    bound.append(pod.gpu)
+                elif pod.terminating_at is None and not pod.gated:
+                    unbound.append(pod)
+        unbound.sort(key=lambda p: p.created)
         if unbound:  # most seconds nothing waits to bind: the free devices are not needed
-            held = Counter(p.gpu for p in pods if p.live and p.gpu is not None)
+            held = Counter(bound)
             # the free devices, one entry per device, lowest-numbered node first
             free = [g for g in range(self.gpus) if g not in self.failed for _ in range(self.gpu_replicas - held[g])]
         for pod in unbound:
             if not free:
                 continue
             pod.gpu = free.pop(0)
+            bound.append(pod.gpu)
             pod.bound_at = now
             before, main = self._pulls(pod)
             if pod.wait_for is None:
@@ -241,7 +245,6 @@ class Kubernetes:
             else:
                 # its main image is pulled once the init container has found the Master
                 pod.init_started, pod.main_pull = now + before, main
-        bound = [p.gpu for p in pods if p.gpu is not None and p.gone_at is None]
         if len(bound) != len(set(bound)):
             self.double_held |= {g for g in bound if bound.count(g) > 1}
         self._init_containers(now)

@@ -257,7 +257,7 @@ class Kueue:
         """Everything `_admit` decides on that can change: which workloads are open, and whether each
         is admitted, over, and past its requeue time. The rest (GPUs, queue, priority, age) is fixed."""
         return tuple(
-            (id(w), w.admitted_at is None, w.ended(), w.releasing(), now >= w.requeue_at) for w in self.open_workloads
+            [(id(w), w.admitted_at is None, w.ended(), w.releasing(), now >= w.requeue_at) for w in self.open_workloads]
         )
 
     def _evict(self, w: Workload, kube: Kubernetes, now: float) -> None:

@@ -47,6 +47,7 @@ class Ledger:
         # (twin/slurm.py Plan): since when, by node, and the longest (a bound holds it: fair_share).
         self.plan_hold_since: dict[str, float] = {}
         self.plan_hold_max_s = 0.0
+        self._slurm_waiting: tuple[bool, bool] | None = None  # _slurm_waits' answer this second
 
     def note_ends(self, now: float) -> None:
         """Each Slurm job that ends while a Kubernetes job waits (queued in Kueue or Pending)."""
@@ -61,18 +62,20 @@ class Ledger:
     def account(self, now: float) -> None:
         """One second's GPUs: who holds them, who uses them, and each side's wait for its lent share."""
         busy = self.world.slurm.busy_nodes()
+        self._slurm_waiting = None  # this second's, once asked
         held = idle = used = 0  # GPUs slurmd pods hold; of them, on nodes running nothing / a job
         ai_held = 0  # GPUs Kubernetes jobs' pods hold
         taken = set()  # GPUs some live pod is bound to
+        gpu_holder, slurmd = self.gpu_holder, k8s.SLURMD
         for p in self.world.kube.live_pods():
             if p.gpu is None:
                 continue
             taken.add(p.gpu)
             if p.running_at is not None and p.running_at <= now:  # p.running(now): a live pod
-                if self.gpu_holder.get(p.gpu, p.holder) != p.holder:
+                if gpu_holder.get(p.gpu, p.holder) != p.holder:
                     self.owner_changes += 1
-                self.gpu_holder[p.gpu] = p.holder
-            if p.holder != k8s.SLURMD:
+                gpu_holder[p.gpu] = p.holder
+            if p.holder != slurmd:
                 ai_held += 1
             else:
                 held += 1
@@ -98,21 +101,28 @@ class Ledger:
         gpus = self.world.kube.gpus
         free = gpus - len(taken)
         if idle + free:
-            for side, waiting in (("slurm", self._slurm_waits_fitting(now)), ("kubernetes", self._ai_waits_fitting())):
-                if waiting:
-                    self.idle_while_waiting[side] += idle + free
-                    self.held_for_reservation[side] += idle if side == "slurm" else free
+            if self._slurm_waits(now)[1]:  # an eligible Slurm job not wider than the cluster waits
+                self.idle_while_waiting["slurm"] += idle + free
+                self.held_for_reservation["slurm"] += idle
+            if self._ai_waits_fitting():
+                self.idle_while_waiting["kubernetes"] += idle + free
+                self.held_for_reservation["kubernetes"] += free
         if self.held_now == 0:
             if self.zero_spans and self.zero_spans[-1][1] == now - 1:
                 self.zero_spans[-1][1] = now
             else:
                 self.zero_spans.append([now, now])
         self._plan_holds(busy, now)
-        if self.shares is not None:
-            self._reclaim_wait("slurm", held, ai_held, self.shares, now)
-            self._reclaim_wait("kubernetes", ai_held, held, self.shares, now)
+        shares = self.shares
+        if shares is not None:
+            # A side that is not below its share with the other above its own, and was not lent
+            # before, has nothing to note (most seconds): _reclaim_wait is not asked.
+            if (held < shares["slurm"] and ai_held > shares["kubernetes"]) or self.lent_since["slurm"] is not None:
+                self._reclaim_wait("slurm", held, ai_held, shares, now)
+            if (ai_held < shares["kubernetes"] and held > shares["slurm"]) or self.lent_since["kubernetes"] is not None:
+                self._reclaim_wait("kubernetes", ai_held, held, shares, now)
 
-    def _plan_holds(self, busy: set[str], now: float) -> None:
+    def _plan_holds(self, busy: frozenset[str], now: float) -> None:
         slurm = self.world.slurm
         if not slurm.plans and not self.plan_hold_since:
             return  # no plan holds a node, and none did
@@ -147,14 +157,23 @@ class Ledger:
     def _waits(self, side: str, now: float) -> bool:
         """Work of the side that could start now: an eligible Slurm job, a workload Kueue has not admitted."""
         if side == "slurm":
-            return any(self.world.slurm.eligible(j, now) for j in self.world.slurm.open_jobs)
+            return self._slurm_waits(now)[0]
         return self.world.kueue is not None and self.world.kueue.pending_gpus(AI_CLUSTER_QUEUE) > 0
 
-    def _slurm_waits_fitting(self, now: float) -> bool:
-        """An eligible Slurm job not wider than the cluster waits."""
-        gpus = self.world.kube.gpus
-        slurm = self.world.slurm
-        return any(j.nodes_needed <= gpus and slurm.eligible(j, now) for j in slurm.open_jobs)
+    def _slurm_waits(self, now: float) -> tuple[bool, bool]:
+        """Whether an eligible Slurm job waits, and one not wider than the cluster: one walk of the
+        open jobs per second (`account` forgets the last second's), where both are asked."""
+        if self._slurm_waiting is None:
+            gpus, slurm = self.world.kube.gpus, self.world.slurm
+            waits = fitting = False
+            for j in slurm.open_jobs:
+                if slurm.eligible(j, now):
+                    waits = True
+                    if j.nodes_needed <= gpus:
+                        fitting = True
+                        break
+            self._slurm_waiting = (waits, fitting)
+        return self._slurm_waiting
 
     def _ai_waits_fitting(self) -> bool:
         """A Kubernetes job not wider than the cluster has not started."""

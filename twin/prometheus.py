@@ -42,12 +42,16 @@ class Prometheus:
     db: TSDB = field(default_factory=TSDB)
     targets: list[Target] = field(default_factory=list)
     interval: int = SCRAPE_INTERVAL
+    # Each sample's full labels and series key, by the target and the labels it exposed: a target
+    # exposes the same series scrape after scrape, and building them is most of a scrape's work.
+    _series_keys: dict[tuple, tuple[dict[str, str], frozenset]] = field(default_factory=dict, repr=False)
 
     def due(self, tick: int) -> list[Target]:
         return [t for t in self.targets if (tick - t.offset) % self.interval == 0]
 
     def scrape(self, now: float, targets: list[Target], down: Callable[[Target, float], bool]) -> None:
         """Scrape `targets` at `now`; `down(target, now)` says which fail."""
+        keys = self._series_keys
         for target in targets:
             mine = {"job": target.job, "instance": target.instance}
             if down(target, now):  # every series of the target not yet stale is one its last scrape exposed
@@ -56,8 +60,12 @@ class Prometheus:
                 continue
             seen = set()
             for labels, value in target.collect(now):
-                full = {**labels, **mine}
-                key = frozenset(full.items())
+                exposed = (target.job, target.instance, *labels.items())
+                known = keys.get(exposed)
+                if known is None:
+                    full = {**labels, **mine}
+                    known = keys[exposed] = (full, frozenset(full.items()))
+                full, key = known
                 seen.add(key)
                 self.db.add(full, now, value, key)
             self.db.mark_stale(target.last - seen, now)

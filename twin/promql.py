@@ -57,6 +57,7 @@ class TSDB:
         self.latest = -math.inf
         self.live: dict[str, dict[frozenset, Series]] = {}
         self._writes = 0  # samples written so far: visible_until's answers hold until the next one
+        self.version = 0  # the sum of `changes`: while it stands, no name's count has moved
         self._visible: dict[tuple[str, ...], tuple[int, float]] = {}
 
     def add(self, labels: dict[str, str], t: float, value: float, key: frozenset | None = None) -> None:
@@ -81,6 +82,7 @@ class TSDB:
         last = s.values[-1] if s.values else STALE
         if math.isnan(last) or last != value:
             self.changes[name] = self.changes.get(name, 0) + 1
+            self.version += 1
         s.times.append(t)
         s.values.append(value)
         if t > self.latest:
@@ -282,8 +284,11 @@ class Evaluator:
         # *_over_time results by their steps, once every step is final: evaluations at different
         # times within one step (a KEDA poll, an HPA sync) share them.
         self._windows: dict[tuple[str, int, float, int], Vector] = {}
-        # Each query's and operator's last result, and what it was computed from (see instant).
-        self._results: dict[int, tuple[tuple, float, float, Vector | float]] = {}
+        # Each query's and operator's last result, and what it was computed from (see instant): the
+        # TSDB's version it was last checked at, its names' change counts, its windows' steps, from
+        # when to when it holds.
+        self._results: dict[int, tuple[int, tuple, tuple, float, float, Vector | float]] = {}
+        self._steps_at: dict[tuple[float, float, float], tuple[float, int]] = {}  # _steps, by (t, range, step)
         # Each selector's matching series, in the TSDB's order, and how many of its name's it has seen.
         self._matching: dict[tuple[str, tuple], tuple[int, list[Series]]] = {}
 
@@ -309,16 +314,35 @@ class Evaluator:
         """The expression at t, its last result while it is the same (see instant): for a whole
         query, and for each operator and function inside one, so that a query re-evaluated
         because one of its metrics changed reuses its parts that read others."""
-        names, windows = _inputs(node)
-        # a name never written counts as None: only equality with the next key matters
-        key = (tuple(map(self.db.changes.get, names)), tuple(_steps(t, r, s) for r, s in windows) if windows else ())
+        names, windows = _INPUTS.get(id(node)) or _inputs(node)
+        db = self.db
+        steps = self._window_steps(windows, t) if windows else ()
         last = self._results.get(id(node))
-        if last is not None and last[0] == key and last[1] <= t < last[2]:
-            return last[3]
+        counts = None
+        if last is not None and last[3] <= t < last[4] and last[2] == steps:
+            if last[0] == db.version:  # no name's count moved since it was checked
+                return last[5]
+            # a name never written counts as None: only equality with the next key matters
+            counts = tuple(map(db.changes.get, names))
+            if last[1] == counts:
+                self._results[id(node)] = (db.version, *last[1:])
+                return last[5]
         value = self._eval_node(node, t)
-        if t >= self.db.latest:
-            self._results[id(node)] = (key, t, self.db.visible_until(names), value)
+        if t >= db.latest:
+            if counts is None:
+                counts = tuple(map(db.changes.get, names))
+            self._results[id(node)] = (db.version, counts, steps, t, db.visible_until(names), value)
         return value
+
+    def _window_steps(self, windows: tuple[tuple[float, float], ...], t: float) -> tuple:
+        out = []
+        for rng, step in windows:
+            key = (t, rng, step)
+            found = self._steps_at.get(key)
+            if found is None:
+                found = self._steps_at[key] = _steps(t, rng, step)
+            out.append(found)
+        return tuple(out)
 
     def _select(self, name: str, matchers: tuple, t: float) -> Vector:
         out: Vector = {}
@@ -393,15 +417,26 @@ class Evaluator:
         key = (name, id(inner), first, steps)
         if final and key in self._windows:
             return self._windows[key]
-        pick = min if name == "min_over_time" else max
         acc = self._slid(name, inner, first, steps, step) if final else None
         if acc is None:
-            acc = {}
-            for k in range(steps):
-                for labels, value in self._step(inner, first + k * step).items():
-                    acc[labels] = pick(acc[labels], value) if labels in acc else value
+            acc = self._whole(name == "min_over_time", inner, first, steps, step)
         if final:
             self._windows[key] = acc
+        return acc
+
+    def _whole(self, lowest: bool, inner: tuple, first: float, steps: int, step: float) -> Vector:
+        """A window's min (`lowest`) or max, step by step: each series keeps its first value until a
+        later one is below (above) it, as builtins.min (max) of the two does, NaN included."""
+        acc: Vector = {}
+        memo, final_before, inner_id = self._memo, self._final_before, id(inner)
+        for k in range(steps):
+            t = first + k * step
+            v = memo.get((inner_id, t)) if t < final_before else None  # as _step
+            if not isinstance(v, dict):
+                v = self._vector(self._eval(inner, t))
+            for labels, value in v.items():
+                if labels not in acc or (value < acc[labels] if lowest else value > acc[labels]):
+                    acc[labels] = value
         return acc
 
     def _slid(self, name: str, inner: tuple, first: float, steps: int, step: float) -> Vector | None:

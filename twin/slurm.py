@@ -59,6 +59,7 @@ submit_time, which a requeue keeps, job_mgr.c). Two schedulers share it:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -257,10 +258,17 @@ class Slurmctld:
     # registers; a job that ends meanwhile is counted as ended (slurmd reports it once it is back).
     up: bool = True
     # Bumped by every change of a job or node that can start a job or move the first in line. A
-    # main scheduling pass over the same queue and nodes at the same time starts nothing and marks
-    # no one (twin/world.py steps slurmctld twice a second): `step` skips it (`_scheduled`).
+    # main scheduling pass over the same queue and nodes starts nothing and marks no one, at the
+    # same time (twin/world.py steps slurmctld twice a second) or later, until a pending job's
+    # begin time comes (time enters a pass only there: `_held_back`): `step` skips it.
     _changes: int = 0
-    _scheduled: tuple = ()  # (time, _changes, unreachable) after the last main scheduling pass
+    _scheduled: tuple = ()  # (_changes, unreachable) after the last main scheduling pass
+    _wake: float = math.inf  # the earliest begin time still ahead of a pending job at that pass
+    # Bumped by every change of `running` (a job added or removed; a running job's nodes and end
+    # are fixed while it runs): busy_nodes and earliest_end are kept for it.
+    _running_version: int = 0
+    _busy: tuple[int, frozenset[str]] = (-1, frozenset())
+    _earliest_end: tuple[int, float] = (-1, math.inf)
 
     @property
     def partitions(self) -> tuple[str, str]:
@@ -317,6 +325,7 @@ class Slurmctld:
         if job.state in (PENDING, RUNNING):
             if job.state == RUNNING:
                 self.running.remove(job)
+                self._running_version += 1
             job.state, job.finished = CANCELLED, now
             self._closed = True  # step counts it as a change when it prunes the closed jobs
 
@@ -368,6 +377,7 @@ class Slurmctld:
         self._changes += 1
         killed = [j for j in self.running if name in j.nodes]
         self.running = [j for j in self.running if name not in j.nodes]
+        self._running_version += 1
         for job in killed:
             job.state, job.nodes, job.started = PENDING, (), None
             job.restarts += 1
@@ -382,8 +392,21 @@ class Slurmctld:
             self.nodes[name].drain = drain
             self._changes += 1
 
-    def busy_nodes(self) -> set[str]:
-        return {n for j in self.running for n in j.nodes}
+    def busy_nodes(self) -> frozenset[str]:
+        """The nodes running jobs hold (kept while `running` is unchanged: asked several times a second)."""
+        if self._busy[0] != self._running_version:
+            self._busy = (self._running_version, frozenset(n for j in self.running for n in j.nodes))
+        return self._busy[1]
+
+    def earliest_end(self) -> float:
+        """The earliest `ends_at` of the running jobs (kept while `running` is unchanged): before
+        it no job can end, so `step` need not look."""
+        if self._earliest_end[0] != self._running_version:
+            self._earliest_end = (
+                self._running_version,
+                min((j.ends_at for j in self.running if j.started is not None), default=math.inf),
+            )
+        return self._earliest_end[1]
 
     def is_drained(self, name: str) -> bool:
         """IsNodeDrained: drain flag set and no job on it (not ALLOCATED/MIXED/COMPLETING)."""
@@ -434,16 +457,21 @@ class Slurmctld:
     def step(self, now: float) -> None:
         if now != self._stepped_at:
             self.completed_now, self._stepped_at = [], now
-        ended = [
-            j
-            for j in self.running
-            if j.started is not None and now >= j.ends_at and not self.unreachable.intersection(j.nodes)
-        ]
+        ended = (
+            [
+                j
+                for j in self.running
+                if j.started is not None and now >= j.ends_at and not self.unreachable.intersection(j.nodes)
+            ]
+            if now >= self.earliest_end()
+            else []
+        )
         for job in ended:
             job.state, job.finished = TIMEOUT if job.times_out else COMPLETED, now
         if ended:
             self.completed_now += sorted(ended, key=lambda j: j.seq)  # submission order
             self.running = [j for j in self.running if j.state == RUNNING]
+            self._running_version += 1
             self._closed = True
         if self._closed:
             if self.config.kill_invalid_depend:
@@ -453,11 +481,14 @@ class Slurmctld:
             self._changes += 1
         if not self.up:
             return
-        scheduled = (now, self._changes, frozenset(self.unreachable))
-        if scheduled != self._scheduled:
+        state = (self._changes, frozenset(self.unreachable) if self.unreachable else _NONE)
+        if state != self._scheduled or now >= self._wake:
             self._schedule(now)
             self._note_first_in_line(now)
-            self._scheduled = (now, self._changes, scheduled[2])
+            self._scheduled = (self._changes, state[1])
+            self._wake = min(
+                (j.begin for j in self.open_jobs if j.state == PENDING and j.begin > now), default=math.inf
+            )
         if self._backfilled_at is None:
             self._backfilled_at = self.backfill_phase - BF_INTERVAL
         if now >= self._backfilled_at + BF_INTERVAL:
@@ -474,6 +505,7 @@ class Slurmctld:
     def _start(self, job: SlurmJob, nodes: list[str], now: float) -> None:
         job.nodes, job.state, job.started = tuple(nodes), RUNNING, now
         self.running.append(job)
+        self._running_version += 1
         self._changes += 1
 
     def _schedule(self, now: float) -> None:
@@ -561,14 +593,26 @@ class Slurmctld:
         limits and clear of every plan (a plan blocks a job whose end reaches its start: backfill.c's
         node_space test `begin_time <= end_time`), and the lowest-numbered such nodes."""
         times = sorted({now, *free_at.values(), *(p.end for p in self.plans)})
+        # Per node, the ends of the plans that hold it, in order, and the earliest start among each
+        # end and the later ones: of the plans ending after t, one starts by t + length when the
+        # earliest start does (as `any` over the plans, in one bisect instead of a walk of them all).
+        held: dict[str, tuple[list[float], list[float]]] = {}
+        for n in usable:
+            spans = sorted((p.end, p.start) for p in self.plans if n in p.nodes)
+            starts = [start for _, start in spans]
+            for i in range(len(starts) - 2, -1, -1):
+                starts[i] = min(starts[i], starts[i + 1])
+            held[n] = ([end for end, _ in spans], starts)
         for t in times:
             if t < now:
                 continue
-            nodes = [
-                n
-                for n in usable
-                if free_at[n] <= t and not any(n in p.nodes and p.end > t and p.start <= t + length for p in self.plans)
-            ]
+            nodes = []
+            for n in usable:
+                if free_at[n] <= t:
+                    ends, starts = held[n]
+                    i = bisect.bisect_right(ends, t)  # the plans ending after t
+                    if i == len(ends) or starts[i] > t + length:
+                        nodes.append(n)
             if len(nodes) >= need:
                 return t, nodes[:need]
         return None, []
@@ -686,6 +730,9 @@ class Slurmctld:
                 ),
             }
         return out
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 def _ordinal(name: str) -> int:

@@ -165,6 +165,8 @@ class World:
         )
         for target, offset in zip(self.prom.targets, self.phases.scrape, strict=True):
             target.offset = offset
+        # Where in its interval some target is due (`prom.due`), fixed with the offsets
+        self._scrape_phases = frozenset(t.offset % self.prom.interval for t in self.prom.targets)
         self.slurm.backfill_phase = float(self.phases.backfill)
         self.ev = Evaluator(self.prom.db)
         self.fair = (
@@ -186,6 +188,14 @@ class World:
         self._failure_steps: dict[int, set[str]] = {}
         self.kube_jobs: dict[str, k8s.KubeJob] = {}
         self.slurm_jobs: dict[str, list[SlurmJob]] = {}  # by scenario name: one record, or one per array task
+        # Each fault kind's windows, and the node failures: asked several times a second, while most
+        # scenarios have no fault at all (Scenario.fault_active, by kind; a test keeps them in step).
+        self._fault_windows: dict[str, tuple[tuple[float, float], ...]] = {}
+        for f in self.scenario.faults:
+            self._fault_windows[f.kind] = (*self._fault_windows.get(f.kind, ()), (f.start, f.end))
+        self._node_faults = [
+            (i, f) for i, f in enumerate(self.scenario.faults) if f.kind == "node-failure" and f.node is not None
+        ]
         self._events = sorted(self.scenario.jobs, key=lambda j: j.submit)
         self._releases = sorted((j.release, j.name) for j in self.scenario.jobs if j.release is not None)
         self.now = 0.0
@@ -204,7 +214,7 @@ class World:
 
     def _kube_state(self, now: float) -> list[tuple[dict, float]]:
         s = self.setup
-        restapi = 0.0 if self.scenario.fault_active("restapi-down", now) else 1.0
+        restapi = 0.0 if self._fault("restapi-down", now) else 1.0
         out = [
             (
                 {"__name__": "kube_deployment_status_replicas_available", "namespace": s.namespace}
@@ -234,9 +244,9 @@ class World:
         return out
 
     def _job_list(self) -> list[dict]:
-        if self.scenario.fault_active("restapi-down", self.now):
+        if self._fault("restapi-down", self.now):
             raise OSError("slurmrestd has no available replica")
-        if self.scenario.fault_active("slurmctld-down", self.now):
+        if self._fault("slurmctld-down", self.now):
             raise OSError("slurmrestd cannot reach slurmctld")
         return self.slurm.job_list(self.now)
 
@@ -254,18 +264,16 @@ class World:
 
     def _target_down(self, target: Target, now: float) -> bool:
         if target.job == "runnable-jobs":
-            return self.scenario.fault_active("runnable-exporter-down", now)
+            return self._fault("runnable-exporter-down", now)
         if target.job == "kueue":  # its metrics endpoint is down too while Kueue is
-            return self.scenario.fault_active("kueue-metrics-outage", now) or self._kueue_down(now)
+            return self._fault("kueue-metrics-outage", now) or self._kueue_down(now)
         if target.job == "kube-state-metrics":
-            return self.scenario.fault_active("kube-state-metrics-outage", now)
+            return self._fault("kube-state-metrics-outage", now)
         if target.job != "slurm-controller":
             return False
-        if self.scenario.fault_active("metrics-outage", now) or self.scenario.fault_active("slurmctld-down", now):
+        if self._fault("metrics-outage", now) or self._fault("slurmctld-down", now):
             return True
-        return target.instance.startswith("slurm-controller-dup") and not self.scenario.fault_active(
-            "duplicate-scrape", now
-        )
+        return target.instance.startswith("slurm-controller-dup") and not self._fault("duplicate-scrape", now)
 
     # ------------------------------------------------------------ submissions and one second
 
@@ -309,18 +317,23 @@ class World:
     def advance(self, tick: int) -> float:
         """One second of submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
         now = self.now = float(tick)
-        self.slurm.up = not self.scenario.fault_active("slurmctld-down", now)
-        retry, self._refused = self._refused, []
-        for spec in retry:
-            self.submit(spec, now)
+        self.slurm.up = not self._fault("slurmctld-down", now)
+        if self._refused:
+            retry, self._refused = self._refused, []
+            for spec in retry:
+                self.submit(spec, now)
         while self._events and self._events[0].submit <= now:
             self.submit(self._events.pop(0), now)
         while self._releases and self._releases[0][0] <= now:
             self.slurm.release(self._releases.pop(0)[1])
-        self._node_failures(now)
+        if self._node_faults:
+            self._node_failures(now)
         self.slurm.step(now)
-        self.prom.scrape(now, self.prom.due(tick), self._target_down)
-        self.ev.final_before = now
+        if tick % self.prom.interval in self._scrape_phases:  # most seconds no target is due
+            self.prom.scrape(now, self.prom.due(tick), self._target_down)
+        # Every sample before the next second's scrape is written: results at any time before it are
+        # final, those at `now` too (a KEDA poll or HPA sync on a subquery step memoises its windows).
+        self.ev.final_before = now + 1
         if (tick - self.phases.poll) % int(self.keda.polling) == 0:
             self.nodeset.replicas = self.keda.poll(self.ev, now, self.nodeset.replicas)
         if (tick - self.phases.sync) % HPA_SYNC == 0:
@@ -328,10 +341,10 @@ class World:
         down = self._kueue_down(now)
         if self.fair is not None and tick % fair_share.PERIOD_S == 0:
             self._fair_share(now, kueue_up=not down)
-        client = not self.scenario.fault_active("restapi-down", now)
+        client = not self._fault("restapi-down", now)
         self.killed += self.nodeset.reconcile(now, client, refused=self.slurmd_queued and down)
         if self.kueue is not None:
-            if self.slurmd_queued:
+            if self.slurmd_queued and len(self.kube.pods) > self._pods_seen_by_kueue:
                 self._queue_new_slurmd_pods(self.kueue, now)
             self.kueue.step(self.kube, now, up=not down)
         self.kube.step(now)
@@ -376,8 +389,8 @@ class World:
         is back at `end`. A Kubernetes job's controller replaces its evicted pod elsewhere; Kueue
         keeps the workload's quota meanwhile (the job stays admitted, and a stopped slurmd pod is
         counted until it is gone: twin/kueue.py)."""
-        for i, fault in enumerate(self.scenario.faults):
-            if fault.kind != "node-failure" or fault.node is None or fault.node >= self.kube.gpus:
+        for i, fault in self._node_faults:
+            if fault.node is None or fault.node >= self.kube.gpus:
                 continue
             done = self._failure_steps.setdefault(i, set())
             gpu = fault.node
@@ -420,8 +433,13 @@ class World:
                 if w.job is job:
                     w.stopping = (*w.stopping, pod)  # the Job ends only once this pod is gone
 
+    def _fault(self, kind: str, t: float) -> bool:
+        """Scenario.fault_active(kind, t), from the windows of that kind alone."""
+        windows = self._fault_windows.get(kind)
+        return windows is not None and any(start <= t < end for start, end in windows)
+
     def _kueue_down(self, now: float) -> bool:
-        return self.scenario.fault_active("kueue-down", now)
+        return self._fault("kueue-down", now)
 
     def _queue_new_slurmd_pods(self, kueue: Kueue, now: float) -> None:
         """Kueue's pod webhook gates each new labelled slurmd pod and makes it a workload."""
