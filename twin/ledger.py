@@ -85,7 +85,7 @@ class Ledger:
                     idle += 1
         self.idle_gpu_s += idle
         self.held_now = held
-        self.held.append(self.held_now)
+        self.held.append(held)
         slurm_waits = any(j.finished is None for j in self.world.slurm.open_jobs)
         kube_open = self.world.kube.open_jobs
         if slurm_waits and any(j.finished is None for j in kube_open):

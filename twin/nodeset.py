@@ -181,8 +181,10 @@ class NodeSetController:
         return (
             self.replicas,
             tuple(
-                (p.name, p.gpu, p.gated, p.running(now), p.terminating_at is not None, p.deadline, p.cordon)
-                for p in pods
+                [
+                    (p.name, p.gpu, p.gated, p.running(now), p.terminating_at is not None, p.deadline, p.cordon)
+                    for p in pods
+                ]
             ),
         )
 

@@ -317,7 +317,8 @@ class World:
     def advance(self, tick: int) -> float:
         """One second of submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
         now = self.now = float(tick)
-        self.slurm.up = not self._fault("slurmctld-down", now)
+        faults = self._fault_windows  # most scenarios have none: no fault is looked up
+        self.slurm.up = not (faults and self._fault("slurmctld-down", now))
         if self._refused:
             retry, self._refused = self._refused, []
             for spec in retry:
@@ -338,10 +339,10 @@ class World:
             self.nodeset.replicas = self.keda.poll(self.ev, now, self.nodeset.replicas)
         if (tick - self.phases.sync) % HPA_SYNC == 0:
             self.nodeset.replicas = self.hpa.sync(self.ev, now, self.nodeset.replicas)
-        down = self._kueue_down(now)
+        down = bool(faults) and self._kueue_down(now)
         if self.fair is not None and tick % fair_share.PERIOD_S == 0:
             self._fair_share(now, kueue_up=not down)
-        client = not self._fault("restapi-down", now)
+        client = not (faults and self._fault("restapi-down", now))
         self.killed += self.nodeset.reconcile(now, client, refused=self.slurmd_queued and down)
         if self.kueue is not None:
             if self.slurmd_queued and len(self.kube.pods) > self._pods_seen_by_kueue:
