@@ -57,14 +57,19 @@ class RemoteStep:
         }
 
 
-def command_line(environment: Mapping[str, pulumi.Input[str]]) -> pulumi.Output[str]:
-    """`sudo env NAME=value ... bash -s`, every value quoted."""
+def command_line(environment: Mapping[str, pulumi.Input[str]]) -> pulumi.Input[str]:
+    """`sudo env NAME=value ... bash -s`, every value quoted: text when every value is, else an Output
+    (the engine gets the same string either way; text spares a mock run two Output chains a step)."""
     names = sorted(environment)
-    return pulumi.Output.all(*(environment[n] for n in names)).apply(
-        lambda values: " ".join(
-            ["sudo", "env", *(shlex.quote(f"{n}={v}") for n, v in zip(names, values, strict=True)), "bash", "-s"]
-        )
-    )
+
+    def line(values: Sequence[str]) -> str:
+        words = (shlex.quote(f"{n}={v}") for n, v in zip(names, values, strict=True))
+        return " ".join(["sudo", "env", *words, "bash", "-s"])
+
+    values = [environment[n] for n in names]
+    if all(isinstance(v, str) for v in values):
+        return line(values)  # type: ignore[arg-type]
+    return pulumi.Output.all(*values).apply(line)
 
 
 def parse_command_line(line: str) -> dict[str, str]:

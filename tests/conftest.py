@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from core import trusted_yaml
 from core.settings import PROJECT
 from stacks import offline
 
@@ -136,7 +137,8 @@ def _one_cloud_config_per_content() -> Iterator[None]:
     rendered: dict[str, str] = {}
 
     def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[str, ...]) -> str:
-        key = json.dumps([write_files, runcmd, authorized_keys])
+        # the emitter is in the key: tests/cli/test_cli.py renders once with the pure-Python one
+        key = json.dumps([write_files, runcmd, authorized_keys, repr(trusted_yaml.Dumper)])
         if key not in rendered:
             rendered[key] = render(write_files, runcmd, authorized_keys)
         return rendered[key]
@@ -174,7 +176,9 @@ def _one_recording_per_settings(tmp_path_factory: pytest.TempPathFactory) -> Ite
         # keyed by the settings the program reads (its one reader), not their spelling: `{}`,
         # `workerCount=4` and the stack file's defaults are one run; bad settings raise here
         settings = offline.settings_mod.load(config, stack=stack, offline=True)
-        key = hashlib.sha256(repr((settings, stack, deployed)).encode()).hexdigest()
+        # and by the YAML classes (tests/cli/test_cli.py renders once with the pure-Python ones)
+        yaml_classes = (trusted_yaml.Loader, trusted_yaml.Dumper)
+        key = hashlib.sha256(repr((settings, stack, deployed, yaml_classes)).encode()).hexdigest()
         path = folder / f"{key}.pickle"
         with open(folder / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the first asks, the others wait and read; released on close
