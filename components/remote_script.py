@@ -67,8 +67,9 @@ def command_line(environment: Mapping[str, pulumi.Input[str]]) -> pulumi.Input[s
         return " ".join(["sudo", "env", *words, "bash", "-s"])
 
     values = [environment[n] for n in names]
-    if all(isinstance(v, str) for v in values):
-        return line(values)  # type: ignore[arg-type]
+    texts = [v for v in values if isinstance(v, str)]
+    if len(texts) == len(values):
+        return line(texts)
     return pulumi.Output.all(*values).apply(line)
 
 

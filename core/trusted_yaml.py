@@ -84,6 +84,6 @@ def _literal_block(text: str) -> bool:
 
 @functools.cache
 def _with_str_representer(base: type, representer: Representer) -> type:
-    dumper = type(f"{base.__name__}WithStrings", (base,), {})
+    dumper: Any = type(f"{base.__name__}WithStrings", (base,), {})
     dumper.add_representer(str, representer)
     return dumper
