@@ -53,6 +53,7 @@ def test_every_string_is_written_as_the_pure_classes_write_it(text, width):
 
 def test_the_edges_are_ones_libyaml_folds_otherwise():
     """Without the pure path for them, libyaml's text differs: the cases above can fail."""
+
     class CLiteral(yaml.CSafeDumper):
         pass
 
