@@ -122,9 +122,9 @@ def _no_stack_traces_under_mocks() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def _one_cloud_config_per_content() -> Iterator[None]:
     """Each node's cloud-config rendered once per content. The session runs the program many
-    times with the same settings, so the same documents come back, and the YAML emitter (pure
-    Python: the C one may wrap and quote differently, and a changed byte of user-data replaces an
-    instance) is most of what rendering costs. A real run renders each node once, each worker with
+    times with the same settings, so the same documents come back, and the YAML emitter (libyaml
+    where it writes what the pure-Python one does, core/trusted_yaml.py: a changed byte of
+    user-data replaces an instance) is most of what rendering costs. A real run renders each node once, each worker with
     its own join token: the cache belongs here, not in components/bootstrap.py. A refused document
     (over EC2's limit) raises every time. Not while mutmut maps functions to tests (see
     _default_run_scope): each test that renders must call the function."""
