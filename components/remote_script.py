@@ -12,6 +12,7 @@ init stage writes files before sshd starts (canonical/cloud-init:systemd/cloud-i
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,10 +76,16 @@ def command_line(environment: Mapping[str, pulumi.Input[str]]) -> pulumi.Input[s
 
 def parse_command_line(line: str) -> dict[str, str]:
     """The arguments of a command made by `command_line`, by name (for `render` and the tests)."""
+    return dict(_arguments(line))
+
+
+@functools.lru_cache(maxsize=1024)
+def _arguments(line: str) -> tuple[tuple[str, str], ...]:
+    # split once per line (shlex is slow): render and the tests read the same steps' lines many times
     words = shlex.split(line)
     if words[:2] != ["sudo", "env"] or words[-2:] != ["bash", "-s"]:
         raise ValueError(f"not a remote step command line: {line[:80]!r}")
-    return dict(word.split("=", 1) for word in words[2:-2])
+    return tuple((name, value) for name, value in (word.split("=", 1) for word in words[2:-2]))
 
 
 def stdin_text(script: str, secrets: Mapping[str, str]) -> str:
