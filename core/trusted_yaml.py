@@ -51,18 +51,28 @@ def dump(data: Any, *, str_representer: Representer | None = None, **options: An
 def dump_all(documents: Iterable[Any], *, str_representer: Representer | None = None, **options: Any) -> str:
     """`yaml.safe_dump_all(documents, **options)`; `str_representer` as in `dump`."""
     documents = list(documents)
-    base = Dumper if _written_alike(documents, literal_blocks=str_representer is not None) else PureDumper
+    alike = set(options) <= VETTED_OPTIONS and _written_alike(documents, literal_blocks=str_representer is not None)
+    base = Dumper if alike else PureDumper
     dumper = _with_str_representer(base, str_representer) if str_representer else base
     return yaml.dump_all(documents, Dumper=dumper, **options)
 
 
+VETTED_OPTIONS = {"sort_keys", "width", "explicit_start"}  # others (flow style, indent, unicode...): pure
+SIMPLE_KEY_CHARACTERS = 122  # longer, a "? " key to PyYAML (with its 5-character tag: 128 or more) and not to libyaml
+
+
 def _written_alike(documents: list[Any], literal_blocks: bool) -> bool:
-    """Whether libyaml writes `documents` as the pure emitter does: no string in them may be
-    double-quoted. One of printable ASCII never is (a plain or single-quoted scalar, which both fold
-    alike). With `literal_blocks` (a representer asking `|` for every multi-line string), nor is a
-    multi-line value of printable ASCII whose lines end in no space: it is written as a literal
-    block, never folded (emitter.py analyze_scalar: a space before a break or at the end rules the
-    block out)."""
+    """Whether libyaml writes `documents` as the pure emitter does (PyYAML 6.0.3 emitter.py against
+    libyaml 0.2.5 emitter.c, which the wheel links). Each document must be a mapping or a list: a
+    bare scalar ends with "..." from one and not the other. No string may be double-quoted, which
+    they fold at different places: one of printable ASCII never is (a plain or single-quoted scalar,
+    which both fold alike); with `literal_blocks` (a representer asking `|` for every multi-line
+    string), nor is a multi-line value of printable ASCII whose lines end in no space, written as a
+    literal block (analyze_scalar: a space before a break or at the end rules the block out). A key
+    must be short: PyYAML counts the implicit tag (`!!str`) in a simple key's 128 characters,
+    libyaml does not. Any other type (bytes, dates, objects) is left to the pure classes."""
+    if not all(isinstance(d, dict | list) for d in documents):
+        return False
     todo: list[Any] = list(documents)
     while todo:
         value = todo.pop()
@@ -70,12 +80,20 @@ def _written_alike(documents: list[Any], literal_blocks: bool) -> bool:
             if not (value.isascii() and value.isprintable()) and not (literal_blocks and _literal_block(value)):
                 return False
         elif isinstance(value, dict):
-            if any(isinstance(key, str) and not (key.isascii() and key.isprintable()) for key in value):
-                return False  # a key is a simple key: never a block
+            if not all(_short_key(key) for key in value):
+                return False
             todo.extend(value.values())
         elif isinstance(value, list | tuple):
             todo.extend(value)
+        elif not (value is None or isinstance(value, int | float)):  # bool is an int
+            return False
     return True
+
+
+def _short_key(key: Any) -> bool:
+    if isinstance(key, str):
+        return key.isascii() and key.isprintable() and len(key) <= SIMPLE_KEY_CHARACTERS
+    return (key is None or isinstance(key, int | float)) and len(repr(key)) <= SIMPLE_KEY_CHARACTERS
 
 
 def _literal_block(text: str) -> bool:

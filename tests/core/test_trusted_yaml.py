@@ -20,7 +20,16 @@ EDGES = [
     "line\n" + LONG,  # a literal block is ruled out by the trailing space
 ]
 # ...and these are written alike by both: libyaml writes them.
-ALIKE = ["x" * 200, "a" * 100 + " " + "b" * 100, LONG, "abc def\n" * 40, "  abc def\n" * 40, "", "key: value"]
+ALIKE = [
+    "k" * 122,
+    "x" * 200,
+    "a" * 100 + " " + "b" * 100,
+    LONG,
+    "abc def\n" * 40,
+    "  abc def\n" * 40,
+    "",
+    "key: value",
+]
 
 
 def _literal_blocks(dumper, value):
@@ -63,3 +72,36 @@ def test_the_edges_are_ones_libyaml_folds_otherwise():
         plain_differs = yaml.dump(data, Dumper=yaml.CSafeDumper) != yaml.safe_dump(data)
         literal_differs = yaml.dump(data, Dumper=CLiteral) != yaml.dump(data, Dumper=_PureLiteral)
         assert plain_differs or literal_differs, text
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        "text",  # a bare scalar: "...\n" after it from PyYAML, not from libyaml 0.2.5
+        5,
+        None,
+        {"k" * 123: 1},  # a "? " key to PyYAML (its !!str tag counted), a simple one to libyaml
+        {"k" * 127: 1},
+        {"k" * 128: ["v"]},
+    ],
+    ids=repr,
+)
+def test_documents_libyaml_writes_otherwise_are_written_by_the_pure_classes(document):
+    assert trusted_yaml.dump(document) == yaml.safe_dump(document)
+
+
+def test_options_not_vetted_go_to_the_pure_classes(monkeypatch):
+    """Flow style, indents and the like change how the emitters differ: only vetted options use libyaml."""
+    data = {"k": ["v"]}
+    expected = yaml.safe_dump(data, default_flow_style=None, indent=4)
+    used = []
+    real = yaml.dump_all
+
+    def spy(documents, *args, **options):
+        used.append(options["Dumper"])
+        return real(documents, *args, **options)
+
+    monkeypatch.setattr(yaml, "dump_all", spy)
+    assert trusted_yaml.dump(data, default_flow_style=None, indent=4) == expected
+    assert trusted_yaml.dump(data, sort_keys=False, width=100, explicit_start=True) == "---\nk:\n- v\n"
+    assert used == [yaml.SafeDumper, yaml.CSafeDumper]
