@@ -51,10 +51,18 @@ def dump(data: Any, *, str_representer: Representer | None = None, **options: An
 def dump_all(documents: Iterable[Any], *, str_representer: Representer | None = None, **options: Any) -> str:
     """`yaml.safe_dump_all(documents, **options)`; `str_representer` as in `dump`."""
     documents = list(documents)
-    alike = set(options) <= VETTED_OPTIONS and _written_alike(documents, literal_blocks=str_representer is not None)
-    base = Dumper if alike else PureDumper
-    dumper = _with_str_representer(base, str_representer) if str_representer else base
-    return yaml.dump_all(documents, Dumper=dumper, **options)
+    if set(options) <= VETTED_OPTIONS and _written_alike(documents, literal_blocks=str_representer is not None):
+        return yaml.dump_all(documents, Dumper=_dumper(Dumper, str_representer), **options)
+    return pure_dump_all(documents, str_representer, options)
+
+
+def pure_dump_all(documents: list[Any], str_representer: Representer | None, options: dict[str, Any]) -> str:
+    """`documents` as the pure classes write them (the tests keep each text: tests/conftest.py)."""
+    return yaml.dump_all(documents, Dumper=_dumper(PureDumper, str_representer), **options)
+
+
+def _dumper(base: type, str_representer: Representer | None) -> type:
+    return _with_str_representer(base, str_representer) if str_representer else base
 
 
 VETTED_OPTIONS = {"sort_keys", "width", "explicit_start"}  # others (flow style, indent, unicode...): pure

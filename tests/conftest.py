@@ -149,6 +149,30 @@ def _one_cloud_config_per_content() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _one_pure_yaml_text_per_content() -> Iterator[None]:
+    """Each document core/trusted_yaml.py leaves to the pure-Python emitter (one libyaml would
+    fold otherwise: the scripts in render's ConfigMaps and values, most of all) written once per
+    content: every render of a recording writes the same ones again, and they were most of what a
+    render cost. Keyed by the documents' repr (1, 1.0, "1" and True apart), the representer, the
+    options and the class. Not while mutmut maps functions to tests (see _default_run_scope)."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        yield
+        return
+    write = trusted_yaml.pure_dump_all
+    written: dict[str, str] = {}
+
+    def pure_dump_all(documents: list[Any], str_representer: Any, options: dict[str, Any]) -> str:
+        key = repr((documents, str_representer, sorted(options.items()), trusted_yaml.PureDumper))
+        if key not in written:
+            written[key] = write(documents, str_representer, options)
+        return written[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trusted_yaml, "pure_dump_all", pure_dump_all)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _one_recording_per_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every run of the program under the default mocks, with a last deployment's outputs or
     none (`run_program`, `plan`, `render` and the other commands in-process), is made once per
