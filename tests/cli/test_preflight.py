@@ -32,6 +32,26 @@ ENOUGH = {
 pytestmark = pytest.mark.xdist_group("aws-tools")
 
 
+class SharedClients:
+    """The module's boto3 session, handing out one client per service, region and config for the
+    whole module: botocore builds each client's class afresh from the service model (~15 ms for
+    EC2's 860 operations, and more at its first call), which was most of a preflight run against
+    moto. A client keeps no account state (moto's is global and reset per test), so one made in
+    an earlier test answers from this test's account. It has no `events`: a client copies the
+    session's handlers when made, so a test that adds handlers or changes a client uses
+    `aws_env`'s session, whose clients are new each time."""
+
+    def __init__(self, session: boto3.Session):
+        self._session = session
+        self._clients: dict[tuple[str, str | None, str], object] = {}
+
+    def client(self, service: str, region_name: str | None = None, config=None):
+        key = (service, region_name, repr(sorted(vars(config).items())) if config else "")
+        if key not in self._clients:
+            self._clients[key] = self._session.client(service, region_name=region_name, config=config)
+        return self._clients[key]
+
+
 @pytest.fixture(scope="module")
 def aws_env():
     """Fake credentials and no default AMIs (loading them is slow); one boto3 session for the
@@ -54,9 +74,15 @@ def recorded(default_run):
     return preflight.needs(default_run)
 
 
+@pytest.fixture(scope="module")
+def shared_clients(aws_env):
+    return SharedClients(aws_env)
+
+
 @pytest.fixture
-def aws(aws_env, monkeypatch):
-    """A fresh emulated account per test, with the quotas in `quotas` readable."""
+def aws(shared_clients, monkeypatch):
+    """A fresh emulated account per test, with the quotas in `quotas` readable, and the module's
+    clients."""
     import moto
     from moto.servicequotas.models import ServiceQuotasBackend
 
@@ -74,7 +100,7 @@ def aws(aws_env, monkeypatch):
 
     monkeypatch.setattr(ServiceQuotasBackend, "get_service_quota", get_service_quota)
     with moto.mock_aws():
-        yield aws_env, quotas
+        yield shared_clients, quotas
 
 
 def ubuntu_image(name_suffix: str = "20261120", image_id: str = "ami-0123456789abcdef0") -> None:
@@ -225,8 +251,8 @@ def test_key_pair_of_this_stack_is_reported(aws, recorded):
     assert check.status == preflight.WARN and "testbed-ssh-keypair-1a2b3c4 of stack dev exists" in check.detail
 
 
-def test_a_denied_call_names_the_policy(aws, recorded):
-    session, _ = aws
+def test_a_denied_call_names_the_policy(aws, aws_env, recorded):
+    session = aws_env  # clients of its own: it changes one
     ubuntu_image()
 
     class Denying:
@@ -245,6 +271,17 @@ def test_a_denied_call_names_the_policy(aws, recorded):
     assert check.detail == "not permitted to call DescribeAddresses: see iam/testbed-policy.json"
 
 
+def new_session(models_of: boto3.Session) -> boto3.Session:
+    """A session that finds credentials, region and endpoint in the environment as it is now, with
+    the service models `models_of` has loaded (botocore's data loader caches them; loading EC2's
+    again costs 0.1-0.2 s)."""
+    import botocore.session
+
+    core = botocore.session.get_session()
+    core.register_component("data_loader", models_of._session.get_component("data_loader"))
+    return boto3.Session(botocore_session=core)
+
+
 def test_no_credentials_and_no_network_are_one_line(aws_env, recorded, monkeypatch, tmp_path):
     s = load(config(), offline=True)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
@@ -253,13 +290,13 @@ def test_no_credentials_and_no_network_are_one_line(aws_env, recorded, monkeypat
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(preflight.Unreachable, match=r"^credentials: none found"):
-        preflight.Preflight(s, recorded, boto3.Session()).run()
+        preflight.Preflight(s, recorded, new_session(aws_env)).run()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on discard
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     with pytest.raises(preflight.Unreachable, match=r"^network: cannot reach AWS"):
-        preflight.Preflight(s, recorded, boto3.Session()).run()
+        preflight.Preflight(s, recorded, new_session(aws_env)).run()
 
 
 def test_cli_bad_settings_exit_2_before_any_call(capsys):
@@ -291,10 +328,10 @@ def test_cli_prints_one_line_per_check_and_the_verdict(aws, default_run, capsys,
     assert any(line.strip().startswith("-> aws service-quotas request-service-quota-increase") for line in lines)
 
 
-def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, recorded):
+def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, aws_env, recorded):
     from tests.stacks.test_iam import ACTIONS, granted
 
-    session, _ = aws
+    session = aws_env  # clients of its own: they see `note`
     ubuntu_image()
     admin_boundary(session)
     calls: set[str] = set()
@@ -329,10 +366,10 @@ def test_managed_prometheus_answers_and_names_the_workspaces_kept_from_earlier_r
     assert check.detail.startswith(f"1 workspace(s) gpu-testbed-dev in the region ({kept}): the deployed stack's, ")
 
 
-def test_managed_prometheus_not_offered_in_the_region_fails_with_the_way_out(aws, recorded):
+def test_managed_prometheus_not_offered_in_the_region_fails_with_the_way_out(aws, aws_env, recorded):
     from botocore.exceptions import EndpointConnectionError
 
-    session, _ = aws
+    session = aws_env  # clients of its own: they see `no_endpoint`
     ubuntu_image()
 
     def no_endpoint(request, **_):
