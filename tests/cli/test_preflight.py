@@ -55,7 +55,16 @@ class SharedClients:
 @pytest.fixture(scope="module")
 def aws_env():
     """Fake credentials and no default AMIs (loading them is slow); one boto3 session for the
-    module, so service models load once."""
+    module, and one botocore data loader for every session made in it: a loader caches the
+    service models it parses, and moto makes sessions of its own, each parsing EC2's 570 kB model
+    and the endpoints again (~0.3 s in all: three as its EC2 backend is imported, moto 5.2.5
+    moto/ec2/models/availability_zones_and_regions.py, one for its backends' regions,
+    moto/core/base_backend.py), as does the no-credentials test. A loader holds only botocore's
+    data files: credentials, region and endpoint stay each session's."""
+    import botocore.loaders
+    import botocore.session
+
+    loader = botocore.loaders.create_loader()
     with pytest.MonkeyPatch.context() as mp:
         for key, value in {
             "AWS_ACCESS_KEY_ID": "testing",
@@ -64,6 +73,12 @@ def aws_env():
             "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
         }.items():
             mp.setenv(key, value)
+        # botocore/session.py (1.44) makes each session's loader with create_loader(data_path)
+        mp.setattr(
+            botocore.session,
+            "create_loader",
+            lambda data_path=None: loader if data_path is None else botocore.loaders.create_loader(data_path),
+        )
         import moto  # noqa: F401  before the session: moto hooks botocore's handlers as it is imported
 
         yield boto3.Session()
@@ -271,17 +286,6 @@ def test_a_denied_call_names_the_policy(aws, aws_env, recorded):
     assert check.detail == "not permitted to call DescribeAddresses: see iam/testbed-policy.json"
 
 
-def new_session(models_of: boto3.Session) -> boto3.Session:
-    """A session that finds credentials, region and endpoint in the environment as it is now, with
-    the service models `models_of` has loaded (botocore's data loader caches them; loading EC2's
-    again costs 0.1-0.2 s)."""
-    import botocore.session
-
-    core = botocore.session.get_session()
-    core.register_component("data_loader", models_of._session.get_component("data_loader"))
-    return boto3.Session(botocore_session=core)
-
-
 def test_no_credentials_and_no_network_are_one_line(aws_env, recorded, monkeypatch, tmp_path):
     s = load(config(), offline=True)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
@@ -290,13 +294,13 @@ def test_no_credentials_and_no_network_are_one_line(aws_env, recorded, monkeypat
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(preflight.Unreachable, match=r"^credentials: none found"):
-        preflight.Preflight(s, recorded, new_session(aws_env)).run()
+        preflight.Preflight(s, recorded, boto3.Session()).run()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on discard
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     with pytest.raises(preflight.Unreachable, match=r"^network: cannot reach AWS"):
-        preflight.Preflight(s, recorded, new_session(aws_env)).run()
+        preflight.Preflight(s, recorded, boto3.Session()).run()
 
 
 def test_cli_bad_settings_exit_2_before_any_call(capsys):
