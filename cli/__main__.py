@@ -29,20 +29,10 @@ from cli import as_typed, typed_command
 from cli.guard import run_guarded
 
 PROJECT = Path(__file__).resolve().parent.parent
-
-try:
-    import pulumi
-
-    from cli import artifacts
-    from core.settings import SettingsError, escaped, redacted, show
-    from stacks import offline
-except ModuleNotFoundError as missing:  # `python -m cli` outside the venv: one line, not a traceback
-    from cli.guard import EXIT_BAD_INPUT, missing_dependency
-
-    if __name__ != "__main__" or (line := missing_dependency(missing, PROJECT)) is None:
-        raise
-    print(line, file=sys.stderr)
-    sys.exit(EXIT_BAD_INPUT)
+# plan and render run the program: they import Pulumi, the stacks and the mocks when they run, the
+# other commands and --help start without them (a third of a second less for each). A third-party
+# module missing then is one line, exit 2 (run_guarded), as it is for every command.
+PROGRAM_COMMANDS = ("plan", "render")
 
 EXIT_BAD_SETTINGS = 2  # any bad input: settings, stack file, --out, usage
 PLAN_COLUMNS = 100  # `plan`'s width when not on a terminal
@@ -63,19 +53,27 @@ class _OneLineParser(argparse.ArgumentParser):
     """A usage mistake exits 2 with one line (argparse would print the usage block too)."""
 
     def error(self, message: str):  # type: ignore[override]
+        from core.settings import redacted
+
         self.exit(EXIT_BAD_SETTINGS, f"{self.prog}: {redacted(message)}; see {self.prog} --help\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(program: bool = False) -> argparse.ArgumentParser:
+    """The parser; plan's and render's own arguments only when `program` (that command runs): the
+    top-level help and a usage mistake need their names and one-line help only."""
     parser = _OneLineParser(
         prog=typed_command(), description=as_typed(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    if program:
+        from stacks import offline
     for name, help_text in (
         ("plan", "list the resources, install order and hourly cost"),
         ("render", "write every deployed artifact to a directory"),
     ):
         p = sub.add_parser(name, help=help_text, description=DESCRIPTIONS[name])
+        if not program:
+            continue
         offline.add_stack_arguments(p)
         if name == "plan":
             p.add_argument("--json", action="store_true", help="one JSON array of resources")
@@ -113,7 +111,18 @@ def main(argv: list[str] | None = None) -> int:
         from cli.e2e import main as e2e_main
 
         return e2e_main(argv[1:])
-    args = _parser().parse_args(argv)
+    args = _parser(program=bool(argv) and argv[0] in PROGRAM_COMMANDS).parse_args(argv)
+    return _run_program(args)
+
+
+def _run_program(args: argparse.Namespace) -> int:
+    """plan or render: the program under Pulumi's mocks, then its plan or its files."""
+    import pulumi
+
+    from cli import artifacts
+    from core.settings import SettingsError, escaped, show
+    from stacks import offline
+
     problems = []
     if args.command == "render" and (problem := artifacts.out_dir_problem(args.out)):
         problems.append(problem)

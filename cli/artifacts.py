@@ -11,8 +11,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from components import (
     ai_run_limit,
     bootstrap,
@@ -25,7 +23,7 @@ from components import (
     slurm_config,
     slurmd_scaling,
 )
-from core import user_files
+from core import trusted_yaml, user_files
 from core.names import (
     AMP_WORKSPACE_TYPE_TOKEN,
     DEFAULT_PARTITION,
@@ -420,7 +418,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
         path = out / "cloud-init" / f"{_node_name(instance)}.yaml"
         _write(path, user_data)
         written.append(path)
-        for f in yaml.safe_load(user_data).get("write_files", []):
+        for f in trusted_yaml.load(user_data).get("write_files", []):
             if f["path"].endswith(".sh"):
                 add_script(Path(f["path"]).name, bootstrap.file_text(f))
     manifests = [reveal(r.inputs) for r in rec.resources if _is_kubernetes_object(r) and not _is_patch(r)]
@@ -430,7 +428,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
         if _is_kubernetes_object(r) and _is_patch(r):
             patch = reveal(r.inputs)
             path = out / "patches" / f"{patch['kind']}-{patch['metadata']['name']}.yaml"
-            _write(path, yaml.safe_dump(patch, sort_keys=True))
+            _write(path, trusted_yaml.dump(patch, sort_keys=True))
             written.append(path)
     for cmd in rec.of_type(REMOTE_COMMAND_TYPE_TOKEN):
         add_script(step_arguments(cmd)[remote_script.STEP_NAME], remote_script.script_of(reveal(cmd.inputs["stdin"])))
@@ -450,7 +448,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
             }
         )
         path = out / "values" / f"{name}.yaml"
-        _write(path, yaml.safe_dump(inputs.get("values") or {}, sort_keys=True))
+        _write(path, trusted_yaml.dump(inputs.get("values") or {}, sort_keys=True))
         written.append(path)
     path = out / "releases.json"
     _write(path, json.dumps(releases, indent=2, sort_keys=True) + "\n")
@@ -481,7 +479,7 @@ def render(rec: Recording, out: Path) -> list[Path]:
             )
         }
         path = _manifest_path(out, manifest)
-        _write(path, yaml.safe_dump(manifest, sort_keys=True))
+        _write(path, trusted_yaml.dump(manifest, sort_keys=True))
         written.append(path)
     (out / "manifests").mkdir(parents=True, exist_ok=True)
 

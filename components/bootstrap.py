@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from components import api_hardening
-from core import host_layout
+from core import host_layout, trusted_yaml
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 NODE_SCRIPT_DIR = "/opt/testbed"
@@ -88,7 +88,7 @@ def env_file(params: dict[str, str]) -> str:
 
 
 def _yaml_documents(*docs: dict) -> str:
-    return yaml.safe_dump_all(docs, sort_keys=False, explicit_start=False)
+    return trusted_yaml.dump_all(docs, sort_keys=False, explicit_start=False)
 
 
 @dataclass(frozen=True)
@@ -203,23 +203,17 @@ def _run(*names: str) -> list[list[str]]:
     return [["bash", "-c", f"set -o pipefail; touch {log} && chmod 0600 {log} && ({chain}) 2>&1 | tee -a {log}"]]
 
 
-class _LiteralDumper(yaml.SafeDumper):
+def _literal_blocks(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
     """Multi-line strings as YAML literal blocks, so scripts stay readable in user-data."""
-
-
-def _str_representer(dumper: yaml.SafeDumper, value: str):
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_LiteralDumper.add_representer(str, _str_representer)
 
 
 def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[str, ...]) -> str:
     doc: dict = {"write_files": write_files, "runcmd": runcmd}
     if authorized_keys:
         doc["ssh_authorized_keys"] = list(authorized_keys)
-    text = "#cloud-config\n" + yaml.dump(doc, Dumper=_LiteralDumper, sort_keys=False, width=4096)
+    text = "#cloud-config\n" + trusted_yaml.dump(doc, str_representer=_literal_blocks, sort_keys=False, width=4096)
     if len(text.encode()) > USER_DATA_LIMIT:
         raise ValueError(f"user-data is {len(text.encode())} bytes; EC2 allows {USER_DATA_LIMIT}")
     return text

@@ -10,9 +10,9 @@ import base64
 import pulumi
 import pulumi_random as random
 import pulumi_tls as tls
-import yaml
 
 from components import bootstrap
+from core import trusted_yaml
 from core.names import UserRole
 
 CA_VALIDITY_HOURS = 10 * 365 * 24
@@ -38,7 +38,7 @@ def render_kubeconfig(
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
-    return yaml.safe_dump(
+    return trusted_yaml.dump(
         {
             "apiVersion": "v1",
             "kind": "Config",

@@ -13,7 +13,8 @@ from core.names import DEVICE_PLUGIN_NAMESPACE
 REPO = "https://nvidia.github.io/k8s-device-plugin"
 
 # How a pod receives its GPU. With volume-mounts the plugin answers each allocation with one
-# /dev/null mount at DEVICE_LIST_ROOT/<GPU UUID> per GPU and NVIDIA_VISIBLE_DEVICES=DEVICE_LIST_ROOT
+# /dev/null mount at <root>/<GPU UUID> per GPU and NVIDIA_VISIBLE_DEVICES=<root>, the root being
+# core/host_layout.py's DEVICE_LIST_ROOT, the plugin's own
 # (NVIDIA/k8s-device-plugin@v0.17.0:internal/plugin/server.go, updateResponseForDeviceMounts),
 # which toolkit 1.18.1 reads when accept-nvidia-visible-devices-as-volume-mounts is true, before
 # and instead of the variable (NVIDIA/nvidia-container-toolkit@v1.18.1:internal/config/image/
@@ -22,7 +23,6 @@ REPO = "https://nvidia.github.io/k8s-device-plugin"
 # and no CDI specs kept in step with the driver. gpu-worker.sh sets the toolkit side.
 DEVICE_LIST_STRATEGY = "volume-mounts"
 DEVICE_ID_STRATEGY = "uuid"  # the mount names are GPU UUIDs, what nvidia-smi and dcgm-exporter report
-DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
 
 
 @dataclass

@@ -12,7 +12,8 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
-import yaml
+
+from core import trusted_yaml
 
 VALUES_DIR = Path(__file__).resolve().parent.parent / "values"
 RELEASE_TIMEOUT_SECONDS = 15 * 60
@@ -49,7 +50,7 @@ def base_values(chart: Chart) -> dict:
 @functools.cache
 def _values_file(path: Path) -> dict:
     # parsed once per process: the program, plan and the twin ask for the same few files many times
-    return yaml.safe_load(path.read_text()) or {}
+    return trusted_yaml.load(path.read_text()) or {}
 
 
 def merged_values(chart: Chart, computed: dict) -> dict:

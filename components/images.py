@@ -7,9 +7,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import yaml
-
 from components import training_operator
+from core import trusted_yaml
 from core.names import GPU_RESOURCE
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs" / "kubernetes"
@@ -30,7 +29,7 @@ def _example_jobs(jobs_dir: Path) -> list[dict]:
 
 @functools.cache
 def _parsed_jobs(files: tuple[tuple[Path, int], ...]) -> list[dict]:
-    return [obj for path, _ in files for obj in yaml.safe_load_all(path.read_text())]
+    return [obj for path, _ in files for obj in trusted_yaml.load_all(path.read_text())]
 
 
 def example_job_images(jobs_dir: Path = JOBS_DIR) -> list[str]:

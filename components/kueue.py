@@ -19,17 +19,17 @@ workloadpriorityclass}_types.go.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_command as command
 import pulumi_kubernetes as k8s
-import yaml
 
 from components import helm, remote_script, training_operator
 from components.webhook_gate import webhook_gate
-from core import host_layout
+from core import host_layout, trusted_yaml
 from core.names import (
     AI_CLUSTER_QUEUE,
     AI_LOCAL_QUEUE,
@@ -108,7 +108,14 @@ def managed_namespaces() -> tuple[str, ...]:
 
 
 def manager_config(version: str) -> dict:
-    base = yaml.safe_load(helm.base_values(chart(version))["managerConfig"]["controllerManagerConfigYaml"])
+    """Kueue's Configuration: the chart's, with the program's changes (a copy of its own for each caller)."""
+    return copy.deepcopy(_manager_config(version))
+
+
+@functools.cache
+def _manager_config(version: str) -> dict:
+    # built once per version: the program, its checks and the twin ask for it on every run
+    base = trusted_yaml.load(helm.base_values(chart(version))["managerConfig"]["controllerManagerConfigYaml"])
     derived = {
         "managedJobsNamespaceSelector": {
             "matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(managed_namespaces())}]
@@ -129,10 +136,16 @@ def manager_config(version: str) -> dict:
 
 
 def values(version: str) -> dict:
+    """The release's values: the chart's, with the image tag and `manager_config` (a copy of its own for each caller)."""
+    return copy.deepcopy(_values(version))
+
+
+@functools.cache
+def _values(version: str) -> dict:
     base = helm.base_values(chart(version))
     computed = {
         "controllerManager": {"manager": {"image": {"tag": f"v{version}"}}},
-        "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config(version), sort_keys=False)},
+        "managerConfig": {"controllerManagerConfigYaml": trusted_yaml.dump(manager_config(version), sort_keys=False)},
     }
     return helm.deep_merge(base, computed)
 

@@ -12,6 +12,7 @@ init stage writes files before sshd starts (canonical/cloud-init:systemd/cloud-i
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,22 +58,34 @@ class RemoteStep:
         }
 
 
-def command_line(environment: Mapping[str, pulumi.Input[str]]) -> pulumi.Output[str]:
-    """`sudo env NAME=value ... bash -s`, every value quoted."""
+def command_line(environment: Mapping[str, pulumi.Input[str]]) -> pulumi.Input[str]:
+    """`sudo env NAME=value ... bash -s`, every value quoted: text when every value is, else an Output
+    (the engine gets the same string either way; text spares a mock run two Output chains a step)."""
     names = sorted(environment)
-    return pulumi.Output.all(*(environment[n] for n in names)).apply(
-        lambda values: " ".join(
-            ["sudo", "env", *(shlex.quote(f"{n}={v}") for n, v in zip(names, values, strict=True)), "bash", "-s"]
-        )
-    )
+
+    def line(values: Sequence[str]) -> str:
+        words = (shlex.quote(f"{n}={v}") for n, v in zip(names, values, strict=True))
+        return " ".join(["sudo", "env", *words, "bash", "-s"])
+
+    values = [environment[n] for n in names]
+    texts = [v for v in values if isinstance(v, str)]
+    if len(texts) == len(values):
+        return line(texts)
+    return pulumi.Output.all(*values).apply(line)
 
 
 def parse_command_line(line: str) -> dict[str, str]:
     """The arguments of a command made by `command_line`, by name (for `render` and the tests)."""
+    return dict(_arguments(line))
+
+
+@functools.lru_cache(maxsize=1024)
+def _arguments(line: str) -> tuple[tuple[str, str], ...]:
+    # split once per line (shlex is slow): render and the tests read the same steps' lines many times
     words = shlex.split(line)
     if words[:2] != ["sudo", "env"] or words[-2:] != ["bash", "-s"]:
         raise ValueError(f"not a remote step command line: {line[:80]!r}")
-    return dict(word.split("=", 1) for word in words[2:-2])
+    return tuple((name, value) for name, value in (word.split("=", 1) for word in words[2:-2]))
 
 
 def stdin_text(script: str, secrets: Mapping[str, str]) -> str:

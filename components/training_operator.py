@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_command as command
-import yaml
 
 from components import remote_script
+from core import trusted_yaml
 from core.names import JOBS_NAMESPACE, TRAINING_NAMESPACE
 
 SCRIPT = "training-operator.sh"
@@ -67,7 +67,7 @@ def kustomization(version: str) -> dict:
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [overlay(version)],
-        "patches": [{"target": {"kind": "Deployment", "name": DEPLOYMENT}, "patch": yaml.safe_dump(patch)}],
+        "patches": [{"target": {"kind": "Deployment", "name": DEPLOYMENT}, "patch": trusted_yaml.dump(patch)}],
     }
 
 
@@ -77,7 +77,7 @@ def install_step(version: str) -> remote_script.RemoteStep:
         {
             "ACTION": "apply",
             "OVERLAY": overlay(version),
-            "KUSTOMIZATION": yaml.safe_dump(kustomization(version), sort_keys=False),
+            "KUSTOMIZATION": trusted_yaml.dump(kustomization(version), sort_keys=False),
             "NAMESPACE": TRAINING_NAMESPACE,
             "DEPLOYMENT": DEPLOYMENT,
             "TIMEOUT_SECONDS": str(READY_TIMEOUT_SECONDS),

@@ -19,6 +19,9 @@ POD_CIDR = "10.244.0.0/16"  # Flannel's default Network
 SERVICE_CIDR = "10.96.0.0/12"
 API_SERVER_PORT = 6443
 GPU_NODE_LABEL = ("nvidia.com/gpu.present", "true")  # device plugin 0.17.0 schedules only here
+# Where a GPU pod finds the GPUs it was given: the device plugin's volume-mounts strategy mounts
+# /dev/null at DEVICE_LIST_ROOT/<GPU UUID> per GPU (components/device_plugin.py says why).
+DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
 CONTROL_PLANE_NODE_LABEL = "node-role.kubernetes.io/control-plane"  # set by kubeadm init
 CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"  # NoSchedule, kept
 ADMIN_KUBECONFIG = "/etc/kubernetes/admin.conf"

@@ -19,12 +19,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-import yaml
-
-from core import host_layout, instance_types
+from core import host_layout, instance_types, trusted_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT: str = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["name"]  # config keys are "<PROJECT>:<key>"
+PROJECT: str = trusted_yaml.load((ROOT / "Pulumi.yaml").read_text())["name"]  # config keys are "<PROJECT>:<key>"
 
 # Subnet layout: AWS reserves the first four and the last address of a subnet.
 CONTROL_HOST_INDEX = 10

@@ -11,6 +11,8 @@ limits are documented in docs/input-limits.md.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import re
 import stat
@@ -159,6 +161,13 @@ def replace_text(path: Path, text: str) -> None:
 
 def parse_yaml(text: str, *, typed: bool) -> Any:
     """One YAML document under the guards above; `typed` False reads every scalar as text."""
+    return copy.deepcopy(_parsed(text, typed))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str, typed: bool) -> Any:
+    # parsed once per text: the tools and tests read the same stack and scenario files many times
+    # (a copy for each caller); a refusal is not kept, and is raised again on each read
     loader = None
     try:
         loader = (_TypedLoader if typed else _TextLoader)(text)  # the reader checks every character here

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from core import trusted_yaml
 from core.settings import PROJECT
 from stacks import offline
 
@@ -121,9 +122,9 @@ def _no_stack_traces_under_mocks() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def _one_cloud_config_per_content() -> Iterator[None]:
     """Each node's cloud-config rendered once per content. The session runs the program many
-    times with the same settings, so the same documents come back, and the YAML emitter (pure
-    Python: the C one may wrap and quote differently, and a changed byte of user-data replaces an
-    instance) is most of what rendering costs. A real run renders each node once, each worker with
+    times with the same settings, so the same documents come back, and the YAML emitter (libyaml
+    where it writes what the pure-Python one does, core/trusted_yaml.py: a changed byte of
+    user-data replaces an instance) is most of what rendering costs. A real run renders each node once, each worker with
     its own join token: the cache belongs here, not in components/bootstrap.py. A refused document
     (over EC2's limit) raises every time. Not while mutmut maps functions to tests (see
     _default_run_scope): each test that renders must call the function."""
@@ -136,13 +137,38 @@ def _one_cloud_config_per_content() -> Iterator[None]:
     rendered: dict[str, str] = {}
 
     def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[str, ...]) -> str:
-        key = json.dumps([write_files, runcmd, authorized_keys])
+        # the emitter is in the key: tests/cli/test_cli.py renders once with the pure-Python one
+        key = json.dumps([write_files, runcmd, authorized_keys, repr(trusted_yaml.Dumper)])
         if key not in rendered:
             rendered[key] = render(write_files, runcmd, authorized_keys)
         return rendered[key]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(bootstrap, "cloud_config", cloud_config)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_pure_yaml_text_per_content() -> Iterator[None]:
+    """Each document core/trusted_yaml.py leaves to the pure-Python emitter (one libyaml would
+    fold otherwise: the scripts in render's ConfigMaps and values, most of all) written once per
+    content: every render of a recording writes the same ones again, and they were most of what a
+    render cost. Keyed by the documents' repr (1, 1.0, "1" and True apart), the representer, the
+    options and the class. Not while mutmut maps functions to tests (see _default_run_scope)."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        yield
+        return
+    write = trusted_yaml.pure_dump_all
+    written: dict[str, str] = {}
+
+    def pure_dump_all(documents: list[Any], str_representer: Any, options: dict[str, Any]) -> str:
+        key = repr((documents, str_representer, sorted(options.items()), trusted_yaml.PureDumper))
+        if key not in written:
+            written[key] = write(documents, str_representer, options)
+        return written[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trusted_yaml, "pure_dump_all", pure_dump_all)
         yield
 
 
@@ -174,7 +200,9 @@ def _one_recording_per_settings(tmp_path_factory: pytest.TempPathFactory) -> Ite
         # keyed by the settings the program reads (its one reader), not their spelling: `{}`,
         # `workerCount=4` and the stack file's defaults are one run; bad settings raise here
         settings = offline.settings_mod.load(config, stack=stack, offline=True)
-        key = hashlib.sha256(repr((settings, stack, deployed)).encode()).hexdigest()
+        # and by the YAML classes (tests/cli/test_cli.py renders once with the pure-Python ones)
+        yaml_classes = (trusted_yaml.Loader, trusted_yaml.Dumper)
+        key = hashlib.sha256(repr((settings, stack, deployed, yaml_classes)).encode()).hexdigest()
         path = folder / f"{key}.pickle"
         with open(folder / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the first asks, the others wait and read; released on close

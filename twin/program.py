@@ -5,8 +5,6 @@ from the stack's settings (`core/settings.py`) through the names contract."""
 
 from __future__ import annotations
 
-import yaml
-
 from components import (
     ai_run_limit,
     bootstrap,
@@ -21,6 +19,7 @@ from components import (
     slurmd_scaling,
     training_operator,
 )
+from core import trusted_yaml
 from core.names import DEFAULT_PARTITION, GPU_RESOURCE, Names
 from core.settings import Settings
 from twin import kube
@@ -34,7 +33,7 @@ def init_container_tries(training_operator_version: str) -> int:
     """The tries the program's overlay gives the operator (the flag in its Deployment patch), or
     the upstream default when it sets none."""
     for patch in training_operator.kustomization(training_operator_version)["patches"]:
-        for op in yaml.safe_load(patch["patch"]):
+        for op in trusted_yaml.load(patch["patch"]):
             for arg in op["value"] if op["path"].endswith("/args") else []:
                 if arg.startswith(TRIES_FLAG):
                     return int(arg.removeprefix(TRIES_FLAG))
@@ -68,7 +67,7 @@ def gpu_replicas(values: dict) -> int:
             break
     if chosen not in files:
         raise ValueError(f"device plugin config: no config file selected among {sorted(files)}")
-    sharing = (yaml.safe_load(files[chosen]) or {}).get("sharing") or {}
+    sharing = (trusted_yaml.load(files[chosen]) or {}).get("sharing") or {}
     replicated = sharing["mps"] if sharing.get("mps") is not None else sharing.get("timeSlicing") or {}
     if replicated.get("renameByDefault"):
         raise ValueError("device plugin sharing.renameByDefault: shared GPUs under another resource name")

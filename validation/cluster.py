@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 
 from urllib3.exceptions import HTTPError
 
-from components import device_plugin
 from core import host_layout
 from core.names import (
     GPU_RESOURCE,
@@ -52,7 +51,7 @@ from validation.timeline import (
 # volume-mounts strategy and UUID ids (components/device_plugin.py) kubelet mounts /dev/null at
 # <root>/<GPU UUID> for each allocated GPU, so the names are the allocation itself; nvidia-smi
 # would not do: slurmd pods are privileged and see every GPU device of their host.
-UUID_QUERY = ["ls", "-1", device_plugin.DEVICE_LIST_ROOT]
+UUID_QUERY = ["ls", "-1", host_layout.DEVICE_LIST_ROOT]
 
 # squeue with every state slurmctld still remembers (finished jobs stay MinJobAge, 300 s).
 SQUEUE = ["squeue", "--noheader", "--states=all", "--format=%i|%j|%T|%N"]

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from core import host_layout
+from core import host_layout, trusted_yaml
 from core.names import GPU_RESOURCE, JOBS_NAMESPACE, MAX_EXEC_TIME_LABEL, Names, SlurmNames
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
@@ -270,7 +268,7 @@ def load_objects(path: Path) -> list[dict]:
 @functools.cache
 def _documents(text: str) -> tuple[Any, ...]:
     # parsed once per text: a run of every scenario reads the same few job files many times
-    return tuple(d for d in yaml.safe_load_all(text) if d)
+    return tuple(d for d in trusted_yaml.load_all(text) if d)
 
 
 def unique_name(source: str, run_id: str, index: int) -> str:

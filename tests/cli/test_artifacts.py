@@ -7,11 +7,10 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
-import yaml
 
 from cli import artifacts
 from components import bootstrap
-from core import settings
+from core import settings, trusted_yaml
 from tests.conftest import run_program
 from tests.core.test_settings_refusals import _rsa_line
 
@@ -48,7 +47,7 @@ def rendered(tmp_path_factory) -> Path:
 
 def manifests(rendered):
     for path in sorted((rendered / "manifests").glob("*.yaml")):
-        for obj in yaml.safe_load_all(path.read_text()):
+        for obj in trusted_yaml.load_all(path.read_text()):
             yield path.name, obj
 
 
@@ -113,7 +112,7 @@ def test_every_user_data_is_a_small_valid_cloud_config(rendered):
         assert len(raw) <= bootstrap.USER_DATA_LIMIT, path.name
         text = raw.decode()
         assert text.startswith("#cloud-config\n"), path.name
-        doc = yaml.safe_load(text)
+        doc = trusted_yaml.load(text)
         assert set(doc) <= CLOUD_CONFIG_KEYS, path.name
         for f in doc["write_files"]:
             assert f["path"].startswith("/") and isinstance(f["content"], str)
@@ -129,8 +128,8 @@ def test_the_largest_supported_stack_still_fits_user_data(tmp_path):
 
 
 def test_helm_values_of_the_slurm_chart_keep_the_100_traps_out(rendered):
-    values = yaml.safe_load((rendered / "values" / "slurm.yaml").read_text())
+    values = trusted_yaml.load((rendered / "values" / "slurm.yaml").read_text())
     assert values["controller"]["persistence"].get("existingClaim") is None
     assert values["controller"]["persistence"].get("storageClassName") is None
-    device_plugin = yaml.safe_load((rendered / "values" / "nvidia-device-plugin.yaml").read_text())
+    device_plugin = trusted_yaml.load((rendered / "values" / "nvidia-device-plugin.yaml").read_text())
     assert "failOnInitError" not in device_plugin

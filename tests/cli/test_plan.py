@@ -11,7 +11,7 @@ import pytest
 from cli import artifacts
 from components import runnable_exporter
 from components import slurmd_scaling as scaling
-from stacks import pricing
+from stacks import offline, pricing
 from stacks.offline import reveal
 from tests import tokens
 from tests.conftest import ADMIN_CIDR, by_type, depends, run_program
@@ -220,7 +220,7 @@ def test_the_plan_fits_the_terminal_and_loses_no_word(default_run, monkeypatch, 
     (capsys is not one); the words are the plan's, in order."""
     from cli import __main__ as cli
 
-    monkeypatch.setattr(cli.offline, "run", lambda *args, **kwargs: default_run)
+    monkeypatch.setattr(offline, "run", lambda *args, **kwargs: default_run)
     if columns is None:
         monkeypatch.delenv("COLUMNS", raising=False)
     else:

@@ -32,10 +32,39 @@ ENOUGH = {
 pytestmark = pytest.mark.xdist_group("aws-tools")
 
 
+class SharedClients:
+    """The module's boto3 session, handing out one client per service, region and config for the
+    whole module: botocore builds each client's class afresh from the service model (~15 ms for
+    EC2's 860 operations, and more at its first call), which was most of a preflight run against
+    moto. A client keeps no account state (moto's is global and reset per test), so one made in
+    an earlier test answers from this test's account. It has no `events`: a client copies the
+    session's handlers when made, so a test that adds handlers or changes a client uses
+    `aws_env`'s session, whose clients are new each time."""
+
+    def __init__(self, session: boto3.Session):
+        self._session = session
+        self._clients: dict[tuple[str, str | None, str], object] = {}
+
+    def client(self, service: str, region_name: str | None = None, config=None):
+        key = (service, region_name, repr(sorted(vars(config).items())) if config else "")
+        if key not in self._clients:
+            self._clients[key] = self._session.client(service, region_name=region_name, config=config)
+        return self._clients[key]
+
+
 @pytest.fixture(scope="module")
 def aws_env():
     """Fake credentials and no default AMIs (loading them is slow); one boto3 session for the
-    module, so service models load once."""
+    module, and one botocore data loader for every session made in it: a loader caches the
+    service models it parses, and moto makes sessions of its own, each parsing EC2's 570 kB model
+    and the endpoints again (~0.3 s in all: three as its EC2 backend is imported, moto 5.2.5
+    moto/ec2/models/availability_zones_and_regions.py, one for its backends' regions,
+    moto/core/base_backend.py), as does the no-credentials test. A loader holds only botocore's
+    data files: credentials, region and endpoint stay each session's."""
+    import botocore.loaders
+    import botocore.session
+
+    loader = botocore.loaders.create_loader()
     with pytest.MonkeyPatch.context() as mp:
         for key, value in {
             "AWS_ACCESS_KEY_ID": "testing",
@@ -44,6 +73,12 @@ def aws_env():
             "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
         }.items():
             mp.setenv(key, value)
+        # botocore/session.py (1.44) makes each session's loader with create_loader(data_path)
+        mp.setattr(
+            botocore.session,
+            "create_loader",
+            lambda data_path=None: loader if data_path is None else botocore.loaders.create_loader(data_path),
+        )
         import moto  # noqa: F401  before the session: moto hooks botocore's handlers as it is imported
 
         yield boto3.Session()
@@ -54,9 +89,15 @@ def recorded(default_run):
     return preflight.needs(default_run)
 
 
+@pytest.fixture(scope="module")
+def shared_clients(aws_env):
+    return SharedClients(aws_env)
+
+
 @pytest.fixture
-def aws(aws_env, monkeypatch):
-    """A fresh emulated account per test, with the quotas in `quotas` readable."""
+def aws(shared_clients, monkeypatch):
+    """A fresh emulated account per test, with the quotas in `quotas` readable, and the module's
+    clients."""
     import moto
     from moto.servicequotas.models import ServiceQuotasBackend
 
@@ -74,7 +115,7 @@ def aws(aws_env, monkeypatch):
 
     monkeypatch.setattr(ServiceQuotasBackend, "get_service_quota", get_service_quota)
     with moto.mock_aws():
-        yield aws_env, quotas
+        yield shared_clients, quotas
 
 
 def ubuntu_image(name_suffix: str = "20261120", image_id: str = "ami-0123456789abcdef0") -> None:
@@ -218,15 +259,18 @@ def test_key_pair_of_this_stack_is_reported(aws, recorded):
     session, _ = aws
     ubuntu_image()
     tags = [{"Key": "testbed:project", "Value": "gpu-testbed"}, {"Key": "testbed:stack", "Value": "dev"}]
+    # ED25519 as the stack's (components/ssh_access.py): moto makes one in microseconds, an RSA one in ~40 ms
     session.client("ec2", region_name=REGION).create_key_pair(
-        KeyName="testbed-ssh-keypair-1a2b3c4", TagSpecifications=[{"ResourceType": "key-pair", "Tags": tags}]
+        KeyName="testbed-ssh-keypair-1a2b3c4",
+        KeyType="ed25519",
+        TagSpecifications=[{"ResourceType": "key-pair", "Tags": tags}],
     )
     check = run(session, recorded)["key pair"]
     assert check.status == preflight.WARN and "testbed-ssh-keypair-1a2b3c4 of stack dev exists" in check.detail
 
 
-def test_a_denied_call_names_the_policy(aws, recorded):
-    session, _ = aws
+def test_a_denied_call_names_the_policy(aws, aws_env, recorded):
+    session = aws_env  # clients of its own: it changes one
     ubuntu_image()
 
     class Denying:
@@ -291,10 +335,10 @@ def test_cli_prints_one_line_per_check_and_the_verdict(aws, default_run, capsys,
     assert any(line.strip().startswith("-> aws service-quotas request-service-quota-increase") for line in lines)
 
 
-def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, recorded):
+def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, aws_env, recorded):
     from tests.stacks.test_iam import ACTIONS, granted
 
-    session, _ = aws
+    session = aws_env  # clients of its own: they see `note`
     ubuntu_image()
     admin_boundary(session)
     calls: set[str] = set()
@@ -329,10 +373,10 @@ def test_managed_prometheus_answers_and_names_the_workspaces_kept_from_earlier_r
     assert check.detail.startswith(f"1 workspace(s) gpu-testbed-dev in the region ({kept}): the deployed stack's, ")
 
 
-def test_managed_prometheus_not_offered_in_the_region_fails_with_the_way_out(aws, recorded):
+def test_managed_prometheus_not_offered_in_the_region_fails_with_the_way_out(aws, aws_env, recorded):
     from botocore.exceptions import EndpointConnectionError
 
-    session, _ = aws
+    session = aws_env  # clients of its own: they see `no_endpoint`
     ubuntu_image()
 
     def no_endpoint(request, **_):

@@ -78,11 +78,21 @@ ROWS = [
 ]
 
 
+# The timeouts the tests give the clients: long enough for a server thread here to answer, or to
+# record a request, on a loaded machine. A silent server makes the client wait out the read timeout
+# on every try, so where the tries are counted on the client's side (each try's timeouts) the silent
+# rows give a shorter one; the AWS rows count the requests that reached the server, which needs the
+# server's thread to have read the last one before the test stops it: they keep READ_SECONDS.
+CONNECT_SECONDS = 0.5
+READ_SECONDS = 0.3
+SILENT_READ_SECONDS = 0.02
+
+
 @pytest.fixture
 def short_waits(monkeypatch):
     """Timeouts short enough for a test; what each try asked for is recorded."""
-    monkeypatch.setattr(cluster, "CONNECT_SECONDS", 0.5)
-    monkeypatch.setattr(cluster, "READ_SECONDS", 0.3)
+    monkeypatch.setattr(cluster, "CONNECT_SECONDS", CONNECT_SECONDS)
+    monkeypatch.setattr(cluster, "READ_SECONDS", READ_SECONDS)
     asked: list[urllib3.Timeout] = []
     make_request = urllib3.connectionpool.HTTPConnectionPool._make_request
 
@@ -113,6 +123,8 @@ def _validate(kubeconfig, monkeypatch) -> int:
 def test_a_cluster_that_does_not_answer_as_kubernetes_is_one_line_and_exit_2(
     reply, fragment, command, tmp_path, monkeypatch, capsys, short_waits
 ):
+    if reply is SILENT:
+        monkeypatch.setattr(cluster, "READ_SECONDS", SILENT_READ_SECONDS)
     server, url = _server(reply)
     try:
         code = command(write_kubeconfig(tmp_path / "kubeconfig", url), monkeypatch)
@@ -125,7 +137,7 @@ def test_a_cluster_that_does_not_answer_as_kubernetes_is_one_line_and_exit_2(
     if reply is SILENT:
         # one call, every try asked to wait connect + read, and no more tries than stated
         assert len(short_waits) == 1 + cluster.RETRIES
-        assert all((t.connect_timeout, t.read_timeout) == (0.5, 0.3) for t in short_waits)
+        assert all((t.connect_timeout, t.read_timeout) == (CONNECT_SECONDS, SILENT_READ_SECONDS) for t in short_waits)
         assert sum(t.connect_timeout + t.read_timeout for t in short_waits) == cluster.call_bound()
 
 
@@ -270,8 +282,8 @@ def test_an_aws_endpoint_that_does_not_answer_is_one_line_within_the_stated_wait
     server and the timeouts every client is made with."""
     from cli import preflight
 
-    monkeypatch.setattr(preflight, "CONNECT_SECONDS", 0.5)
-    monkeypatch.setattr(preflight, "READ_SECONDS", 0.3)
+    monkeypatch.setattr(preflight, "CONNECT_SECONDS", CONNECT_SECONDS)
+    monkeypatch.setattr(preflight, "READ_SECONDS", READ_SECONDS)
     made = []
     real = preflight.client_config
     monkeypatch.setattr(preflight, "client_config", lambda: made.append(real()) or made[-1])
@@ -288,7 +300,8 @@ def test_an_aws_endpoint_that_does_not_answer_is_one_line_within_the_stated_wait
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert AWS_PASSWORD not in err and "(hidden)@127.0.0.1" in err
     assert all(
-        (c.connect_timeout, c.read_timeout, c.retries) == (0.5, 0.3, {"total_max_attempts": 2, "mode": "standard"})
+        (c.connect_timeout, c.read_timeout, c.retries)
+        == (CONNECT_SECONDS, READ_SECONDS, {"total_max_attempts": 2, "mode": "standard"})
         for c in made
     )
     if reply is SILENT:

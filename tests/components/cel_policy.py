@@ -18,6 +18,7 @@ What celpy does not do that the API server does: type-check an expression agains
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -118,6 +119,117 @@ def run(expression: str, activation: dict) -> Any:
         return error
 
 
+# CEL is pure: an expression's value depends only on the parts of the activation it reads. The
+# tests send the same documents again and again (the same queue before a patch, the same request,
+# the same policy variables), so values are kept under the expression and an identity, for each
+# input it reads, of the parts it reads: evaluating in celpy's tree-walking interpreter costs
+# milliseconds, a look-up does not. A part is a chain of field selections from a name
+# (`object.metadata`, `variables.declared`); a name read any other way is read whole.
+WHOLE: tuple[str, ...] = ()
+VALUES: dict[tuple, Any] = {}
+CONVERTED: dict[str, Any] = {}
+
+
+@functools.cache
+def reads(expression: str) -> dict[str, frozenset[tuple[str, ...]]]:
+    """For each word of the expression (a superset of the names it can read), the field paths it
+    reads from that name: a name appears as an `ident` primary, and each `member_dot` that selects
+    from it adds a field; any other occurrence of the word is a read of the whole value."""
+    tree = compile_expression(expression).ast
+    parent = {id(child): node for node in tree.iter_subtrees() for child in node.children}
+    paths: dict[str, set[tuple[str, ...]]] = {}
+    for node in tree.iter_subtrees():
+        for child in node.children:
+            if not isinstance(child, str):  # a subtree; the words are lark Tokens, strings
+                continue
+            path = WHOLE
+            if node.data == "ident" and parent[id(node)].data == "primary":
+                member = parent[id(parent[id(node)])]
+                while (select := parent.get(id(member))) is not None and select.data == "member_dot":
+                    path += (str(select.children[1]),)
+                    member = parent[id(select)]
+            paths.setdefault(str(child), set()).add(path)
+    return {word: frozenset(p) for word, p in paths.items()}
+
+
+def walked(doc: Any, path: tuple[str, ...]) -> tuple[int, Any]:
+    """How many of the path's fields `doc` has, one inside the other, and the value there: what
+    selecting the path from it gives, a value or the error of a missing field."""
+    for depth, field in enumerate(path):
+        if not isinstance(doc, dict) or field not in doc:
+            return depth, doc
+        doc = doc[field]
+    return len(path), doc
+
+
+@dataclass(frozen=True, eq=False)
+class Document:
+    """A JSON document as an input, converted by celpy.json_to_cel once per distinct text. The
+    text names it only where reading the text back gives the document (no tuples, no non-string
+    keys, no NaN, nothing json cannot write), so equal texts give CEL values of equal types; any
+    other document is converted every time and is its own identity."""
+
+    doc: Any
+    text: str | None
+    value: Any
+
+    @classmethod
+    def of(cls, doc: Any) -> Document:
+        try:
+            text = json.dumps(doc)
+            exact = json.loads(text) == doc
+        except (TypeError, ValueError):
+            exact = False
+        if not exact:
+            return cls(doc, None, celpy.json_to_cel(doc))
+        if text not in CONVERTED:
+            CONVERTED[text] = celpy.json_to_cel(doc)
+        return cls(doc, text, CONVERTED[text])
+
+    def identity(self, paths: frozenset[tuple[str, ...]]) -> Any:
+        if self.text is None:
+            return self
+        if WHOLE in paths:
+            return self.text
+        return tuple(
+            (path, depth, json.dumps(part)) for path in sorted(paths) for depth, part in [walked(self.doc, path)]
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Variables:
+    """The policy's variables so far, each named by the identity it was computed under."""
+
+    value: Any
+    identities: tuple[tuple[str, Any], ...] = ()
+
+    def identity(self, paths: frozenset[tuple[str, ...]]) -> Any:
+        named = dict(self.identities)
+        if any(path == WHOLE or path[0] not in named for path in paths):
+            return self.identities
+        return tuple(sorted((path[0], named[path[0]]) for path in paths))
+
+    def with_value(self, name: str, identity: Any, value: Any) -> Variables:
+        return Variables(
+            celtypes.MapType({**self.value, celtypes.StringType(name): value}), (*self.identities, (name, identity))
+        )
+
+
+def evaluate(expression: str, inputs: dict[str, Document | Variables]) -> tuple[Any, Any]:
+    """`run` over the inputs' values once per expression and identities of what it reads of
+    them; returns that key, which names the value, with the value."""
+    read = reads(expression)
+    key = (expression, tuple((name, inputs[name].identity(read[name])) for name in sorted(read.keys() & inputs.keys())))
+    if key not in VALUES:
+        VALUES[key] = run(expression, {name: i.value for name, i in inputs.items()})
+    return key, VALUES[key]
+
+
+def run_on(expression: str, **docs: Any) -> Any:
+    """`run` with each keyword's JSON document as that name's value."""
+    return evaluate(expression, {name: Document.of(doc) for name, doc in docs.items()})[1]
+
+
 @dataclass(frozen=True)
 class Decision:
     evaluated: bool  # the match conditions held (or errored: failurePolicy Fail refuses)
@@ -134,12 +246,12 @@ def admit(policy: dict, operation: str, obj: dict | None, old: dict | None = Non
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     request = {"operation": operation} | ({"userInfo": {"username": user}} if user is not None else {})
-    base = {
-        "object": celpy.json_to_cel(obj),
-        "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel(request),
+    base: dict[str, Document | Variables] = {
+        "object": Document.of(obj),
+        "oldObject": Document.of(old),
+        "request": Document.of(request),
     }
-    results = [run(c["expression"], base) for c in spec.get("matchConditions", [])]
+    results = [evaluate(c["expression"], base)[1] for c in spec.get("matchConditions", [])]
     if any(r is not None and not isinstance(r, celpy.CELEvalError) and r == celtypes.BoolType(False) for r in results):
         return Decision(False, ())
     errors = [r for r in results if isinstance(r, celpy.CELEvalError)]
@@ -147,13 +259,14 @@ def admit(policy: dict, operation: str, obj: dict | None, old: dict | None = Non
         return Decision(True, (f"expression error: {errors[0]}",))
     # Variables are evaluated in order, each seeing the ones before; an error is kept as the
     # variable's value and surfaces only in the expressions that use it (lazy in the API server).
-    variables = celtypes.MapType()
+    variables = Variables(celtypes.MapType())
     for variable in spec.get("variables", []):
-        variables[celtypes.StringType(variable["name"])] = run(variable["expression"], {**base, "variables": variables})
-    activation = {**base, "variables": variables}
+        identity, value = evaluate(variable["expression"], {**base, "variables": variables})
+        variables = variables.with_value(variable["name"], identity, value)
+    inputs = {**base, "variables": variables}
     denials = []
     for validation in spec["validations"]:
-        ok = run(validation["expression"], activation)
+        ok = evaluate(validation["expression"], inputs)[1]
         if isinstance(ok, celpy.CELEvalError):
             denials.append(f"expression error: {ok}")
             continue
@@ -161,7 +274,7 @@ def admit(policy: dict, operation: str, obj: dict | None, old: dict | None = Non
             continue
         message = ""
         if "messageExpression" in validation:
-            value = run(validation["messageExpression"], activation)
+            value = evaluate(validation["messageExpression"], inputs)[1]
             message = value.strip() if isinstance(value, str) and "\n" not in value else ""
         denials.append(message or validation.get("message") or f"failed expression: {validation['expression']}")
     return Decision(True, tuple(denials))

@@ -6,10 +6,8 @@ no request bodies."""
 import json
 from pathlib import Path
 
-import yaml
-
 from components import api_hardening, bootstrap
-from core import names
+from core import names, trusted_yaml
 from stacks.offline import reveal
 from tests import tokens
 
@@ -34,11 +32,11 @@ HOST_PATH_TYPES = {"", "DirectoryOrCreate", "Directory", "FileOrCreate", "File",
 
 def control_files(rec) -> dict[str, dict]:
     user_data = reveal(rec.named("testbed-control-instance").inputs["userData"])
-    return {f["path"]: f for f in yaml.safe_load(user_data)["write_files"]}
+    return {f["path"]: f for f in trusted_yaml.load(user_data)["write_files"]}
 
 
 def cluster_configuration(rec) -> dict:
-    _, cluster = yaml.safe_load_all(control_files(rec)[bootstrap.KUBEADM_CONFIG]["content"])
+    _, cluster = trusted_yaml.load_all(control_files(rec)[bootstrap.KUBEADM_CONFIG]["content"])
     return cluster
 
 

@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from cryptography.hazmat.primitives import serialization
 
 from components import bootstrap
-from core import host_layout
+from core import host_layout, trusted_yaml
 from stacks.offline import placeholder_key_pem, reveal
 from tests import tokens
 from tests.conftest import by_type, step_args, step_secrets
@@ -25,7 +24,7 @@ def user_data_of(rec, name):
 
 
 def written_file(user_data: str, path: str) -> str:
-    files = {f["path"]: f for f in yaml.safe_load(user_data)["write_files"]}
+    files = {f["path"]: f for f in trusted_yaml.load(user_data)["write_files"]}
     return bootstrap.file_text(files[path])
 
 
@@ -54,21 +53,21 @@ def test_workers_pin_the_ca_the_control_plane_is_given(default_run):
             )
         ).hexdigest()
     )
-    join = yaml.safe_load(
+    join = trusted_yaml.load(
         written_file(user_data_of(default_run, "testbed-worker-0-instance"), bootstrap.KUBEADM_CONFIG)
     )
     assert join["discovery"]["bootstrapToken"]["caCertHashes"] == [expected]
 
 
 def test_each_worker_joins_with_its_own_short_lived_token_registered_over_ssh(default_run):
-    init, _ = yaml.safe_load_all(
+    init, _ = trusted_yaml.load_all(
         written_file(user_data_of(default_run, "testbed-control-instance"), bootstrap.KUBEADM_CONFIG)
     )
     (init_token,) = init["bootstrapTokens"]
     assert init_token["ttl"] == "1h0m0s"  # hours, not a year: no node uses kubeadm init's own token
     join_tokens = [init_token["token"]]
     for index, ip in enumerate(default_run.settings.worker_private_ips):
-        join = yaml.safe_load(
+        join = trusted_yaml.load(
             written_file(user_data_of(default_run, f"testbed-worker-{index}-instance"), bootstrap.KUBEADM_CONFIG)
         )
         token = join["discovery"]["bootstrapToken"]["token"]
@@ -101,14 +100,14 @@ def test_kubeadm_init_never_prints_the_token():
 
 def test_api_certificate_names_the_elastic_ip_and_workers_reach_the_fixed_private_ip(default_run):
     eip = by_type(default_run, tokens.EIP)[0].outputs["publicIp"]
-    _, cluster = yaml.safe_load_all(
+    _, cluster = trusted_yaml.load_all(
         written_file(user_data_of(default_run, "testbed-control-instance"), bootstrap.KUBEADM_CONFIG)
     )
     control_ip = default_run.named("testbed-control-instance").inputs["privateIp"]
     assert eip in cluster["apiServer"]["certSANs"] and control_ip in cluster["apiServer"]["certSANs"]
     assert cluster["controlPlaneEndpoint"] == f"{control_ip}:{host_layout.API_SERVER_PORT}"
     assert cluster["kubernetesVersion"] == f"v{default_run.settings.kubernetes_version}"
-    join = yaml.safe_load(
+    join = trusted_yaml.load(
         written_file(user_data_of(default_run, "testbed-worker-1-instance"), bootstrap.KUBEADM_CONFIG)
     )
     assert join["discovery"]["bootstrapToken"]["apiServerEndpoint"] == cluster["controlPlaneEndpoint"]
@@ -117,7 +116,7 @@ def test_api_certificate_names_the_elastic_ip_and_workers_reach_the_fixed_privat
 
 
 def test_gpu_workers_register_with_the_device_plugin_label(default_run):
-    join = yaml.safe_load(
+    join = trusted_yaml.load(
         written_file(user_data_of(default_run, "testbed-worker-3-instance"), bootstrap.KUBEADM_CONFIG)
     )
     args = join["nodeRegistration"]["kubeletExtraArgs"]
@@ -129,7 +128,7 @@ def test_user_data_is_cloud_config_within_the_ec2_limit_and_runs_the_delivered_s
     text = user_data_of(default_run, node)
     assert text.startswith("#cloud-config\n")
     assert len(text.encode()) <= bootstrap.USER_DATA_LIMIT
-    doc = yaml.safe_load(text)
+    doc = trusted_yaml.load(text)
     paths = {f["path"] for f in doc["write_files"]}
     command = doc["runcmd"][0][2]
     run_scripts = [p for p in command.replace("(", " ").replace(")", " ").split() if p.startswith("/opt/testbed/")]
@@ -138,7 +137,7 @@ def test_user_data_is_cloud_config_within_the_ec2_limit_and_runs_the_delivered_s
 
 
 def test_secret_files_are_root_only(default_run):
-    files = yaml.safe_load(user_data_of(default_run, "testbed-control-instance"))["write_files"]
+    files = trusted_yaml.load(user_data_of(default_run, "testbed-control-instance"))["write_files"]
     modes = {f["path"]: f["permissions"] for f in files}
     for secret in (bootstrap.KUBEADM_CONFIG, bootstrap.ENV_FILE):
         assert modes[secret] == "0600"
@@ -189,7 +188,7 @@ BOOTSTRAP_GROUP_PATTERN = r"system:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]"  # B
 
 
 def kubeadm_docs(rec, node: str) -> list[dict]:
-    return list(yaml.safe_load_all(written_file(user_data_of(rec, node), bootstrap.KUBEADM_CONFIG)))
+    return list(trusted_yaml.load_all(written_file(user_data_of(rec, node), bootstrap.KUBEADM_CONFIG)))
 
 
 def test_kubeadm_init_config_is_what_kubeadm_v1beta4_and_flannel_need(default_run):
@@ -282,7 +281,7 @@ def parsed_env(text: str) -> dict[str, str]:
     ],
 )
 def test_each_node_gets_its_parameters_files_and_scripts_in_order(default_run, node, role, scripts):
-    doc = yaml.safe_load(user_data_of(default_run, node))
+    doc = trusted_yaml.load(user_data_of(default_run, node))
     files = {f["path"]: f for f in doc["write_files"]}
     assert parsed_env(files[bootstrap.ENV_FILE]["content"]) == expected_env(default_run.settings, role)
     assert {f["owner"] for f in doc["write_files"]} == {"root:root"}

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from components import bootstrap
-from core import host_layout, settings
+from core import host_layout, settings, trusted_yaml
 from stacks.offline import placeholder_host_key, placeholder_key_pem
 from tests.conftest import config
 
@@ -275,7 +274,7 @@ def worker_user_data() -> str:
 
 @functools.cache  # parsed once for each user data; only read
 def cloud_config(user_data: str) -> dict:
-    return yaml.safe_load(user_data)
+    return trusted_yaml.load(user_data)
 
 
 USER_DATA = {"control": control_user_data, "worker": worker_user_data}

@@ -232,7 +232,7 @@ def _cel_rules(schema: dict, node, where: str = "") -> list[str]:
     failed = [
         f"{where or '/'}: {rule['rule']}"
         for rule in schema.get("x-kubernetes-validations", [])
-        if not _holds(cel_policy.run(rule["rule"], {"self": cel_policy.celpy.json_to_cel(node)}))
+        if not _holds(cel_policy.run_on(rule["rule"], self=node))
     ]
     if isinstance(node, dict):
         for key, sub in schema.get("properties", {}).items():

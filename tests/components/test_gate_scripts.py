@@ -10,11 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import yaml
 
 from components import bootstrap, cert_manager, keda, remote_script, training_operator, webhook_gate
 from components import readiness_gate as readiness
-from core import host_layout
+from core import host_layout, trusted_yaml
 from stacks import cluster
 from tests.components.test_bootstrap_idempotent import Sandbox, worker_user_data
 
@@ -255,11 +254,11 @@ def test_training_operator_applies_the_pinned_overlay_and_waits_for_its_webhook(
     assert result.returncode == 0, result.stderr
     calls = (stub / "calls").read_text()
     assert "apply --server-side --force-conflicts -k " in calls
-    applied = yaml.safe_load((stub / "last_kustomization").read_text())
+    applied = trusted_yaml.load((stub / "last_kustomization").read_text())
     assert applied["resources"] == [training_operator.overlay("v1.8.1")]
     (patch,) = applied["patches"]
     assert patch["target"] == {"kind": "Deployment", "name": "training-operator"}
-    (op,) = yaml.safe_load(patch["patch"])
+    (op,) = trusted_yaml.load(patch["patch"])
     assert op["path"] == "/spec/template/spec/containers/0/args"
     assert op["value"] == [f"--pytorch-init-container-max-tries={training_operator.INIT_CONTAINER_MAX_TRIES}"]
     assert "-n kubeflow rollout status deployment/training-operator --timeout=600s" in calls

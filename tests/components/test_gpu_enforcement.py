@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from components import bootstrap, device_plugin
-from core import settings
+from core import host_layout, settings
 from tests.components.test_bootstrap_idempotent import (
     DRIVER_PACKAGES,
     Sandbox,
@@ -95,8 +95,8 @@ def allocated(env: dict[str, str], uuid: str, bounding: set[str] = frozenset()) 
     """A container after kubelet applied the plugin's Allocate answer for `uuid` (volume-mounts)."""
     assert device_plugin.DEVICE_LIST_STRATEGY == "volume-mounts"
     return Container(
-        {**env, "NVIDIA_VISIBLE_DEVICES": device_plugin.DEVICE_LIST_ROOT},
-        [("/dev/null", f"{device_plugin.DEVICE_LIST_ROOT}/{uuid}")],
+        {**env, "NVIDIA_VISIBLE_DEVICES": host_layout.DEVICE_LIST_ROOT},
+        [("/dev/null", f"{host_layout.DEVICE_LIST_ROOT}/{uuid}")],
         set(bounding),
     )
 
@@ -143,7 +143,7 @@ def test_the_worker_bootstrap_makes_the_toolkit_ignore_the_variable_in_unprivile
         restart = max(i for i, c in enumerate(run.calls) if c == "systemctl restart containerd")
         assert len(ctk) == 1 and install < ctk[0] < restart  # the package's postinst cannot undo it
     # the toolkit side and the plugin side of the device list agree
-    assert TOOLKIT_VOLUME_MOUNTS_ROOT == device_plugin.DEVICE_LIST_ROOT
+    assert TOOLKIT_VOLUME_MOUNTS_ROOT == host_layout.DEVICE_LIST_ROOT
     assert device_plugin.DEVICE_LIST_STRATEGY in PLUGIN_STRATEGIES - {"envvar"}
 
 

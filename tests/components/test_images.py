@@ -1,9 +1,7 @@
 """Images on the nodes before the stack is ready, and the PyTorchJob Worker's wait for its Master."""
 
-import yaml
-
 from components import bootstrap, images, slinky, training_operator
-from core import names
+from core import names, trusted_yaml
 from stacks.offline import reveal
 from tests.conftest import by_type
 
@@ -41,14 +39,14 @@ def test_every_worker_pulls_them_in_its_user_data(default_run):
     assert len(workers) == default_run.settings.worker_count
     for w in workers:
         env = next(
-            f for f in yaml.safe_load(reveal(w.inputs["userData"]))["write_files"] if f["path"] == bootstrap.ENV_FILE
+            f for f in trusted_yaml.load(reveal(w.inputs["userData"]))["write_files"] if f["path"] == bootstrap.ENV_FILE
         )
         assert f"PREPULL_IMAGES='{expected}'" in env["content"].splitlines()
 
 
 def test_a_worker_waits_for_its_master_as_long_as_any_example_job_may_run():
     for path in sorted(images.JOBS_DIR.glob("*.yaml")):
-        job = yaml.safe_load(path.read_text())
+        job = trusted_yaml.load(path.read_text())
         if job["kind"] == "PyTorchJob":
             deadline = job["spec"]["runPolicy"]["activeDeadlineSeconds"]
             assert deadline <= training_operator.INIT_CONTAINER_MAX_TRIES * 2, path.name

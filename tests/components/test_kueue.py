@@ -5,11 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cli import artifacts
 from components import bootstrap, kueue, training_operator
-from core import names
+from core import names, trusted_yaml
 from core.names import GpuShares
 from tests.conftest import by_type, depends, run_program, step_args
 
@@ -37,7 +36,7 @@ def by_kind(objs):
 
 
 def test_manager_config_scopes_webhooks_to_the_jobs_and_slurm_namespaces_only():
-    config = yaml.safe_load(kueue.values("0.19.2")["managerConfig"]["controllerManagerConfigYaml"])
+    config = trusted_yaml.load(kueue.values("0.19.2")["managerConfig"]["controllerManagerConfigYaml"])
     (expr,) = config["managedJobsNamespaceSelector"]["matchExpressions"]
     assert expr == {
         "key": "kubernetes.io/metadata.name",
@@ -92,7 +91,7 @@ def test_the_scope_checks_read_the_selector_back_from_the_live_configurations():
 
 
 def test_wait_for_pods_ready_is_decided_not_defaulted():
-    wfpr = yaml.safe_load(kueue.values("0.19.2")["managerConfig"]["controllerManagerConfigYaml"])["waitForPodsReady"]
+    wfpr = trusted_yaml.load(kueue.values("0.19.2")["managerConfig"]["controllerManagerConfigYaml"])["waitForPodsReady"]
     assert wfpr["recoveryTimeout"] == "0s"  # running work is never evicted for a flapping pod
     assert wfpr["blockAdmission"] is False
     assert wfpr["timeout"] != "30m"  # not the 0.19 default: images are pre-pulled
@@ -254,7 +253,7 @@ def test_priority_classes_are_ordered_and_the_example_jobs_use_them():
     values = [objs["WorkloadPriorityClass", n]["value"] for n in names.AI_PRIORITY_CLASSES]
     assert values == sorted(values) and len(set(values)) == len(values)
     for path in ("pytorchjob-ddp.yaml", "inference-job.yaml"):
-        job = yaml.safe_load((JOBS_DIR / path).read_text())
+        job = trusted_yaml.load((JOBS_DIR / path).read_text())
         labels = job["metadata"]["labels"]
         assert labels[names.QUEUE_NAME_LABEL] == objs["LocalQueue", names.AI_LOCAL_QUEUE]["metadata"]["name"]
         assert job["metadata"]["namespace"] == objs["LocalQueue", names.AI_LOCAL_QUEUE]["metadata"]["namespace"]
@@ -372,7 +371,7 @@ def test_the_ai_queue_holds_freed_gpus_for_its_head():
 
 def test_render_writes_the_pod_webhook_patches_apart_from_whole_objects(tmp_path, default_run):
     artifacts.render(default_run, tmp_path)
-    patches = {p.name: yaml.safe_load(p.read_text()) for p in (tmp_path / "patches").glob("*.yaml")}
+    patches = {p.name: trusted_yaml.load(p.read_text()) for p in (tmp_path / "patches").glob("*.yaml")}
     assert sorted(patches) == [
         "MutatingWebhookConfiguration-kueue-mutating-webhook-configuration.yaml",
         "ValidatingWebhookConfiguration-kueue-validating-webhook-configuration.yaml",

@@ -127,14 +127,13 @@ def test_each_alert_names_its_outage_and_what_the_scaler_then_does():
 def test_promtool_fires_each_input_alert_after_two_minutes_of_its_outage(tmp_path):
     import subprocess
 
-    import yaml
-
+    from core import trusted_yaml
     from tests.engines import harness
 
     n = _names()
     alerts = _input_alerts(n)
     group = monitoring.stack_values("80.9.2", n)["additionalPrometheusRulesMap"]["testbed-handoff-inputs"]["groups"]
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": group}))
+    (tmp_path / "rules.yaml").write_text(trusted_yaml.dump({"groups": group}))
     usage = alerts["KueueMetricsMissing"]["expr"].removeprefix("absent(").removesuffix(")")
     restapi = alerts["KubeStateMetricsMissing"]["expr"].removeprefix("absent(").removesuffix(")")
     # 6 samples 30 s apart (0 to 2.5 min), then none: the Kueue and kube-state-metrics series are
@@ -167,6 +166,8 @@ def test_promtool_fires_each_input_alert_after_two_minutes_of_its_outage(tmp_pat
         }
     ]
     test_file = tmp_path / "test.yaml"
-    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": tests}))
+    test_file.write_text(
+        trusted_yaml.dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": tests})
+    )
     done = subprocess.run([harness.promtool(), "test", "rules", str(test_file)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]

@@ -84,13 +84,12 @@ def test_the_pod_runs_the_module_the_twin_runs_restricted(rendered):
 @pytest.mark.engine
 def test_the_missing_alert_fires_when_the_series_go_and_not_before(tmp_path, rendered):
     """promtool 3.5.3 on the rule: the exporter's series present, then stale (a failed scrape)."""
-    import yaml
-
+    from core import trusted_yaml
     from tests.engines import harness
 
     names, _ = rendered
     group = runnable_exporter.alert_rules(names)
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [group]}))
+    (tmp_path / "rules.yaml").write_text(trusted_yaml.dump({"groups": [group]}))
     series = f'{runnable_jobs.RUNNABLE_JOBS}{{partition="all"}}'
     test = {
         "interval": "30s",
@@ -110,7 +109,9 @@ def test_the_missing_alert_fires_when_the_series_go_and_not_before(tmp_path, ren
         ],
     }
     test_file = tmp_path / "test.yaml"
-    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": [test]}))
+    test_file.write_text(
+        trusted_yaml.dump({"rule_files": ["rules.yaml"], "evaluation_interval": "30s", "tests": [test]})
+    )
     import subprocess
 
     done = subprocess.run([harness.promtool(), "test", "rules", str(test_file)], capture_output=True, text=True)

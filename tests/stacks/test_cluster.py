@@ -4,10 +4,9 @@ from pathlib import Path
 import pulumi_command as command
 import pulumi_tls
 import pytest
-import yaml
 
 from components import cluster_identity, remote_script
-from core import host_layout
+from core import host_layout, trusted_yaml
 from stacks.offline import is_secret, reveal
 from tests import tokens
 from tests.conftest import by_type, step_args, step_secrets
@@ -44,7 +43,7 @@ def test_gate_runs_the_readiness_script_on_the_control_node_as_ubuntu(default_ru
 
 def test_kubeconfig_reaches_the_elastic_ip_with_the_cluster_ca_and_an_admin_client_cert(default_run):
     """The `kubeconfig` output is the operator's: its own certificate, not the provider's."""
-    kubeconfig = yaml.safe_load(default_run.outputs["kubeconfig"])
+    kubeconfig = trusted_yaml.load(default_run.outputs["kubeconfig"])
     (eip,) = by_type(default_run, tokens.EIP)
     (ca_cert,) = by_type(default_run, tokens.SELF_SIGNED_CERT)
     operator_cert = default_run.named("testbed-identity-operator-cert")
@@ -74,11 +73,11 @@ def test_the_operators_certificate_is_short_lived_and_the_providers_is_not(defau
     program = default_run.named("testbed-identity-admin-cert")
     assert "earlyRenewalHours" not in program.inputs and program.inputs["validityPeriodHours"] == 365 * 24
     (provider,) = by_type(default_run, tokens.KUBERNETES_PROVIDER)
-    given = yaml.safe_load(reveal(provider.inputs["kubeconfig"]))["users"][0]["user"]
+    given = trusted_yaml.load(reveal(provider.inputs["kubeconfig"]))["users"][0]["user"]
     assert base64.b64decode(given["client-certificate-data"]).decode() == program.outputs["certPem"]
     keys = {k.name: k.outputs["privateKeyPem"] for k in by_type(default_run, tokens.PRIVATE_KEY)}
     assert base64.b64decode(given["client-key-data"]).decode() == keys["testbed-identity-admin-key"]
-    output = yaml.safe_load(default_run.outputs["kubeconfig"])["users"][0]["user"]
+    output = trusted_yaml.load(default_run.outputs["kubeconfig"])["users"][0]["user"]
     assert base64.b64decode(output["client-key-data"]).decode() == keys["testbed-identity-operator-key"]
     assert keys["testbed-identity-operator-key"] != keys["testbed-identity-admin-key"]
 
@@ -213,7 +212,7 @@ def test_the_kubeconfig_loads_in_the_kubernetes_client_with_every_credential(def
 
     loaded = client.Configuration()
     kube_config.load_kube_config_from_dict(
-        yaml.safe_load(default_run.outputs["kubeconfig"]), client_configuration=loaded, persist_config=False
+        trusted_yaml.load(default_run.outputs["kubeconfig"]), client_configuration=loaded, persist_config=False
     )
     keys = {k.name: k for k in by_type(default_run, tokens.PRIVATE_KEY)}
     (eip,) = by_type(default_run, tokens.EIP)
@@ -234,7 +233,7 @@ def test_the_kubeconfig_loads_in_the_kubernetes_client_with_every_credential(def
 def test_kubeconfig_names_agree():
     text = cluster_identity.render_kubeconfig("c", "https://192.0.2.1:6443", "CA", "CERT", "KEY")
     assert text.startswith("apiVersion: v1\nkind: Config\nclusters:\n")  # in kubectl's order, for a reader
-    doc = yaml.safe_load(text)
+    doc = trusted_yaml.load(text)
     assert (doc["apiVersion"], doc["kind"], doc["current-context"]) == ("v1", "Config", "c")
     assert doc["contexts"] == [{"name": "c", "context": {"cluster": "c", "user": "testbed-admin"}}]
     assert [c["name"] for c in doc["clusters"]] == ["c"] and [u["name"] for u in doc["users"]] == ["testbed-admin"]

@@ -265,8 +265,7 @@ def test_a_real_prometheus_accepts_the_remote_write_as_the_operator_renders_it(d
     in RE2, the external label. prometheus-operator's camelCase fields are Prometheus' snake_case ones."""
     import subprocess
 
-    import yaml
-
+    from core import trusted_yaml
     from tests.engines import harness
 
     promtool = harness.promtool()
@@ -274,7 +273,7 @@ def test_a_real_prometheus_accepts_the_remote_write_as_the_operator_renders_it(d
     ((remote,),) = [spec["remoteWrite"]]
     config_file = tmp_path / "prometheus.yml"
     config_file.write_text(
-        yaml.safe_dump(
+        trusted_yaml.dump(
             {
                 "global": {"external_labels": spec["externalLabels"]},
                 "remote_write": [

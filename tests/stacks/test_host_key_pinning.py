@@ -3,9 +3,8 @@ command from its console), and no instance's user-data carries a private key."""
 
 from pathlib import Path
 
-import yaml
-
 from components import ssh_access
+from core import trusted_yaml
 from stacks.offline import reveal
 from tests import tokens
 from tests.conftest import by_type
@@ -38,6 +37,6 @@ def test_no_user_data_carries_a_private_key(default_run):
     for node in instances:
         text = reveal(node.inputs["userData"])
         assert "PRIVATE KEY" not in text, node.name
-        doc = yaml.safe_load(text)
+        doc = trusted_yaml.load(text)
         # cloud-config's host-key fields (cc_ssh `ssh_keys`) would put one there
         assert "ssh_keys" not in doc and "ssh_genkeytypes" not in doc, node.name

@@ -7,14 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
+from core import trusted_yaml
 from core.names import WRITER_BOUNDARY_POLICY
 from tests.conftest import BUDGET_AND_WORKSPACE_NOT_KEPT, run_program
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = json.loads((ROOT / "iam" / "testbed-policy.json").read_text())
-ACTIONS = yaml.safe_load((ROOT / "iam" / "actions.yaml").read_text())
+ACTIONS = trusted_yaml.load((ROOT / "iam" / "actions.yaml").read_text())
 INSTANCE = "aws:ec2/instance:Instance"
 
 

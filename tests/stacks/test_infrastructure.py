@@ -109,12 +109,11 @@ def test_unpriced_region_says_so():
 def test_ssh_key_pair_is_generated_and_an_extra_user_key_is_authorized():
     key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIqI4910CfGV/VLbLTy6XXLKZwm/HZQSG/N0iAG0D29c me@laptop"  # parses
     rec = run_program(sshPublicKey=key)
-    import yaml
-
+    from core import trusted_yaml
     from stacks.offline import reveal
 
     for node in by_type(rec, tokens.INSTANCE):
-        assert yaml.safe_load(reveal(node.inputs["userData"]))["ssh_authorized_keys"] == [key]
+        assert trusted_yaml.load(reveal(node.inputs["userData"]))["ssh_authorized_keys"] == [key]
     (pair,) = by_type(rec, tokens.KEY_PAIR)
     (ssh_key,) = [k for k in by_type(rec, tokens.PRIVATE_KEY) if k.name == "testbed-ssh-key"]
     assert pair.inputs["publicKey"] == ssh_key.outputs["publicKeyOpenssh"]

@@ -5,11 +5,10 @@ import re
 import shlex
 
 import pytest
-import yaml
 
 from cli import artifacts
 from components import fair_share_controller, helm, images, monitoring, slinky, slurm_config, training_operator
-from core import names
+from core import names, trusted_yaml
 from stacks.offline import ROOT, reveal
 from tests import tokens
 from tests.conftest import by_type, depends, run_program, step_args
@@ -275,15 +274,15 @@ def test_training_operator_is_applied_server_side_at_the_pinned_tag_and_removed_
     script = reveal(step.inputs["stdin"])
     assert 'kubectl apply --server-side --force-conflicts -k "$work"' in script
     # the applied kustomization is the same pinned overlay, not another source
-    assert yaml.safe_load(create["KUSTOMIZATION"])["resources"] == [overlay]
-    probe = yaml.safe_load(create["PROBE_MANIFEST"])
+    assert trusted_yaml.load(create["KUSTOMIZATION"])["resources"] == [overlay]
+    probe = trusted_yaml.load(create["PROBE_MANIFEST"])
     containers = probe["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
     assert probe["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1 and containers[0]["name"] == "pytorch"
 
 
 def test_cert_manager_gate_checks_healthz_and_a_dry_run(default_run):
     args = step_args(default_run, "testbed-cert-manager-webhook-gate")
-    probe = yaml.safe_load(args["PROBE_MANIFEST"])
+    probe = trusted_yaml.load(args["PROBE_MANIFEST"])
     assert probe["apiVersion"].startswith("cert-manager.io/")
     assert args["HEALTH_NAMESPACE"] == release(default_run, "cert-manager").inputs["namespace"]
     assert "app.kubernetes.io/instance=cert-manager" in args["HEALTH_SELECTOR"]
@@ -292,7 +291,7 @@ def test_cert_manager_gate_checks_healthz_and_a_dry_run(default_run):
 
 def test_no_loadbalancer_or_nodeport_services_by_default(default_run):
     for r in by_type(default_run, tokens.RELEASE):
-        text = yaml.safe_dump(reveal(r.inputs.get("values", {})))
+        text = trusted_yaml.dump(reveal(r.inputs.get("values", {})))
         assert "LoadBalancer" not in text and "NodePort" not in text, r.inputs["name"]
 
 
@@ -419,7 +418,9 @@ def test_the_scaled_object_waits_for_kedas_external_metrics_api(default_run):
 def test_keda_installs_its_crds_from_the_values_file(default_run):
     """KEDA's chart installs the ScaledObject CRD only with crds.install (values/keda.yaml)."""
     values = release(default_run, "keda").inputs["values"]
-    assert values == yaml.safe_load((helm.VALUES_DIR / "keda.yaml").read_text()) and values["crds"]["install"] is True
+    assert (
+        values == trusted_yaml.load((helm.VALUES_DIR / "keda.yaml").read_text()) and values["crds"]["install"] is True
+    )
 
 
 def test_prometheus_scrapes_the_kueue_metric_the_scaler_reads(default_run):
@@ -430,7 +431,7 @@ def test_prometheus_scrapes_the_kueue_metric_the_scaler_reads(default_run):
     (so,) = by_type(default_run, tokens.SCALED_OBJECT)
     (ai_waiting,) = [t for t in so.inputs["spec"]["triggers"] if t["name"] == "ai_waiting"]
     kueue_values = release(default_run, "kueue").inputs["values"]
-    manager = yaml.safe_load(kueue_values["managerConfig"]["controllerManagerConfigYaml"])
+    manager = trusted_yaml.load(kueue_values["managerConfig"]["controllerManagerConfigYaml"])
     assert manager["metrics"]["enableClusterQueueResources"] is True
     (local_queue,) = [  # the AI side's; the slurmd pods have their own (slurm/hpc)
         q
@@ -494,13 +495,13 @@ def test_kueues_metrics_token_belongs_to_the_service_account_the_binding_names(d
 
 
 def test_the_operator_gate_dry_runs_a_nodeset_the_operators_webhook_validates(default_run):
-    probe = yaml.safe_load(step_args(default_run, "testbed-slinky-operator-webhook-gate")["PROBE_MANIFEST"])
+    probe = trusted_yaml.load(step_args(default_run, "testbed-slinky-operator-webhook-gate")["PROBE_MANIFEST"])
     assert (probe["apiVersion"], probe["kind"]) == ("slinky.slurm.net/v1beta1", "NodeSet")
 
 
 @pytest.mark.parametrize("name", ["slurm-operator-crds", "slurm-operator"])
 def test_the_operator_releases_take_their_values_files(default_run, name):
-    from_file = yaml.safe_load((helm.VALUES_DIR / f"{name}.yaml").read_text()) or {}
+    from_file = trusted_yaml.load((helm.VALUES_DIR / f"{name}.yaml").read_text()) or {}
     assert release(default_run, name).inputs["values"] == from_file
 
 

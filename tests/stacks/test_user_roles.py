@@ -11,9 +11,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
 
-from core import host_layout
+from core import host_layout, trusted_yaml
 from core.names import AI_USER_ROLE, SLURMCTLD_CONTAINER, Names, hpc_user_role, slurm_names
 from stacks.offline import reveal
 from tests import tokens
@@ -75,7 +74,7 @@ def kubectl_requests(line: str, namespace: str) -> list[Request]:
             Request("create", "", "pods", namespace, pod, "exec"),
         ]
     if action == "create":
-        docs = [d for d in yaml.safe_load_all((ROOT / rest[rest.index("-f") + 1]).read_text()) if d]
+        docs = [d for d in trusted_yaml.load_all((ROOT / rest[rest.index("-f") + 1]).read_text()) if d]
         return [
             Request("create", *KINDS[d["kind"]], d["metadata"].get("namespace", namespace), d["metadata"]["name"])
             for d in docs
@@ -107,7 +106,7 @@ def readme_lines(kubeconfig_file: str) -> list[str]:
 
 
 def context_namespace(rec, role) -> str:
-    kubeconfig = yaml.safe_load(rec.outputs[role.output])
+    kubeconfig = trusted_yaml.load(rec.outputs[role.output])
     return kubeconfig["contexts"][0]["context"]["namespace"]
 
 
@@ -217,10 +216,10 @@ def test_each_certificate_carries_the_group_its_binding_names_and_lasts_the_sett
 def test_role_kubeconfigs_reach_the_cluster_with_its_ca_and_their_own_certificate(run):
     (eip,) = by_type(run, tokens.EIP)
     (ca,) = by_type(run, tokens.SELF_SIGNED_CERT)
-    admin = yaml.safe_load(run.outputs["kubeconfig"])
+    admin = trusted_yaml.load(run.outputs["kubeconfig"])
     for role in (hpc_user_role(slurm_of(run)), AI_USER_ROLE):
         assert role.output in run.secret_outputs
-        kubeconfig = yaml.safe_load(run.outputs[role.output])
+        kubeconfig = trusted_yaml.load(run.outputs[role.output])
         cluster = kubeconfig["clusters"][0]["cluster"]
         assert cluster["server"] == f"https://{eip.outputs['publicIp']}:{host_layout.API_SERVER_PORT}"
         assert base64.b64decode(cluster["certificate-authority-data"]).decode() == ca.outputs["certPem"]

@@ -7,11 +7,10 @@ import functools
 from pathlib import Path
 
 import pytest
-import yaml
 
 from components import images, slinky, training_operator
 from components import slurmd_scaling as scaling
-from core import settings
+from core import settings, trusted_yaml
 from core.names import Names
 from stacks import offline
 from tests.twin import runs
@@ -33,7 +32,7 @@ def setup() -> sim.Setup:
 
 
 def raw(name: str) -> dict:
-    return yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
+    return trusted_yaml.load((SCENARIOS / f"{name}.yaml").read_text())
 
 
 def run(data: dict, images_on_nodes: str, s: sim.Setup | None = None) -> dict:

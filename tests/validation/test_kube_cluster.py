@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 from kubernetes import client
 
-from components import device_plugin
 from core import host_layout
 from core.names import slurm_names
 from validation.cluster import SQUEUE, UUID_QUERY, ClusterError, KubeCluster
@@ -50,7 +49,7 @@ def test_sbatch_gets_the_script_on_stdin_inside_slurmctld(tmp_path):
 
 def test_uuid_read_lists_the_device_plugins_mounts_in_the_pod(tmp_path):
     """volume-mounts: kubelet mounts /dev/null at <root>/<UUID> per allocated GPU."""
-    assert UUID_QUERY[-1] == device_plugin.DEVICE_LIST_ROOT == "/var/run/nvidia-container-devices"
+    assert UUID_QUERY[-1] == host_layout.DEVICE_LIST_ROOT == "/var/run/nvidia-container-devices"
     uuids = ("GPU-8b2e4d17-0a6c-4f3d-b1e5-2c9f7a3d4b02", "GPU-3f1c9a52-7d1e-4c0b-9e2a-5b8d0c6f1a01")
     for uuid in uuids:
         (tmp_path / uuid).touch()
