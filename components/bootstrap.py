@@ -14,8 +14,6 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from components import api_hardening
 from core import host_layout, trusted_yaml
 
@@ -203,17 +201,13 @@ def _run(*names: str) -> list[list[str]]:
     return [["bash", "-c", f"set -o pipefail; touch {log} && chmod 0600 {log} && ({chain}) 2>&1 | tee -a {log}"]]
 
 
-def _literal_blocks(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    """Multi-line strings as YAML literal blocks, so scripts stay readable in user-data."""
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
 def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[str, ...]) -> str:
     doc: dict = {"write_files": write_files, "runcmd": runcmd}
     if authorized_keys:
         doc["ssh_authorized_keys"] = list(authorized_keys)
-    text = "#cloud-config\n" + trusted_yaml.dump(doc, str_representer=_literal_blocks, sort_keys=False, width=4096)
+    text = "#cloud-config\n" + trusted_yaml.dump(
+        doc, str_representer=trusted_yaml.literal_blocks, sort_keys=False, width=4096
+    )
     if len(text.encode()) > USER_DATA_LIMIT:
         raise ValueError(f"user-data is {len(text.encode())} bytes; EC2 allows {USER_DATA_LIMIT}")
     return text

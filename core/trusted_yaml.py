@@ -43,15 +43,27 @@ def load_all(text: str) -> list[Any]:
     return list(yaml.load_all(text, Loader=Loader))
 
 
+def literal_blocks(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    """A `str_representer` writing each multi-line string as a literal block (`|`), so a script
+    stays readable where it is embedded (cloud-config); the one representer libyaml may write with."""
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
 def dump(data: Any, *, str_representer: Representer | None = None, **options: Any) -> str:
     """`yaml.safe_dump(data, **options)`; `str_representer`, when given, writes every string."""
     return dump_all([data], str_representer=str_representer, **options)
 
 
 def dump_all(documents: Iterable[Any], *, str_representer: Representer | None = None, **options: Any) -> str:
-    """`yaml.safe_dump_all(documents, **options)`; `str_representer` as in `dump`."""
+    """`yaml.safe_dump_all(documents, **options)`; `str_representer` as in `dump`. Another
+    representer than `literal_blocks` is left to the pure classes: what it asks is not vetted."""
     documents = list(documents)
-    if set(options) <= VETTED_OPTIONS and _written_alike(documents, literal_blocks=str_representer is not None):
+    if (
+        set(options) <= VETTED_OPTIONS
+        and _width_alike(options.get("width"))
+        and str_representer in (None, literal_blocks)
+        and _written_alike(documents, literal_blocks=str_representer is literal_blocks)
+    ):
         return yaml.dump_all(documents, Dumper=_dumper(Dumper, str_representer), **options)
     return pure_dump_all(documents, str_representer, options)
 
@@ -66,6 +78,9 @@ def _dumper(base: type, str_representer: Representer | None) -> type:
 
 
 VETTED_OPTIONS = {"sort_keys", "width", "explicit_start"}  # others (flow style, indent, unicode...): pure
+# PyYAML takes a width above twice the indent (emitter.py __init__), libyaml the same but a
+# negative one as no limit (emitter.c yaml_emitter_emit_stream_start); a C long holds the value
+WIDTH_RANGE = range(5, 2**31)
 SIMPLE_KEY_CHARACTERS = 122  # longer, a "? " key to PyYAML (with its 5-character tag: 128 or more) and not to libyaml
 
 
@@ -98,14 +113,26 @@ def _written_alike(documents: list[Any], literal_blocks: bool) -> bool:
     return True
 
 
+def _width_alike(width: Any) -> bool:
+    return width is None or (type(width) is int and width in WIDTH_RANGE)
+
+
 def _short_key(key: Any) -> bool:
-    if isinstance(key, str):
-        return key.isascii() and key.isprintable() and len(key) <= SIMPLE_KEY_CHARACTERS
+    if isinstance(key, str):  # "" is a "? " key to PyYAML (check_simple_key: an empty scalar), not to libyaml
+        return key.isascii() and key.isprintable() and 0 < len(key) <= SIMPLE_KEY_CHARACTERS
     return (key is None or isinstance(key, int | float)) and len(repr(key)) <= SIMPLE_KEY_CHARACTERS
 
 
 def _literal_block(text: str) -> bool:
-    return text.isascii() and text.replace("\n", "").isprintable() and " \n" not in text and not text.endswith(" ")
+    """A literal block both write alike: not one kept with its trailing line breaks (`|+`, for a
+    text ending in two, or a lone break), after which libyaml 0.2.5 ends the document with "..."."""
+    return (
+        text.isascii()
+        and text.replace("\n", "").isprintable()
+        and " \n" not in text
+        and not text.endswith((" ", "\n\n"))
+        and text != "\n"
+    )
 
 
 @functools.cache

@@ -18,6 +18,10 @@ EDGES = [
     "\ttab\n" * 30,
     "  indented\n" * 30,
     "line\n" + LONG,  # a literal block is ruled out by the trailing space
+    # literal blocks keeping their trailing breaks (|+): libyaml ends the document with "..." after them
+    "x\n\n",
+    "line\n\n\n",
+    "\n",
 ]
 # ...and these are written alike by both: libyaml writes them.
 ALIKE = [
@@ -32,15 +36,11 @@ ALIKE = [
 ]
 
 
-def _literal_blocks(dumper, value):
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
-
-
 class _PureLiteral(yaml.SafeDumper):
     pass
 
 
-_PureLiteral.add_representer(str, _literal_blocks)
+_PureLiteral.add_representer(str, trusted_yaml.literal_blocks)
 
 
 def test_the_pinned_pyyaml_has_libyaml():
@@ -52,10 +52,10 @@ def test_the_pinned_pyyaml_has_libyaml():
 @pytest.mark.parametrize("text", EDGES + ALIKE)
 @pytest.mark.parametrize("width", [80, 4096])
 def test_every_string_is_written_as_the_pure_classes_write_it(text, width):
-    data = {"k": text, "l": [text, {"n": text}]}
+    data = {"k": text, "l": [text, {"n": text}], "z": 1}  # z: something after the last string
     assert trusted_yaml.dump(data, width=width) == yaml.safe_dump(data, width=width)
     assert trusted_yaml.dump_all([data, data], sort_keys=False) == yaml.safe_dump_all([data, data], sort_keys=False)
-    literal = trusted_yaml.dump(data, str_representer=_literal_blocks, width=width)
+    literal = trusted_yaml.dump(data, str_representer=trusted_yaml.literal_blocks, width=width)
     assert literal == yaml.dump(data, Dumper=_PureLiteral, width=width)
     assert trusted_yaml.load(literal) == data and trusted_yaml.load_all(literal) == [data]
 
@@ -66,9 +66,9 @@ def test_the_edges_are_ones_libyaml_folds_otherwise():
     class CLiteral(yaml.CSafeDumper):
         pass
 
-    CLiteral.add_representer(str, _literal_blocks)
+    CLiteral.add_representer(str, trusted_yaml.literal_blocks)
     for text in EDGES:
-        data = {"k": text}
+        data = {"k": text, "z": 1}
         plain_differs = yaml.dump(data, Dumper=yaml.CSafeDumper) != yaml.safe_dump(data)
         literal_differs = yaml.dump(data, Dumper=CLiteral) != yaml.dump(data, Dumper=_PureLiteral)
         assert plain_differs or literal_differs, text
@@ -83,6 +83,7 @@ def test_the_edges_are_ones_libyaml_folds_otherwise():
         {"k" * 123: 1},  # a "? " key to PyYAML (its !!str tag counted), a simple one to libyaml
         {"k" * 127: 1},
         {"k" * 128: ["v"]},
+        {"": 1},  # an empty key: "? ''" to PyYAML, a simple key to libyaml
     ],
     ids=repr,
 )
@@ -105,3 +106,26 @@ def test_options_not_vetted_go_to_the_pure_classes(monkeypatch):
     assert trusted_yaml.dump(data, default_flow_style=None, indent=4) == expected
     assert trusted_yaml.dump(data, sort_keys=False, width=100, explicit_start=True) == "---\nk:\n- v\n"
     assert used == [yaml.SafeDumper, yaml.CSafeDumper]
+
+
+@pytest.mark.parametrize("width", [-1, 2**31, 80.0, True])
+def test_a_width_libyaml_takes_otherwise_goes_to_the_pure_classes(width):
+    """No limit to libyaml at -1 (80 to PyYAML); a float, bool or a value past a C long: not vetted."""
+    data = {"k": "word " * 40}
+    assert trusted_yaml.dump(data, width=width) == yaml.safe_dump(data, width=width)
+
+
+def test_another_representer_than_literal_blocks_goes_to_the_pure_classes():
+    """What another representer asks (here: every string double-quoted, which the emitters fold
+    at other places) is not vetted, even for a string the walk passes."""
+
+    def double_quoted(dumper, value):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
+
+    class PureQuoted(yaml.SafeDumper):
+        pass
+
+    PureQuoted.add_representer(str, double_quoted)
+    data = {"k": "word, " * 30}
+    expected = yaml.dump(data, Dumper=PureQuoted, width=40)
+    assert trusted_yaml.dump(data, str_representer=double_quoted, width=40) == expected
