@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -119,33 +119,43 @@ def _no_stack_traces_under_mocks() -> Iterator[None]:
         yield
 
 
+def _memoised(owner: Any, name: str, key: Callable[..., str]) -> Iterator[None]:
+    """`owner.name` called once per `key(*args)` for the session, each later call given the first's
+    answer (one that raises is not kept: it raises every time). Not while mutmut maps functions
+    to tests (see _default_run_scope): each test must call the function itself."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        yield
+        return
+    real = getattr(owner, name)
+    answers: dict[str, Any] = {}
+
+    def memoised(*args: Any) -> Any:
+        k = key(*args)
+        if k not in answers:
+            answers[k] = real(*args)
+        return answers[k]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(owner, name, memoised)
+        yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_cloud_config_per_content() -> Iterator[None]:
     """Each node's cloud-config rendered once per content. The session runs the program many
     times with the same settings, so the same documents come back, and the YAML emitter (libyaml
     where it writes what the pure-Python one does, core/trusted_yaml.py: a changed byte of
-    user-data replaces an instance) is most of what rendering costs. A real run renders each node once, each worker with
-    its own join token: the cache belongs here, not in components/bootstrap.py. A refused document
-    (over EC2's limit) raises every time. Not while mutmut maps functions to tests (see
-    _default_run_scope): each test that renders must call the function."""
-    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
-        yield
-        return
+    user-data replaces an instance) is most of what rendering costs. A real run renders each node
+    once, each worker with its own join token: the cache belongs here, not in
+    components/bootstrap.py. A refused document (over EC2's limit) raises every time. The emitter
+    is in the key: tests/cli/test_cli.py renders once with the pure-Python one."""
     from components import bootstrap
 
-    render = bootstrap.cloud_config
-    rendered: dict[str, str] = {}
-
-    def cloud_config(write_files: list[dict], runcmd: list, authorized_keys: tuple[str, ...]) -> str:
-        # the emitter is in the key: tests/cli/test_cli.py renders once with the pure-Python one
-        key = json.dumps([write_files, runcmd, authorized_keys, repr(trusted_yaml.Dumper)])
-        if key not in rendered:
-            rendered[key] = render(write_files, runcmd, authorized_keys)
-        return rendered[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bootstrap, "cloud_config", cloud_config)
-        yield
+    yield from _memoised(
+        bootstrap,
+        "cloud_config",
+        lambda write_files, runcmd, keys: json.dumps([write_files, runcmd, keys, repr(trusted_yaml.Dumper)]),
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -154,22 +164,14 @@ def _one_pure_yaml_text_per_content() -> Iterator[None]:
     fold otherwise: the scripts in render's ConfigMaps and values, most of all) written once per
     content: every render of a recording writes the same ones again, and they were most of what a
     render cost. Keyed by the documents' repr (1, 1.0, "1" and True apart), the representer, the
-    options and the class. Not while mutmut maps functions to tests (see _default_run_scope)."""
-    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
-        yield
-        return
-    write = trusted_yaml.pure_dump_all
-    written: dict[str, str] = {}
-
-    def pure_dump_all(documents: list[Any], str_representer: Any, options: dict[str, Any]) -> str:
-        key = repr((documents, str_representer, sorted(options.items()), trusted_yaml.PureDumper))
-        if key not in written:
-            written[key] = write(documents, str_representer, options)
-        return written[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(trusted_yaml, "pure_dump_all", pure_dump_all)
-        yield
+    options and the class."""
+    yield from _memoised(
+        trusted_yaml,
+        "pure_dump_all",
+        lambda documents, representer, options: repr(
+            (documents, representer, sorted(options.items()), trusted_yaml.PureDumper)
+        ),
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)
