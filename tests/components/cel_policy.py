@@ -17,6 +17,7 @@ What celpy does not do that the API server does: type-check an expression agains
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import re
@@ -222,7 +223,9 @@ def evaluate(expression: str, inputs: dict[str, Document | Variables]) -> tuple[
     key = (expression, tuple((name, inputs[name].identity(read[name])) for name in sorted(read.keys() & inputs.keys())))
     if key not in VALUES:
         VALUES[key] = run(expression, {name: i.value for name, i in inputs.items()})
-    return key, VALUES[key]
+    value = VALUES[key]
+    # a map or list may be part of a kept document (`self.spec.l`): the caller gets its own copy
+    return key, copy.deepcopy(value) if isinstance(value, dict | list) else value
 
 
 def run_on(expression: str, **docs: Any) -> Any:

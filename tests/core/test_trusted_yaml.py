@@ -84,6 +84,9 @@ def test_the_edges_are_ones_libyaml_folds_otherwise():
         {"k" * 127: 1},
         {"k" * 128: ["v"]},
         {"": 1},  # an empty key: "? ''" to PyYAML, a simple key to libyaml
+        {"é" * 70: 1},  # a non-ASCII key: double-quoted "? " to libyaml, simple to PyYAML
+        {10**124: 1},  # a long key that is not text
+        {"a": {"x é " * 40}},  # a type the walk does not vouch for (a set)
     ],
     ids=repr,
 )

@@ -175,3 +175,18 @@ def test_a_cancelled_running_job_frees_its_nodes_at_once():
     assert slurm.busy_nodes() == {"slinky-0", "slinky-1"} and slurm.earliest_end() == 60
     slurm.cancel(first, 5.0)
     assert slurm.busy_nodes() == set(second.nodes) and slurm.earliest_end() == 90
+
+
+def test_a_node_answering_again_takes_the_waiting_job_in_that_second():
+    """The world changes `unreachable` outside Slurmctld (a failed node and its return): the main
+    pass skipped while nothing changed runs again as soon as the set does, not at the next backfill."""
+    slurm = Slurmctld(SlurmConfig("all", "slinky"))
+    slurm.register("slinky-0", 0)
+    slurm.unreachable.add("slinky-0")
+    (job,) = slurm.submit(JobSpec("waits", "slurm", 0, 60), 0)
+    for t in range(5):
+        slurm.step(float(t))
+        assert job.state == PENDING, t
+    slurm.unreachable.discard("slinky-0")
+    slurm.step(5.0)
+    assert job.state == RUNNING and job.started == 5
