@@ -258,15 +258,17 @@ def test_ami_lookup_and_pin(aws, recorded):
 def test_key_pair_of_this_stack_is_reported(aws, recorded):
     session, _ = aws
     ubuntu_image()
-    tags = [{"Key": "testbed:project", "Value": "gpu-testbed"}, {"Key": "testbed:stack", "Value": "dev"}]
+    tags = [{"Key": "testbed:project", "Value": "gpu-testbed"}]
+    ec2 = session.client("ec2", region_name=REGION)
     # ED25519 as the stack's (components/ssh_access.py): moto makes one in microseconds, an RSA one in ~40 ms
-    session.client("ec2", region_name=REGION).create_key_pair(
-        KeyName="testbed-ssh-keypair-1a2b3c4",
-        KeyType="ed25519",
-        TagSpecifications=[{"ResourceType": "key-pair", "Tags": tags}],
-    )
+    for name, stack in (("testbed-ssh-keypair-1a2b3c4", "dev"), ("testbed-ssh-keypair-9z8y7x6", "prod")):
+        stack_tags = [*tags[:1], {"Key": "testbed:stack", "Value": stack}]
+        ec2.create_key_pair(
+            KeyName=name, KeyType="ed25519", TagSpecifications=[{"ResourceType": "key-pair", "Tags": stack_tags}]
+        )
     check = run(session, recorded)["key pair"]
     assert check.status == preflight.WARN and "testbed-ssh-keypair-1a2b3c4 of stack dev exists" in check.detail
+    assert "9z8y7x6" not in check.detail  # another stack's key pair is not this one's
 
 
 def test_a_denied_call_names_the_policy(aws, aws_env, recorded):
@@ -356,19 +358,28 @@ def test_every_call_preflight_makes_is_in_the_policy_and_read_only(aws, aws_env,
     assert all(re.fullmatch(r"[a-z0-9]+:(Describe|Get|List)[A-Za-z]+", c) for c in calls), sorted(calls)
 
 
-def test_managed_prometheus_answers_and_names_the_workspaces_kept_from_earlier_runs(aws, recorded):
-    session, _ = aws
+def test_managed_prometheus_answers_and_names_the_workspaces_kept_from_earlier_runs(aws, aws_env, recorded):
+    session = aws_env  # clients of its own: they answer as AWS does, below
     ubuntu_image()
+
+    def by_prefix(parsed, **_):
+        # AWS's ListWorkspaces filters the alias by prefix (moto 5.2.5 by equality): a longer alias
+        # comes back too, as on AWS, and must not count as this stack's
+        parsed["workspaces"] = [*parsed.get("workspaces", []), {"alias": f"{alias}-other", "workspaceId": "ws-other"}]
+
     (alias,) = recorded.workspaces  # the alias the program gives its workspace
     assert alias == "gpu-testbed-dev"
-    assert (
-        run(session, recorded)["managed prometheus"].detail
-        == "answers in us-east-1; `pulumi up` creates workspace gpu-testbed-dev"
-    )
-    amp = session.client("amp", region_name=REGION)
-    kept = amp.create_workspace(alias=alias)["workspaceId"]
-    amp.create_workspace(alias=alias + "-other")  # AWS filters aliases by prefix: not this stack's
-    check = run(session, recorded)["managed prometheus"]
+    session.events.register("after-call.amp.ListWorkspaces", by_prefix)
+    try:
+        assert (
+            run(session, recorded)["managed prometheus"].detail
+            == "answers in us-east-1; `pulumi up` creates workspace gpu-testbed-dev"
+        )
+        amp = session.client("amp", region_name=REGION)
+        kept = amp.create_workspace(alias=alias)["workspaceId"]
+        check = run(session, recorded)["managed prometheus"]
+    finally:
+        session.events.unregister("after-call.amp.ListWorkspaces", by_prefix)
     assert check.status == preflight.OK
     assert check.detail.startswith(f"1 workspace(s) gpu-testbed-dev in the region ({kept}): the deployed stack's, ")
 
