@@ -8,6 +8,7 @@ key on disk and Ctrl-C printed a traceback."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -46,6 +47,13 @@ CHILD = textwrap.dedent(
 )
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """A shell starts a background job with SIGINT ignored (POSIX "Signals and Error Handling"),
+    and Python keeps an ignored SIGINT ignored: a suite run that way would signal a child deaf to
+    it. Ctrl-C at a terminal reaches a command whose SIGINT is not ignored; the child starts so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     "how, code, line",
     [
@@ -57,7 +65,13 @@ CHILD = textwrap.dedent(
 def test_a_signal_ends_doctor_in_one_line_and_its_key_is_gone(how, code, line, tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, how, KEY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", CHILD, how, KEY],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_sigint_as_at_a_terminal,
     )
     assert done.stdout == "key on disk: 1, mode 0o600\n", done
     assert done.returncode == code, done
