@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,8 +95,17 @@ class Scenario:
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
     def fault_active(self, kind: str, t: float) -> bool:
-        # asked several times a second: most scenarios have no fault at all
-        return bool(self.faults) and any(f.kind == kind and f.start <= t < f.end for f in self.faults)
+        """A fault of `kind` is on at `t` (a window is [start, end))."""
+        windows = self._fault_windows.get(kind)
+        return windows is not None and any(start <= t < end for start, end in windows)
+
+    @functools.cached_property
+    def _fault_windows(self) -> dict[str, tuple[tuple[float, float], ...]]:
+        # by kind, made once: the twin asks several times a second, while most scenarios have no fault
+        windows: dict[str, tuple[tuple[float, float], ...]] = {}
+        for f in self.faults:
+            windows[f.kind] = (*windows.get(f.kind, ()), (f.start, f.end))
+        return windows
 
 
 def _show(value: Any) -> str:

@@ -188,11 +188,7 @@ class World:
         self._failure_steps: dict[int, set[str]] = {}
         self.kube_jobs: dict[str, k8s.KubeJob] = {}
         self.slurm_jobs: dict[str, list[SlurmJob]] = {}  # by scenario name: one record, or one per array task
-        # Each fault kind's windows, and the node failures: asked several times a second, while most
-        # scenarios have no fault at all (Scenario.fault_active, by kind; a test keeps them in step).
-        self._fault_windows: dict[str, tuple[tuple[float, float], ...]] = {}
-        for f in self.scenario.faults:
-            self._fault_windows[f.kind] = (*self._fault_windows.get(f.kind, ()), (f.start, f.end))
+        # The node failures: most scenarios have none, and no second looks for them then
         self._node_faults = [
             (i, f) for i, f in enumerate(self.scenario.faults) if f.kind == "node-failure" and f.node is not None
         ]
@@ -214,7 +210,7 @@ class World:
 
     def _kube_state(self, now: float) -> list[tuple[dict, float]]:
         s = self.setup
-        restapi = 0.0 if self._fault("restapi-down", now) else 1.0
+        restapi = 0.0 if self.scenario.fault_active("restapi-down", now) else 1.0
         out = [
             (
                 {"__name__": "kube_deployment_status_replicas_available", "namespace": s.namespace}
@@ -244,9 +240,9 @@ class World:
         return out
 
     def _job_list(self) -> list[dict]:
-        if self._fault("restapi-down", self.now):
+        if self.scenario.fault_active("restapi-down", self.now):
             raise OSError("slurmrestd has no available replica")
-        if self._fault("slurmctld-down", self.now):
+        if self.scenario.fault_active("slurmctld-down", self.now):
             raise OSError("slurmrestd cannot reach slurmctld")
         return self.slurm.job_list(self.now)
 
@@ -264,16 +260,18 @@ class World:
 
     def _target_down(self, target: Target, now: float) -> bool:
         if target.job == "runnable-jobs":
-            return self._fault("runnable-exporter-down", now)
+            return self.scenario.fault_active("runnable-exporter-down", now)
         if target.job == "kueue":  # its metrics endpoint is down too while Kueue is
-            return self._fault("kueue-metrics-outage", now) or self._kueue_down(now)
+            return self.scenario.fault_active("kueue-metrics-outage", now) or self._kueue_down(now)
         if target.job == "kube-state-metrics":
-            return self._fault("kube-state-metrics-outage", now)
+            return self.scenario.fault_active("kube-state-metrics-outage", now)
         if target.job != "slurm-controller":
             return False
-        if self._fault("metrics-outage", now) or self._fault("slurmctld-down", now):
+        if self.scenario.fault_active("metrics-outage", now) or self.scenario.fault_active("slurmctld-down", now):
             return True
-        return target.instance.startswith("slurm-controller-dup") and not self._fault("duplicate-scrape", now)
+        return target.instance.startswith("slurm-controller-dup") and not self.scenario.fault_active(
+            "duplicate-scrape", now
+        )
 
     # ------------------------------------------------------------ submissions and one second
 
@@ -317,8 +315,8 @@ class World:
     def advance(self, tick: int) -> float:
         """One second of submissions, Slurm, the scrape, KEDA and the HPA, the NodeSet, Kubernetes."""
         now = self.now = float(tick)
-        faults = self._fault_windows  # most scenarios have none: no fault is looked up
-        self.slurm.up = not (faults and self._fault("slurmctld-down", now))
+        faults = self.scenario.faults  # most scenarios have none: no fault is looked up
+        self.slurm.up = not (faults and self.scenario.fault_active("slurmctld-down", now))
         if self._refused:
             retry, self._refused = self._refused, []
             for spec in retry:
@@ -342,7 +340,7 @@ class World:
         down = bool(faults) and self._kueue_down(now)
         if self.fair is not None and tick % fair_share.PERIOD_S == 0:
             self._fair_share(now, kueue_up=not down)
-        client = not (faults and self._fault("restapi-down", now))
+        client = not (faults and self.scenario.fault_active("restapi-down", now))
         self.killed += self.nodeset.reconcile(now, client, refused=self.slurmd_queued and down)
         if self.kueue is not None:
             if self.slurmd_queued and len(self.kube.pods) > self._pods_seen_by_kueue:
@@ -434,13 +432,8 @@ class World:
                 if w.job is job:
                     w.stopping = (*w.stopping, pod)  # the Job ends only once this pod is gone
 
-    def _fault(self, kind: str, t: float) -> bool:
-        """Scenario.fault_active(kind, t), from the windows of that kind alone."""
-        windows = self._fault_windows.get(kind)
-        return windows is not None and any(start <= t < end for start, end in windows)
-
     def _kueue_down(self, now: float) -> bool:
-        return self._fault("kueue-down", now)
+        return self.scenario.fault_active("kueue-down", now)
 
     def _queue_new_slurmd_pods(self, kueue: Kueue, now: float) -> None:
         """Kueue's pod webhook gates each new labelled slurmd pod and makes it a workload."""
