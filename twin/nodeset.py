@@ -137,15 +137,12 @@ class NodeSetController:
         `client`: slurmrestd has a ready replica; `refused`: Kueue's pod webhooks, failing closed,
         refuse every create and update of a slurmd pod."""
         pods = self.pods()  # neither registering nor the informers' lists change the pods
-        nodes = self.slurm.nodes
         for pod in pods:
             if pod.gpu in self.kube.failed:
                 continue  # its node is NotReady: slurmd is not there to register
             running_at = pod.running_at if pod.running(now) else None
             if pod.terminating_at is None and running_at is not None and now >= running_at + self.register_delay:
-                node = nodes.get(pod.owner)
-                if node is None or node.down:  # registering again changes nothing (Slurmctld.register)
-                    self.slurm.register(pod.owner, now)
+                self.slurm.register(pod.owner, now)
         self._informers(now, client)
         due = self._requeue_at is not None and now >= self._requeue_at
         if not (due or self._event or self._observed(pods, now) != self._seen):
